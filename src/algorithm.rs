@@ -1,0 +1,557 @@
+//! The two counting algorithms, as exact integer arithmetic on milliseconds.
+//!
+//! Every backend runs the same arithmetic: the in-process backend calls it directly, the
+//! Redis backend runs a Lua transcription of it. Integers keep the two identical (Lua
+//! numbers are doubles, exact below 2^53, which the constructors guarantee).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Products such as `limit * window_ms` must stay exact in a Lua double.
+const MAX_EXACT: u128 = 1 << 53;
+
+/// How a policy counts.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Algorithm;
+///
+/// // 50 requests in any one second, smoothed across window edges.
+/// let window = Algorithm::sliding_window(50, Duration::from_secs(1));
+/// // 10 requests a second on average, bursts of up to 20.
+/// let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 20);
+/// assert_eq!(window.quota(), 50);
+/// assert_eq!(bucket.quota(), 20);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// The sliding window counter: the previous fixed window's count, weighted by how much
+    /// of it still overlaps the sliding window, plus the current window's count. A request
+    /// is admitted when `previous * (window - elapsed) + (current + 1) * window <= limit *
+    /// window`, with `elapsed` the time since the current fixed window began.
+    SlidingWindow {
+        /// Requests admitted per window.
+        limit: u64,
+        /// The window, in milliseconds.
+        window_ms: u64,
+    },
+    /// The token bucket: holds up to `burst` tokens, refills `rate` tokens every
+    /// `period_ms`, and each request takes one.
+    TokenBucket {
+        /// Tokens added per period.
+        rate: u64,
+        /// The refill period, in milliseconds.
+        period_ms: u64,
+        /// The bucket's capacity: the largest burst admitted at once.
+        burst: u64,
+    },
+}
+
+impl Algorithm {
+    /// `limit` requests per `window`, counted by the sliding window counter.
+    ///
+    /// # Panics
+    ///
+    /// When `limit` is zero, `window` is under one millisecond, or `limit` times the window
+    /// in milliseconds reaches 2^53 (beyond exact arithmetic in Redis's Lua).
+    pub fn sliding_window(limit: u64, window: Duration) -> Self {
+        let window_ms = millis(window);
+        assert!(limit > 0, "a sliding window needs a limit of at least 1");
+        assert!(
+            window_ms > 0,
+            "a sliding window needs a window of at least 1 ms"
+        );
+        assert!(
+            u128::from(limit) * u128::from(window_ms) < MAX_EXACT,
+            "limit x window (ms) must stay below 2^53"
+        );
+        Algorithm::SlidingWindow { limit, window_ms }
+    }
+
+    /// A bucket of `burst` tokens refilled at `rate` tokens per `period`.
+    ///
+    /// # Panics
+    ///
+    /// When `rate` or `burst` is zero, `period` is under one millisecond, or `burst` times
+    /// the period in milliseconds reaches 2^53.
+    pub fn token_bucket(rate: u64, period: Duration, burst: u64) -> Self {
+        let period_ms = millis(period);
+        assert!(rate > 0, "a token bucket needs a rate of at least 1");
+        assert!(burst > 0, "a token bucket needs a burst of at least 1");
+        assert!(
+            period_ms > 0,
+            "a token bucket needs a period of at least 1 ms"
+        );
+        assert!(
+            u128::from(burst) * u128::from(period_ms) < MAX_EXACT
+                && u128::from(rate) * u128::from(period_ms) < MAX_EXACT,
+            "burst x period (ms) must stay below 2^53"
+        );
+        Algorithm::TokenBucket {
+            rate,
+            period_ms,
+            burst,
+        }
+    }
+
+    /// The quota advertised as `q`: the window's limit, or the bucket's burst.
+    pub fn quota(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { limit, .. } => limit,
+            Algorithm::TokenBucket { burst, .. } => burst,
+        }
+    }
+
+    /// The window advertised as `w`, in milliseconds: the sliding window, or the time an
+    /// empty bucket takes to refill completely.
+    pub fn window_ms(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { window_ms, .. } => window_ms,
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => ceil_div(u128::from(burst) * u128::from(period_ms), u128::from(rate)),
+        }
+    }
+
+    /// How long a caller's state must be kept: after this much silence it has no effect.
+    pub fn retention_ms(&self) -> u64 {
+        match *self {
+            Algorithm::SlidingWindow { window_ms, .. } => window_ms.saturating_mul(2),
+            Algorithm::TokenBucket { .. } => self.window_ms(),
+        }
+    }
+
+    /// The same algorithm with its quota divided by `divisor` (rounded down, at least 1),
+    /// as a local share of a global limit. The window and refill period stay.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Algorithm;
+    /// let share = Algorithm::sliding_window(50, Duration::from_secs(1)).divided_by(4);
+    /// assert_eq!(share.quota(), 12);
+    /// ```
+    pub fn divided_by(&self, divisor: u64) -> Self {
+        let divisor = divisor.max(1);
+        match *self {
+            Algorithm::SlidingWindow { limit, window_ms } => Algorithm::SlidingWindow {
+                limit: (limit / divisor).max(1),
+                window_ms,
+            },
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => Algorithm::TokenBucket {
+                rate: (rate / divisor).max(1),
+                period_ms,
+                burst: (burst / divisor).max(1),
+            },
+        }
+    }
+
+    /// Decides one request against `state` (`None` for a caller never seen) at `now_ms`.
+    ///
+    /// The returned [`Evaluation`] says whether this policy alone admits the request, the
+    /// state to store if the request is admitted by every policy, and what to report.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Algorithm;
+    ///
+    /// let per_second = Algorithm::sliding_window(2, Duration::from_secs(1));
+    /// let first = per_second.evaluate(None, 1_000);
+    /// assert!(first.admitted);
+    /// assert_eq!(first.outcome.remaining, 1);
+    /// let second = per_second.evaluate(Some(first.admitted_state), 1_000);
+    /// let third = per_second.evaluate(Some(second.admitted_state), 1_000);
+    /// assert!(!third.admitted);
+    /// // The next window starts at 2 s with both requests weighing fully; half of that
+    /// // window must pass before one fits again.
+    /// assert_eq!(third.outcome.reset_ms, 1_500);
+    /// ```
+    pub fn evaluate(&self, state: Option<LimitState>, now_ms: u64) -> Evaluation {
+        let current = self.normalize(state, now_ms);
+        let consumed = self.consume(current, now_ms);
+        match consumed {
+            Some(next) => Evaluation {
+                admitted: true,
+                admitted_state: next,
+                outcome: self.report(next, now_ms, true),
+            },
+            None => Evaluation {
+                admitted: false,
+                admitted_state: current,
+                outcome: self.report(current, now_ms, false),
+            },
+        }
+    }
+
+    /// What this policy reports for `state` without consuming anything: used for the
+    /// policies that would have admitted a request that another policy refused.
+    pub fn peek(&self, state: Option<LimitState>, now_ms: u64) -> LimitOutcome {
+        let current = self.normalize(state, now_ms);
+        let admits = self.consume(current, now_ms).is_some();
+        self.report(current, now_ms, admits)
+    }
+
+    /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be
+    /// forgotten without changing any decision).
+    pub fn is_idle(&self, state: LimitState, now_ms: u64) -> bool {
+        match (self.normalize(Some(state), now_ms), *self) {
+            (
+                LimitState::SlidingWindow {
+                    previous, current, ..
+                },
+                Algorithm::SlidingWindow { .. },
+            ) => previous == 0 && current == 0,
+            (
+                LimitState::TokenBucket { level, .. },
+                Algorithm::TokenBucket {
+                    burst, period_ms, ..
+                },
+            ) => u128::from(level) >= u128::from(burst) * u128::from(period_ms),
+            _ => true,
+        }
+    }
+
+    /// Brings a stored state to `now_ms`: rolls the windows, refills the bucket. A state of
+    /// the other algorithm (a policy whose algorithm changed) starts afresh.
+    fn normalize(&self, state: Option<LimitState>, now_ms: u64) -> LimitState {
+        match *self {
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                let start = now_ms - now_ms % window_ms;
+                let (previous, current) = match state {
+                    Some(LimitState::SlidingWindow {
+                        window_start,
+                        previous,
+                        current,
+                    }) => {
+                        if window_start == start {
+                            (previous, current)
+                        } else if window_start.checked_add(window_ms) == Some(start) {
+                            (current, 0)
+                        } else if window_start > start {
+                            // A state from the future (clock moved back): keep it, it only
+                            // makes the limiter stricter until time catches up.
+                            return LimitState::SlidingWindow {
+                                window_start,
+                                previous,
+                                current,
+                            };
+                        } else {
+                            (0, 0)
+                        }
+                    }
+                    _ => (0, 0),
+                };
+                LimitState::SlidingWindow {
+                    window_start: start,
+                    previous,
+                    current,
+                }
+            }
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => {
+                let capacity = u128::from(burst) * u128::from(period_ms);
+                let level = match state {
+                    Some(LimitState::TokenBucket { level, updated_ms }) => {
+                        let elapsed = u128::from(now_ms.saturating_sub(updated_ms));
+                        (u128::from(level) + elapsed * u128::from(rate)).min(capacity)
+                    }
+                    _ => capacity,
+                };
+                LimitState::TokenBucket {
+                    level: level as u64,
+                    updated_ms: now_ms,
+                }
+            }
+        }
+    }
+
+    fn consume(&self, state: LimitState, now_ms: u64) -> Option<LimitState> {
+        match (*self, state) {
+            (
+                Algorithm::SlidingWindow { limit, window_ms },
+                LimitState::SlidingWindow {
+                    window_start,
+                    previous,
+                    current,
+                },
+            ) => {
+                let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
+                let admits = sliding_fits(limit, window_ms, previous, current + 1, elapsed);
+                admits.then(|| LimitState::SlidingWindow {
+                    window_start,
+                    previous,
+                    current: current + 1,
+                })
+            }
+            (
+                Algorithm::TokenBucket { period_ms, .. },
+                LimitState::TokenBucket { level, updated_ms },
+            ) => (level >= period_ms).then(|| LimitState::TokenBucket {
+                level: level - period_ms,
+                updated_ms,
+            }),
+            _ => None,
+        }
+    }
+
+    fn report(&self, state: LimitState, now_ms: u64, admitted: bool) -> LimitOutcome {
+        match (*self, state) {
+            (
+                Algorithm::SlidingWindow { limit, window_ms },
+                LimitState::SlidingWindow {
+                    window_start,
+                    previous,
+                    current,
+                },
+            ) => {
+                let w = u128::from(window_ms);
+                let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
+                let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
+                let budget = u128::from(limit) * w;
+                let remaining = (budget.saturating_sub(used) / w) as u64;
+                let reset_ms = if remaining >= limit {
+                    0
+                } else {
+                    sliding_wait(
+                        limit,
+                        window_ms,
+                        previous,
+                        current,
+                        elapsed as u64,
+                        remaining + 1,
+                    )
+                };
+                LimitOutcome {
+                    admitted,
+                    remaining,
+                    reset_ms,
+                }
+            }
+            (
+                Algorithm::TokenBucket {
+                    rate,
+                    period_ms,
+                    burst,
+                },
+                LimitState::TokenBucket { level, .. },
+            ) => {
+                let remaining = level / period_ms;
+                let reset_ms = if remaining >= burst {
+                    0
+                } else {
+                    let needed =
+                        u128::from(remaining + 1) * u128::from(period_ms) - u128::from(level);
+                    ceil_div(needed, u128::from(rate))
+                };
+                LimitOutcome {
+                    admitted,
+                    remaining,
+                    reset_ms,
+                }
+            }
+            _ => LimitOutcome {
+                admitted,
+                remaining: 0,
+                reset_ms: 0,
+            },
+        }
+    }
+}
+
+/// Whether `previous` weighted by its overlap plus `current` stays within `limit`.
+fn sliding_fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64) -> bool {
+    let w = u128::from(window_ms);
+    u128::from(previous) * (w - u128::from(elapsed)) + u128::from(current) * w
+        <= u128::from(limit) * w
+}
+
+/// Milliseconds from `elapsed` (into the current window) until `units` more requests fit.
+fn sliding_wait(
+    limit: u64,
+    window_ms: u64,
+    previous: u64,
+    current: u64,
+    elapsed: u64,
+    units: u64,
+) -> u64 {
+    let w = u128::from(window_ms);
+    if current + units <= limit {
+        // Fits in this window once enough of the previous window has slid out.
+        if previous == 0 {
+            return 0;
+        }
+        let slack = u128::from(limit - current - units) * w;
+        let earliest = w.saturating_sub(slack / u128::from(previous));
+        (earliest as u64).saturating_sub(elapsed)
+    } else if units <= limit {
+        // Only in the next window, where this window's count becomes the previous one.
+        let slack = u128::from(limit - units) * w;
+        let earliest = if current == 0 {
+            0
+        } else {
+            w.saturating_sub(slack / u128::from(current))
+        };
+        (window_ms - elapsed) + earliest as u64
+    } else {
+        u64::MAX
+    }
+}
+
+fn ceil_div(numerator: u128, denominator: u128) -> u64 {
+    u64::try_from(numerator.div_ceil(denominator)).unwrap_or(u64::MAX)
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A caller's stored state for one policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitState {
+    /// Counts of the current and the previous fixed window.
+    SlidingWindow {
+        /// Start of the current fixed window, ms since the epoch.
+        window_start: u64,
+        /// Requests admitted in the previous window.
+        previous: u64,
+        /// Requests admitted in the current window.
+        current: u64,
+    },
+    /// The bucket's level in units where one token is `period_ms` units and `rate` units
+    /// flow in per millisecond, so refill stays in integers.
+    TokenBucket {
+        /// Tokens times `period_ms`.
+        level: u64,
+        /// When the level was computed, ms since the epoch.
+        updated_ms: u64,
+    },
+}
+
+/// One policy's verdict on one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Whether this policy alone admits the request.
+    pub admitted: bool,
+    /// The state to store when every policy admits (the unchanged state otherwise).
+    pub admitted_state: LimitState,
+    /// What to report for this policy.
+    pub outcome: LimitOutcome,
+}
+
+/// What a store reports for one policy of one decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitOutcome {
+    /// Whether this policy admitted the request (or would have, when another refused).
+    pub admitted: bool,
+    /// Requests that would still be admitted now (`r`).
+    pub remaining: u64,
+    /// Milliseconds until `remaining` grows by one; for a refused policy, until the next
+    /// request would be admitted. Zero when nothing is consumed.
+    pub reset_ms: u64,
+}
+
+/// A named policy as stores see it: a name and an algorithm.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Algorithm, Limit};
+/// let limit = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
+/// assert_eq!(limit.name(), "per-second");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    name: Arc<str>,
+    algorithm: Algorithm,
+}
+
+impl Limit {
+    /// A named limit.
+    ///
+    /// # Panics
+    ///
+    /// When the name is empty, longer than 64 bytes, or not printable ASCII (it appears in
+    /// HTTP headers and store keys).
+    pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Self {
+        let name = name.into();
+        assert!(
+            !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| (0x20..0x7f).contains(&b)),
+            "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
+        );
+        Self { name, algorithm }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shared name, cheap to clone.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// How it counts.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// The same limit with another algorithm (a local share, say).
+    pub fn with_algorithm(&self, algorithm: Algorithm) -> Self {
+        Self {
+            name: self.name.clone(),
+            algorithm,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(limit: u64, secs: u64) -> Algorithm {
+        Algorithm::sliding_window(limit, Duration::from_secs(secs))
+    }
+
+    #[test]
+    fn sliding_window_carries_the_previous_window() {
+        let a = window(10, 10);
+        let mut state = None;
+        for _ in 0..10 {
+            let e = a.evaluate(state, 19_000);
+            assert!(e.admitted);
+            state = Some(e.admitted_state);
+        }
+        // 0.5 s into the next window, 95% of the previous window still counts.
+        let e = a.evaluate(state, 20_500);
+        assert!(!e.admitted);
+        assert_eq!(e.outcome.reset_ms, 500);
+        assert!(a.evaluate(state, 21_000).admitted);
+    }
+
+    #[test]
+    fn token_bucket_refills_at_its_rate() {
+        let a = Algorithm::token_bucket(2, Duration::from_secs(1), 2);
+        let first = a.evaluate(None, 0);
+        let second = a.evaluate(Some(first.admitted_state), 0);
+        let third = a.evaluate(Some(second.admitted_state), 0);
+        assert!(first.admitted && second.admitted && !third.admitted);
+        assert_eq!(third.outcome.reset_ms, 500);
+        assert!(a.evaluate(Some(second.admitted_state), 500).admitted);
+    }
+
+    #[test]
+    fn idle_after_retention() {
+        let a = window(5, 1);
+        let e = a.evaluate(None, 10_500);
+        assert!(!a.is_idle(e.admitted_state, 11_999));
+        assert!(a.is_idle(e.admitted_state, 12_000));
+    }
+}

@@ -1,0 +1,375 @@
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::{Backend, CheckFuture, CheckOutcome};
+use crate::algorithm::{Limit, LimitOutcome, LimitState};
+use crate::caller::CallerKey;
+use crate::clock::{Clock, SystemClock};
+
+const DEFAULT_MAX_KEYS: usize = 1_000_000;
+const DEFAULT_SHARDS: usize = 64;
+const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
+// When a full shard must evict a live caller, it evicts the least recently seen of this
+// many: an approximation of LRU that costs O(1) per insert.
+const EVICTION_SAMPLE: usize = 16;
+
+/// Counters in this process: sharded, bounded in memory, idle callers forgotten.
+///
+/// Each instance of a service keeps its own counts, so with 4 instances behind a load
+/// balancer each enforces the full limit on its share of the traffic. Use it for single
+/// instances, for tests, for a local bucket in front of a shared one, and as the local
+/// share when a shared store is down.
+///
+/// - **Sharded**: callers are spread over 64 mutex-guarded maps by a keyed hash, so
+///   concurrent requests for different callers rarely contend.
+/// - **Bounded**: at most [`max_keys`](Self::max_keys) callers are tracked (default
+///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts the
+///   least recently seen of a small sample, who then starts afresh.
+/// - **Idle callers evicted**: a caller whose counters no longer affect any decision is
+///   dropped during periodic sweeps (every 10 s, piggybacked on requests; no background
+///   task, so it works on any runtime).
+///
+/// Clones share the same counters.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{InMemoryBackend, ManualClock};
+///
+/// let backend = InMemoryBackend::builder()
+///     .max_keys(100_000)
+///     .clock(ManualClock::new(0))
+///     .build();
+/// assert_eq!(backend.tracked_keys(), 0);
+/// ```
+#[derive(Clone)]
+pub struct InMemoryBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+    shard_capacity: usize,
+    max_keys: usize,
+    sweep_interval_ms: u64,
+}
+
+#[derive(Default)]
+struct Shard {
+    callers: HashMap<CallerKey, Entry>,
+    last_sweep_ms: u64,
+}
+
+struct Entry {
+    // After this instant the entry's counters affect no decision.
+    idle_at_ms: u64,
+    last_seen_ms: u64,
+    slots: Vec<Slot>,
+}
+
+struct Slot {
+    name: Arc<str>,
+    state: LimitState,
+}
+
+impl InMemoryBackend {
+    /// A backend with the defaults: 1,000,000 callers at most, 64 shards, the system clock.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Starts configuring a backend.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{InMemoryBackend, ManualClock};
+    ///
+    /// let backend = InMemoryBackend::builder()
+    ///     .max_keys(100_000)
+    ///     .shards(16)
+    ///     .sweep_interval(Duration::from_secs(5))
+    ///     .clock(ManualClock::new(0))
+    ///     .build();
+    /// assert_eq!(backend.key_capacity(), 100_000);
+    /// ```
+    pub fn builder() -> InMemoryBackendBuilder {
+        InMemoryBackendBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: DEFAULT_SHARDS,
+            clock: Arc::new(SystemClock),
+            sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_MS,
+        }
+    }
+
+    /// The cap on tracked callers.
+    pub fn key_capacity(&self) -> usize {
+        self.shared.max_keys
+    }
+
+    /// How many callers are tracked now; never above [`key_capacity`](Self::key_capacity).
+    pub fn tracked_keys(&self) -> usize {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| lock(s).callers.len())
+            .sum()
+    }
+
+    fn decide(&self, caller: &CallerKey, limits: &[Limit]) -> CheckOutcome {
+        let now = self.shared.clock.now_millis();
+        let shard_index = (self.shared.hasher.hash_one(caller) as usize) % self.shared.shards.len();
+        let mut shard = lock(&self.shared.shards[shard_index]);
+        if now.saturating_sub(shard.last_sweep_ms) >= self.shared.sweep_interval_ms {
+            shard.sweep(now);
+        }
+
+        let stored = |entry: Option<&Entry>, limit: &Limit| {
+            entry
+                .and_then(|e| e.slot(limit.name_arc()))
+                .map(|slot| slot.state)
+        };
+        let entry = shard.callers.get(caller);
+        let evaluations: Vec<_> = limits
+            .iter()
+            .map(|limit| limit.algorithm().evaluate(stored(entry, limit), now))
+            .collect();
+        let admitted = evaluations.iter().all(|e| e.admitted);
+        if !admitted {
+            // Nothing is consumed; every limit reports its state as it stands.
+            let outcomes = limits
+                .iter()
+                .zip(&evaluations)
+                .map(|(limit, evaluation)| {
+                    if evaluation.admitted {
+                        limit.algorithm().peek(stored(entry, limit), now)
+                    } else {
+                        evaluation.outcome
+                    }
+                })
+                .collect();
+            return CheckOutcome::new(outcomes);
+        }
+
+        let idle_at = limits
+            .iter()
+            .map(|l| now.saturating_add(l.algorithm().retention_ms()))
+            .max()
+            .unwrap_or(now);
+        if !shard.callers.contains_key(caller) {
+            shard.make_room(now, self.shared.shard_capacity);
+        }
+        let entry = shard
+            .callers
+            .entry(caller.clone())
+            .or_insert_with(|| Entry {
+                idle_at_ms: 0,
+                last_seen_ms: now,
+                slots: Vec::with_capacity(limits.len()),
+            });
+        entry.last_seen_ms = now;
+        entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
+        for (limit, evaluation) in limits.iter().zip(&evaluations) {
+            entry.store(limit.name_arc(), evaluation.admitted_state);
+        }
+        CheckOutcome::new(
+            evaluations
+                .iter()
+                .map(|e| e.outcome)
+                .collect::<Vec<LimitOutcome>>(),
+        )
+    }
+}
+
+/// Configures an [`InMemoryBackend`]; see [`InMemoryBackend::builder`].
+#[derive(Clone, Debug)]
+pub struct InMemoryBackendBuilder {
+    max_keys: usize,
+    shards: usize,
+    clock: Arc<dyn Clock>,
+    sweep_interval_ms: u64,
+}
+
+impl InMemoryBackendBuilder {
+    /// Caps the number of tracked callers (default 1,000,000; at least 1, rounded down to a
+    /// multiple of the shard count).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// Spreads callers over this many locks (default 64).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    /// Reads time from `clock`, such as a [`ManualClock`](crate::ManualClock) in tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// How often each shard sweeps out idle callers (default 10 s).
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Builds the backend.
+    pub fn build(self) -> InMemoryBackend {
+        // More shards than keys would leave shards with no room at all.
+        let shards = self.shards.min(self.max_keys);
+        let shard_capacity = self.max_keys / shards;
+        InMemoryBackend {
+            shared: Arc::new(Shared {
+                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                hasher: RandomState::new(),
+                clock: self.clock,
+                shard_capacity,
+                max_keys: shard_capacity * shards,
+                sweep_interval_ms: self.sweep_interval_ms,
+            }),
+        }
+    }
+}
+
+impl Default for InMemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for InMemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryBackend")
+            .field("shards", &self.shared.shards.len())
+            .field("max_keys", &self.shared.max_keys)
+            .field("clock", &self.shared.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for InMemoryBackend {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.decide(caller, limits)))
+    }
+}
+
+impl Shard {
+    fn sweep(&mut self, now: u64) {
+        self.callers.retain(|_, entry| entry.idle_at_ms > now);
+        self.last_sweep_ms = now;
+    }
+
+    fn make_room(&mut self, now: u64, capacity: usize) {
+        if self.callers.len() < capacity {
+            return;
+        }
+        self.sweep(now);
+        while self.callers.len() >= capacity {
+            let victim = self
+                .callers
+                .iter()
+                .take(EVICTION_SAMPLE)
+                .min_by_key(|(_, entry)| entry.last_seen_ms)
+                .map(|(key, _)| key.clone());
+            match victim {
+                Some(key) => {
+                    self.callers.remove(&key);
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn slot(&self, name: &Arc<str>) -> Option<&Slot> {
+        self.slots
+            .iter()
+            .find(|slot| Arc::ptr_eq(&slot.name, name) || slot.name == *name)
+    }
+
+    fn store(&mut self, name: &Arc<str>, state: LimitState) {
+        match self
+            .slots
+            .iter_mut()
+            .find(|slot| Arc::ptr_eq(&slot.name, name) || slot.name == *name)
+        {
+            Some(slot) => slot.state = state,
+            None => self.slots.push(Slot {
+                name: name.clone(),
+                state,
+            }),
+        }
+    }
+}
+
+// A panic while a shard was locked cannot leave its map inconsistent (every update is a
+// single insert or assignment), so a poisoned lock is still safe to use.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::clock::ManualClock;
+
+    fn per_second(limit: u64) -> Arc<[Limit]> {
+        vec![Limit::new(
+            "per-second",
+            Algorithm::sliding_window(limit, Duration::from_secs(1)),
+        )]
+        .into()
+    }
+
+    #[test]
+    fn idle_callers_are_swept() {
+        let clock = ManualClock::new(1_000);
+        let backend = InMemoryBackend::builder()
+            .sweep_interval(Duration::from_secs(1))
+            .clock(clock.clone())
+            .build();
+        let limits = per_second(5);
+        for i in 0..100 {
+            backend.decide(&CallerKey::new(format!("c{i}")), &limits);
+        }
+        assert_eq!(backend.tracked_keys(), 100);
+        clock.advance(Duration::from_secs(3));
+        // Sweeps run on the shards that see traffic; touch them all.
+        for i in 0..1_000 {
+            backend.decide(&CallerKey::new(format!("late{i}")), &limits);
+        }
+        assert_eq!(backend.tracked_keys(), 1_000);
+    }
+
+    #[test]
+    fn the_cap_holds_and_evicts_the_least_recent() {
+        let clock = ManualClock::new(0);
+        let backend = InMemoryBackend::builder()
+            .max_keys(64)
+            .shards(1)
+            .clock(clock.clone())
+            .build();
+        let limits = per_second(5);
+        let acme = CallerKey::new("acme");
+        for i in 0..10_000 {
+            clock.advance(Duration::from_millis(1));
+            backend.decide(&acme, &limits);
+            backend.decide(&CallerKey::new(format!("flood{i}")), &limits);
+            assert!(backend.tracked_keys() <= 64);
+        }
+        // acme, busy throughout, is still limited.
+        let outcome = backend.decide(&acme, &limits);
+        assert!(!outcome.admitted());
+    }
+}

@@ -1,0 +1,232 @@
+//! Stores of counters, behind one trait so that users can bring their own.
+
+mod memory;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use crate::algorithm::{Limit, LimitOutcome};
+use crate::caller::CallerKey;
+
+pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
+
+/// A store that decides requests against a caller's counters.
+///
+/// One call decides every policy of one request atomically: the request is admitted only
+/// if every limit admits it, and a refused request consumes nothing from any limit.
+/// [`Algorithm::evaluate`](crate::Algorithm::evaluate) and
+/// [`Algorithm::peek`](crate::Algorithm::peek) carry the arithmetic, so a backend only
+/// has to store [`LimitState`](crate::LimitState)s and apply them under one lock or
+/// transaction.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex};
+/// use tollgate::{Backend, CallerKey, CheckFuture, CheckOutcome, Clock, Limit, LimitState, SystemClock};
+///
+/// /// One global lock around a map: simple, correct, and slow under contention.
+/// #[derive(Debug, Default)]
+/// struct LockedMap(Mutex<HashMap<(CallerKey, String), LimitState>>);
+///
+/// impl Backend for LockedMap {
+///     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+///         let now = SystemClock.now_millis();
+///         let mut map = self.0.lock().unwrap();
+///         let key = |l: &Limit| (caller.clone(), l.name().to_owned());
+///         let evaluations: Vec<_> = limits
+///             .iter()
+///             .map(|l| l.algorithm().evaluate(map.get(&key(l)).copied(), now))
+///             .collect();
+///         let admitted = evaluations.iter().all(|e| e.admitted);
+///         let outcomes = limits.iter().zip(&evaluations).map(|(l, e)| {
+///             if admitted {
+///                 map.insert(key(l), e.admitted_state);
+///                 e.outcome
+///             } else {
+///                 l.algorithm().peek(map.get(&key(l)).copied(), now)
+///             }
+///         }).collect();
+///         CheckFuture::ready(Ok(CheckOutcome::new(outcomes)))
+///     }
+/// }
+/// ```
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Decides one request of `caller` against `limits`, consuming one unit from each
+    /// limit only if all of them admit it. Outcomes come back in the order of `limits`.
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture;
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        (**self).check(caller, limits)
+    }
+}
+
+/// A store's answer for one request: one outcome per limit, in order.
+///
+/// ```
+/// use tollgate::{CheckOutcome, LimitOutcome};
+/// let outcome = CheckOutcome::new(vec![LimitOutcome { admitted: true, remaining: 4, reset_ms: 200 }]);
+/// assert!(outcome.admitted());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckOutcome {
+    limits: Vec<LimitOutcome>,
+}
+
+impl CheckOutcome {
+    /// An answer from the per-limit outcomes.
+    pub fn new(limits: Vec<LimitOutcome>) -> Self {
+        Self { limits }
+    }
+
+    /// Whether every limit admitted the request.
+    pub fn admitted(&self) -> bool {
+        self.limits.iter().all(|l| l.admitted)
+    }
+
+    /// The per-limit outcomes, in the order the limits were given.
+    pub fn limits(&self) -> &[LimitOutcome] {
+        &self.limits
+    }
+}
+
+/// Why a store could not decide.
+///
+/// ```
+/// use tollgate::{StoreError, StoreErrorKind};
+/// let error = StoreError::new(StoreErrorKind::Timeout, "no answer within 20 ms");
+/// assert_eq!(error.kind(), StoreErrorKind::Timeout);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: Arc<str>,
+}
+
+/// The kind of a [`StoreError`], used as the reason of a fallback.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer in time.
+    Timeout,
+    /// The store could not be reached (connection refused or lost).
+    Unavailable,
+    /// Anything else: a script error, a protocol error.
+    Other,
+}
+
+impl StoreErrorKind {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::Other => "other",
+        }
+    }
+}
+
+impl StoreError {
+    /// An error of `kind` with a message for logs.
+    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// What went wrong, as a kind.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// What went wrong, in words.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "store {}: {}", self.kind.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// The result type of a store call.
+pub type CheckResult = Result<CheckOutcome, StoreError>;
+
+/// The future a [`Backend`] returns: ready at once for in-process stores (no allocation),
+/// boxed for stores that do I/O.
+///
+/// ```
+/// use tollgate::{CheckFuture, CheckOutcome};
+/// let ready = CheckFuture::ready(Ok(CheckOutcome::new(Vec::new())));
+/// let boxed = CheckFuture::boxed(async { Ok(CheckOutcome::new(Vec::new())) });
+/// # drop((ready, boxed));
+/// ```
+pub struct CheckFuture {
+    inner: CheckFutureInner,
+}
+
+enum CheckFutureInner {
+    Ready(Option<CheckResult>),
+    Boxed(Pin<Box<dyn Future<Output = CheckResult> + Send>>),
+}
+
+impl CheckFuture {
+    /// An answer that is already known.
+    pub fn ready(result: CheckResult) -> Self {
+        Self {
+            inner: CheckFutureInner::Ready(Some(result)),
+        }
+    }
+
+    /// An answer that needs I/O.
+    pub fn boxed(future: impl Future<Output = CheckResult> + Send + 'static) -> Self {
+        Self {
+            inner: CheckFutureInner::Boxed(Box::pin(future)),
+        }
+    }
+
+    /// Takes the answer out without polling when it is already known.
+    pub fn try_take_ready(&mut self) -> Option<CheckResult> {
+        match &mut self.inner {
+            CheckFutureInner::Ready(result) => result.take(),
+            CheckFutureInner::Boxed(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for CheckFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.inner {
+            CheckFutureInner::Ready(Some(_)) => "ready",
+            CheckFutureInner::Ready(None) => "taken",
+            CheckFutureInner::Boxed(_) => "pending",
+        };
+        f.debug_struct("CheckFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl Future for CheckFuture {
+    type Output = CheckResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.inner {
+            CheckFutureInner::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("CheckFuture polled after it completed"),
+            ),
+            CheckFutureInner::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The identity a request is counted under.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use sha2::{Digest, Sha256};
+
+/// Caller keys longer than this many bytes are replaced by their SHA-256 digest.
+pub const MAX_KEY_BYTES: usize = 128;
+
+// The first byte of the encoded form says what follows, so that a raw key can never
+// equal a digest or the anonymous bucket, whatever bytes the caller sends.
+const TAG_RAW: u8 = b'=';
+const TAG_DIGEST: u8 = b'#';
+const TAG_ANONYMOUS: u8 = b'?';
+
+/// The key a caller is counted under: any bytes, bounded in length.
+///
+/// Keys come from untrusted input, so a key accepts any bytes (not only UTF-8) and a key
+/// longer than [`MAX_KEY_BYTES`] is stored as its SHA-256 digest. Distinct inputs stay
+/// distinct: `acme` and `acme}` are two keys, and no raw key can collide with a digest or
+/// with [`CallerKey::anonymous`].
+///
+/// Cloning is cheap (reference counted).
+///
+/// ```
+/// use tollgate::CallerKey;
+///
+/// let acme = CallerKey::new("acme");
+/// assert_ne!(acme, CallerKey::new("acme}"));
+/// assert!(!acme.is_digest());
+///
+/// let long = CallerKey::new(vec![b'x'; 10_000]);
+/// assert!(long.is_digest());
+/// assert!(long.encoded().len() <= 1 + tollgate::MAX_KEY_BYTES);
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallerKey {
+    encoded: Bytes,
+}
+
+impl CallerKey {
+    /// A key from any bytes; keys over [`MAX_KEY_BYTES`] are hashed.
+    pub fn new(key: impl AsRef<[u8]>) -> Self {
+        let key = key.as_ref();
+        if key.len() > MAX_KEY_BYTES {
+            let digest = Sha256::digest(key);
+            let mut encoded = BytesMut::with_capacity(1 + digest.len());
+            encoded.put_u8(TAG_DIGEST);
+            encoded.put_slice(&digest);
+            Self {
+                encoded: encoded.freeze(),
+            }
+        } else {
+            let mut encoded = BytesMut::with_capacity(1 + key.len());
+            encoded.put_u8(TAG_RAW);
+            encoded.put_slice(key);
+            Self {
+                encoded: encoded.freeze(),
+            }
+        }
+    }
+
+    /// The one shared bucket for requests that carry no key, when the layer is told to
+    /// count them together. It never equals a key made with [`CallerKey::new`].
+    ///
+    /// ```
+    /// use tollgate::CallerKey;
+    /// assert_ne!(CallerKey::anonymous(), CallerKey::new("anonymous"));
+    /// ```
+    pub fn anonymous() -> Self {
+        Self {
+            encoded: Bytes::from_static(&[TAG_ANONYMOUS]),
+        }
+    }
+
+    /// The unambiguous byte form that stores use to name this caller's counters: one tag
+    /// byte, then either the raw key or its 32-byte digest.
+    ///
+    /// ```
+    /// use tollgate::CallerKey;
+    /// assert_eq!(CallerKey::new("acme").encoded(), b"=acme");
+    /// ```
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// Whether the key was longer than [`MAX_KEY_BYTES`] and is kept as its digest.
+    ///
+    /// ```
+    /// use tollgate::CallerKey;
+    /// assert!(!CallerKey::new("acme").is_digest());
+    /// ```
+    pub fn is_digest(&self) -> bool {
+        self.encoded.first() == Some(&TAG_DIGEST)
+    }
+
+    /// Whether this is the shared bucket for requests without a key.
+    ///
+    /// ```
+    /// use tollgate::CallerKey;
+    /// assert!(CallerKey::anonymous().is_anonymous());
+    /// ```
+    pub fn is_anonymous(&self) -> bool {
+        self.encoded.first() == Some(&TAG_ANONYMOUS)
+    }
+}
+
+impl fmt::Debug for CallerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CallerKey({self})")
+    }
+}
+
+/// Shows the key with non-printable bytes escaped; digests as `sha256:<hex>`.
+impl fmt::Display for CallerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (tag, rest) = self.encoded.split_first().unwrap_or((&TAG_ANONYMOUS, &[]));
+        match *tag {
+            TAG_DIGEST => {
+                f.write_str("sha256:")?;
+                rest.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+            TAG_ANONYMOUS => f.write_str("<anonymous>"),
+            _ => write!(f, "{}", rest.escape_ascii()),
+        }
+    }
+}
+
+impl From<&str> for CallerKey {
+    fn from(key: &str) -> Self {
+        Self::new(key)
+    }
+}
+
+impl From<&[u8]> for CallerKey {
+    fn from(key: &[u8]) -> Self {
+        Self::new(key)
+    }
+}
+
+impl<const N: usize> From<&[u8; N]> for CallerKey {
+    fn from(key: &[u8; N]) -> Self {
+        Self::new(key)
+    }
+}
+
+impl From<Vec<u8>> for CallerKey {
+    fn from(key: Vec<u8>) -> Self {
+        Self::new(key)
+    }
+}
+
+impl From<String> for CallerKey {
+    fn from(key: String) -> Self {
+        Self::new(key)
+    }
+}
+
+/// A caller as a key extractor found it: the key its counters live under and, optionally,
+/// the plan tier that chooses its quotas.
+///
+/// ```
+/// use tollgate::{Caller, CallerKey};
+///
+/// let caller = Caller::new("acme").with_tier("enterprise");
+/// assert_eq!(caller.key(), &CallerKey::new("acme"));
+/// assert_eq!(caller.tier(), Some("enterprise"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    key: CallerKey,
+    tier: Option<Arc<str>>,
+}
+
+impl Caller {
+    /// A caller with the default quotas.
+    pub fn new(key: impl Into<CallerKey>) -> Self {
+        Self {
+            key: key.into(),
+            tier: None,
+        }
+    }
+
+    /// Puts the caller on a plan tier; the limiter applies that tier's policies.
+    pub fn with_tier(mut self, tier: impl Into<Arc<str>>) -> Self {
+        self.tier = Some(tier.into());
+        self
+    }
+
+    /// The key the caller's counters live under.
+    pub fn key(&self) -> &CallerKey {
+        &self.key
+    }
+
+    /// The caller's plan tier, if the extractor named one.
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref()
+    }
+}
+
+impl From<CallerKey> for Caller {
+    fn from(key: CallerKey) -> Self {
+        Self::new(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_keys_never_equal_digests() {
+        let long = vec![7u8; MAX_KEY_BYTES + 1];
+        let digest = CallerKey::new(&long);
+        // A raw key made of the digest's own bytes stays distinct.
+        let forged = CallerKey::new(&digest.encoded()[1..]);
+        assert_ne!(digest, forged);
+        assert_eq!(CallerKey::new(&long), digest);
+    }
+
+    #[test]
+    fn keys_at_the_bound_stay_raw() {
+        let key = CallerKey::new(vec![b'a'; MAX_KEY_BYTES]);
+        assert!(!key.is_digest());
+        assert_eq!(key.encoded().len(), MAX_KEY_BYTES + 1);
+    }
+
+    #[test]
+    fn display_escapes_bytes() {
+        assert_eq!(CallerKey::new(b"a\xffb").to_string(), "a\\xffb");
+    }
+}

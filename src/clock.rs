@@ -1,0 +1,85 @@
+//! Time, injectable so that tests run on a clock they control.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of the current time in milliseconds since the Unix epoch.
+///
+/// The in-process backend and (in later layers) the circuit breaker read time only through
+/// this trait, so tests drive them with a [`ManualClock`] instead of sleeping.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Milliseconds since the Unix epoch; never goes backwards.
+    fn now_millis(&self) -> u64;
+}
+
+/// The real clock: Unix time read once, then advanced by a monotonic clock, so a wall-clock
+/// step (NTP, a VM resume) never moves a window backwards.
+///
+/// ```
+/// use tollgate::{Clock, SystemClock};
+/// let now = SystemClock.now_millis();
+/// assert!(now > 1_700_000_000_000);
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_millis(&self) -> u64 {
+        static ORIGIN: OnceLock<(Instant, u64)> = OnceLock::new();
+        let (instant, unix_millis) = ORIGIN.get_or_init(|| {
+            let unix = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or(Duration::ZERO);
+            (
+                Instant::now(),
+                u64::try_from(unix.as_millis()).unwrap_or(u64::MAX),
+            )
+        });
+        let elapsed = u64::try_from(instant.elapsed().as_millis()).unwrap_or(u64::MAX);
+        unix_millis.saturating_add(elapsed)
+    }
+}
+
+/// A clock that moves only when told to; clones share the same time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(19_000);
+/// clock.advance(Duration::from_millis(1_500));
+/// assert_eq!(clock.now_millis(), 20_500);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    millis: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock that reads `millis` until moved.
+    pub fn new(millis: u64) -> Self {
+        Self {
+            millis: Arc::new(AtomicU64::new(millis)),
+        }
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.millis.fetch_add(by, Ordering::SeqCst);
+    }
+
+    /// Sets the time; a time before the current one is ignored, as real time never runs back.
+    pub fn set(&self, millis: u64) {
+        self.millis.fetch_max(millis, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_millis(&self) -> u64 {
+        self.millis.load(Ordering::SeqCst)
+    }
+}

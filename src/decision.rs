@@ -1,0 +1,173 @@
+//! What the limiter decided about one request.
+
+use std::sync::Arc;
+
+use crate::algorithm::{Limit, LimitOutcome};
+
+/// The outcome of one request, put in the response's extensions for handlers and logs.
+///
+/// ```
+/// use tollgate::Decision;
+///
+/// fn log(decision: &Decision) -> String {
+///     match decision {
+///         Decision::Allowed(info) => format!("allowed, {} left", info.min_remaining().unwrap_or(0)),
+///         Decision::Limited(info) => format!("limited for {} s", info.retry_after_secs()),
+///         Decision::Unavailable { retry_after_secs, .. } => format!("store down, retry in {retry_after_secs} s"),
+///         Decision::Unlimited(reason) => format!("not counted: {}", reason.as_str()),
+///     }
+/// }
+/// # let _ = log;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Every policy admitted the request.
+    Allowed(RateLimitInfo),
+    /// At least one policy refused it (429).
+    Limited(RateLimitInfo),
+    /// The store could not decide and the failure policy refuses (503 by default).
+    Unavailable {
+        /// The status to answer with; never 500.
+        status: u16,
+        /// Whole seconds, at least 1.
+        retry_after_secs: u64,
+    },
+    /// The request was let through without being counted.
+    Unlimited(UnlimitedReason),
+}
+
+impl Decision {
+    /// Whether the request goes on to the inner service.
+    ///
+    /// ```
+    /// use tollgate::{Decision, UnlimitedReason};
+    /// assert!(Decision::Unlimited(UnlimitedReason::NoKey).is_allowed());
+    /// ```
+    pub fn is_allowed(&self) -> bool {
+        matches!(self, Decision::Allowed(_) | Decision::Unlimited(_))
+    }
+
+    /// The per-policy details, when the store decided.
+    pub fn info(&self) -> Option<&RateLimitInfo> {
+        match self {
+            Decision::Allowed(info) | Decision::Limited(info) => Some(info),
+            _ => None,
+        }
+    }
+}
+
+/// Why a request was let through uncounted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnlimitedReason {
+    /// The request had no key and the layer lets such requests pass.
+    NoKey,
+    /// The store failed and the failure policy fails open.
+    StoreFailedOpen,
+}
+
+impl UnlimitedReason {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            UnlimitedReason::NoKey => "no_key",
+            UnlimitedReason::StoreFailedOpen => "store_failed_open",
+        }
+    }
+}
+
+/// The state of every policy after one decision, in the layer's policy order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitInfo {
+    policies: Arc<[PolicyReport]>,
+}
+
+impl RateLimitInfo {
+    /// Builds the report from the limits and a store's outcomes for them.
+    pub(crate) fn from_outcomes(limits: &[Limit], outcomes: &[LimitOutcome]) -> Self {
+        let policies = limits
+            .iter()
+            .zip(outcomes)
+            .map(|(limit, outcome)| PolicyReport {
+                name: limit.name_arc().clone(),
+                quota: limit.algorithm().quota(),
+                window_secs: whole_seconds(limit.algorithm().window_ms()),
+                remaining: outcome.remaining,
+                reset_secs: whole_seconds(outcome.reset_ms),
+                exhausted: !outcome.admitted,
+            })
+            .collect();
+        Self { policies }
+    }
+
+    /// Every policy's report.
+    pub fn policies(&self) -> &[PolicyReport] {
+        &self.policies
+    }
+
+    /// The policies that refused the request.
+    pub fn violated(&self) -> impl Iterator<Item = &PolicyReport> {
+        self.policies.iter().filter(|p| p.exhausted)
+    }
+
+    /// The smallest `r` over all policies.
+    pub fn min_remaining(&self) -> Option<u64> {
+        self.policies.iter().map(|p| p.remaining).min()
+    }
+
+    /// Whole seconds until every refusing policy admits again (at least 1); never earlier
+    /// than `t` of any exhausted policy. 0 when nothing refused.
+    pub fn retry_after_secs(&self) -> u64 {
+        self.violated().map(|p| p.reset_secs).max().unwrap_or(0)
+    }
+}
+
+/// One policy's state as the headers report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyReport {
+    name: Arc<str>,
+    quota: u64,
+    window_secs: u64,
+    remaining: u64,
+    reset_secs: u64,
+    exhausted: bool,
+}
+
+impl PolicyReport {
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `q`: the quota.
+    pub fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// `w`: the window in whole seconds, at least 1.
+    pub fn window_secs(&self) -> u64 {
+        self.window_secs
+    }
+
+    /// `r`: requests still admitted now.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// `t`: whole seconds until `r` grows (for an exhausted policy, until it admits again),
+    /// at least 1.
+    pub fn reset_secs(&self) -> u64 {
+        self.reset_secs
+    }
+
+    /// Whether this policy refused the request.
+    pub fn is_exhausted(&self) -> bool {
+        self.exhausted
+    }
+}
+
+/// Milliseconds rounded up to whole seconds, at least 1: a client told to wait must never
+/// come back too early.
+pub(crate) fn whole_seconds(millis: u64) -> u64 {
+    millis.div_ceil(1_000).max(1)
+}

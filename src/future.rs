@@ -1,0 +1,202 @@
+//! The response future: extract the key, decide, then call the inner service or refuse.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::caller::{Caller, CallerKey};
+use crate::decision::{Decision, UnlimitedReason};
+use crate::key::{KeyExtractor, KeyRejection, MissingKey};
+use crate::layer::Config;
+use crate::limiter::DecisionFuture;
+use crate::response;
+
+pin_project! {
+    /// The future of [`RateLimit`](crate::RateLimit)'s responses.
+    pub struct ResponseFuture<S, K, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+        K: KeyExtractor,
+    {
+        #[pin]
+        state: State<K::Future, S::Future, S, ReqBody>,
+        config: Arc<Config<K>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<KeyFuture, InnerFuture, S, ReqBody> {
+        Extracting {
+            #[pin]
+            key: KeyFuture,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        Deciding {
+            decision: DecisionFuture,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        Calling {
+            #[pin]
+            future: InnerFuture,
+            decision: Option<Decision>,
+        },
+        Done,
+    }
+}
+
+impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    K: KeyExtractor,
+{
+    pub(crate) fn new(
+        key: K::Future,
+        request: Request<ReqBody>,
+        inner: S,
+        config: Arc<Config<K>>,
+    ) -> Self {
+        Self {
+            state: State::Extracting {
+                key,
+                request: Some(request),
+                inner: Some(inner),
+            },
+            config,
+        }
+    }
+}
+
+impl<S, K, ReqBody> std::fmt::Debug for ResponseFuture<S, K, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    K: KeyExtractor,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            State::Extracting { .. } => "extracting key",
+            State::Deciding { .. } => "deciding",
+            State::Calling { .. } => "calling inner service",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Future for ResponseFuture<S, K, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    K: KeyExtractor,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Extracting {
+                    key,
+                    request,
+                    inner,
+                } => {
+                    let caller = match ready!(key.poll(cx)) {
+                        Ok(Some(caller)) => caller,
+                        Ok(None) => match this.config.missing_key {
+                            MissingKey::Reject(status) => {
+                                this.state.set(State::Done);
+                                let rejection = KeyRejection::new(
+                                    status,
+                                    "the request does not say who is calling",
+                                );
+                                return Poll::Ready(Ok(response::rejected(&rejection)));
+                            }
+                            MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
+                            MissingKey::Pass => {
+                                let (request, mut inner) = take(request, inner);
+                                let future = inner.call(request);
+                                this.state.set(State::Calling {
+                                    future,
+                                    decision: Some(Decision::Unlimited(UnlimitedReason::NoKey)),
+                                });
+                                continue;
+                            }
+                        },
+                        Err(rejection) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(response::rejected(&rejection)));
+                        }
+                    };
+                    let decision = this.config.limiter.check(&caller);
+                    let (request, inner) = (request.take(), inner.take());
+                    this.state.set(State::Deciding {
+                        decision,
+                        request,
+                        inner,
+                    });
+                }
+                StateProj::Deciding {
+                    decision,
+                    request,
+                    inner,
+                } => {
+                    let decision = ready!(Pin::new(decision).poll(cx));
+                    let refusal = match &decision {
+                        Decision::Limited(info) => {
+                            Some(response::limited(info, this.config.header_mode))
+                        }
+                        Decision::Unavailable {
+                            status,
+                            retry_after_secs,
+                        } => Some(response::unavailable(*status, *retry_after_secs)),
+                        Decision::Allowed(_) | Decision::Unlimited(_) => None,
+                    };
+                    if let Some(mut refusal) = refusal {
+                        refusal.extensions_mut().insert(decision);
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(refusal));
+                    }
+                    let (request, mut inner) = take(request, inner);
+                    let future = inner.call(request);
+                    this.state.set(State::Calling {
+                        future,
+                        decision: Some(decision),
+                    });
+                }
+                StateProj::Calling { future, decision } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = response.map(ResponseBody::inner);
+                    if let Some(decision) = decision.take() {
+                        response::decorate_allowed(
+                            response.headers_mut(),
+                            &decision,
+                            this.config.header_mode,
+                        );
+                        response.extensions_mut().insert(decision);
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after it completed"),
+            }
+        }
+    }
+}
+
+fn take<R, S>(request: &mut Option<R>, inner: &mut Option<S>) -> (R, S) {
+    match (request.take(), inner.take()) {
+        (Some(request), Some(inner)) => (request, inner),
+        _ => unreachable!("the request and the ready service are taken exactly once"),
+    }
+}

@@ -1,0 +1,397 @@
+use std::fmt;
+use std::future::{Ready, ready};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use http::header::{FORWARDED, HeaderName};
+use http::{Request, StatusCode};
+
+use super::{KeyExtractor, KeyRejection, KeyResult};
+use crate::caller::Caller;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Counts callers by client IP address, honouring forwarding headers only from trusted
+/// proxies.
+///
+/// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve the router with
+/// `into_make_service_with_connect_info::<SocketAddr>()`) or, for plain hyper services, from
+/// a [`SocketAddr`] in the request's extensions.
+///
+/// - A peer that is not a trusted proxy is the client; its forwarding headers are ignored,
+///   so a client cannot spoof its address.
+/// - A trusted peer's forwarding header (X-Forwarded-For by default, or RFC 7239 Forwarded)
+///   is read from right to left, skipping trusted proxies; the first untrusted address is
+///   the client. A request whose chain holds only trusted addresses, or `unknown`, has no
+///   key (the load balancer's own address is never used); an entry that is not an address
+///   is rejected with 400.
+/// - IPv6 clients are grouped by their /64 network by default (one host usually owns a
+///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// ```
+/// use tollgate::{ClientIp, ForwardedHeader, TrustedProxies};
+///
+/// let behind_lb = ClientIp::new()
+///     .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8", "fd00::/8"]).unwrap())
+///     .forwarded_header(ForwardedHeader::XForwardedFor);
+/// # drop(behind_lb);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ClientIp {
+    trusted: TrustedProxies,
+    header: ForwardedHeader,
+    ipv6_prefix: u8,
+}
+
+/// Which forwarding header trusted proxies write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
+impl ClientIp {
+    /// Keys on the peer address, trusting no proxy.
+    pub fn new() -> Self {
+        Self {
+            trusted: TrustedProxies::default(),
+            header: ForwardedHeader::default(),
+            ipv6_prefix: 64,
+        }
+    }
+
+    /// Trusts the forwarding headers of peers in these networks.
+    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
+        self.trusted = trusted;
+        self
+    }
+
+    /// Chooses the forwarding header that the trusted proxies write.
+    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Groups IPv6 clients by a network prefix of this many bits (default 64; 128 keys
+    /// every address apart). Values above 128 are taken as 128.
+    ///
+    /// ```
+    /// let per_address = tollgate::ClientIp::new().ipv6_prefix(128);
+    /// # drop(per_address);
+    /// ```
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits.min(128);
+        self
+    }
+
+    /// The client address of `request` as this extractor sees it, before grouping.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use tollgate::ClientIp;
+    ///
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert("203.0.113.7:5000".parse::<SocketAddr>().unwrap());
+    /// request.headers_mut().insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
+    /// // The peer is not a trusted proxy, so the spoofed header is ignored.
+    /// assert_eq!(ClientIp::new().client_addr(&request), Ok(Some("203.0.113.7".parse().unwrap())));
+    /// ```
+    pub fn client_addr<B>(&self, request: &Request<B>) -> Result<Option<IpAddr>, KeyRejection> {
+        let Some(peer) = peer_addr(request) else {
+            return Ok(None);
+        };
+        let peer = canonical(peer);
+        if !self.trusted.contains(peer) {
+            return Ok(Some(peer));
+        }
+        let name = match self.header {
+            ForwardedHeader::XForwardedFor => X_FORWARDED_FOR,
+            ForwardedHeader::Forwarded => FORWARDED,
+        };
+        // Header lines are read last to first, entries right to left: the rightmost entries
+        // were written by the proxies closest to us, the only ones we can vouch for.
+        for line in request.headers().get_all(&name).iter().rev() {
+            let Ok(line) = line.to_str() else {
+                return Err(malformed(&name));
+            };
+            for entry in line.rsplit(',') {
+                let hop = match self.header {
+                    ForwardedHeader::XForwardedFor => parse_node(entry.trim()),
+                    ForwardedHeader::Forwarded => parse_forwarded_element(entry),
+                };
+                match hop {
+                    Hop::Addr(addr) if self.trusted.contains(canonical(addr)) => continue,
+                    Hop::Addr(addr) => return Ok(Some(canonical(addr))),
+                    Hop::Empty => continue,
+                    Hop::Unknown => return Ok(None),
+                    Hop::Malformed => return Err(malformed(&name)),
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn key_for(&self, addr: IpAddr) -> Caller {
+        match addr {
+            IpAddr::V4(v4) => Caller::new(v4.to_string()),
+            IpAddr::V6(v6) if self.ipv6_prefix >= 128 => Caller::new(v6.to_string()),
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(u32::from(128 - self.ipv6_prefix))
+                    .unwrap_or(0);
+                let network = Ipv6Addr::from(u128::from(v6) & mask);
+                Caller::new(format!("{network}/{}", self.ipv6_prefix))
+            }
+        }
+    }
+}
+
+impl Default for ClientIp {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    type Future = Ready<KeyResult>;
+
+    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
+        ready(
+            self.client_addr(request)
+                .map(|addr| addr.map(|addr| self.key_for(addr))),
+        )
+    }
+}
+
+fn peer_addr<B>(request: &Request<B>) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(info.0.ip());
+    }
+    request.extensions().get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn malformed(name: &HeaderName) -> KeyRejection {
+    KeyRejection::new(
+        StatusCode::BAD_REQUEST,
+        format!("the {name} header holds an entry that is not an IP address"),
+    )
+}
+
+enum Hop {
+    Addr(IpAddr),
+    Empty,
+    Unknown,
+    Malformed,
+}
+
+/// An address as X-Forwarded-For or a Forwarded `for=` writes it: `1.2.3.4`, `1.2.3.4:80`,
+/// `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:443`.
+fn parse_node(node: &str) -> Hop {
+    if node.is_empty() {
+        return Hop::Empty;
+    }
+    if node.eq_ignore_ascii_case("unknown") || node.starts_with('_') {
+        return Hop::Unknown;
+    }
+    if let Ok(addr) = IpAddr::from_str(node) {
+        return Hop::Addr(addr);
+    }
+    if let Ok(addr) = SocketAddr::from_str(node) {
+        return Hop::Addr(addr.ip());
+    }
+    if let Some(inner) = node
+        .strip_prefix('[')
+        .and_then(|rest| rest.strip_suffix(']'))
+        && let Ok(addr) = Ipv6Addr::from_str(inner)
+    {
+        return Hop::Addr(IpAddr::V6(addr));
+    }
+    Hop::Malformed
+}
+
+/// The `for=` node of one RFC 7239 forwarded-element (`for=x;proto=https;by=y`).
+fn parse_forwarded_element(element: &str) -> Hop {
+    let node = element.split(';').find_map(|pair| {
+        let (name, value) = pair.trim().split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("for")
+            .then(|| value.trim())
+    });
+    match node {
+        None if element.trim().is_empty() => Hop::Empty,
+        None => Hop::Malformed,
+        Some(value) => {
+            let unquoted = value
+                .strip_prefix('"')
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or(value);
+            parse_node(unquoted)
+        }
+    }
+}
+
+/// Networks whose forwarding headers are believed, as CIDR blocks.
+///
+/// ```
+/// use tollgate::TrustedProxies;
+///
+/// let trusted = TrustedProxies::parse(["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]).unwrap();
+/// assert!(trusted.contains("10.1.2.3".parse().unwrap()));
+/// assert!(!trusted.contains("11.0.0.1".parse().unwrap()));
+/// assert!(TrustedProxies::parse(["10.0.0.0/33"]).is_err());
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct TrustedProxies {
+    networks: Arc<[Cidr]>,
+}
+
+impl TrustedProxies {
+    /// Parses CIDR blocks (`10.0.0.0/8`, `fd00::/8`); a bare address is a single host.
+    pub fn parse<I, S>(blocks: I) -> Result<Self, InvalidCidr>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let networks = blocks
+            .into_iter()
+            .map(|block| Cidr::parse(block.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            networks: networks.into(),
+        })
+    }
+
+    /// Whether `addr` lies in one of the trusted networks.
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let addr = canonical(addr);
+        self.networks.iter().any(|network| network.contains(addr))
+    }
+}
+
+/// A CIDR block that did not parse.
+///
+/// ```
+/// let error = tollgate::TrustedProxies::parse(["nonsense"]).unwrap_err();
+/// assert!(error.to_string().contains("nonsense"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidCidr {
+    block: String,
+}
+
+impl fmt::Display for InvalidCidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid CIDR block {:?}", self.block)
+    }
+}
+
+impl std::error::Error for InvalidCidr {}
+
+#[derive(Clone, Copy, Debug)]
+struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    fn parse(block: &str) -> Result<Self, InvalidCidr> {
+        let invalid = || InvalidCidr {
+            block: block.to_owned(),
+        };
+        let (addr, prefix) = match block.trim().split_once('/') {
+            Some((addr, prefix)) => (addr, Some(prefix)),
+            None => (block.trim(), None),
+        };
+        let network = canonical(IpAddr::from_str(addr).map_err(|_| invalid())?);
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(invalid)?,
+        };
+        Ok(Self { network, prefix })
+    }
+
+    fn contains(&self, addr: IpAddr) -> bool {
+        match (self.network, addr) {
+            (IpAddr::V4(net), IpAddr::V4(addr)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(addr) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(addr)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(addr) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_in_every_form() {
+        for (node, want) in [
+            ("1.2.3.4", "1.2.3.4"),
+            ("1.2.3.4:80", "1.2.3.4"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+        ] {
+            match parse_node(node) {
+                Hop::Addr(addr) => assert_eq!(addr, want.parse::<IpAddr>().unwrap()),
+                _ => panic!("{node} did not parse"),
+            }
+        }
+        assert!(matches!(parse_node("unknown"), Hop::Unknown));
+        assert!(matches!(parse_node("_hidden"), Hop::Unknown));
+        assert!(matches!(parse_node("garbage"), Hop::Malformed));
+    }
+
+    #[test]
+    fn forwarded_elements() {
+        assert!(matches!(
+            parse_forwarded_element(r#" for="[2001:db8:cafe::17]:4711";proto=https"#),
+            Hop::Addr(IpAddr::V6(_))
+        ));
+        assert!(matches!(
+            parse_forwarded_element("proto=http;For=192.0.2.60"),
+            Hop::Addr(IpAddr::V4(_))
+        ));
+        assert!(matches!(
+            parse_forwarded_element("by=1.2.3.4"),
+            Hop::Malformed
+        ));
+    }
+
+    #[test]
+    fn zero_prefix_matches_its_family() {
+        let any4 = Cidr::parse("0.0.0.0/0").unwrap();
+        assert!(any4.contains("8.8.8.8".parse().unwrap()));
+        assert!(!any4.contains("::1".parse().unwrap()));
+    }
+}

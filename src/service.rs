@@ -1,0 +1,97 @@
+//! The tower service that the layer wraps around an inner service.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::future::ResponseFuture;
+use crate::key::KeyExtractor;
+use crate::layer::Config;
+
+/// A service rate-limited by a [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// ```
+/// use std::convert::Infallible;
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limiter = Limiter::builder()
+///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+///     .build();
+/// let service = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(limiter).key(GlobalKey))
+///     .service_fn(|_req: http::Request<()>| async {
+///         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("hello"))))
+///     });
+/// let first = service.clone().oneshot(http::Request::new(())).await.unwrap();
+/// let second = service.oneshot(http::Request::new(())).await.unwrap();
+/// assert_eq!(first.status(), 200);
+/// assert_eq!(second.status(), 429);
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct RateLimit<S, K> {
+    inner: S,
+    config: Arc<Config<K>>,
+}
+
+impl<S, K> RateLimit<S, K> {
+    pub(crate) fn from_config(inner: S, config: Arc<Config<K>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K> Clone for RateLimit<S, K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, K, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let key = self.config.key.extract(&request);
+        // The decision may take a while; hand the future the service that was driven to
+        // readiness and keep a fresh clone here.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(key, request, ready, self.config.clone())
+    }
+}
