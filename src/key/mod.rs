@@ -134,19 +134,14 @@ impl Default for MissingKey {
 /// One key for every request: a limit on the whole route rather than per caller.
 ///
 /// ```
-/// use http::Request;
-/// use tollgate::{GlobalKey, KeyExtractor};
-/// # tokio_test();
-/// # fn tokio_test() {
-/// let caller = futures_lite(GlobalKey.extract(&Request::new(())));
-/// # fn futures_lite<F: std::future::Future>(f: F) -> F::Output {
-/// #     let mut f = std::pin::pin!(f);
-/// #     match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
-/// #         std::task::Poll::Ready(v) => v, _ => unreachable!(),
-/// #     }
-/// # }
-/// assert!(caller.unwrap().is_some());
-/// # }
+/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+///
+/// // At most 1,000 requests a second to this route, whoever sends them.
+/// let limiter = Limiter::builder()
+///     .policy(Policy::sliding_window("route", Quota::per_second(1_000)))
+///     .build();
+/// let layer = RateLimitLayer::new(limiter).key(GlobalKey);
+/// # drop(layer);
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GlobalKey;
