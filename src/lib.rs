@@ -37,6 +37,8 @@ pub use backend::{
     Backend, CheckFuture, CheckOutcome, CheckResult, InMemoryBackend, InMemoryBackendBuilder,
     StoreError, StoreErrorKind,
 };
+#[cfg(feature = "redis")]
+pub use backend::{RedisBackend, RedisBackendBuilder};
 pub use body::ResponseBody;
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};

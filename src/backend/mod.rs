@@ -1,6 +1,8 @@
 //! Stores of counters, behind one trait so that users can bring their own.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
 use std::fmt;
 use std::future::Future;
@@ -11,6 +13,8 @@ use std::task::{Context, Poll};
 use crate::algorithm::{Limit, LimitOutcome};
 use crate::caller::CallerKey;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisBackendBuilder};
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 
 /// A store that decides requests against a caller's counters.

@@ -61,9 +61,12 @@ impl Reply {
 
     /// Retry-After in whole seconds.
     pub fn retry_after(&self) -> Option<u64> {
-        self.headers
-            .get(http::header::RETRY_AFTER)
-            .map(|v| v.to_str().unwrap().parse().expect("Retry-After is whole seconds"))
+        self.headers.get(http::header::RETRY_AFTER).map(|v| {
+            v.to_str()
+                .unwrap()
+                .parse()
+                .expect("Retry-After is whole seconds")
+        })
     }
 }
 
@@ -102,6 +105,8 @@ pub fn get(uri: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
 }
 
 /// The inner service of most tests: always 200 "ok".
-pub async fn ok_handler(_request: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+pub async fn ok_handler(
+    _request: Request<Full<Bytes>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
 }
