@@ -177,13 +177,25 @@ where
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = response.map(ResponseBody::inner);
-                    if let Some(decision) = decision.take() {
+                    // An inner tollgate layer may have decided too (a per-route limit
+                    // inside a router-wide one): its refusal stands as it is, and on an
+                    // allowed response both layers' policies are listed, the inner
+                    // layer's decision kept in the extensions.
+                    let inner_decision = response
+                        .extensions()
+                        .get::<Decision>()
+                        .map(Decision::is_allowed);
+                    if let Some(decision) = decision.take()
+                        && inner_decision != Some(false)
+                    {
                         response::decorate_allowed(
                             response.headers_mut(),
                             &decision,
                             this.config.header_mode,
                         );
-                        response.extensions_mut().insert(decision);
+                        if inner_decision.is_none() {
+                            response.extensions_mut().insert(decision);
+                        }
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response));

@@ -108,11 +108,13 @@ fn insert_policy_fields<'a>(
     info: &RateLimitInfo,
     reported: impl IntoIterator<Item = &'a crate::decision::PolicyReport>,
 ) {
+    // Appended, not inserted: Structured Field lists may span several field lines, so a
+    // response that already lists an inner layer's policies lists both layers'.
     if let Some(policy) = policy_field(info) {
-        headers.insert(RATELIMIT_POLICY, policy);
+        headers.append(RATELIMIT_POLICY, policy);
     }
     if let Some(state) = state_field(reported) {
-        headers.insert(RATELIMIT, state);
+        headers.append(RATELIMIT, state);
     }
 }
 

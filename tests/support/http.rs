@@ -22,11 +22,21 @@ impl Reply {
         serde_json::from_slice(&self.body).expect("body is JSON")
     }
 
-    /// A header parsed as a Structured Fields List.
+    /// A header parsed as a Structured Fields List, its field lines combined as RFC 9651
+    /// says (joined with commas).
     pub fn sf_list(&self, name: &str) -> Option<sfv::List> {
-        let value = self.headers.get(name)?;
+        let lines: Vec<&[u8]> = self
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        if lines.is_empty() {
+            return None;
+        }
+        let combined = lines.join(&b", "[..]);
         Some(
-            sfv::Parser::new(value.as_bytes())
+            sfv::Parser::new(&combined)
                 .parse::<sfv::List>()
                 .unwrap_or_else(|e| panic!("{name} is not a Structured Fields List: {e}")),
         )

@@ -48,7 +48,7 @@ impl RedisServer {
         };
         // A port that was free a moment ago may be taken by the time redis binds it: retry.
         for _ in 0..20 {
-            server.port = free_port(extra_args.iter().any(|a| *a == "--cluster-enabled"));
+            server.port = free_port(extra_args.contains(&"--cluster-enabled"));
             if server.spawn() {
                 return server;
             }

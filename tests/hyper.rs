@@ -1,0 +1,352 @@
+//! The layer on a plain hyper service (no axum): a `Full<Bytes>` body, a custom error type,
+//! and client IPs from the peer address that the accept loop puts in the extensions.
+mod support;
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use support::http::{Reply, get, send};
+use tokio::net::{TcpListener, TcpSocket};
+use tollgate::{
+    ClientIp, Decision, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy, Quota,
+    RateLimit, RateLimitLayer, ResponseBody,
+};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+
+/// The inner service's own error type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AppError {
+    code: u32,
+}
+
+impl fmt::Display for AppError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "application error {}", self.code)
+    }
+}
+
+impl std::error::Error for AppError {}
+
+/// 200 "hello from hyper", or the application's error for `/fail`.
+async fn app<B>(request: Request<B>) -> Result<Response<Full<Bytes>>, AppError> {
+    if request.uri().path() == "/fail" {
+        return Err(AppError { code: 418 });
+    }
+    let mut response = Response::new(Full::new(Bytes::from_static(b"hello from hyper")));
+    response
+        .headers_mut()
+        .insert("x-inner", http::HeaderValue::from_static("yes"));
+    Ok(response)
+}
+
+fn login_limiter(limit: u64) -> Limiter {
+    let backend = InMemoryBackend::builder()
+        .clock(ManualClock::new(1_000_000))
+        .build();
+    Limiter::builder()
+        .backend(backend)
+        .policy(Policy::sliding_window(
+            "per-minute",
+            Quota::per_minute(limit),
+        ))
+        .build()
+}
+
+/// Compiles only if the layered service's error is exactly the inner service's.
+fn assert_error_is_app_error<S, R>(_: &S)
+where
+    S: Service<R, Error = AppError>,
+{
+}
+
+/// Serves `limit` requests per minute per client IP on 127.0.0.1:0 with hyper alone.
+async fn serve(limit: u64) -> SocketAddr {
+    let limited = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(login_limiter(limit)).key(ClientIp::new()))
+        .service(service_fn(app::<Incoming>));
+    // The layer keeps the inner error type and answers with its own body type around the
+    // inner `Full<Bytes>`.
+    assert_error_is_app_error::<_, Request<Incoming>>(&limited);
+    let _: &RateLimit<_, ClientIp> = &limited;
+    fn body_type<S>(_: &S)
+    where
+        S: Service<Request<Incoming>, Response = Response<ResponseBody<Full<Bytes>>>>,
+    {
+    }
+    body_type(&limited);
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = listener.accept().await.unwrap();
+            // Each connection tells the service who its peer is.
+            let service = limited
+                .clone()
+                .map_request(move |mut request: Request<Incoming>| {
+                    request.extensions_mut().insert(peer);
+                    request
+                });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends one HTTP/1.1 GET over a fresh connection from `source` and reads the reply.
+async fn wire_get(
+    server: SocketAddr,
+    source: IpAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Reply {
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    parse_response(&exchange(server, source, &request).await)
+}
+
+/// Writes `request` over a fresh connection from `source` and reads until the server
+/// closes it.
+async fn exchange(server: SocketAddr, source: IpAddr, request: &str) -> Vec<u8> {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::new(source, 0)).unwrap();
+    let stream = socket.connect(server).await.unwrap();
+    // tokio's io-util is not a dev-dependency: write and read with the readiness API.
+    let mut unsent = request.as_bytes();
+    while !unsent.is_empty() {
+        stream.writable().await.unwrap();
+        match stream.try_write(unsent) {
+            Ok(n) => unsent = &unsent[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        stream.readable().await.unwrap();
+        match stream.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // A connection the server drops without an answer reads as what came before.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    raw
+}
+
+/// Parses an HTTP/1.1 response read to the end of a closed connection.
+fn parse_response(raw: &[u8]) -> Reply {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no complete response head in {raw:?}"));
+    let head = std::str::from_utf8(&raw[..split]).expect("an ASCII head");
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap();
+    let code = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .expect("HTTP/1.1 status line");
+    let status = StatusCode::from_bytes(&code.as_bytes()[..3]).unwrap();
+    let mut headers = http::HeaderMap::new();
+    for line in lines {
+        let (name, value) = line.split_once(':').expect("name: value");
+        headers.append(
+            http::HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
+            http::HeaderValue::from_str(value.trim()).unwrap(),
+        );
+    }
+    let rest = &raw[split + 4..];
+    let chunked = headers
+        .get(http::header::TRANSFER_ENCODING)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else if let Some(length) = headers.get(http::header::CONTENT_LENGTH) {
+        let length: usize = length.to_str().unwrap().parse().unwrap();
+        rest[..length].to_vec()
+    } else {
+        rest.to_vec()
+    };
+    Reply {
+        status,
+        headers,
+        body: body.into(),
+        extensions: http::Extensions::new(),
+    }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size_text = std::str::from_utf8(&data[..line_end]).unwrap();
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap();
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return body;
+        }
+        body.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+const OTHER_LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+
+#[tokio::test]
+async fn a_plain_hyper_server_answers_200_then_429_over_the_wire() {
+    let server = serve(2).await;
+
+    for remaining in [1, 0] {
+        let reply = wire_get(server, LOCALHOST, "/", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        // The inner service's body and headers come through untouched.
+        assert_eq!(reply.body, "hello from hyper");
+        assert_eq!(reply.headers["x-inner"], "yes");
+        assert_eq!(
+            reply.policy_params("ratelimit-policy"),
+            [(
+                "per-minute".to_owned(),
+                vec![("q".to_owned(), 2), ("w".to_owned(), 60)]
+            )]
+        );
+        let state = reply.policy_params("ratelimit");
+        assert_eq!(state.len(), 1);
+        assert_eq!(state[0].0, "per-minute");
+        assert_eq!(state[0].1[0], ("r".to_owned(), remaining));
+    }
+
+    let reply = wire_get(server, LOCALHOST, "/", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        reply.headers[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    assert!(reply.headers.get("x-inner").is_none());
+    let retry_after = reply.retry_after().expect("Retry-After");
+    assert!(retry_after >= 1);
+    let state = reply.policy_params("ratelimit");
+    assert_eq!(state.len(), 1);
+    assert_eq!(state[0].1[0], ("r".to_owned(), 0));
+    let body = reply.json();
+    assert_eq!(body["status"], 429);
+    assert_eq!(body["violated-policies"], serde_json::json!(["per-minute"]));
+    assert_eq!(body["retry_after_seconds"], retry_after);
+}
+
+#[tokio::test]
+async fn the_key_is_the_peer_address_from_the_accept_loop() {
+    let server = serve(1).await;
+
+    assert_eq!(
+        wire_get(server, LOCALHOST, "/", &[]).await.status,
+        StatusCode::OK
+    );
+    // A new connection (new source port) from the same address: the same client.
+    assert_eq!(
+        wire_get(server, LOCALHOST, "/", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // The peer is no trusted proxy: a forged X-Forwarded-For changes nothing.
+    assert_eq!(
+        wire_get(
+            server,
+            LOCALHOST,
+            "/",
+            &[("x-forwarded-for", "198.51.100.1")]
+        )
+        .await
+        .status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another peer address is another client.
+    assert_eq!(
+        wire_get(server, OTHER_LOOPBACK, "/", &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        wire_get(server, OTHER_LOOPBACK, "/", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn the_inner_error_passes_through_unchanged() {
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(login_limiter(5)).key(ClientIp::new()))
+        .service(service_fn(app::<Full<Bytes>>));
+    assert_error_is_app_error::<_, Request<Full<Bytes>>>(&service);
+
+    let mut request = get("/fail", &[]);
+    request
+        .extensions_mut()
+        .insert("203.0.113.7:5000".parse::<SocketAddr>().unwrap());
+    let error = service
+        .clone()
+        .oneshot(request)
+        .await
+        .expect_err("the inner service's error");
+    assert_eq!(error, AppError { code: 418 });
+
+    // The error was an admitted request; the next one gets through normally.
+    let mut request = get("/", &[]);
+    request
+        .extensions_mut()
+        .insert("203.0.113.7:5000".parse::<SocketAddr>().unwrap());
+    let mut service = service;
+    let reply = send(&mut service, request).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(matches!(
+        reply.extensions.get::<Decision>(),
+        Some(Decision::Allowed(_))
+    ));
+}
+
+#[tokio::test]
+async fn an_inner_error_over_the_wire_is_hypers_to_handle_not_a_500_from_the_layer() {
+    let server = serve(5).await;
+    // hyper closes the connection on a service error; the layer never turns it into a
+    // response of its own.
+    let request = format!("GET /fail HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\n\r\n");
+    let raw = exchange(server, LOCALHOST, &request).await;
+    assert!(
+        raw.is_empty(),
+        "expected the connection to close without a response, got {:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    // The server is still up for the next client.
+    assert_eq!(
+        wire_get(server, LOCALHOST, "/", &[]).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn without_a_peer_address_the_request_is_refused_with_a_4xx() {
+    let mut service = ServiceBuilder::new()
+        .layer(
+            RateLimitLayer::new(login_limiter(5))
+                .key(ClientIp::new())
+                .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
+        )
+        .service(service_fn(app::<Full<Bytes>>));
+    let reply = send(&mut service, get("/", &[])).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.json()["status"], 403);
+}
