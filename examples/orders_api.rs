@@ -48,7 +48,9 @@ fn parse_options() -> Result<Options, String> {
                 options.limit = value()?.parse().map_err(|e| format!("--limit: {e}"))?;
             }
             "--window-secs" => {
-                options.window_secs = value()?.parse().map_err(|e| format!("--window-secs: {e}"))?;
+                options.window_secs = value()?
+                    .parse()
+                    .map_err(|e| format!("--window-secs: {e}"))?;
             }
             "--trusted-proxy" => options.trusted_proxies.push(value()?),
             "--help" | "-h" => {
