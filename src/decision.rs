@@ -62,7 +62,8 @@ impl Decision {
 pub enum UnlimitedReason {
     /// The request had no key and the layer lets such requests pass.
     NoKey,
-    /// The store failed and the failure policy fails open.
+    /// The store failed and the failure policy fails open (or fails static and the
+    /// caller had no cached refusal).
     StoreFailedOpen,
 }
 
@@ -93,6 +94,7 @@ impl RateLimitInfo {
                 quota: limit.algorithm().quota(),
                 window_secs: whole_seconds(limit.algorithm().window_ms()),
                 remaining: outcome.remaining,
+                reset_ms: outcome.reset_ms,
                 reset_secs: whole_seconds(outcome.reset_ms),
                 exhausted: !outcome.admitted,
             })
@@ -120,6 +122,29 @@ impl RateLimitInfo {
     pub fn retry_after_secs(&self) -> u64 {
         self.violated().map(|p| p.reset_secs).max().unwrap_or(0)
     }
+
+    /// Milliseconds until every refusing policy admits again; 0 when nothing refused.
+    pub fn retry_after_ms(&self) -> u64 {
+        self.violated().map(|p| p.reset_ms).max().unwrap_or(0)
+    }
+
+    /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
+    /// that long (a cached denial, served later than it was made).
+    pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {
+        let policies = self
+            .policies
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                if p.exhausted {
+                    p.reset_ms = remaining_ms;
+                    p.reset_secs = whole_seconds(remaining_ms);
+                }
+                p
+            })
+            .collect();
+        Self { policies }
+    }
 }
 
 /// One policy's state as the headers report it.
@@ -129,6 +154,7 @@ pub struct PolicyReport {
     quota: u64,
     window_secs: u64,
     remaining: u64,
+    reset_ms: u64,
     reset_secs: u64,
     exhausted: bool,
 }
@@ -158,6 +184,11 @@ impl PolicyReport {
     /// at least 1.
     pub fn reset_secs(&self) -> u64 {
         self.reset_secs
+    }
+
+    /// Milliseconds until `r` grows, exactly as the store computed it.
+    pub fn reset_ms(&self) -> u64 {
+        self.reset_ms
     }
 
     /// Whether this policy refused the request.

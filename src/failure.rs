@@ -1,76 +1,107 @@
-//! What a limiter does when its store cannot decide.
+//! What a limiter does when its store cannot decide: data the limiter reads, chosen per
+//! route.
 
-use std::time::Duration;
+use crate::instances::InstanceCount;
 
-/// The choice made for a route when the store fails: allow or refuse.
+/// The choice made for a route when the store is slow or down.
+///
+/// | policy | during an outage | for |
+/// |---|---|---|
+/// | [`open`](Self::open) | everything passes, uncounted | routes where availability beats the limit |
+/// | [`closed`](Self::closed) | 503 + Retry-After (never 500) | credentials, one-time codes, password-reset mails, hard spend limits |
+/// | [`local_share`](Self::local_share) | each instance enforces the limit divided by the live instance count | most API routes: fairness between customers |
+/// | [`fail_static`](Self::fail_static) | cached refusals keep refusing until they expire, the rest passes | long quotas (per day) |
+/// | [`static_then`](Self::static_then) | cached refusals first, then another policy for the rest | long quotas with a local share |
 ///
 /// ```
-/// use std::time::Duration;
-/// use tollgate::FailurePolicy;
+/// use tollgate::{FailurePolicy, InstanceCount};
 ///
-/// let orders = FailurePolicy::Open;
-/// let login = FailurePolicy::closed().retry_after(Duration::from_secs(5));
-/// # drop((orders, login));
+/// let orders = FailurePolicy::local_share(InstanceCount::fixed(4));
+/// let login = FailurePolicy::closed();
+/// let daily = FailurePolicy::static_then(FailurePolicy::local_share(InstanceCount::fixed(4)));
+/// # drop((orders, login, daily));
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Let the request through uncounted.
     #[default]
     Open,
-    /// Refuse with `status` (503 by default) and `Retry-After`.
+    /// Refuse with `status` (503 by default, never 500) and a Retry-After of the breaker's
+    /// remaining open time (at least 1 s).
     Closed {
-        /// The refusal status: 503 unless set, never 500.
+        /// The refusal status.
         status: u16,
-        /// What Retry-After says, rounded up to whole seconds (at least 1).
-        retry_after: Duration,
     },
+    /// Enforce every policy's quota divided by the live instance count, with an in-process
+    /// counter of the same algorithm; the headers advertise the share.
+    LocalShare(InstanceCount),
+    /// Keep refusing callers whose refusal is cached until it expires; let the rest pass.
+    Static,
+    /// Cached refusals first, then the inner policy for everybody else.
+    StaticThen(Box<FailurePolicy>),
 }
 
 impl FailurePolicy {
-    /// Refuse with 503 and `Retry-After: 1`.
-    pub fn closed() -> Self {
-        FailurePolicy::Closed {
-            status: 503,
-            retry_after: Duration::from_secs(1),
-        }
+    /// Fail open: allow.
+    pub fn open() -> Self {
+        FailurePolicy::Open
     }
 
-    /// Sets the refusal status of [`FailurePolicy::Closed`]; anything but a 4xx or 5xx
-    /// status, and 500 itself, is taken as 503. No effect on other policies.
+    /// Fail closed with 503 and Retry-After.
+    pub fn closed() -> Self {
+        FailurePolicy::Closed { status: 503 }
+    }
+
+    /// Fail closed with another status; anything outside 4xx and 5xx, and 500 itself, is
+    /// taken as 503 (clients retry 500s at once).
     ///
     /// ```
     /// use tollgate::FailurePolicy;
-    /// let p = FailurePolicy::closed().status(429);
-    /// assert!(matches!(p, FailurePolicy::Closed { status: 429, .. }));
-    /// let p = FailurePolicy::closed().status(500);
-    /// assert!(matches!(p, FailurePolicy::Closed { status: 503, .. }));
+    /// assert!(matches!(FailurePolicy::closed_with_status(429), FailurePolicy::Closed { status: 429 }));
+    /// assert!(matches!(FailurePolicy::closed_with_status(500), FailurePolicy::Closed { status: 503 }));
     /// ```
-    pub fn status(self, status: u16) -> Self {
-        match self {
-            FailurePolicy::Closed { retry_after, .. } => {
-                let status = if (400..600).contains(&status) && status != 500 {
-                    status
-                } else {
-                    503
-                };
-                FailurePolicy::Closed {
-                    status,
-                    retry_after,
-                }
-            }
-            other => other,
-        }
+    pub fn closed_with_status(status: u16) -> Self {
+        let status = if (400..600).contains(&status) && status != 500 {
+            status
+        } else {
+            503
+        };
+        FailurePolicy::Closed { status }
     }
 
-    /// Sets what Retry-After says on a fail-closed refusal. No effect on other policies.
-    pub fn retry_after(self, retry_after: Duration) -> Self {
+    /// Enforce a local share of the limit: quota / `instances`.
+    pub fn local_share(instances: InstanceCount) -> Self {
+        FailurePolicy::LocalShare(instances)
+    }
+
+    /// Fail static: cached refusals keep refusing, everything else passes.
+    pub fn fail_static() -> Self {
+        FailurePolicy::Static
+    }
+
+    /// Cached refusals first, then `rest` for everybody else.
+    pub fn static_then(rest: FailurePolicy) -> Self {
+        FailurePolicy::StaticThen(Box::new(rest))
+    }
+
+    /// A short, stable name for logs and metric labels.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::FailurePolicy::closed().as_str(), "closed");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
         match self {
-            FailurePolicy::Closed { status, .. } => FailurePolicy::Closed {
-                status,
-                retry_after,
+            FailurePolicy::Open => "open",
+            FailurePolicy::Closed { .. } => "closed",
+            FailurePolicy::LocalShare(_) => "local_share",
+            FailurePolicy::Static => "static",
+            FailurePolicy::StaticThen(rest) => match **rest {
+                FailurePolicy::Open => "static_then_open",
+                FailurePolicy::Closed { .. } => "static_then_closed",
+                FailurePolicy::LocalShare(_) => "static_then_local_share",
+                _ => "static_then_static",
             },
-            other => other,
         }
     }
 }

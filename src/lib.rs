@@ -19,12 +19,15 @@
 mod algorithm;
 mod backend;
 mod body;
+mod breaker;
 mod caller;
 mod clock;
 mod decision;
+mod denial_cache;
 mod failure;
 mod future;
 mod headers;
+mod instances;
 mod key;
 mod layer;
 mod limiter;
@@ -40,18 +43,20 @@ pub use backend::{
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisBackendBuilder};
 pub use body::ResponseBody;
+pub use breaker::{BreakerConfig, BreakerState};
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, PolicyReport, RateLimitInfo, UnlimitedReason};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
 pub use headers::HeaderMode;
+pub use instances::{InstanceCount, LiveInstances};
 pub use key::{
     AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr,
     KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
 };
 pub use layer::RateLimitLayer;
-pub use limiter::{DecisionFuture, Limiter, LimiterBuilder};
+pub use limiter::{DecisionFuture, FallbackReason, Limiter, LimiterBuilder};
 pub use policy::{Policy, Quota};
 pub use response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
 pub use service::RateLimit;

@@ -10,6 +10,10 @@ use std::time::Duration;
 use support::redis::RedisServer;
 use tollgate::{Backend, Caller, CallerKey, Decision, Limit, Limiter, Policy, Quota, RedisBackend};
 
+/// These tests are about decisions, not latency: a store timeout no healthy server on a
+/// loaded test machine reaches, so every request is decided by Redis.
+const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn backend(server: &RedisServer) -> RedisBackend {
     RedisBackend::builder(server.url())
         .build()
@@ -20,9 +24,12 @@ fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
     policies
         .iter()
         .cloned()
-        .fold(Limiter::builder().backend(backend(server)), |b, p| {
-            b.policy(p)
-        })
+        .fold(
+            Limiter::builder()
+                .store_timeout(SLOW_TEST_MACHINE)
+                .backend(backend(server)),
+            |b, p| b.policy(p),
+        )
         .build()
 }
 

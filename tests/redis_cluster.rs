@@ -7,8 +7,13 @@ use std::collections::BTreeMap;
 use support::redis::RedisCluster;
 use tollgate::{Caller, CallerKey, Decision, Limiter, Policy, Quota, RedisBackend};
 
+/// These tests are about decisions, not latency: a store timeout no healthy server on a
+/// loaded test machine reaches, so every request is decided by Redis.
+const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
     Limiter::builder()
+        .store_timeout(SLOW_TEST_MACHINE)
         .backend(
             RedisBackend::cluster_builder(cluster.urls())
                 .build()
@@ -125,6 +130,7 @@ async fn exactly_the_limit_under_concurrency_on_a_cluster() {
     let limiters: Vec<Limiter> = (0..4)
         .map(|_| {
             Limiter::builder()
+                .store_timeout(SLOW_TEST_MACHINE)
                 .backend(
                     RedisBackend::cluster_builder(cluster.urls())
                         .build()

@@ -258,6 +258,10 @@ impl Backend for InMemoryBackend {
     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
         CheckFuture::ready(Ok(self.decide(caller, limits)))
     }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 impl Shard {

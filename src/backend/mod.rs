@@ -61,11 +61,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Decides one request of `caller` against `limits`, consuming one unit from each
     /// limit only if all of them admit it. Outcomes come back in the order of `limits`.
     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture;
+
+    /// Whether decisions cross a network and can be slow or fail (default `true`). A
+    /// remote store's calls go through the limiter's circuit breaker, store timeout and
+    /// denial cache; a local one is called directly.
+    fn is_remote(&self) -> bool {
+        true
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
         (**self).check(caller, limits)
+    }
+
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
     }
 }
 

@@ -1,0 +1,144 @@
+//! Callers known to be over a limit, refused locally until their retry time.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::caller::CallerKey;
+use crate::decision::RateLimitInfo;
+
+const SHARDS: usize = 16;
+
+/// A bounded map from caller to the refusal the store gave it, kept until the exact time
+/// the store would admit the caller again. Requests for such a caller are refused without a
+/// store call, and while the store is down the cached refusals keep refusing (fail static).
+pub(crate) struct DenialCache {
+    shards: Box<[Mutex<HashMap<CallerKey, Denial>>]>,
+    hasher: RandomState,
+    shard_capacity: usize,
+}
+
+#[derive(Clone)]
+struct Denial {
+    until_ms: u64,
+    info: RateLimitInfo,
+}
+
+impl DenialCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    /// The cached refusal of `caller`, with its waiting times brought to `now_ms`.
+    pub(crate) fn get(&self, caller: &CallerKey, now_ms: u64) -> Option<RateLimitInfo> {
+        let mut shard = self.shard(caller);
+        let denial = shard.get(caller)?;
+        if denial.until_ms <= now_ms {
+            shard.remove(caller);
+            return None;
+        }
+        Some(denial.info.waiting(denial.until_ms - now_ms))
+    }
+
+    /// Remembers a refusal until `now_ms + retry_ms`. When full, expired entries are
+    /// dropped; if none has expired the refusal is simply not cached (the cache only saves
+    /// store calls, so skipping it is always safe).
+    pub(crate) fn insert(
+        &self,
+        caller: &CallerKey,
+        info: &RateLimitInfo,
+        now_ms: u64,
+        retry_ms: u64,
+    ) {
+        if retry_ms == 0 {
+            return;
+        }
+        let mut shard = self.shard(caller);
+        if shard.len() >= self.shard_capacity && !shard.contains_key(caller) {
+            shard.retain(|_, denial| denial.until_ms > now_ms);
+            if shard.len() >= self.shard_capacity {
+                return;
+            }
+        }
+        shard.insert(
+            caller.clone(),
+            Denial {
+                until_ms: now_ms.saturating_add(retry_ms),
+                info: info.clone(),
+            },
+        );
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map(|m| m.len()).unwrap_or(0))
+            .sum()
+    }
+
+    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, HashMap<CallerKey, Denial>> {
+        let index = (self.hasher.hash_one(caller) as usize) % self.shards.len();
+        // Updates are single inserts and removals: a poisoned shard is still consistent.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for DenialCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DenialCache")
+            .field("capacity", &(self.shard_capacity * self.shards.len()))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Limit, LimitOutcome};
+    use std::time::Duration;
+
+    fn refusal() -> RateLimitInfo {
+        let limits = [Limit::new(
+            "per-second",
+            Algorithm::sliding_window(5, Duration::from_secs(1)),
+        )];
+        let outcomes = [LimitOutcome {
+            admitted: false,
+            remaining: 0,
+            reset_ms: 700,
+        }];
+        RateLimitInfo::from_outcomes(&limits, &outcomes)
+    }
+
+    #[test]
+    fn a_refusal_is_served_until_its_retry_time() {
+        let cache = DenialCache::new(100);
+        let acme = CallerKey::new("acme");
+        cache.insert(&acme, &refusal(), 1_000, 700);
+        let served = cache.get(&acme, 1_500).expect("cached");
+        assert_eq!(served.retry_after_ms(), 200);
+        assert_eq!(served.retry_after_secs(), 1);
+        assert!(cache.get(&acme, 1_700).is_none());
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn the_cache_stays_bounded() {
+        let cache = DenialCache::new(64);
+        for i in 0..10_000 {
+            cache.insert(&CallerKey::new(format!("c{i}")), &refusal(), 0, 10_000);
+        }
+        assert!(cache.len() <= 64);
+        // Expired entries make room again.
+        cache.insert(&CallerKey::new("late"), &refusal(), 20_000, 500);
+        assert!(cache.get(&CallerKey::new("late"), 20_100).is_some());
+    }
+}
