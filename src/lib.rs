@@ -41,7 +41,7 @@ pub use backend::{
     StoreError, StoreErrorKind,
 };
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackend, RedisBackendBuilder};
+pub use backend::{InstanceRegistry, InstanceRegistryBuilder, RedisBackend, RedisBackendBuilder};
 pub use body::ResponseBody;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};

@@ -3,6 +3,8 @@
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redis_instances;
 
 use std::fmt;
 use std::future::Future;
@@ -15,6 +17,8 @@ use crate::caller::CallerKey;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendBuilder};
+#[cfg(feature = "redis")]
+pub use self::redis_instances::{InstanceRegistry, InstanceRegistryBuilder};
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 
 /// A store that decides requests against a caller's counters.

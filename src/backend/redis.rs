@@ -24,6 +24,10 @@ const CHECK_SCRIPT: &str = concat!(
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SCRIPT));
 
+// A script without keys runs on any node, so a ping also warms a cluster connection.
+const PING_SCRIPT: &str = "return 1";
+static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_SCRIPT));
+
 const DEFAULT_PREFIX: &str = "rl";
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -81,12 +85,12 @@ pub struct RedisBackend {
 }
 
 #[derive(Clone)]
-enum Connection {
+pub(super) enum Connection {
     Single(ConnectionManager),
     Cluster(Arc<LazyCluster>),
 }
 
-struct LazyCluster {
+pub(super) struct LazyCluster {
     client: redis::cluster::ClusterClient,
     connection: OnceCell<ClusterConnection>,
 }
@@ -139,6 +143,48 @@ impl RedisBackend {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// Connects now (connections are otherwise made on the first decision) and checks that
+    /// Redis answers: for start-up and health checks, so the first requests do not pay for
+    /// the connection.
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() {
+    /// let store = tollgate::RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
+    /// if let Err(error) = store.ping().await {
+    ///     eprintln!("Redis is not answering yet ({error}); the failure policy applies until it does");
+    /// }
+    /// # }
+    /// ```
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let reply: i64 = self
+            .connection
+            .clone()
+            .run(
+                &PING,
+                PING_SCRIPT,
+                &[],
+                &Vec::<u64>::new(),
+                self.response_timeout,
+            )
+            .await?;
+        if reply == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::new(
+                StoreErrorKind::Other,
+                "unexpected answer to the ping script",
+            ))
+        }
+    }
+
+    pub(super) fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    pub(super) fn response_timeout(&self) -> Duration {
+        self.response_timeout
     }
 
     /// The decision script's source, as loaded into Redis (for `redis-benchmark` and for
@@ -210,26 +256,64 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
 }
 
 /// `EVALSHA`, or on NOSCRIPT (a restart, a `SCRIPT FLUSH`) `EVAL` with the source, which
-/// decides in the same round trip and caches the script again. Unlike load-then-retry, no
+/// runs in the same round trip and caches the script again. Unlike load-then-retry, no
 /// flush between two commands can make it fail.
-async fn evaluate(
+async fn evaluate<T: redis::FromRedisValue>(
     connection: &mut impl redis::aio::ConnectionLike,
+    script: &Script,
+    source: &str,
     keys: &[Vec<u8>],
-    args: &[u64],
-) -> Result<Vec<i64>, RedisError> {
+    args: &(impl redis::ToRedisArgs + Sync),
+) -> Result<T, RedisError> {
     let command = |name: &str, script: &str| {
         let mut command = redis::cmd(name);
         command.arg(script).arg(keys.len()).arg(keys).arg(args);
         command
     };
-    match command("EVALSHA", SCRIPT.get_hash())
+    match command("EVALSHA", script.get_hash())
         .query_async(connection)
         .await
     {
         Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", CHECK_SCRIPT).query_async(connection).await
+            command("EVAL", source).query_async(connection).await
         }
         result => result,
+    }
+}
+
+impl Connection {
+    /// Runs `script` with `keys` and `args` within `timeout`; on timeout the call is
+    /// dropped, so nothing is queued or sent later.
+    pub(super) async fn run<T: redis::FromRedisValue>(
+        self,
+        script: &Script,
+        source: &str,
+        keys: &[Vec<u8>],
+        args: &(impl redis::ToRedisArgs + Sync),
+        timeout: Duration,
+    ) -> Result<T, StoreError> {
+        let call = async {
+            match self {
+                Connection::Single(mut manager) => {
+                    evaluate(&mut manager, script, source, keys, args).await
+                }
+                Connection::Cluster(cluster) => {
+                    let connection = cluster
+                        .connection
+                        .get_or_try_init(|| cluster.client.get_async_connection())
+                        .await?;
+                    evaluate(&mut connection.clone(), script, source, keys, args).await
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) => Err(store_error(&error)),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer from Redis within {timeout:?}"),
+            )),
+        }
     }
 }
 
@@ -274,27 +358,10 @@ impl Backend for RedisBackend {
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
         CheckFuture::boxed(async move {
-            let call = async {
-                match connection {
-                    Connection::Single(mut manager) => evaluate(&mut manager, &keys, &args).await,
-                    Connection::Cluster(cluster) => {
-                        let connection = cluster
-                            .connection
-                            .get_or_try_init(|| cluster.client.get_async_connection())
-                            .await?;
-                        evaluate(&mut connection.clone(), &keys, &args).await
-                    }
-                }
-            };
-            // Dropping the call on timeout abandons it: nothing is queued or sent later.
-            match tokio::time::timeout(timeout, call).await {
-                Ok(Ok(reply)) => parse_reply(&reply, count),
-                Ok(Err(error)) => Err(store_error(&error)),
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!("no answer from Redis within {timeout:?}"),
-                )),
-            }
+            let reply: Vec<i64> = connection
+                .run(&SCRIPT, CHECK_SCRIPT, &keys, &args, timeout)
+                .await?;
+            parse_reply(&reply, count)
         })
     }
 }

@@ -2,4 +2,5 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod http;
+pub mod proxy;
 pub mod redis;

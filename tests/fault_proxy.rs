@@ -1,0 +1,72 @@
+//! The fault proxy itself does what the outage tests rely on.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::proxy::{Fault, FaultProxy};
+use support::redis::{RedisServer, accepts};
+
+fn ping(port: u16, timeout: Duration) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), timeout).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    stream.write_all(b"PING\r\n").ok()?;
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).ok()?;
+    Some(String::from_utf8_lossy(&reply).into_owned())
+}
+
+#[test]
+fn every_fault_does_what_it_says() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    assert_eq!(
+        ping(proxy.port(), Duration::from_secs(1)).as_deref(),
+        Some("+PONG\r\n")
+    );
+
+    proxy.set(Fault::Refuse);
+    assert!(!accepts(proxy.port()));
+
+    proxy.set(Fault::Blackhole);
+    assert!(accepts(proxy.port()));
+    assert_eq!(ping(proxy.port(), Duration::from_millis(300)), None);
+
+    proxy.set(Fault::Delay(Duration::from_millis(200)));
+    let start = Instant::now();
+    assert_eq!(
+        ping(proxy.port(), Duration::from_secs(2)).as_deref(),
+        Some("+PONG\r\n")
+    );
+    assert!(start.elapsed() >= Duration::from_millis(200));
+
+    proxy.set(Fault::Pass);
+    assert_eq!(
+        ping(proxy.port(), Duration::from_secs(1)).as_deref(),
+        Some("+PONG\r\n")
+    );
+}
+
+#[test]
+fn cut_drops_live_connections() {
+    use std::io::{Read, Write};
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    stream.write_all(b"PING\r\n").unwrap();
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).unwrap();
+    proxy.cut();
+    std::thread::sleep(Duration::from_millis(100));
+    let _ = stream.write_all(b"PING\r\n");
+    let mut buffer = [0u8; 16];
+    assert!(
+        matches!(stream.read(&mut buffer), Ok(0) | Err(_)),
+        "the connection survived the cut"
+    );
+}

@@ -1,0 +1,228 @@
+//! A TCP proxy in front of redis-server that injects real faults while traffic runs:
+//! pass, refuse connections, blackhole (accept and never answer, live connections
+//! included), delay, and cut live connections.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does to traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward both ways.
+    Pass,
+    /// Nothing listens: connections are refused, live ones are cut.
+    Refuse,
+    /// Accept, read and never answer. Held connections are cut when the blackhole ends, as
+    /// a connection that lived through a long partition would be.
+    Blackhole,
+    /// Forward each request this much later.
+    Delay(Duration),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct State {
+    fault: Fault,
+    /// Bumped to cut every live connection.
+    generation: u64,
+}
+
+/// A proxy on a free loopback port, running on its own thread and runtime so that it keeps
+/// working whatever the test's runtime does. Stops when dropped.
+pub struct FaultProxy {
+    port: u16,
+    state: Arc<watch::Sender<State>>,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FaultProxy {
+    /// Proxies a free port to `upstream_port` on loopback, passing traffic.
+    pub fn start(upstream_port: u16) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().unwrap().port();
+        let (state, _) = watch::channel(State {
+            fault: Fault::Pass,
+            generation: 0,
+        });
+        let state = Arc::new(state);
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(run(port, upstream_port, state, listener, stopped));
+            })
+        };
+        Self {
+            port,
+            state,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<proxy port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Switches the fault; takes effect at once, on live connections too.
+    pub fn set(&self, fault: Fault) {
+        let leaving_blackhole =
+            self.state.borrow().fault == Fault::Blackhole && fault != Fault::Blackhole;
+        self.state.send_modify(|state| {
+            state.fault = fault;
+            if fault == Fault::Refuse || leaving_blackhole {
+                state.generation += 1;
+            }
+        });
+        // Wait until the proxy thread has closed or rebound its listening socket, so the
+        // fault is in force when this returns.
+        let listening = fault != Fault::Refuse;
+        for _ in 0..200 {
+            if super::redis::accepts(self.port) == listening {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "the proxy on port {} did not switch to {fault:?}",
+            self.port
+        );
+    }
+
+    /// Cuts every live connection; new ones are handled as the current fault says.
+    pub fn cut(&self) {
+        self.state.send_modify(|state| state.generation += 1);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.take();
+        self.state.send_modify(|state| state.generation += 1);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn run(
+    port: u16,
+    upstream_port: u16,
+    state: Arc<watch::Sender<State>>,
+    initial: std::net::TcpListener,
+    stopped: std::sync::mpsc::Receiver<()>,
+) {
+    let mut changes = state.subscribe();
+    initial
+        .set_nonblocking(true)
+        .expect("a non-blocking listener");
+    let mut listener = Some(TcpListener::from_std(initial).expect("a tokio listener"));
+    loop {
+        if matches!(
+            stopped.try_recv(),
+            Err(std::sync::mpsc::TryRecvError::Disconnected)
+        ) {
+            return;
+        }
+        let fault = changes.borrow_and_update().fault;
+        if fault == Fault::Refuse {
+            listener = None;
+        } else if listener.is_none() {
+            listener = TcpListener::bind(("127.0.0.1", port)).await.ok();
+        }
+        tokio::select! {
+            accepted = accept(listener.as_ref()) => {
+                if let Some((client, _)) = accepted {
+                    tokio::spawn(serve(client, upstream_port, state.subscribe()));
+                }
+            }
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+async fn accept(listener: Option<&TcpListener>) -> Option<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(listener) => listener.accept().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver<State>) {
+    let generation = state.borrow().generation;
+    let Ok(upstream) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let requests = pump(&mut client_read, &mut upstream_write, state.clone(), true);
+    let replies = pump(&mut upstream_read, &mut client_write, state.clone(), false);
+    let cut = async {
+        while state.changed().await.is_ok() {
+            if state.borrow().generation != generation {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
+        _ = replies => {}
+        _ = cut => {}
+    }
+}
+
+/// Copies one direction, obeying the fault before each chunk is forwarded.
+async fn pump(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    mut state: watch::Receiver<State>,
+    requests: bool,
+) {
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let Ok(read) = from.read(&mut buffer).await else {
+            return;
+        };
+        if read == 0 {
+            return;
+        }
+        loop {
+            let fault = state.borrow_and_update().fault;
+            match fault {
+                Fault::Pass => break,
+                Fault::Delay(delay) if requests => {
+                    tokio::time::sleep(delay).await;
+                    break;
+                }
+                Fault::Delay(_) => break,
+                // Hold the data; the connection is cut when the fault changes.
+                Fault::Blackhole | Fault::Refuse => {
+                    if state.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        if to.write_all(&buffer[..read]).await.is_err() {
+            return;
+        }
+    }
+}
