@@ -81,11 +81,39 @@ impl UnlimitedReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitInfo {
     policies: Arc<[PolicyReport]>,
+    source: DecisionSource,
+}
+
+/// Who made a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The store (shared counters).
+    Store,
+    /// A refusal the store made earlier, cached until its retry time.
+    DenialCache,
+    /// This instance's share of the limit, while the store is down.
+    LocalShare,
+}
+
+impl DecisionSource {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DecisionSource::Store => "store",
+            DecisionSource::DenialCache => "denial_cache",
+            DecisionSource::LocalShare => "local_share",
+        }
+    }
 }
 
 impl RateLimitInfo {
     /// Builds the report from the limits and a store's outcomes for them.
-    pub(crate) fn from_outcomes(limits: &[Limit], outcomes: &[LimitOutcome]) -> Self {
+    pub(crate) fn from_outcomes(
+        limits: &[Limit],
+        outcomes: &[LimitOutcome],
+        source: DecisionSource,
+    ) -> Self {
         let policies = limits
             .iter()
             .zip(outcomes)
@@ -99,7 +127,12 @@ impl RateLimitInfo {
                 exhausted: !outcome.admitted,
             })
             .collect();
-        Self { policies }
+        Self { policies, source }
+    }
+
+    /// Who decided: the store, the denial cache or the local share.
+    pub fn source(&self) -> DecisionSource {
+        self.source
     }
 
     /// Every policy's report.
@@ -143,7 +176,10 @@ impl RateLimitInfo {
                 p
             })
             .collect();
-        Self { policies }
+        Self {
+            policies,
+            source: DecisionSource::DenialCache,
+        }
     }
 }
 

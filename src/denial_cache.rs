@@ -14,10 +14,20 @@ const SHARDS: usize = 16;
 /// the store would admit the caller again. Requests for such a caller are refused without a
 /// store call, and while the store is down the cached refusals keep refusing (fail static).
 pub(crate) struct DenialCache {
-    shards: Box<[Mutex<HashMap<CallerKey, Denial>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     shard_capacity: usize,
 }
+
+#[derive(Default)]
+struct Shard {
+    denials: HashMap<CallerKey, Denial>,
+    // When the shard was last cleared of expired refusals: at most once per
+    // SWEEP_INTERVAL_MS, so a full cache does not rescan itself on every refusal.
+    last_sweep_ms: u64,
+}
+
+const SWEEP_INTERVAL_MS: u64 = 1_000;
 
 #[derive(Clone)]
 struct Denial {
@@ -28,7 +38,7 @@ struct Denial {
 impl DenialCache {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             shard_capacity: capacity.div_ceil(SHARDS).max(1),
         }
@@ -37,9 +47,9 @@ impl DenialCache {
     /// The cached refusal of `caller`, with its waiting times brought to `now_ms`.
     pub(crate) fn get(&self, caller: &CallerKey, now_ms: u64) -> Option<RateLimitInfo> {
         let mut shard = self.shard(caller);
-        let denial = shard.get(caller)?;
+        let denial = shard.denials.get(caller)?;
         if denial.until_ms <= now_ms {
-            shard.remove(caller);
+            shard.denials.remove(caller);
             return None;
         }
         Some(denial.info.waiting(denial.until_ms - now_ms))
@@ -59,13 +69,17 @@ impl DenialCache {
             return;
         }
         let mut shard = self.shard(caller);
-        if shard.len() >= self.shard_capacity && !shard.contains_key(caller) {
-            shard.retain(|_, denial| denial.until_ms > now_ms);
-            if shard.len() >= self.shard_capacity {
+        if shard.denials.len() >= self.shard_capacity && !shard.denials.contains_key(caller) {
+            if now_ms.saturating_sub(shard.last_sweep_ms) < SWEEP_INTERVAL_MS {
+                return;
+            }
+            shard.denials.retain(|_, denial| denial.until_ms > now_ms);
+            shard.last_sweep_ms = now_ms;
+            if shard.denials.len() >= self.shard_capacity {
                 return;
             }
         }
-        shard.insert(
+        shard.denials.insert(
             caller.clone(),
             Denial {
                 until_ms: now_ms.saturating_add(retry_ms),
@@ -78,11 +92,11 @@ impl DenialCache {
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().map(|m| m.len()).unwrap_or(0))
+            .map(|s| s.lock().map(|m| m.denials.len()).unwrap_or(0))
             .sum()
     }
 
-    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, HashMap<CallerKey, Denial>> {
+    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, Shard> {
         let index = (self.hasher.hash_one(caller) as usize) % self.shards.len();
         // Updates are single inserts and removals: a poisoned shard is still consistent.
         self.shards[index]
@@ -115,7 +129,7 @@ mod tests {
             remaining: 0,
             reset_ms: 700,
         }];
-        RateLimitInfo::from_outcomes(&limits, &outcomes)
+        RateLimitInfo::from_outcomes(&limits, &outcomes, crate::decision::DecisionSource::Store)
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub use body::ResponseBody;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, PolicyReport, RateLimitInfo, UnlimitedReason};
+pub use decision::{Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason};
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
 pub use headers::HeaderMode;

@@ -17,7 +17,7 @@ use crate::breaker::{
 };
 use crate::caller::Caller;
 use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, RateLimitInfo, UnlimitedReason, whole_seconds};
+use crate::decision::{Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds};
 use crate::denial_cache::DenialCache;
 use crate::failure::FailurePolicy;
 use crate::policy::Policy;
@@ -205,7 +205,8 @@ impl Inner {
     fn decided(&self, caller: &Caller, limits: &Arc<[Limit]>, result: CheckResult) -> Decision {
         match result {
             Ok(outcome) => {
-                let info = RateLimitInfo::from_outcomes(limits, outcome.limits());
+                let info =
+                    RateLimitInfo::from_outcomes(limits, outcome.limits(), DecisionSource::Store);
                 if outcome.admitted() {
                     Decision::Allowed(info)
                 } else {
@@ -254,7 +255,11 @@ impl Inner {
                 let mut check = self.local.check(caller.key(), &share);
                 match check.try_take_ready() {
                     Some(Ok(outcome)) => {
-                        let info = RateLimitInfo::from_outcomes(&share, outcome.limits());
+                        let info = RateLimitInfo::from_outcomes(
+                            &share,
+                            outcome.limits(),
+                            DecisionSource::LocalShare,
+                        );
                         if outcome.admitted() {
                             Decision::Allowed(info)
                         } else {

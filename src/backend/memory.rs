@@ -1,5 +1,5 @@
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,9 +13,6 @@ use crate::clock::{Clock, SystemClock};
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_SHARDS: usize = 64;
 const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
-// When a full shard must evict a live caller, it evicts the least recently seen of this
-// many: an approximation of LRU that costs O(1) per insert.
-const EVICTION_SAMPLE: usize = 16;
 
 /// Counters in this process: sharded, bounded in memory, idle callers forgotten.
 ///
@@ -27,8 +24,10 @@ const EVICTION_SAMPLE: usize = 16;
 /// - **Sharded**: callers are spread over 64 mutex-guarded maps by a keyed hash, so
 ///   concurrent requests for different callers rarely contend.
 /// - **Bounded**: at most [`max_keys`](Self::max_keys) callers are tracked (default
-///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts the
-///   least recently seen of a small sample, who then starts afresh.
+///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts a
+///   caller not seen since the eviction hand last passed (the CLOCK approximation of
+///   least-recently-used), who then starts afresh. Callers that keep sending, refused
+///   ones included, stay tracked under a flood of one-off keys.
 /// - **Idle callers evicted**: a caller whose counters no longer affect any decision is
 ///   dropped during periodic sweeps (every 10 s, piggybacked on requests; no background
 ///   task, so it works on any runtime).
@@ -62,13 +61,18 @@ struct Shared {
 #[derive(Default)]
 struct Shard {
     callers: HashMap<CallerKey, Entry>,
+    // Callers in insertion order, the eviction hand's round (the CLOCK algorithm): a
+    // caller seen since the hand last passed gets a second chance, so callers that keep
+    // sending stay tracked while a flood of one-off keys evicts itself.
+    order: VecDeque<CallerKey>,
     last_sweep_ms: u64,
 }
 
 struct Entry {
     // After this instant the entry's counters affect no decision.
     idle_at_ms: u64,
-    last_seen_ms: u64,
+    // Seen since the eviction hand last passed, refused requests included.
+    referenced: bool,
     slots: Vec<Slot>,
 }
 
@@ -133,7 +137,15 @@ impl InMemoryBackend {
                 .and_then(|e| e.slot(limit.name_arc()))
                 .map(|slot| slot.state)
         };
-        let entry = shard.callers.get(caller);
+        let entry = shard.callers.get_mut(caller);
+        let entry = match entry {
+            Some(entry) => {
+                // A refused caller is as active as an admitted one.
+                entry.referenced = true;
+                Some(&*entry)
+            }
+            None => None,
+        };
         let evaluations: Vec<_> = limits
             .iter()
             .map(|limit| limit.algorithm().evaluate(stored(entry, limit), now))
@@ -161,17 +173,21 @@ impl InMemoryBackend {
             .max()
             .unwrap_or(now);
         if !shard.callers.contains_key(caller) {
-            shard.make_room(now, self.shared.shard_capacity);
+            shard.make_room(
+                now,
+                self.shared.shard_capacity,
+                self.shared.sweep_interval_ms,
+            );
+            shard.order.push_back(caller.clone());
         }
         let entry = shard
             .callers
             .entry(caller.clone())
             .or_insert_with(|| Entry {
                 idle_at_ms: 0,
-                last_seen_ms: now,
+                referenced: false,
                 slots: Vec::with_capacity(limits.len()),
             });
-        entry.last_seen_ms = now;
         entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
         for (limit, evaluation) in limits.iter().zip(&evaluations) {
             entry.store(limit.name_arc(), evaluation.admitted_state);
@@ -267,26 +283,38 @@ impl Backend for InMemoryBackend {
 impl Shard {
     fn sweep(&mut self, now: u64) {
         self.callers.retain(|_, entry| entry.idle_at_ms > now);
+        let callers = &self.callers;
+        self.order.retain(|key| callers.contains_key(key));
         self.last_sweep_ms = now;
     }
 
-    fn make_room(&mut self, now: u64, capacity: usize) {
+    /// Frees a place for a new caller in a full shard: idle callers go first (at most one
+    /// sweep per sweep interval, so a flood does not rescan the shard on every key), then
+    /// the eviction hand takes the first caller not seen since it last passed.
+    fn make_room(&mut self, now: u64, capacity: usize, sweep_interval_ms: u64) {
         if self.callers.len() < capacity {
             return;
         }
-        self.sweep(now);
-        while self.callers.len() >= capacity {
-            let victim = self
-                .callers
-                .iter()
-                .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, entry)| entry.last_seen_ms)
-                .map(|(key, _)| key.clone());
-            match victim {
-                Some(key) => {
+        if now.saturating_sub(self.last_sweep_ms) >= sweep_interval_ms {
+            self.sweep(now);
+        }
+        // Each caller is passed at most twice: once to clear its mark, once to evict it.
+        let mut budget = self.order.len() * 2 + 1;
+        while self.callers.len() >= capacity && budget > 0 {
+            budget -= 1;
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            match self.callers.get_mut(&key) {
+                Some(entry) if entry.referenced => {
+                    entry.referenced = false;
+                    self.order.push_back(key);
+                }
+                Some(_) => {
                     self.callers.remove(&key);
                 }
-                None => break,
+                // Already swept.
+                None => {}
             }
         }
     }

@@ -406,6 +406,8 @@ pub struct RedisBackendBuilder {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
 }
 
 impl RedisBackendBuilder {
@@ -415,7 +417,18 @@ impl RedisBackendBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            reconnect_min: Duration::from_millis(50),
+            reconnect_max: Duration::from_secs(1),
         }
+    }
+
+    /// Bounds of the jittered exponential backoff between reconnection attempts of a
+    /// single-node connection (default 50 ms growing to 1 s). The upper bound is about the
+    /// longest a recovered Redis waits before this instance uses it again.
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max.max(min);
+        self
     }
 
     /// Puts every key under `prefix` (default `rl`): one prefix per layer keeps two
@@ -458,8 +471,8 @@ impl RedisBackendBuilder {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
-                    .set_min_delay(Duration::from_millis(50))
-                    .set_max_delay(Duration::from_secs(2))
+                    .set_min_delay(self.reconnect_min)
+                    .set_max_delay(self.reconnect_max)
                     .set_number_of_retries(usize::MAX);
                 let manager = ConnectionManager::new_lazy_with_config(client, config)
                     .map_err(|e| invalid(e.to_string()))?;

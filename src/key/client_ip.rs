@@ -317,8 +317,8 @@ impl Cidr {
             Some((addr, prefix)) => (addr, Some(prefix)),
             None => (block.trim(), None),
         };
-        let network = canonical(IpAddr::from_str(addr).map_err(|_| invalid())?);
-        let max = if network.is_ipv4() { 32 } else { 128 };
+        let written = IpAddr::from_str(addr).map_err(|_| invalid())?;
+        let max = if written.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             None => max,
             Some(p) => p
@@ -327,7 +327,18 @@ impl Cidr {
                 .filter(|p| *p <= max)
                 .ok_or_else(invalid)?,
         };
-        Ok(Self { network, prefix })
+        // Addresses are compared in canonical form, IPv4-mapped IPv6 as IPv4, so a mapped
+        // block such as ::ffff:10.0.0.0/104 becomes 10.0.0.0/8.
+        match (written, canonical(written)) {
+            (IpAddr::V6(_), IpAddr::V4(v4)) if prefix >= 96 => Ok(Self {
+                network: IpAddr::V4(v4),
+                prefix: prefix - 96,
+            }),
+            _ => Ok(Self {
+                network: written,
+                prefix,
+            }),
+        }
     }
 
     fn contains(&self, addr: IpAddr) -> bool {

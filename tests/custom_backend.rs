@@ -1,0 +1,618 @@
+//! A store written outside the crate, with nothing but its public API, plugged into the
+//! limiter and the layer: it decides like the in-process store, its failures meet the
+//! failure policy, and an asynchronous one works through the layer.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use support::http::{Reply, get, ok_handler, send};
+use tollgate::{
+    Backend, BreakerState, Caller, CallerKey, CheckFuture, CheckOutcome, Clock, Decision,
+    FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limit, LimitState, Limiter,
+    LimiterBuilder, ManualClock, MissingKey, Policy, Quota, RateLimitLayer, ResponseBody,
+    StoreError, StoreErrorKind, TEMPORARY_REDUCED_CAPACITY, UnlimitedReason,
+};
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, service_fn};
+
+type Svc = BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
+
+const START_MS: u64 = 1_700_000_000_000;
+
+// ---------------------------------------------------------------------------------------
+// The stores
+
+/// One global lock around a map of (caller, policy) to state, on its own clock, counting
+/// the calls it gets. It implements only the required method, so it is a remote store as
+/// far as the limiter knows (breaker, store timeout and denial cache apply).
+#[derive(Debug)]
+struct LockedMap {
+    clock: ManualClock,
+    states: Mutex<HashMap<(CallerKey, String), LimitState>>,
+    calls: AtomicUsize,
+}
+
+impl LockedMap {
+    fn new(clock: &ManualClock) -> Arc<Self> {
+        Arc::new(Self {
+            clock: clock.clone(),
+            states: Mutex::new(HashMap::new()),
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Every policy evaluated under one lock; stored only if all of them admit.
+    fn decide(&self, caller: &CallerKey, limits: &[Limit]) -> CheckOutcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let now = self.clock.now_millis();
+        let mut states = self.states.lock().unwrap();
+        let key = |limit: &Limit| (caller.clone(), limit.name().to_owned());
+        let evaluations: Vec<_> = limits
+            .iter()
+            .map(|limit| {
+                let state = states.get(&key(limit)).copied();
+                limit.algorithm().evaluate(state, now)
+            })
+            .collect();
+        let admitted = evaluations.iter().all(|e| e.admitted);
+        let outcomes = limits
+            .iter()
+            .zip(&evaluations)
+            .map(|(limit, evaluation)| {
+                if admitted {
+                    states.insert(key(limit), evaluation.admitted_state);
+                    evaluation.outcome
+                } else if evaluation.admitted {
+                    // This policy would have admitted; it reports without consuming.
+                    limit
+                        .algorithm()
+                        .peek(states.get(&key(limit)).copied(), now)
+                } else {
+                    evaluation.outcome
+                }
+            })
+            .collect();
+        CheckOutcome::new(outcomes)
+    }
+}
+
+impl Backend for LockedMap {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.decide(caller, limits)))
+    }
+}
+
+/// The same map, declared in-process: the limiter calls it directly.
+#[derive(Debug)]
+struct Local(Arc<LockedMap>);
+
+impl Backend for Local {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        self.0.check(caller, limits)
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+}
+
+/// The same map behind a real wait, as a networked store would answer.
+#[derive(Debug)]
+struct Slow {
+    map: Arc<LockedMap>,
+    delay: Duration,
+}
+
+impl Backend for Slow {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        let (map, caller, limits, delay) =
+            (self.map.clone(), caller.clone(), limits.clone(), self.delay);
+        CheckFuture::boxed(async move {
+            tokio::time::sleep(delay).await;
+            Ok(map.decide(&caller, &limits))
+        })
+    }
+}
+
+/// A store that is down: every call fails, at once or after a wait.
+#[derive(Debug)]
+struct Down {
+    kind: StoreErrorKind,
+    delay: Option<Duration>,
+    calls: AtomicUsize,
+}
+
+impl Down {
+    fn new(kind: StoreErrorKind, delay: Option<Duration>) -> Arc<Self> {
+        Arc::new(Self {
+            kind,
+            delay,
+            calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Backend for Down {
+    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Limit]>) -> CheckFuture {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let error = StoreError::new(self.kind, "connection refused");
+        match self.delay {
+            None => CheckFuture::ready(Err(error)),
+            Some(delay) => CheckFuture::boxed(async move {
+                tokio::time::sleep(delay).await;
+                Err(error)
+            }),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+
+fn layered<K: KeyExtractor>(limiter: Limiter, key: K) -> Svc {
+    BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(
+                RateLimitLayer::new(limiter)
+                    .key(key)
+                    .on_missing_key(MissingKey::Pass),
+            )
+            .service(service_fn(ok_handler)),
+    )
+}
+
+fn by_customer(limiter: Limiter) -> Svc {
+    layered(limiter, HeaderKey::new("x-customer-id"))
+}
+
+fn customer(name: &str) -> Request<Full<Bytes>> {
+    get("/", &[("x-customer-id", name)])
+}
+
+fn decision(reply: &Reply) -> &Decision {
+    reply
+        .extensions
+        .get::<Decision>()
+        .expect("the decision is in the response's extensions")
+}
+
+fn header<'a>(reply: &'a Reply, name: &str) -> Option<&'a [u8]> {
+    reply.headers.get(name).map(|v| v.as_bytes())
+}
+
+/// Two policies of different algorithms, and a tier with more of both.
+fn policies(builder: LimiterBuilder) -> LimiterBuilder {
+    builder
+        .policy(Policy::sliding_window("per-second", Quota::per_second(3)))
+        .policy(Policy::token_bucket("smooth", Quota::per_second(2), 4))
+        .tier(
+            "gold",
+            [
+                Policy::sliding_window("per-second", Quota::per_second(6)),
+                Policy::token_bucket("smooth", Quota::per_second(4), 8),
+            ],
+        )
+}
+
+/// The customer from `x-customer-id`, the plan from `x-plan`.
+fn customer_and_plan() -> impl KeyExtractor {
+    FnKey::new(|request: &Request<()>| {
+        let header = |name| request.headers().get(name).map(|v| v.as_bytes());
+        Ok(header("x-customer-id").map(|customer| {
+            let caller = Caller::new(customer);
+            match header("x-plan").and_then(|p| std::str::from_utf8(p).ok()) {
+                Some(plan) => caller.with_tier(plan),
+                None => caller,
+            }
+        }))
+    })
+}
+
+/// A few seconds of three customers on two plans, on a manual clock.
+fn scenario() -> Vec<(u64, &'static str, Option<&'static str>)> {
+    let gaps = [0, 0, 40, 120, 0, 310, 10, 700, 0, 90];
+    let callers = [
+        ("acme", None),
+        ("acme", None),
+        ("globex", Some("gold")),
+        ("acme", None),
+        ("initech", Some("silver")),
+        ("globex", Some("gold")),
+        ("acme", None),
+    ];
+    (0..120)
+        .map(|i| {
+            let (name, plan) = callers[i % callers.len()];
+            (gaps[i % gaps.len()], name, plan)
+        })
+        .collect()
+}
+
+fn scenario_request(name: &str, plan: Option<&str>) -> Request<Full<Bytes>> {
+    match plan {
+        Some(plan) => get("/", &[("x-customer-id", name), ("x-plan", plan)]),
+        None => customer(name),
+    }
+}
+
+fn assert_same_reply(step: usize, ours: &Reply, theirs: &Reply) {
+    assert_eq!(ours.status, theirs.status, "step {step}");
+    for name in [
+        "ratelimit-policy",
+        "ratelimit",
+        "retry-after",
+        "content-type",
+    ] {
+        assert_eq!(
+            header(ours, name),
+            header(theirs, name),
+            "step {step}: {name} differs"
+        );
+    }
+    assert_eq!(ours.body, theirs.body, "step {step}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Deciding like the in-process store
+
+#[tokio::test]
+async fn a_custom_store_decides_like_the_in_process_one() {
+    let clock = ManualClock::new(START_MS);
+    let reference = policies(Limiter::builder())
+        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .build();
+    let map = LockedMap::new(&clock);
+    let local = LockedMap::new(&clock);
+    // A remote store (breaker, timeout and denial cache on the limiter's clock), and the
+    // same store declared in-process.
+    let remote_limiter = policies(Limiter::builder())
+        .backend(map.clone())
+        .clock(clock.clone())
+        .build();
+    let local_limiter = policies(Limiter::builder())
+        .backend(Local(local.clone()))
+        .build();
+    let mut reference = layered(reference, customer_and_plan());
+    let mut remote = layered(remote_limiter, customer_and_plan());
+    let mut in_process = layered(local_limiter, customer_and_plan());
+
+    let (mut allowed, mut limited) = (0, 0);
+    for (step, (gap, name, plan)) in scenario().into_iter().enumerate() {
+        clock.advance(Duration::from_millis(gap));
+        let theirs = send(&mut reference, scenario_request(name, plan)).await;
+        let ours = send(&mut remote, scenario_request(name, plan)).await;
+        let direct = send(&mut in_process, scenario_request(name, plan)).await;
+        assert_same_reply(step, &ours, &theirs);
+        assert_same_reply(step, &direct, &theirs);
+        assert_eq!(decision(&direct), decision(&theirs), "step {step}");
+        match (decision(&ours), decision(&theirs)) {
+            (Decision::Allowed(a), Decision::Allowed(b)) => {
+                assert_eq!(a.policies(), b.policies(), "step {step}");
+                allowed += 1;
+            }
+            (Decision::Limited(a), Decision::Limited(b)) => {
+                let violated = |info: &tollgate::RateLimitInfo| {
+                    info.violated()
+                        .map(|p| p.name().to_owned())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(violated(a), violated(b), "step {step}");
+                assert_eq!(a.retry_after_secs(), b.retry_after_secs(), "step {step}");
+                limited += 1;
+            }
+            (ours, theirs) => {
+                panic!("step {step}: {ours:?} where the in-process store says {theirs:?}")
+            }
+        }
+    }
+    assert!(
+        allowed > 20 && limited > 20,
+        "{allowed} allowed, {limited} limited"
+    );
+    // The in-process declaration is called for every request; the remote one is spared
+    // the refusals its denial cache already knows.
+    assert_eq!(local.calls(), scenario().len());
+    assert!(map.calls() <= scenario().len() && map.calls() >= allowed);
+}
+
+#[tokio::test]
+async fn the_store_is_called_once_per_keyed_request_only() {
+    let clock = ManualClock::new(START_MS);
+    let map = LockedMap::new(&clock);
+    let limiter = Limiter::builder()
+        .backend(map.clone())
+        .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
+        .denial_cache(0)
+        .clock(clock.clone())
+        .build();
+    let mut svc = by_customer(limiter);
+    for expected in [200, 200, 429, 429] {
+        assert_eq!(send(&mut svc, customer("acme")).await.status, expected);
+    }
+    assert_eq!(map.calls(), 4);
+    // Requests the layer lets pass without a key never reach the store.
+    let keyless = send(&mut svc, get("/", &[])).await;
+    assert_eq!(keyless.status, 200);
+    assert_eq!(
+        decision(&keyless),
+        &Decision::Unlimited(UnlimitedReason::NoKey)
+    );
+    assert_eq!(map.calls(), 4);
+    // The store's own clock decides: a minute later acme is admitted again.
+    clock.advance(Duration::from_secs(120));
+    assert_eq!(send(&mut svc, customer("acme")).await.status, 200);
+    assert_eq!(map.calls(), 5);
+}
+
+// ---------------------------------------------------------------------------------------
+// A store that is down
+
+fn down_limiter(store: Arc<Down>, policy: Option<FailurePolicy>, clock: &ManualClock) -> Limiter {
+    let builder = Limiter::builder()
+        .backend(store)
+        .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+        .clock(clock.clone());
+    match policy {
+        Some(policy) => builder.on_store_failure(policy),
+        None => builder,
+    }
+    .build()
+}
+
+#[tokio::test]
+async fn a_failing_store_with_fail_open_lets_requests_through() {
+    let clock = ManualClock::new(START_MS);
+    for (store, policy) in [
+        (
+            Down::new(StoreErrorKind::Unavailable, None),
+            Some(FailurePolicy::Open),
+        ),
+        (
+            Down::new(StoreErrorKind::Other, None),
+            Some(FailurePolicy::open()),
+        ),
+        // Failing open is the default.
+        (Down::new(StoreErrorKind::Unavailable, None), None),
+        (
+            Down::new(StoreErrorKind::Unavailable, Some(Duration::from_millis(2))),
+            Some(FailurePolicy::Open),
+        ),
+    ] {
+        let limiter = down_limiter(store.clone(), policy.clone(), &clock);
+        let mut svc = by_customer(limiter.clone());
+        // Far more requests than the limit of one: all through, none counted.
+        for _ in 0..10 {
+            let reply = send(&mut svc, customer("acme")).await;
+            assert_eq!(reply.status, StatusCode::OK, "{store:?} {policy:?}");
+            assert_eq!(reply.body, "ok");
+            assert_eq!(
+                decision(&reply),
+                &Decision::Unlimited(UnlimitedReason::StoreFailedOpen)
+            );
+            assert!(reply.headers.get("ratelimit").is_none());
+            assert!(reply.headers.get("retry-after").is_none());
+        }
+        let calls = store.calls.load(Ordering::SeqCst);
+        assert!(calls >= 1, "the store was never asked");
+        // The breaker stops calling a store that keeps failing.
+        assert_eq!(limiter.breaker_state(), BreakerState::Open);
+        assert!(calls < 10, "{calls} calls to a dead store");
+    }
+}
+
+#[tokio::test]
+async fn a_failing_store_with_fail_closed_answers_503() {
+    let clock = ManualClock::new(START_MS);
+    for store in [
+        Down::new(StoreErrorKind::Unavailable, None),
+        Down::new(StoreErrorKind::Timeout, None),
+        Down::new(StoreErrorKind::Other, Some(Duration::from_millis(2))),
+    ] {
+        let mut svc = by_customer(down_limiter(
+            store.clone(),
+            Some(FailurePolicy::closed()),
+            &clock,
+        ));
+        for _ in 0..8 {
+            let reply = send(&mut svc, customer("acme")).await;
+            assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{store:?}");
+            let retry_after = reply.retry_after().expect("Retry-After on a 503");
+            assert!(retry_after >= 1);
+            assert_eq!(
+                reply.headers.get(http::header::CONTENT_TYPE).unwrap(),
+                "application/problem+json"
+            );
+            let body = reply.json();
+            assert_eq!(
+                body["type"],
+                "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+            );
+            assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
+            assert_eq!(body["status"], 503);
+            match decision(&reply) {
+                Decision::Unavailable {
+                    status,
+                    retry_after_secs,
+                } => {
+                    assert_eq!(*status, 503);
+                    assert_eq!(*retry_after_secs, retry_after);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    // Never 500, whatever status is asked for.
+    let mut svc = by_customer(down_limiter(
+        Down::new(StoreErrorKind::Unavailable, None),
+        Some(FailurePolicy::closed_with_status(500)),
+        &clock,
+    ));
+    assert_eq!(
+        send(&mut svc, customer("acme")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn a_store_slower_than_the_timeout_meets_the_failure_policy() {
+    let map = LockedMap::new(&ManualClock::new(START_MS));
+    let slow = |policy| {
+        Limiter::builder()
+            .backend(Slow {
+                map: map.clone(),
+                delay: Duration::from_millis(300),
+            })
+            .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+            .store_timeout(Duration::from_millis(20))
+            .on_store_failure(policy)
+            .build()
+    };
+    let started = Instant::now();
+    let open = send(
+        &mut by_customer(slow(FailurePolicy::Open)),
+        customer("acme"),
+    )
+    .await;
+    assert_eq!(open.status, StatusCode::OK);
+    assert_eq!(
+        decision(&open),
+        &Decision::Unlimited(UnlimitedReason::StoreFailedOpen)
+    );
+    let closed = send(
+        &mut by_customer(slow(FailurePolicy::closed())),
+        customer("acme"),
+    )
+    .await;
+    assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "the layer waited for the slow store: {:?}",
+        started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// An asynchronous store
+
+fn slow_limiter(map: &Arc<LockedMap>, limit: u64) -> Limiter {
+    Limiter::builder()
+        .backend(Slow {
+            map: map.clone(),
+            delay: Duration::from_millis(5),
+        })
+        .policy(Policy::sliding_window("per-hour", Quota::per_hour(limit)))
+        // Generous: the machine running the tests may be busy.
+        .store_timeout(Duration::from_secs(2))
+        .build()
+}
+
+#[tokio::test]
+async fn an_async_store_works_through_the_layer() {
+    let map = LockedMap::new(&ManualClock::new(START_MS));
+    let mut svc = by_customer(slow_limiter(&map, 3));
+    for remaining in [2, 1, 0] {
+        let started = Instant::now();
+        let reply = send(&mut svc, customer("acme")).await;
+        assert!(started.elapsed() >= Duration::from_millis(5));
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.policy_params("ratelimit"),
+            vec![(
+                "per-hour".to_owned(),
+                vec![
+                    ("r".to_owned(), remaining),
+                    ("t".to_owned(), reply_t(&reply))
+                ]
+            )]
+        );
+    }
+    let refused = send(&mut svc, customer("acme")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(matches!(decision(&refused), Decision::Limited(_)));
+    assert!(refused.retry_after().unwrap() >= 1);
+    assert_eq!(refused.json()["violated-policies"][0], "per-hour");
+    assert_eq!(
+        send(&mut svc, customer("globex")).await.status,
+        StatusCode::OK
+    );
+}
+
+/// `t` of the first policy in the RateLimit field (whatever it is, at least 1).
+fn reply_t(reply: &Reply) -> i64 {
+    let params = reply.policy_params("ratelimit");
+    let t = params[0]
+        .1
+        .iter()
+        .find(|(k, _)| k == "t")
+        .map(|(_, v)| *v)
+        .unwrap();
+    assert!(t >= 1);
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_store_admits_exactly_the_limit_under_concurrency() {
+    let map = LockedMap::new(&ManualClock::new(START_MS));
+    let svc = by_customer(slow_limiter(&map, 5));
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let mut svc = svc.clone();
+            tokio::spawn(async move { send(&mut svc, customer("acme")).await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((admitted, refused), (5, 35), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn an_async_store_behind_an_axum_router() {
+    use axum::Router;
+    use axum::routing::get as route_get;
+
+    let map = LockedMap::new(&ManualClock::new(START_MS));
+    let mut app: Router = Router::new()
+        .route("/orders", route_get(|| async { "orders" }))
+        .route_layer(
+            RateLimitLayer::new(slow_limiter(&map, 1))
+                .key(HeaderKey::new("x-customer-id"))
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+        )
+        .route("/healthz", route_get(|| async { "ok" }));
+    let orders = || get("/orders", &[("x-customer-id", "acme")]);
+    let first = send(&mut app, orders()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body, "orders");
+    assert_eq!(
+        send(&mut app, orders()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&mut app, get("/orders", &[])).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&mut app, get("/healthz", &[])).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(map.calls(), 2);
+}

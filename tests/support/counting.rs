@@ -1,0 +1,43 @@
+//! A backend wrapper that counts the calls reaching the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tollgate::{Backend, CallerKey, CheckFuture, Limit};
+
+/// Wraps a store and counts every call made to it.
+#[derive(Clone, Debug)]
+pub struct Counting<B> {
+    inner: B,
+    calls: Arc<AtomicU64>,
+}
+
+impl<B> Counting<B> {
+    pub fn new(inner: B) -> Self {
+        Self {
+            inner,
+            calls: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// A handle that reads the count after the backend moved into a limiter.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        self.calls.clone()
+    }
+}
+
+impl<B: Backend> Backend for Counting<B> {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.check(caller, limits)
+    }
+
+    fn is_remote(&self) -> bool {
+        self.inner.is_remote()
+    }
+}
