@@ -161,6 +161,27 @@ impl RateLimitInfo {
         self.violated().map(|p| p.reset_ms).max().unwrap_or(0)
     }
 
+    /// The refusal the next request meets when this admission left a policy at `r=0`:
+    /// those policies exhausted, until `r` grows again.
+    pub(crate) fn next_refusal(&self) -> Option<Self> {
+        if self.policies.iter().all(|p| p.remaining > 0) {
+            return None;
+        }
+        let policies = self
+            .policies
+            .iter()
+            .map(|p| {
+                let mut p = p.clone();
+                p.exhausted = p.remaining == 0;
+                p
+            })
+            .collect();
+        Some(Self {
+            policies,
+            source: DecisionSource::DenialCache,
+        })
+    }
+
     /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
     /// that long (a cached denial, served later than it was made).
     pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {

@@ -207,17 +207,24 @@ impl Inner {
             Ok(outcome) => {
                 let info =
                     RateLimitInfo::from_outcomes(limits, outcome.limits(), DecisionSource::Store);
+                if let Some(denials) = &self.denials {
+                    // A refusal holds until its retry time; so does the refusal that an
+                    // admission leaving a policy at r=0 announces for the next request.
+                    // Other instances can only make the caller's state stricter in the
+                    // meantime, so a cached refusal never refuses what the store would admit.
+                    let refusal = if outcome.admitted() {
+                        info.next_refusal()
+                    } else {
+                        Some(info.clone())
+                    };
+                    if let Some(refusal) = refusal {
+                        let retry_ms = refusal.retry_after_ms();
+                        denials.insert(caller.key(), &refusal, self.clock.now_millis(), retry_ms);
+                    }
+                }
                 if outcome.admitted() {
                     Decision::Allowed(info)
                 } else {
-                    if let Some(denials) = &self.denials {
-                        denials.insert(
-                            caller.key(),
-                            &info,
-                            self.clock.now_millis(),
-                            info.retry_after_ms(),
-                        );
-                    }
                     Decision::Limited(info)
                 }
             }

@@ -1,0 +1,166 @@
+//! The denial cache: refusals served locally until their exact retry time save store calls
+//! without changing a single decision.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::counting::Counting;
+use support::redis::RedisServer;
+use tollgate::{
+    Backend, Caller, CallerKey, CheckFuture, Decision, InMemoryBackend, Limit, Limiter,
+    ManualClock, Policy, Quota, RedisBackend,
+};
+
+/// The in-process store dressed as a remote one, so the limiter puts its denial cache in
+/// front of it; with a manual clock the runs are exact.
+#[derive(Clone, Debug)]
+struct Remote(InMemoryBackend);
+
+impl Backend for Remote {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+        self.0.check(caller, limits)
+    }
+}
+
+/// acme at 2.4 times its limit (120 requests a second against 50) for 10 virtual seconds,
+/// through `instances` limiters round-robin; returns (admitted, store calls, requests).
+async fn acme_at_2_4x(instances: usize, cache: bool) -> (u64, u64, u64) {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Counting::new(Remote(
+        InMemoryBackend::builder().clock(clock.clone()).build(),
+    ));
+    let limiters: Vec<Limiter> = (0..instances)
+        .map(|_| {
+            Limiter::builder()
+                .backend(store.clone())
+                .clock(clock.clone())
+                .denial_cache(if cache { 10_000 } else { 0 })
+                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+                .build()
+        })
+        .collect();
+    let acme = Caller::new("acme");
+    let (mut admitted, requests) = (0, 1_200u64);
+    for i in 0..requests {
+        // 120 a second: request i at i * 1000 / 120 ms.
+        clock.set(1_800_000_000_000 + i * 1_000 / 120);
+        if limiters[i as usize % instances]
+            .check(&acme)
+            .await
+            .is_allowed()
+        {
+            admitted += 1;
+        }
+    }
+    (admitted, store.calls(), requests)
+}
+
+#[tokio::test]
+async fn one_instance_calls_the_store_for_little_more_than_its_admissions() {
+    let (admitted, calls, requests) = acme_at_2_4x(1, true).await;
+    let (admitted_without, calls_without, _) = acme_at_2_4x(1, false).await;
+    assert_eq!(admitted, admitted_without, "the cache changed decisions");
+    assert_eq!(calls_without, requests);
+    let per_request = calls as f64 / requests as f64;
+    assert!(
+        per_request <= 0.45,
+        "{per_request:.3} store calls per acme request"
+    );
+    println!(
+        "1 instance: {admitted} admitted of {requests}, {per_request:.3} store calls per request"
+    );
+}
+
+#[tokio::test]
+async fn four_instances_decide_the_same_with_fewer_calls() {
+    let (admitted, calls, requests) = acme_at_2_4x(4, true).await;
+    let (admitted_without, _, _) = acme_at_2_4x(4, false).await;
+    assert_eq!(admitted, admitted_without, "the cache changed decisions");
+    let per_request = calls as f64 / requests as f64;
+    // Each instance learns the next free slot only from its own calls, so four instances
+    // save less than one does; they still save.
+    assert!(
+        per_request < 1.0,
+        "{per_request:.3} store calls per acme request"
+    );
+    println!(
+        "4 instances: {admitted} admitted of {requests}, {per_request:.3} store calls per request"
+    );
+}
+
+#[tokio::test]
+async fn a_cached_refusal_reports_the_time_left() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Counting::new(Remote(
+        InMemoryBackend::builder().clock(clock.clone()).build(),
+    ));
+    let limiter = Limiter::builder()
+        .backend(store.clone())
+        .clock(clock.clone())
+        .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
+        .build();
+    let acme = Caller::new("acme");
+    assert!(limiter.check(&acme).await.is_allowed());
+    // The second admission leaves r=0: the refusal it announces is cached.
+    let Decision::Allowed(last) = limiter.check(&acme).await else {
+        panic!("refused early")
+    };
+    let reset_ms = last.policies()[0].reset_ms();
+    clock.advance(Duration::from_secs(20));
+    let Decision::Limited(info) = limiter.check(&acme).await else {
+        panic!("not refused")
+    };
+    assert_eq!(store.calls(), 2, "the refusal came from the store");
+    assert_eq!(info.source(), tollgate::DecisionSource::DenialCache);
+    assert_eq!(
+        info.violated().map(|p| p.name()).collect::<Vec<_>>(),
+        ["per-minute"]
+    );
+    assert_eq!(info.retry_after_ms(), reset_ms - 20_000);
+    // At the retry time the cache lets the request through to the store, which admits it.
+    clock.advance(Duration::from_millis(reset_ms - 20_000));
+    assert!(limiter.check(&acme).await.is_allowed());
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
+    let server = RedisServer::start();
+    let mut results = Vec::new();
+    for (prefix, cache) in [("with", 10_000), ("without", 0)] {
+        let store = Counting::new(
+            RedisBackend::builder(server.url())
+                .prefix(prefix)
+                .build()
+                .unwrap(),
+        );
+        let limiter = Limiter::builder()
+            .backend(store.clone())
+            .store_timeout(Duration::from_secs(5))
+            .denial_cache(cache)
+            // A minute-long window: real time passes while the test runs, so only a window
+            // this long keeps the two runs' decisions comparable.
+            .policy(Policy::sliding_window("per-minute", Quota::per_minute(100)))
+            .build();
+        let acme = Caller::new("acme");
+        let mut admitted = 0;
+        for _ in 0..240 {
+            if limiter.check(&acme).await.is_allowed() {
+                admitted += 1;
+            }
+        }
+        results.push((admitted, store.calls()));
+    }
+    let [(admitted, calls), (admitted_without, calls_without)] = results[..] else {
+        unreachable!()
+    };
+    assert_eq!(admitted, 100);
+    assert_eq!(admitted_without, 100);
+    assert_eq!(calls_without, 240);
+    assert!(
+        calls as f64 / 240.0 <= 0.45,
+        "{calls} store calls for 240 requests"
+    );
+}
