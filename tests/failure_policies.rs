@@ -1,0 +1,255 @@
+//! Failure policies per route on a real Redis behind a fault proxy: local share on
+//! `/orders` and fail closed on `/login` in one router, fail static on a long quota, the
+//! fallback counter, and one clock for every instance.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::routing::{get, post};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use support::proxy::{Fault, FaultProxy};
+use support::redis::RedisServer;
+use tollgate::{
+    BreakerConfig, BreakerState, Caller, ClientIp, Decision, DecisionSource, FailurePolicy,
+    HeaderKey, InstanceCount, Limiter, ManualClock, Policy, Quota, RateLimitLayer, RedisBackend,
+};
+use tower::ServiceExt;
+
+fn store(url: &str, prefix: &str) -> RedisBackend {
+    RedisBackend::builder(url)
+        .prefix(prefix)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
+        .build()
+        .unwrap()
+}
+
+fn breaker() -> BreakerConfig {
+    BreakerConfig::default()
+        .failure_threshold(2)
+        .base_open(Duration::from_secs(30))
+        .max_open(Duration::from_secs(30))
+}
+
+async fn send(
+    app: &Router,
+    method: &str,
+    path: &str,
+    customer: Option<&str>,
+) -> (StatusCode, http::HeaderMap, serde_json::Value) {
+    let mut request = Request::builder().method(method).uri(path);
+    if let Some(customer) = customer {
+        request = request.header("x-customer-id", customer);
+    }
+    let mut request = request.body(axum::body::Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([203, 0, 113, 7], 40_000))));
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    (parts.status, parts.headers, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_keep_their_share_while_login_fails_closed() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let orders = Limiter::builder()
+        .name("orders")
+        .backend(store(&proxy.url(), "orders"))
+        .policy(Policy::sliding_window("per-minute", Quota::per_minute(50)))
+        .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+        .breaker(breaker())
+        .build();
+    let login = Limiter::builder()
+        .name("login")
+        .backend(store(&proxy.url(), "login"))
+        .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
+        .on_store_failure(FailurePolicy::closed())
+        .breaker(breaker())
+        .build();
+    let app = Router::new()
+        .route("/orders", get(|| async { "[]" }))
+        .route_layer(RateLimitLayer::new(orders).key(HeaderKey::new("x-customer-id")))
+        .route(
+            "/login",
+            post(|| async { "welcome" }).layer(RateLimitLayer::new(login).key(ClientIp::new())),
+        );
+
+    assert_eq!(
+        send(&app, "GET", "/orders", Some("acme")).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(send(&app, "POST", "/login", None).await.0, StatusCode::OK);
+
+    proxy.set(Fault::Blackhole);
+    // The first calls pay the timeout and open both breakers; after that nobody waits.
+    for _ in 0..2 {
+        send(&app, "GET", "/orders", Some("globex")).await;
+        send(&app, "POST", "/login", None).await;
+    }
+
+    // /orders: 50 a minute shared by 4 instances is 12 here, and the headers say so.
+    let mut admitted = 0;
+    for i in 0..20 {
+        let (status, headers, _) = send(&app, "GET", "/orders", Some("acme")).await;
+        assert_ne!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        if status == StatusCode::OK {
+            admitted += 1;
+        }
+        if i == 0 {
+            let policy = headers.get("ratelimit-policy").unwrap().to_str().unwrap();
+            assert_eq!(policy, "\"per-minute\";q=12;w=60");
+        }
+    }
+    assert_eq!(admitted, 12);
+
+    // /login: 503, Retry-After from the breaker's remaining open time, the problem type.
+    let (status, headers, body) = send(&app, "POST", "/login", None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let retry_after: u64 = headers
+        .get("retry-after")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=30).contains(&retry_after),
+        "Retry-After: {retry_after}"
+    );
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(body["status"], 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_static_keeps_known_refusals_and_passes_the_rest() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let limiter = Limiter::builder()
+        .backend(store(&proxy.url(), "daily"))
+        .store_timeout(Duration::from_millis(200))
+        // A long quota: acme's refusal holds for the rest of the hour.
+        .policy(Policy::sliding_window("per-hour", Quota::per_hour(3)))
+        .on_store_failure(FailurePolicy::fail_static())
+        .breaker(breaker())
+        .build();
+    let (acme, globex) = (Caller::new("acme"), Caller::new("globex"));
+    for _ in 0..3 {
+        assert!(limiter.check(&acme).await.is_allowed());
+    }
+    assert!(matches!(limiter.check(&acme).await, Decision::Limited(_)));
+    assert!(limiter.check(&globex).await.is_allowed());
+
+    proxy.set(Fault::Refuse);
+    for _ in 0..10 {
+        match limiter.check(&acme).await {
+            Decision::Limited(info) => assert_eq!(info.source(), DecisionSource::DenialCache),
+            other => panic!("acme's known refusal did not hold: {other:?}"),
+        }
+        assert!(matches!(
+            limiter.check(&globex).await,
+            Decision::Unlimited(tollgate::UnlimitedReason::StoreFailedOpen)
+        ));
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+}
+
+#[test]
+fn every_fallback_is_counted_with_its_reason() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let limiter = Limiter::builder()
+                .name("orders")
+                .backend(store(&proxy.url(), "metrics"))
+                .store_timeout(Duration::from_millis(50))
+                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+                .breaker(breaker())
+                .build();
+            let acme = Caller::new("acme");
+            assert!(limiter.check(&acme).await.is_allowed());
+            proxy.set(Fault::Blackhole);
+            for _ in 0..5 {
+                limiter.check(&acme).await;
+            }
+        });
+    });
+    let mut fallbacks = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        if key.name() == "tollgate_fallbacks_total" {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(count) = value else {
+                panic!("not a counter")
+            };
+            fallbacks.insert(labels.join(","), count);
+        }
+    }
+    // Two calls paid the timeout and opened the breaker; three skipped the store.
+    assert_eq!(
+        fallbacks,
+        [
+            (
+                "layer=orders,reason=breaker_open,policy=local_share".to_owned(),
+                3
+            ),
+            (
+                "layer=orders,reason=timeout,policy=local_share".to_owned(),
+                2
+            ),
+        ]
+        .into_iter()
+        .collect()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_skewed_clocks_agree_because_time_comes_from_redis() {
+    let server = RedisServer::start();
+    // Two instances whose own clocks are 5.5 s apart.
+    let limiters: Vec<Limiter> = [1_800_000_000_900u64, 1_800_000_006_400]
+        .into_iter()
+        .map(|millis| {
+            Limiter::builder()
+                .backend(store(&server.url(), "clock"))
+                .store_timeout(Duration::from_secs(5))
+                .clock(ManualClock::new(millis))
+                .policy(Policy::sliding_window("per-minute", Quota::per_minute(10)))
+                .build()
+        })
+        .collect();
+    let acme = Caller::new("acme");
+    let mut remaining = Vec::new();
+    for i in 0..14 {
+        match limiters[i % 2].check(&acme).await {
+            Decision::Allowed(info) => remaining.push(info.policies()[0].remaining()),
+            Decision::Limited(_) => remaining.push(u64::MAX),
+            other => panic!("{other:?}"),
+        }
+    }
+    // One sequence, as if one instance had served them all.
+    let expected: Vec<u64> = (0..10).rev().chain([u64::MAX; 4]).collect();
+    assert_eq!(remaining, expected);
+}
