@@ -23,7 +23,7 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 ///
 /// - **Sharded**: callers are spread over 64 mutex-guarded maps by a keyed hash, so
 ///   concurrent requests for different callers rarely contend.
-/// - **Bounded**: at most [`max_keys`](Self::max_keys) callers are tracked (default
+/// - **Bounded**: at most [`max_keys`](InMemoryBackendBuilder::max_keys) callers are tracked (default
 ///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts a
 ///   caller not seen since the eviction hand last passed (the CLOCK approximation of
 ///   least-recently-used), who then starts afresh. Callers that keep sending, refused
