@@ -308,6 +308,14 @@ async fn outage_matrix_row(fault: FaultKind) {
     let limit = LIMIT as f64;
     let share = (LIMIT / INSTANCES as u64 * INSTANCES as u64) as f64;
 
+    // The measured table (run with --nocapture): admitted per second during the outage.
+    for policy in POLICIES {
+        let rates: Vec<String> = (0..CUSTOMERS.len())
+            .map(|c| format!("{:.1}", rate(&run, policy, c, outage.0, outage.1)))
+            .collect();
+        println!("| {fault:?} | {} | {} |", policy.name(), rates.join(" | "));
+    }
+
     for policy in POLICIES {
         for (c, (customer, sends)) in CUSTOMERS.iter().enumerate() {
             let fair = sends.min(limit);
