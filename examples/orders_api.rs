@@ -1,15 +1,21 @@
-//! The running example: an orders API rate-limited per customer.
+//! The running example as a server: an orders API rate-limited per customer, a login form
+//! that fails closed, and Prometheus metrics.
 //!
 //! ```text
-//! cargo run --example orders_api -- [--listen ADDR] [--limit N] [--window-secs N]
-//!                                   [--trusted-proxy CIDR]...
+//! orders_api [--listen ADDR] [--redis URL] [--limit N] [--window-secs N]
+//!            [--on-store-failure open|closed|local-share|static] [--instances N]
+//!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //! ```
 //!
-//! - `GET /orders`: 50 requests per second per `x-customer-id` (a missing header is 401).
-//! - `POST /login`: 5 per minute per client IP, failing closed when the store is down.
+//! - `GET /orders`: `--limit` requests per `--window-secs` per `x-customer-id` (a missing
+//!   header is 401), with the chosen failure policy (default local share).
+//! - `POST /login`: 5 per minute per client IP, failing closed.
 //! - `GET /healthz`: never limited.
+//! - `GET /metrics`: Prometheus text format.
 //!
-//! Try it: `for i in $(seq 60); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-customer-id: acme' localhost:3000/orders; done | sort | uniq -c`
+//! Without `--redis` the counters live in this process. With it, they live in Redis and the
+//! local share divides by `--instances`, or by the live instances that heartbeat into Redis
+//! when `--instances` is not given.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -18,71 +24,157 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::{
-    ClientIp, FailurePolicy, HeaderKey, Limiter, MissingKey, Policy, Quota, RateLimitLayer,
-    TrustedProxies,
+    ClientIp, FailurePolicy, HeaderKey, InMemoryBackend, InstanceCount, InstanceRegistry, Limiter,
+    MissingKey, Policy, Quota, RateLimitLayer, RedisBackend, TrustedProxies,
 };
+
+const USAGE: &str = "usage: orders_api [--listen ADDR] [--redis URL] [--limit N] [--window-secs N]
+                  [--on-store-failure open|closed|local-share|static] [--instances N]
+                  [--store-timeout-ms N] [--trusted-proxy CIDR]...";
 
 struct Options {
     listen: SocketAddr,
+    redis: Option<String>,
     limit: u64,
     window_secs: u64,
+    on_store_failure: String,
+    instances: Option<u64>,
+    store_timeout_ms: u64,
     trusted_proxies: Vec<String>,
 }
 
 fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+        redis: None,
         limit: 50,
         window_secs: 1,
+        on_store_failure: "local-share".to_owned(),
+        instances: None,
+        store_timeout_ms: 20,
         trusted_proxies: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        let number = |value: String| value.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
         match flag.as_str() {
             "--listen" => {
-                options.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?;
+                options.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?
             }
-            "--limit" => {
-                options.limit = value()?.parse().map_err(|e| format!("--limit: {e}"))?;
-            }
-            "--window-secs" => {
-                options.window_secs = value()?
-                    .parse()
-                    .map_err(|e| format!("--window-secs: {e}"))?;
-            }
+            "--redis" => options.redis = Some(value()?),
+            "--limit" => options.limit = number(value()?)?,
+            "--window-secs" => options.window_secs = number(value()?)?,
+            "--on-store-failure" => options.on_store_failure = value()?,
+            "--instances" => options.instances = Some(number(value()?)?),
+            "--store-timeout-ms" => options.store_timeout_ms = number(value()?)?,
             "--trusted-proxy" => options.trusted_proxies.push(value()?),
-            "--help" | "-h" => {
-                return Err(
-                    "usage: orders_api [--listen ADDR] [--limit N] [--window-secs N] [--trusted-proxy CIDR]..."
-                        .to_owned(),
-                );
-            }
-            other => return Err(format!("unknown flag {other}; try --help")),
+            "--help" | "-h" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
     if options.limit == 0 || options.window_secs == 0 {
         return Err("--limit and --window-secs must be at least 1".to_owned());
     }
+    if options.instances == Some(0) {
+        return Err("--instances must be at least 1".to_owned());
+    }
     Ok(options)
 }
 
-fn app(options: &Options) -> Result<Router, String> {
-    let orders = Limiter::builder()
+fn failure_policy(
+    options: &Options,
+    registry: Option<InstanceRegistry>,
+) -> Result<FailurePolicy, String> {
+    let instances = match (options.instances, registry) {
+        (Some(count), _) => InstanceCount::fixed(count),
+        (None, Some(registry)) => InstanceCount::live(registry),
+        (None, None) => InstanceCount::fixed(1),
+    };
+    match options.on_store_failure.as_str() {
+        "open" => Ok(FailurePolicy::open()),
+        "closed" => Ok(FailurePolicy::closed()),
+        "local-share" => Ok(FailurePolicy::local_share(instances)),
+        "static" => Ok(FailurePolicy::fail_static()),
+        other => Err(format!(
+            "--on-store-failure: unknown policy {other:?}\n{USAGE}"
+        )),
+    }
+}
+
+fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String> {
+    options
+        .redis
+        .as_deref()
+        .map(|url| {
+            RedisBackend::builder(url)
+                .prefix(prefix)
+                .build()
+                .map_err(|e| format!("--redis: {e}"))
+        })
+        .transpose()
+}
+
+fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollgate::LimiterBuilder {
+    let builder = Limiter::builder()
+        .name(name)
+        .store_timeout(Duration::from_millis(options.store_timeout_ms));
+    match store {
+        Some(store) => builder.backend(store),
+        None => builder.backend(InMemoryBackend::new()),
+    }
+}
+
+/// `per-second`, `per-minute`, or `per-<n>s`: the name clients see in the headers.
+fn policy_name(window_secs: u64) -> String {
+    match window_secs {
+        1 => "per-second".to_owned(),
+        60 => "per-minute".to_owned(),
+        3_600 => "per-hour".to_owned(),
+        86_400 => "per-day".to_owned(),
+        n => format!("per-{n}s"),
+    }
+}
+
+async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, String> {
+    let orders_store = store(options, "orders")?;
+    let login_store = store(options, "login")?;
+    for store in orders_store.iter().chain(&login_store) {
+        if let Err(error) = store.ping().await {
+            eprintln!(
+                "warning: Redis does not answer yet ({error}); failure policies apply until it does"
+            );
+        }
+    }
+    let registry = match (&orders_store, options.instances) {
+        (Some(store), None) => Some(InstanceRegistry::builder(store).start()),
+        _ => None,
+    };
+    let orders = limiter("orders", orders_store, options)
         .policy(Policy::sliding_window(
-            "per-second",
+            policy_name(options.window_secs),
             Quota::new(options.limit, Duration::from_secs(options.window_secs)),
         ))
+        .on_store_failure(failure_policy(options, registry)?)
         .build();
-    let login = Limiter::builder()
+    let login = limiter("login", login_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
         .on_store_failure(FailurePolicy::closed())
         .build();
     let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
+    let where_ = options.redis.as_deref().unwrap_or("this process");
+    eprintln!(
+        "/orders: {} per {} s per customer, counters in {where_}, on store failure: {}",
+        options.limit, options.window_secs, options.on_store_failure
+    );
 
     Ok(Router::new()
-        .route("/orders", get(list_orders))
+        .route("/orders", get(|| async { "[]" }))
         .route_layer(
             RateLimitLayer::new(orders)
                 .key(HeaderKey::new("x-customer-id"))
@@ -90,18 +182,14 @@ fn app(options: &Options) -> Result<Router, String> {
         )
         .route(
             "/login",
-            post(login_handler)
+            post(|| async { "welcome" })
                 .layer(RateLimitLayer::new(login).key(ClientIp::new().trusted_proxies(trusted))),
         )
-        .route("/healthz", get(|| async { "ok" })))
-}
-
-async fn list_orders() -> &'static str {
-    "[]"
-}
-
-async fn login_handler() -> &'static str {
-    "welcome"
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        ))
 }
 
 #[tokio::main]
@@ -113,7 +201,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let app = match app(&options) {
+    let metrics = match PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => handle,
+        Err(e) => {
+            eprintln!("cannot install the metrics recorder: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = match app(&options, metrics).await {
         Ok(app) => app,
         Err(message) => {
             eprintln!("{message}");

@@ -223,7 +223,7 @@ impl Breaker {
             t.failed_probes = 0;
             self.shared.consecutive_failures.store(0, Ordering::Relaxed);
             self.set_state(BreakerState::Closed);
-            tracing::info!(layer = %self.shared.name, "store answers again: circuit breaker closed");
+            tracing::warn!(layer = %self.shared.name, "store answers again: circuit breaker closed");
         }
     }
 
@@ -271,8 +271,7 @@ impl Breaker {
             BreakerState::HalfOpen => HALF_OPEN,
         };
         self.shared.state.store(value, Ordering::Release);
-        metrics::gauge!("tollgate_breaker_state", "layer" => self.shared.name.to_string())
-            .set(f64::from(value));
+        crate::telemetry::breaker_state(&self.shared.name, value);
     }
 
     // Every update under this lock is a plain assignment, so a poisoned lock is still sound.

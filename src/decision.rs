@@ -15,6 +15,7 @@ use crate::algorithm::{Limit, LimitOutcome};
 ///         Decision::Limited(info) => format!("limited for {} s", info.retry_after_secs()),
 ///         Decision::Unavailable { retry_after_secs, .. } => format!("store down, retry in {retry_after_secs} s"),
 ///         Decision::Unlimited(reason) => format!("not counted: {}", reason.as_str()),
+///         Decision::Shadowed(would_be) => format!("shadow mode; would have been {would_be:?}"),
 ///     }
 /// }
 /// # let _ = log;
@@ -34,6 +35,9 @@ pub enum Decision {
     },
     /// The request was let through without being counted.
     Unlimited(UnlimitedReason),
+    /// Shadow mode: the request goes through whatever this decision (the one enforce mode
+    /// would have made) says.
+    Shadowed(Box<Decision>),
 }
 
 impl Decision {
@@ -44,7 +48,10 @@ impl Decision {
     /// assert!(Decision::Unlimited(UnlimitedReason::NoKey).is_allowed());
     /// ```
     pub fn is_allowed(&self) -> bool {
-        matches!(self, Decision::Allowed(_) | Decision::Unlimited(_))
+        matches!(
+            self,
+            Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_)
+        )
     }
 
     /// The per-policy details, when the store decided.
@@ -62,6 +69,8 @@ impl Decision {
 pub enum UnlimitedReason {
     /// The request had no key and the layer lets such requests pass.
     NoKey,
+    /// The limiter is switched off.
+    Off,
     /// The store failed and the failure policy fails open (or fails static and the
     /// caller had no cached refusal).
     StoreFailedOpen,
@@ -72,6 +81,7 @@ impl UnlimitedReason {
     pub fn as_str(&self) -> &'static str {
         match self {
             UnlimitedReason::NoKey => "no_key",
+            UnlimitedReason::Off => "off",
             UnlimitedReason::StoreFailedOpen => "store_failed_open",
         }
     }
@@ -219,6 +229,10 @@ pub struct PolicyReport {
 impl PolicyReport {
     /// The policy's name.
     pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
 

@@ -160,7 +160,9 @@ where
                             status,
                             retry_after_secs,
                         } => Some(response::unavailable(*status, *retry_after_secs)),
-                        Decision::Allowed(_) | Decision::Unlimited(_) => None,
+                        Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => {
+                            None
+                        }
                     };
                     if let Some(mut refusal) = refusal {
                         refusal.extensions_mut().insert(decision);

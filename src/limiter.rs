@@ -8,7 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::algorithm::Limit;
 use crate::backend::{Backend, CheckResult, InMemoryBackend, StoreError, StoreErrorKind};
@@ -20,7 +20,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::decision::{Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds};
 use crate::denial_cache::DenialCache;
 use crate::failure::FailurePolicy;
+use crate::mode::{Mode, ModeSwitch};
 use crate::policy::Policy;
+use crate::telemetry;
 
 /// A policy set, a divisor, and the set divided by it.
 type Share = (Arc<[Limit]>, u64, Arc<[Limit]>);
@@ -91,6 +93,7 @@ struct Inner {
     tiers: HashMap<Arc<str>, Arc<[Limit]>>,
     on_store_failure: FailurePolicy,
     store_timeout: Duration,
+    mode: ModeSwitch,
     clock: Arc<dyn Clock>,
     breaker: Breaker,
     denials: Option<DenialCache>,
@@ -110,34 +113,40 @@ impl Limiter {
     /// Decides one request of `caller`.
     pub fn check(&self, caller: &Caller) -> DecisionFuture {
         let inner = &self.inner;
+        let mode = inner.mode.get();
+        if mode == Mode::Off {
+            return DecisionFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
+        }
         let limits = inner.limits_for(caller);
         if !inner.remote {
             // An in-process store cannot be down: no breaker, timeout or denial cache.
             let mut check = inner.backend.check(caller.key(), limits);
             if let Some(result) = check.try_take_ready() {
-                return DecisionFuture::ready(inner.decided(caller, limits, result));
+                return DecisionFuture::ready(
+                    inner.conclude(inner.decided(caller, limits, result), mode),
+                );
             }
         }
         let now = inner.clock.now_millis();
         if let Some(denials) = &inner.denials
             && let Some(info) = denials.get(caller.key(), now)
         {
-            metrics::counter!("tollgate_denial_cache_hits_total", "layer" => inner.name.to_string()).increment(1);
-            return DecisionFuture::ready(Decision::Limited(info));
+            telemetry::denial_cache_hit(&inner.name);
+            return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode));
         }
         let permit = match inner.breaker.admit() {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                return DecisionFuture::ready(inner.fall_back(
-                    caller,
-                    limits,
-                    FallbackReason::BreakerOpen,
-                ));
+                let decision = inner.fall_back(caller, limits, FallbackReason::BreakerOpen);
+                return DecisionFuture::ready(inner.conclude(decision, mode));
             }
         };
+        let started = Instant::now();
         let mut check = inner.backend.check(caller.key(), limits);
         if let Some(result) = check.try_take_ready() {
-            return DecisionFuture::ready(inner.finish(caller, limits, result, permit));
+            telemetry::store_latency(&inner.name, started.elapsed());
+            let decision = inner.finish(caller, limits, result, permit);
+            return DecisionFuture::ready(inner.conclude(decision, mode));
         }
         let inner = self.inner.clone();
         let caller = caller.clone();
@@ -153,8 +162,15 @@ impl Limiter {
                     ),
                 )),
             };
-            inner.finish(&caller, &limits, result, permit)
+            telemetry::store_latency(&inner.name, started.elapsed());
+            let decision = inner.finish(&caller, &limits, result, permit);
+            inner.conclude(decision, mode)
         })
+    }
+
+    /// The switch that moves this limiter between enforce, shadow and off.
+    pub fn mode_switch(&self) -> &ModeSwitch {
+        &self.inner.mode
     }
 
     /// The policies applied to callers without a tier, in order.
@@ -174,6 +190,24 @@ impl Limiter {
 }
 
 impl Inner {
+    /// Counts the decision, and in shadow mode lets it through whatever it says.
+    fn conclude(&self, decision: Decision, mode: Mode) -> Decision {
+        let decision = match mode {
+            Mode::Shadow => Decision::Shadowed(Box::new(decision)),
+            _ => decision,
+        };
+        telemetry::decision(&self.name, &decision);
+        if let Decision::Limited(info) = &decision {
+            tracing::debug!(
+                layer = %self.name,
+                policy = info.violated().next().map(|p| p.name()).unwrap_or_default(),
+                retry_after_secs = info.retry_after_secs(),
+                "request refused"
+            );
+        }
+        decision
+    }
+
     fn limits_for(&self, caller: &Caller) -> &Arc<[Limit]> {
         caller
             .tier()
@@ -240,13 +274,7 @@ impl Inner {
         limits: &Arc<[Limit]>,
         reason: FallbackReason,
     ) -> Decision {
-        metrics::counter!(
-            "tollgate_fallbacks_total",
-            "layer" => self.name.to_string(),
-            "reason" => reason.as_str(),
-            "policy" => self.on_store_failure.as_str(),
-        )
-        .increment(1);
+        telemetry::fallback(&self.name, reason.as_str(), self.on_store_failure.as_str());
         self.apply(&self.on_store_failure, caller, limits)
     }
 
@@ -334,7 +362,7 @@ impl fmt::Debug for Limiter {
 /// Configures a [`Limiter`].
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, Instant};
 /// use tollgate::{BreakerConfig, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota};
 ///
 /// let limiter = Limiter::builder()
@@ -364,6 +392,7 @@ pub struct LimiterBuilder {
     jitter: Option<Jitter>,
     denial_cache: Option<usize>,
     clock: Arc<dyn Clock>,
+    mode: ModeSwitch,
 }
 
 impl Default for LimiterBuilder {
@@ -379,6 +408,7 @@ impl Default for LimiterBuilder {
             jitter: None,
             denial_cache: Some(DEFAULT_DENIAL_CACHE_CAPACITY),
             clock: Arc::new(SystemClock),
+            mode: ModeSwitch::default(),
         }
     }
 }
@@ -465,6 +495,14 @@ impl LimiterBuilder {
         self
     }
 
+    /// Starts in the mode of `switch`, and follows it when it is switched (default: a
+    /// switch of its own, in [`Mode::Enforce`]). Share one switch between limiters to
+    /// switch them together.
+    pub fn mode(mut self, switch: ModeSwitch) -> Self {
+        self.mode = switch;
+        self
+    }
+
     /// Builds the limiter.
     ///
     /// # Panics
@@ -517,6 +555,7 @@ impl LimiterBuilder {
                 tiers,
                 on_store_failure: self.on_store_failure,
                 store_timeout: self.store_timeout,
+                mode: self.mode,
                 breaker,
                 denials: self.denial_cache.map(DenialCache::new),
                 clock: self.clock,
