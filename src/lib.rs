@@ -31,9 +31,11 @@ mod instances;
 mod key;
 mod layer;
 mod limiter;
+mod mode;
 mod policy;
 mod response;
 mod service;
+mod telemetry;
 
 pub use algorithm::{Algorithm, Evaluation, Limit, LimitOutcome, LimitState};
 pub use backend::{
@@ -57,6 +59,7 @@ pub use key::{
 };
 pub use layer::RateLimitLayer;
 pub use limiter::{DecisionFuture, FallbackReason, Limiter, LimiterBuilder};
+pub use mode::{Mode, ModeSwitch};
 pub use policy::{Policy, Quota};
 pub use response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
 pub use service::RateLimit;
