@@ -35,6 +35,7 @@ mod mode;
 mod policy;
 mod response;
 mod service;
+mod shed;
 mod telemetry;
 
 pub use algorithm::{Algorithm, Evaluation, Limit, LimitOutcome, LimitState};
@@ -63,3 +64,4 @@ pub use mode::{Mode, ModeSwitch};
 pub use policy::{Policy, Quota};
 pub use response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
 pub use service::RateLimit;
+pub use shed::{ConcurrencyShed, ConcurrencyShedLayer, ShedFuture};
