@@ -2,19 +2,78 @@
 //!
 //! # The request path
 //!
-//! A request meets, in this order: the [key extractor](KeyExtractor) (who is calling), the
-//! [`Limiter`] (which runs the caller's [policies](Policy) on a [store](Backend)), then
-//! either the inner service, whose response gains the `RateLimit-Policy` and `RateLimit`
-//! fields, or a refusal: 429 with `Retry-After` and an RFC 9457 problem body, or 503 when
-//! the store is down and the route fails closed.
+//! A request meets, in this order: the [key extractor](KeyExtractor) (who is calling); the
+//! [`Limiter`]'s [mode](Mode) (enforce, shadow or off); the denial cache (a caller known to
+//! be over a limit is refused without a store call); the circuit breaker; the
+//! [store](Backend) under a short timeout, or on failure the route's [`FailurePolicy`];
+//! then either the inner service, whose response gains the `RateLimit-Policy` and
+//! `RateLimit` fields, or a refusal: 429 with `Retry-After` and an RFC 9457 problem body,
+//! or 503 when the store is down and the route fails closed.
 //!
 //! The crate is built in three floors, each importing only from those below it:
 //!
 //! - HTTP: [`RateLimitLayer`], [`RateLimit`], [`ResponseFuture`], key extraction,
-//!   headers and responses.
-//! - Decision: [`Policy`] and [`Quota`], [`Limiter`], [`Decision`], [`FailurePolicy`].
-//! - Store: the [`Backend`] trait, [`InMemoryBackend`], the [`Algorithm`] arithmetic,
-//!   [`CallerKey`] and the [`Clock`].
+//!   headers and responses, [`ConcurrencyShedLayer`], [`AdaptiveThrottleLayer`].
+//! - Decision: [`Policy`] and [`Quota`], [`Limiter`] (the request path), the breaker, the
+//!   denial cache, [`FailurePolicy`], [`Mode`], [`Decision`], metrics.
+//! - Store: the [`Backend`] trait, [`InMemoryBackend`], [`RedisBackend`] with its Lua and
+//!   [`InstanceRegistry`], the [`Algorithm`] arithmetic, [`CallerKey`] and the [`Clock`].
+//!
+//! # A local bucket in front of the global one
+//!
+//! As Envoy combines its local and global rate limits, two layers compose: an outer layer
+//! on an [`InMemoryBackend`] (per instance, no network) absorbs bursts, and only what it
+//! admits reaches the inner layer on Redis, so a burst far over the limit costs no store
+//! call per request. Give the local bucket a little more than the instance's share of the
+//! global limit, so that it only cuts what the global limit would refuse anyway.
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+//!
+//! # fn global_store() -> InMemoryBackend { InMemoryBackend::new() }
+//! // Per instance: at most 30 a second per customer, bursts of 30.
+//! let local = Limiter::builder()
+//!     .name("orders-local")
+//!     .backend(InMemoryBackend::new())
+//!     .policy(Policy::token_bucket("local-burst", Quota::per_second(30), 30))
+//!     .build();
+//! // Shared by all instances (a RedisBackend in production): 50 a second per customer.
+//! let global = Limiter::builder()
+//!     .name("orders")
+//!     .backend(global_store())
+//!     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+//!     .build();
+//! let key = HeaderKey::new("x-customer-id");
+//! let app: Router = Router::new()
+//!     .route("/orders", get(|| async { "[]" }))
+//!     // Layers added later wrap the earlier ones: the local bucket runs first.
+//!     .route_layer(RateLimitLayer::new(global).key(key.clone()))
+//!     .route_layer(RateLimitLayer::new(local).key(key));
+//! # drop(app);
+//! ```
+//!
+//! # Metrics
+//!
+//! Recorded through the [`metrics`](https://docs.rs/metrics) facade, so any exporter works
+//! (the `orders_api` example serves them in the Prometheus format at `/metrics`). Labels
+//! never carry a caller key. Install the recorder before building limiters and layers.
+//!
+//! | name | type | labels | unit | what |
+//! |---|---|---|---|---|
+//! | `tollgate_decisions_total` | counter | `layer`, `outcome`, `policy` | requests | one per decision; `outcome` is `allowed`, `limited`, `unavailable` (failed closed), `unlimited` (passed uncounted: no key, failed open), or in shadow mode `shadow_allowed`, `shadow_limited`, `shadow_unavailable`, `shadow_unlimited`; `policy` names the first refusing policy of a `limited` outcome and is empty otherwise |
+//! | `tollgate_fallbacks_total` | counter | `layer`, `reason`, `policy` | requests | decisions the store could not make; `reason` is `timeout`, `refused`, `other_error` or `breaker_open`; `policy` is the failure policy applied (`open`, `closed`, `local_share`, `static`, `static_then_…`) |
+//! | `tollgate_breaker_state` | gauge | `layer` | state | 0 closed, 1 open, 2 half-open |
+//! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
+//! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
+//! | `tollgate_live_instances` | gauge | `registry` | instances | the count an [`InstanceRegistry`] last read (its key, e.g. `orders:instances`) |
+//! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`] |
+//! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`] |
+//! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`] |
+//!
+//! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
+//! layers' own `name`). Breaker state changes and mode switches are logged through
+//! `tracing` at warn level; each refusal at debug level.
 
 mod algorithm;
 mod backend;
