@@ -80,6 +80,7 @@ mod backend;
 mod body;
 mod breaker;
 mod caller;
+mod client_throttle;
 mod clock;
 mod decision;
 mod denial_cache;
@@ -107,6 +108,10 @@ pub use backend::{InstanceRegistry, InstanceRegistryBuilder, RedisBackend, Redis
 pub use body::ResponseBody;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};
+pub use client_throttle::{
+    AdaptiveThrottle, AdaptiveThrottleBuilder, AdaptiveThrottleFuture, AdaptiveThrottleLayer,
+    ThrottleError, ThrottleStats, Throttled,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason};
 pub use failure::FailurePolicy;
