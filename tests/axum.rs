@@ -10,7 +10,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, get as get_request, send};
+use support::http::{Reply, get as get_request, parse_response, send};
 use tokio::net::{TcpListener, TcpSocket};
 use tollgate::{
     ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy,
@@ -528,62 +528,6 @@ async fn wire_request(
         }
     }
     parse_response(&raw)
-}
-
-/// Parses an HTTP/1.1 response read to the end of a closed connection.
-fn parse_response(raw: &[u8]) -> Reply {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete response head");
-    let head = std::str::from_utf8(&raw[..split]).expect("an ASCII head");
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap();
-    let code = status_line
-        .strip_prefix("HTTP/1.1 ")
-        .expect("HTTP/1.1 status line");
-    let status = StatusCode::from_bytes(&code.as_bytes()[..3]).unwrap();
-    let mut headers = http::HeaderMap::new();
-    for line in lines {
-        let (name, value) = line.split_once(':').expect("name: value");
-        headers.append(
-            http::HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
-            http::HeaderValue::from_str(value.trim()).unwrap(),
-        );
-    }
-    let rest = &raw[split + 4..];
-    let chunked = headers
-        .get(http::header::TRANSFER_ENCODING)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"chunked"));
-    let body = if chunked {
-        dechunk(rest)
-    } else if let Some(length) = headers.get(http::header::CONTENT_LENGTH) {
-        let length: usize = length.to_str().unwrap().parse().unwrap();
-        rest[..length].to_vec()
-    } else {
-        rest.to_vec()
-    };
-    Reply {
-        status,
-        headers,
-        body: body.into(),
-        extensions: http::Extensions::new(),
-    }
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut body = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size_text = std::str::from_utf8(&data[..line_end]).unwrap();
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap().trim(), 16).unwrap();
-        data = &data[line_end + 2..];
-        if size == 0 {
-            return body;
-        }
-        body.extend_from_slice(&data[..size]);
-        data = &data[size + 2..];
-    }
 }
 
 #[tokio::test]

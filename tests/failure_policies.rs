@@ -12,8 +12,8 @@ use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::proxy::{Fault, FaultProxy};
+use support::recorder::{counter, with_recorder};
 use support::redis::RedisServer;
 use tollgate::{
     BreakerConfig, BreakerState, Caller, ClientIp, Decision, DecisionSource, FailurePolicy,
@@ -167,62 +167,39 @@ async fn fail_static_keeps_known_refusals_and_passes_the_rest() {
 
 #[test]
 fn every_fallback_is_counted_with_its_reason() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let limiter = Limiter::builder()
-                .name("orders")
-                .backend(store(&proxy.url(), "metrics"))
-                .store_timeout(Duration::from_millis(50))
-                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
-                .breaker(breaker())
-                .build();
-            let acme = Caller::new("acme");
-            assert!(limiter.check(&acme).await.is_allowed());
-            proxy.set(Fault::Blackhole);
-            for _ in 0..5 {
-                limiter.check(&acme).await;
-            }
-        });
-    });
-    let mut fallbacks = std::collections::BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        if key.name() == "tollgate_fallbacks_total" {
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            let DebugValue::Counter(count) = value else {
-                panic!("not a counter")
-            };
-            fallbacks.insert(labels.join(","), count);
+    let ((), snapshot) = with_recorder(|_| async {
+        let limiter = Limiter::builder()
+            .name("orders")
+            .backend(store(&proxy.url(), "metrics"))
+            .store_timeout(Duration::from_millis(50))
+            .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+            .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+            .breaker(breaker())
+            .build();
+        let acme = Caller::new("acme");
+        assert!(limiter.check(&acme).await.is_allowed());
+        proxy.set(Fault::Blackhole);
+        for _ in 0..5 {
+            limiter.check(&acme).await;
         }
-    }
+    });
+    let fallbacks = |reason| {
+        counter(
+            &snapshot,
+            "tollgate_fallbacks_total",
+            &[
+                ("layer", "orders"),
+                ("reason", reason),
+                ("policy", "local_share"),
+            ],
+        )
+    };
     // Two calls paid the timeout and opened the breaker; three skipped the store.
-    assert_eq!(
-        fallbacks,
-        [
-            (
-                "layer=orders,reason=breaker_open,policy=local_share".to_owned(),
-                3
-            ),
-            (
-                "layer=orders,reason=timeout,policy=local_share".to_owned(),
-                2
-            ),
-        ]
-        .into_iter()
-        .collect()
-    );
+    assert_eq!(fallbacks("timeout"), 2);
+    assert_eq!(fallbacks("breaker_open"), 3);
+    assert_eq!(counter(&snapshot, "tollgate_fallbacks_total", &[]), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,125 +5,69 @@ mod support;
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::proxy::{Fault, FaultProxy};
+use support::recorder::{counter, gauge, histogram_len, with_recorder};
 use support::redis::RedisServer;
 use tollgate::{
     BreakerConfig, BreakerState, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter,
     LiveInstances, Policy, Quota, RedisBackend,
 };
 
-type Snapshot = Vec<(
-    metrics_util::CompositeKey,
-    Option<metrics::Unit>,
-    Option<metrics::SharedString>,
-    DebugValue,
-)>;
-
-fn find<'a>(snapshot: &'a Snapshot, name: &str, labels: &[(&str, &str)]) -> Vec<&'a DebugValue> {
-    snapshot
-        .iter()
-        .filter(|(key, ..)| {
-            let key = key.key();
-            key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
-        })
-        .map(|(.., value)| value)
-        .collect()
-}
-
-fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
-    find(snapshot, name, labels)
-        .into_iter()
-        .map(|value| match value {
-            DebugValue::Counter(count) => *count,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
-
-fn gauge(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> f64 {
-    match find(snapshot, name, labels)[..] {
-        [DebugValue::Gauge(value)] => value.into_inner(),
-        ref other => panic!("{name}{labels:?}: {other:?}"),
-    }
-}
-
-fn histogram_len(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> usize {
-    find(snapshot, name, labels)
-        .into_iter()
-        .map(|value| match value {
-            DebugValue::Histogram(values) => values.len(),
-            other => panic!("{name} is not a histogram: {other:?}"),
-        })
-        .sum()
-}
-
 #[test]
 fn a_scripted_run_shows_every_documented_metric() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
 
-    let (during_outage, after) = metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let store = RedisBackend::builder(proxy.url())
-                .prefix("orders")
-                .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
-                .build()
-                .unwrap();
-            store.ping().await.unwrap();
-            let registry = InstanceRegistry::builder(&store)
-                .heartbeat_every(Duration::from_millis(100))
-                .start();
-            let limiter = Limiter::builder()
-                .name("orders")
-                .backend(store)
-                .store_timeout(Duration::from_millis(200))
-                .policy(Policy::sliding_window("per-minute", Quota::per_minute(3)))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::live(
-                    registry.clone(),
-                )))
-                .breaker(
-                    BreakerConfig::default()
-                        .failure_threshold(2)
-                        .base_open(Duration::from_millis(300))
-                        .max_open(Duration::from_millis(300)),
-                )
-                .build();
-            // Let a few heartbeats (every 100 ms, the first at once) reach Redis.
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            assert_eq!(registry.live_instances(), 1);
-            let (acme, globex) = (Caller::new("acme"), Caller::new("globex"));
+    let (during_outage, after) = with_recorder(|snapshotter| async move {
+        let store = RedisBackend::builder(proxy.url())
+            .prefix("orders")
+            .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .build()
+            .unwrap();
+        store.ping().await.unwrap();
+        let registry = InstanceRegistry::builder(&store)
+            .heartbeat_every(Duration::from_millis(100))
+            .start();
+        let limiter = Limiter::builder()
+            .name("orders")
+            .backend(store)
+            .store_timeout(Duration::from_millis(200))
+            .policy(Policy::sliding_window("per-minute", Quota::per_minute(3)))
+            .on_store_failure(FailurePolicy::local_share(InstanceCount::live(
+                registry.clone(),
+            )))
+            .breaker(
+                BreakerConfig::default()
+                    .failure_threshold(2)
+                    .base_open(Duration::from_millis(300))
+                    .max_open(Duration::from_millis(300)),
+            )
+            .build();
+        // Let a few heartbeats (every 100 ms, the first at once) reach Redis.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(registry.live_instances(), 1);
+        let (acme, globex) = (Caller::new("acme"), Caller::new("globex"));
 
-            // 3 admitted by the store; the third leaves r=0, so the next 2 are refused
-            // from the denial cache.
-            for _ in 0..5 {
-                limiter.check(&acme).await;
-            }
-            // The outage: 2 refused calls open the breaker, 3 more skip the store; all 5 go
-            // to the local share (3 a minute for 1 live instance): 3 admitted, 2 refused.
-            proxy.set(Fault::Refuse);
-            for _ in 0..5 {
-                limiter.check(&globex).await;
-            }
-            assert_eq!(limiter.breaker_state(), BreakerState::Open);
-            let during_outage = snapshotter.snapshot().into_vec();
-
-            // Recovery: once the breaker lets a probe through, it succeeds and closes it.
-            proxy.set(Fault::Pass);
-            tokio::time::sleep(Duration::from_millis(350)).await;
+        // 3 admitted by the store; the third leaves r=0, so the next 2 are refused
+        // from the denial cache.
+        for _ in 0..5 {
+            limiter.check(&acme).await;
+        }
+        // The outage: 2 refused calls open the breaker, 3 more skip the store; all 5 go
+        // to the local share (3 a minute for 1 live instance): 3 admitted, 2 refused.
+        proxy.set(Fault::Refuse);
+        for _ in 0..5 {
             limiter.check(&globex).await;
-            assert_eq!(limiter.breaker_state(), BreakerState::Closed);
-            (during_outage, snapshotter.snapshot().into_vec())
-        })
+        }
+        assert_eq!(limiter.breaker_state(), BreakerState::Open);
+        let during_outage = snapshotter.snapshot().into_vec();
+
+        // Recovery: once the breaker lets a probe through, it succeeds and closes it.
+        proxy.set(Fault::Pass);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        limiter.check(&globex).await;
+        assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+        during_outage
     });
 
     let layer = ("layer", "orders");

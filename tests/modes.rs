@@ -10,9 +10,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::counting::Counting;
 use support::proxy::{Fault, FaultProxy};
+use support::recorder::{counter, with_recorder};
 use support::redis::RedisServer;
 use tollgate::{
     BreakerConfig, Caller, Decision, FailurePolicy, HeaderKey, InMemoryBackend, Limiter,
@@ -122,68 +122,26 @@ async fn switching_modes_on_a_live_router_under_traffic() {
     drop(clock);
 }
 
-type Snapshot = Vec<(
-    metrics_util::CompositeKey,
-    Option<metrics::Unit>,
-    Option<metrics::SharedString>,
-    DebugValue,
-)>;
-
-/// Taking a snapshot drains the recorder's counters: take one, then read it.
-fn snapshot(snapshotter: &Snapshotter) -> Snapshot {
-    let snapshot = snapshotter.snapshot().into_vec();
-    if std::env::var("METRICS_DEBUG").is_ok() {
-        eprintln!("{snapshot:#?}");
-    }
-    snapshot
-}
-
-fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(key, ..)| {
-            let key = key.key();
-            key.name() == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
-        })
-        .map(|(.., value)| match value {
-            DebugValue::Counter(count) => *count,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
-
 #[test]
 fn shadow_mode_refuses_nothing_and_counts_exactly_what_it_would_have_refused() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let clock = ManualClock::new(1_800_000_000_000);
-            let limiter = Limiter::builder()
-                .name("orders")
-                .backend(InMemoryBackend::builder().clock(clock).build())
-                .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
-                .mode(ModeSwitch::new(Mode::Shadow))
-                .build();
-            let app = router(limiter);
-            for _ in 0..25 {
-                let (status, headers) = status(&app).await;
-                assert_eq!(status, StatusCode::OK);
-                assert!(
-                    !headers,
-                    "shadow mode advertised a limit it does not enforce"
-                );
-            }
-        });
+    let ((), snapshot) = with_recorder(|_| async {
+        let clock = ManualClock::new(1_800_000_000_000);
+        let limiter = Limiter::builder()
+            .name("orders")
+            .backend(InMemoryBackend::builder().clock(clock).build())
+            .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
+            .mode(ModeSwitch::new(Mode::Shadow))
+            .build();
+        let app = router(limiter);
+        for _ in 0..25 {
+            let (status, headers) = status(&app).await;
+            assert_eq!(status, StatusCode::OK);
+            assert!(
+                !headers,
+                "shadow mode advertised a limit it does not enforce"
+            );
+        }
     });
-    let snapshot = snapshot(&snapshotter);
     let shadow_limited = counter(
         &snapshot,
         "tollgate_decisions_total",
@@ -203,33 +161,26 @@ fn shadow_mode_refuses_nothing_and_counts_exactly_what_it_would_have_refused() {
 
 #[test]
 fn shadow_mode_during_an_outage_counts_what_fail_closed_would_have_refused() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        runtime.block_on(async {
-            let limiter = Limiter::builder()
-                .name("login")
-                .backend(RedisBackend::builder(proxy.url()).build().unwrap())
-                .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
-                .on_store_failure(FailurePolicy::closed())
-                .breaker(BreakerConfig::default().failure_threshold(2))
-                .mode(ModeSwitch::new(Mode::Shadow))
-                .build();
-            proxy.set(Fault::Refuse);
-            for _ in 0..12 {
-                let decision = limiter.check(&Caller::new("203.0.113.7")).await;
-                assert!(decision.is_allowed());
-                assert!(matches!(decision, Decision::Shadowed(ref inner) if matches!(**inner, Decision::Unavailable { status: 503, .. })));
-            }
-        });
+    let ((), snapshot) = with_recorder(|_| async {
+        let limiter = Limiter::builder()
+            .name("login")
+            .backend(RedisBackend::builder(proxy.url()).build().unwrap())
+            .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
+            .on_store_failure(FailurePolicy::closed())
+            .breaker(BreakerConfig::default().failure_threshold(2))
+            .mode(ModeSwitch::new(Mode::Shadow))
+            .build();
+        proxy.set(Fault::Refuse);
+        for _ in 0..12 {
+            let decision = limiter.check(&Caller::new("203.0.113.7")).await;
+            assert!(decision.is_allowed());
+            assert!(
+                matches!(decision, Decision::Shadowed(ref inner) if matches!(**inner, Decision::Unavailable { status: 503, .. }))
+            );
+        }
     });
-    let snapshot = snapshot(&snapshotter);
     let would_refuse = counter(
         &snapshot,
         "tollgate_decisions_total",

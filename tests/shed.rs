@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use support::http::{Reply, get as get_request, send};
+use support::http::{Reply, get as get_request, parse_response, send};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -643,39 +643,6 @@ async fn wire_get(server: SocketAddr, path: &str) -> Reply {
         .expect("the server answers")
         .unwrap();
     parse_response(&raw)
-}
-
-/// Parses an HTTP/1.1 response with a Content-Length body.
-fn parse_response(raw: &[u8]) -> Reply {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a complete response head");
-    let head = std::str::from_utf8(&raw[..split]).unwrap();
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap();
-    let status: u16 = status_line.split(' ').nth(1).unwrap().parse().unwrap();
-    let mut headers = HeaderMap::new();
-    for line in lines {
-        let (name, value) = line.split_once(':').unwrap();
-        headers.append(
-            HeaderName::from_bytes(name.trim().as_bytes()).unwrap(),
-            HeaderValue::from_str(value.trim()).unwrap(),
-        );
-    }
-    let body = Bytes::copy_from_slice(&raw[split + 4..]);
-    if let Some(length) = headers.get(http::header::CONTENT_LENGTH) {
-        assert_eq!(
-            length.to_str().unwrap().parse::<usize>().unwrap(),
-            body.len()
-        );
-    }
-    Reply {
-        status: StatusCode::from_u16(status).unwrap(),
-        headers,
-        body,
-        extensions: http::Extensions::new(),
-    }
 }
 
 #[tokio::test]

@@ -4,4 +4,5 @@
 pub mod counting;
 pub mod http;
 pub mod proxy;
+pub mod recorder;
 pub mod redis;
