@@ -10,6 +10,10 @@ use std::time::Duration;
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
 
+/// The most a local share stretches a window to keep its rate exact (see
+/// [`Algorithm::divided_by`]).
+pub const MAX_SHARE_STRETCH: u64 = 4;
+
 /// How a policy counts.
 ///
 /// ```
@@ -123,31 +127,57 @@ impl Algorithm {
         }
     }
 
-    /// The same algorithm with its quota divided by `divisor` (rounded down, at least 1),
-    /// as a local share of a global limit. The window and refill period stay.
+    /// The same algorithm enforcing `1/divisor` of the rate, as one instance's share of a
+    /// global limit.
+    ///
+    /// The share keeps the exact rate where it can: 50 per second shared by 4 is 25 per
+    /// 2 seconds (12.5 a second), not 12 per second. The window (or refill period) is
+    /// stretched by the smallest factor that makes the quota whole, up to
+    /// [`MAX_SHARE_STRETCH`]; beyond that the quota is rounded down (at least 1), so the
+    /// instances together never exceed the global rate and a stretched window never lets
+    /// one instance burst far beyond its share. A token bucket's burst is divided and
+    /// rounded down (at least 1).
     ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate::Algorithm;
-    /// let share = Algorithm::sliding_window(50, Duration::from_secs(1)).divided_by(4);
-    /// assert_eq!(share.quota(), 12);
+    ///
+    /// let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
+    /// assert_eq!(per_second.divided_by(4), Algorithm::sliding_window(25, Duration::from_secs(2)));
+    /// assert_eq!(per_second.divided_by(5), Algorithm::sliding_window(10, Duration::from_secs(1)));
+    /// // 50 / 7 would need a 7 s window: rounded down instead.
+    /// assert_eq!(per_second.divided_by(7), Algorithm::sliding_window(7, Duration::from_secs(1)));
     /// ```
     pub fn divided_by(&self, divisor: u64) -> Self {
         let divisor = divisor.max(1);
+        // The quota over `stretch` windows, shared: exact when it divides evenly.
+        let share = |quota: u64, window_ms: u64| {
+            let stretch = divisor / gcd(quota, divisor);
+            let stretched = window_ms.checked_mul(stretch).filter(|w| {
+                stretch <= MAX_SHARE_STRETCH && u128::from(quota) * u128::from(*w) < MAX_EXACT
+            });
+            match stretched {
+                Some(window_ms) => (quota * stretch / divisor, window_ms),
+                None => ((quota / divisor).max(1), window_ms),
+            }
+        };
         match *self {
-            Algorithm::SlidingWindow { limit, window_ms } => Algorithm::SlidingWindow {
-                limit: (limit / divisor).max(1),
-                window_ms,
-            },
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                let (limit, window_ms) = share(limit, window_ms);
+                Algorithm::SlidingWindow { limit, window_ms }
+            }
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
-            } => Algorithm::TokenBucket {
-                rate: (rate / divisor).max(1),
-                period_ms,
-                burst: (burst / divisor).max(1),
-            },
+            } => {
+                let (rate, period_ms) = share(rate, period_ms);
+                Algorithm::TokenBucket {
+                    rate,
+                    period_ms,
+                    burst: (burst / divisor).max(1),
+                }
+            }
         }
     }
 
@@ -403,6 +433,13 @@ fn sliding_wait(
     } else {
         u64::MAX
     }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
 }
 
 fn ceil_div(numerator: u128, denominator: u128) -> u64 {

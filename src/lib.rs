@@ -98,7 +98,7 @@ mod service;
 mod shed;
 mod telemetry;
 
-pub use algorithm::{Algorithm, Evaluation, Limit, LimitOutcome, LimitState};
+pub use algorithm::{Algorithm, Evaluation, Limit, LimitOutcome, LimitState, MAX_SHARE_STRETCH};
 pub use backend::{
     Backend, CheckFuture, CheckOutcome, CheckResult, InMemoryBackend, InMemoryBackendBuilder,
     StoreError, StoreErrorKind,

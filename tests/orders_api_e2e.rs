@@ -15,20 +15,22 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::proxy::{Fault, FaultProxy};
+use support::rates::{steady_span, unix_millis};
 use support::redis::RedisServer;
 
 const INSTANCES: usize = 4;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
-const NORMAL: Duration = Duration::from_secs(3);
-const OUTAGE: Duration = Duration::from_secs(4);
-const RECOVERY: Duration = Duration::from_secs(8);
-/// Skipped at the start of the recovery: with the default breaker (open 1 s, growing up to
-/// 4 s after the probes of a 4 s outage fail) the next probe can come 4 s after the store
-/// does, then the counters warm up.
-const RECOVERY_SETTLE: Duration = Duration::from_secs(5);
-/// Skipped at the start of each phase: registry heartbeats and cold counters (see
-/// tests/outage.rs) settle first.
-const WARM_UP: Duration = Duration::from_millis(1_500);
+// Long enough for whole steady windows (tests/support/rates.rs): of 1 s on the store, of
+// 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
+const NORMAL: Duration = Duration::from_secs(4);
+const OUTAGE: Duration = Duration::from_secs(7);
+/// How long the recovery is measured once every instance's breaker has closed again (with
+/// the default breaker, whose open interval grows with each failed probe, that can take
+/// several seconds after the store returns).
+const RECOVERY: Duration = Duration::from_secs(4);
+/// The longest the breakers may take to close after the store returns: the default
+/// breaker's cap (30 s) plus a probe.
+const BREAKERS_CLOSE_WITHIN: Duration = Duration::from_secs(35);
 const TOLERANCE: f64 = 0.15;
 
 /// The example binary, built by `cargo test` next to this test's own binary.
@@ -86,6 +88,24 @@ fn start(redis: &str, policy: &str) -> Server {
     Server { child, base }
 }
 
+/// The `orders` layer's breaker state as an instance's /metrics reports it.
+async fn breaker_state<C>(client: &Client<C, Empty<Bytes>>, base: &str) -> Option<f64>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let response = client
+        .get(format!("{base}/metrics").parse().ok()?)
+        .await
+        .ok()?;
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|line| {
+            line.starts_with("tollgate_breaker_state{") && line.contains("layer=\"orders\"")
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
 struct Sample {
     group: usize,
     customer: usize,
@@ -125,14 +145,17 @@ async fn four_processes_through_an_outage() {
     // Let the instances find each other in the registry (one heartbeat a second).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let start = Instant::now();
+    let start_unix_ms = unix_millis();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let driver = {
-        let (client, bases, samples) = (client.clone(), bases.clone(), samples.clone());
+        let (client, bases, samples, stop) =
+            (client.clone(), bases.clone(), samples.clone(), stop.clone());
         tokio::spawn(async move {
-            let total = NORMAL + OUTAGE + RECOVERY;
+            let total = NORMAL + OUTAGE + BREAKERS_CLOSE_WITHIN + RECOVERY;
             let mut sent = vec![[0u64; 3]; bases.len()];
             let mut tick = tokio::time::interval(Duration::from_millis(5));
             let mut tasks = Vec::new();
-            while start.elapsed() < total {
+            while start.elapsed() < total && !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 tick.tick().await;
                 let elapsed = start.elapsed().min(total).as_secs_f64();
                 for (group, instances) in bases.iter().enumerate() {
@@ -178,8 +201,28 @@ async fn four_processes_through_an_outage() {
         proxy.set(Fault::Pass);
     }
     let restored = start.elapsed();
+    // Recovery is measured once every instance's breaker has let a probe through and closed.
+    for group in bases.iter() {
+        for base in group {
+            let deadline = Instant::now() + BREAKERS_CLOSE_WITHIN;
+            while breaker_state(&client, base).await != Some(0.0) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{base}: the breaker did not close"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let back = start.elapsed();
+    tokio::time::sleep(RECOVERY).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     driver.await.unwrap();
     let end = start.elapsed();
+    println!(
+        "breakers closed {:?} after the store returned",
+        back - restored
+    );
 
     let samples = std::mem::take(&mut *samples.lock().unwrap());
     for sample in &samples {
@@ -209,24 +252,30 @@ async fn four_processes_through_an_outage() {
             "{what}: {actual:.1}/s, expected {expected:.1}/s"
         );
     };
+    let second = Duration::from_secs(1);
+    let normal = steady_span(start_unix_ms, Duration::ZERO, cut, second);
+    let recovery = steady_span(start_unix_ms, back, end, second);
+    let share_outage = steady_span(start_unix_ms, cut, restored, 2 * second);
     for (group, policy) in policies.iter().enumerate() {
         for (customer, (name, sends)) in CUSTOMERS.iter().enumerate() {
             let fair = sends.min(50.0);
             near(
                 format!("{policy} {name} normal"),
-                rate(group, customer, WARM_UP, cut),
+                rate(group, customer, normal.0, normal.1),
                 fair,
             );
-            let during = rate(group, customer, cut + WARM_UP, restored);
-            let expected = match *policy {
-                // 50 shared by the 4 instances the registry counted: 12 each.
-                "local-share" => sends.min(48.0),
-                _ => 0.0,
+            let (during, expected) = match *policy {
+                // 50 shared by the 4 instances the registry counted: 25 per 2 s each.
+                "local-share" => (rate(group, customer, share_outage.0, share_outage.1), fair),
+                _ => (
+                    rate(group, customer, cut + Duration::from_millis(50), restored),
+                    0.0,
+                ),
             };
             near(format!("{policy} {name} outage"), during, expected);
             near(
                 format!("{policy} {name} recovery"),
-                rate(group, customer, restored + RECOVERY_SETTLE, end),
+                rate(group, customer, recovery.0, recovery.1),
                 fair,
             );
         }

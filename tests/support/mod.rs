@@ -4,5 +4,6 @@
 pub mod counting;
 pub mod http;
 pub mod proxy;
+pub mod rates;
 pub mod recorder;
 pub mod redis;
