@@ -4,8 +4,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::proxy::{Fault, FaultProxy};
-use support::redis::{RedisServer, accepts};
+use support::proxy::{Fault, FaultProxy, accepts};
+use support::redis::RedisServer;
 
 fn ping(port: u16, timeout: Duration) -> Option<String> {
     use std::io::{Read, Write};

@@ -93,7 +93,7 @@ impl FaultProxy {
         // fault is in force when this returns.
         let listening = fault != Fault::Refuse;
         for _ in 0..200 {
-            if super::redis::accepts(self.port) == listening {
+            if accepts(self.port) == listening {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -225,4 +225,10 @@ async fn pump(
             return;
         }
     }
+}
+
+/// Whether a TCP connection to `port` on loopback succeeds now.
+pub fn accepts(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+        .is_ok()
 }

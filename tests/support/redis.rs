@@ -4,7 +4,7 @@
 //! directory on a port the OS just handed out, and dies with the test (even a failing one)
 //! when its handle is dropped.
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -319,9 +319,4 @@ impl RedisCluster {
         }
         panic!("no node serves slot {slot}: {slots}");
     }
-}
-
-/// Whether a TCP connection to `port` on loopback succeeds now.
-pub fn accepts(port: u16) -> bool {
-    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
 }
