@@ -121,6 +121,7 @@ struct Shared {
     clock: Arc<dyn Clock>,
     jitter: Jitter,
     name: Arc<str>,
+    state_gauge: metrics::Gauge,
     // Read without the lock on the hot path; changed only under it.
     state: AtomicU8,
     consecutive_failures: AtomicU32,
@@ -160,6 +161,7 @@ impl Breaker {
                 config,
                 clock,
                 jitter,
+                state_gauge: crate::telemetry::breaker_state(&name),
                 name,
                 state: AtomicU8::new(CLOSED),
                 consecutive_failures: AtomicU32::new(0),
@@ -271,7 +273,7 @@ impl Breaker {
             BreakerState::HalfOpen => HALF_OPEN,
         };
         self.shared.state.store(value, Ordering::Release);
-        crate::telemetry::breaker_state(&self.shared.name, value);
+        self.shared.state_gauge.set(f64::from(value));
     }
 
     // Every update under this lock is a plain assignment, so a poisoned lock is still sound.

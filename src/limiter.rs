@@ -22,7 +22,7 @@ use crate::denial_cache::DenialCache;
 use crate::failure::FailurePolicy;
 use crate::mode::{Mode, ModeSwitch};
 use crate::policy::Policy;
-use crate::telemetry;
+use crate::telemetry::LimiterMetrics;
 
 /// A policy set, a divisor, and the set divided by it.
 type Share = (Arc<[Limit]>, u64, Arc<[Limit]>);
@@ -95,6 +95,7 @@ struct Inner {
     store_timeout: Duration,
     mode: ModeSwitch,
     clock: Arc<dyn Clock>,
+    metrics: LimiterMetrics,
     breaker: Breaker,
     denials: Option<DenialCache>,
     /// Counters of the local share, kept apart from the store's.
@@ -131,7 +132,7 @@ impl Limiter {
         if let Some(denials) = &inner.denials
             && let Some(info) = denials.get(caller.key(), now)
         {
-            telemetry::denial_cache_hit(&inner.name);
+            inner.metrics.denial_cache_hit();
             return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode));
         }
         let permit = match inner.breaker.admit() {
@@ -144,7 +145,7 @@ impl Limiter {
         let started = Instant::now();
         let mut check = inner.backend.check(caller.key(), limits);
         if let Some(result) = check.try_take_ready() {
-            telemetry::store_latency(&inner.name, started.elapsed());
+            inner.metrics.store_latency(started.elapsed());
             let decision = inner.finish(caller, limits, result, permit);
             return DecisionFuture::ready(inner.conclude(decision, mode));
         }
@@ -162,7 +163,7 @@ impl Limiter {
                     ),
                 )),
             };
-            telemetry::store_latency(&inner.name, started.elapsed());
+            inner.metrics.store_latency(started.elapsed());
             let decision = inner.finish(&caller, &limits, result, permit);
             inner.conclude(decision, mode)
         })
@@ -196,7 +197,7 @@ impl Inner {
             Mode::Shadow => Decision::Shadowed(Box::new(decision)),
             _ => decision,
         };
-        telemetry::decision(&self.name, &decision);
+        self.metrics.decision(&decision);
         if let Decision::Limited(info) = &decision {
             tracing::debug!(
                 layer = %self.name,
@@ -274,7 +275,7 @@ impl Inner {
         limits: &Arc<[Limit]>,
         reason: FallbackReason,
     ) -> Decision {
-        telemetry::fallback(&self.name, reason.as_str(), self.on_store_failure.as_str());
+        self.metrics.fallback(reason);
         self.apply(&self.on_store_failure, caller, limits)
     }
 
@@ -526,6 +527,14 @@ impl LimiterBuilder {
                 limit.name()
             );
         }
+        let metrics = LimiterMetrics::new(
+            &self.name,
+            self.policies
+                .iter()
+                .chain(self.tiers.iter().flat_map(|(_, limits)| limits.iter()))
+                .map(Limit::name_arc),
+            self.on_store_failure.as_str(),
+        );
         let tiers = self
             .tiers
             .into_iter()
@@ -556,6 +565,7 @@ impl LimiterBuilder {
                 on_store_failure: self.on_store_failure,
                 store_timeout: self.store_timeout,
                 mode: self.mode,
+                metrics,
                 breaker,
                 denials: self.denial_cache.map(DenialCache::new),
                 clock: self.clock,

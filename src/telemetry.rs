@@ -1,14 +1,18 @@
 //! Every metric tollgate records, in one place (the table is in the crate docs).
 //!
 //! Label values are the layer's name, policy names, outcomes and reasons: never a caller
-//! key, which is untrusted input of unbounded cardinality.
+//! key, which is untrusted input of unbounded cardinality. The handles are registered once,
+//! when a limiter is built, so recording a decision costs an atomic add, not a key lookup.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::SharedString;
+use metrics::{Counter, Gauge, Histogram, SharedString};
 
 use crate::decision::Decision;
+use crate::limiter::FallbackReason;
 
 pub(crate) const DECISIONS: &str = "tollgate_decisions_total";
 pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";
@@ -16,51 +20,132 @@ pub(crate) const BREAKER_STATE: &str = "tollgate_breaker_state";
 pub(crate) const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub(crate) const DENIAL_CACHE_HITS: &str = "tollgate_denial_cache_hits_total";
 
-fn layer(name: &Arc<str>) -> SharedString {
-    SharedString::from_shared(name.clone())
+const REASONS: [FallbackReason; 4] = [
+    FallbackReason::Timeout,
+    FallbackReason::Refused,
+    FallbackReason::OtherError,
+    FallbackReason::BreakerOpen,
+];
+
+/// Outcomes that carry no policy label.
+#[derive(Clone, Copy)]
+enum Plain {
+    Allowed,
+    Unavailable,
+    Unlimited,
+    ShadowAllowed,
+    ShadowUnavailable,
+    ShadowUnlimited,
 }
 
-/// One decision, by outcome and (for refusals) the first refusing policy.
-pub(crate) fn decision(name: &Arc<str>, decision: &Decision) {
-    let (outcome, policy) = outcome(decision);
-    metrics::counter!(DECISIONS, "layer" => layer(name), "outcome" => outcome, "policy" => policy)
-        .increment(1);
+const PLAIN: [(Plain, &str); 6] = [
+    (Plain::Allowed, "allowed"),
+    (Plain::Unavailable, "unavailable"),
+    (Plain::Unlimited, "unlimited"),
+    (Plain::ShadowAllowed, "shadow_allowed"),
+    (Plain::ShadowUnavailable, "shadow_unavailable"),
+    (Plain::ShadowUnlimited, "shadow_unlimited"),
+];
+
+/// One limiter's metric handles.
+pub(crate) struct LimiterMetrics {
+    plain: [Counter; 6],
+    /// `limited` and `shadow_limited` by refusing policy.
+    limited: HashMap<Arc<str>, [Counter; 2]>,
+    fallbacks: [Counter; 4],
+    denial_cache_hits: Counter,
+    store_latency: Histogram,
 }
 
-fn outcome(decision: &Decision) -> (&'static str, SharedString) {
-    let violated = |d: &Decision| {
-        d.info()
-            .and_then(|info| info.violated().next())
-            .map(|p| SharedString::from_shared(p.name_arc().clone()))
-            .unwrap_or_default()
-    };
-    match decision {
-        Decision::Allowed(_) => ("allowed", SharedString::const_str("")),
-        Decision::Limited(_) => ("limited", violated(decision)),
-        Decision::Unavailable { .. } => ("unavailable", SharedString::const_str("")),
-        Decision::Unlimited(_) => ("unlimited", SharedString::const_str("")),
-        Decision::Shadowed(inner) => match **inner {
-            Decision::Limited(_) => ("shadow_limited", violated(inner)),
-            Decision::Unavailable { .. } => ("shadow_unavailable", SharedString::const_str("")),
-            Decision::Unlimited(_) => ("shadow_unlimited", SharedString::const_str("")),
-            _ => ("shadow_allowed", SharedString::const_str("")),
-        },
+fn decision_counter(layer: &SharedString, outcome: &'static str, policy: SharedString) -> Counter {
+    metrics::counter!(DECISIONS, "layer" => layer.clone(), "outcome" => outcome, "policy" => policy)
+}
+
+impl LimiterMetrics {
+    /// Registers the handles of limiter `name`, whose policies are named `policies` and
+    /// whose failure policy is called `failure_policy`.
+    pub(crate) fn new<'a>(
+        name: &Arc<str>,
+        policies: impl IntoIterator<Item = &'a Arc<str>>,
+        failure_policy: &'static str,
+    ) -> Self {
+        let layer = SharedString::from_shared(name.clone());
+        let limited = policies
+            .into_iter()
+            .map(|policy| {
+                let label = || SharedString::from_shared(policy.clone());
+                let counters = [
+                    decision_counter(&layer, "limited", label()),
+                    decision_counter(&layer, "shadow_limited", label()),
+                ];
+                (policy.clone(), counters)
+            })
+            .collect();
+        Self {
+            plain: PLAIN
+                .map(|(_, outcome)| decision_counter(&layer, outcome, SharedString::const_str(""))),
+            limited,
+            fallbacks: REASONS.map(|reason| {
+                metrics::counter!(
+                    FALLBACKS,
+                    "layer" => layer.clone(),
+                    "reason" => reason.as_str(),
+                    "policy" => failure_policy,
+                )
+            }),
+            denial_cache_hits: metrics::counter!(DENIAL_CACHE_HITS, "layer" => layer.clone()),
+            store_latency: metrics::histogram!(STORE_LATENCY, "layer" => layer),
+        }
+    }
+
+    /// One decision, by outcome and (for refusals) the first refusing policy.
+    pub(crate) fn decision(&self, decision: &Decision) {
+        let plain = |which: Plain| &self.plain[which as usize];
+        let limited = |decision: &Decision, shadow: usize| {
+            decision
+                .info()
+                .and_then(|info| info.violated().next())
+                .and_then(|policy| self.limited.get(policy.name_arc()))
+                .map(|counters| &counters[shadow])
+        };
+        let counter = match decision {
+            Decision::Allowed(_) => Some(plain(Plain::Allowed)),
+            Decision::Limited(_) => limited(decision, 0),
+            Decision::Unavailable { .. } => Some(plain(Plain::Unavailable)),
+            Decision::Unlimited(_) => Some(plain(Plain::Unlimited)),
+            Decision::Shadowed(inner) => match **inner {
+                Decision::Limited(_) => limited(inner, 1),
+                Decision::Unavailable { .. } => Some(plain(Plain::ShadowUnavailable)),
+                Decision::Unlimited(_) => Some(plain(Plain::ShadowUnlimited)),
+                _ => Some(plain(Plain::ShadowAllowed)),
+            },
+        };
+        if let Some(counter) = counter {
+            counter.increment(1);
+        }
+    }
+
+    pub(crate) fn fallback(&self, reason: FallbackReason) {
+        let index = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.fallbacks[index].increment(1);
+    }
+
+    pub(crate) fn store_latency(&self, latency: Duration) {
+        self.store_latency.record(latency.as_secs_f64());
+    }
+
+    pub(crate) fn denial_cache_hit(&self) {
+        self.denial_cache_hits.increment(1);
     }
 }
 
-pub(crate) fn fallback(name: &Arc<str>, reason: &'static str, policy: &'static str) {
-    metrics::counter!(FALLBACKS, "layer" => layer(name), "reason" => reason, "policy" => policy)
-        .increment(1);
+impl fmt::Debug for LimiterMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterMetrics").finish_non_exhaustive()
+    }
 }
 
-pub(crate) fn breaker_state(name: &Arc<str>, state: u8) {
-    metrics::gauge!(BREAKER_STATE, "layer" => layer(name)).set(f64::from(state));
-}
-
-pub(crate) fn store_latency(name: &Arc<str>, latency: Duration) {
-    metrics::histogram!(STORE_LATENCY, "layer" => layer(name)).record(latency.as_secs_f64());
-}
-
-pub(crate) fn denial_cache_hit(name: &Arc<str>) {
-    metrics::counter!(DENIAL_CACHE_HITS, "layer" => layer(name)).increment(1);
+/// The breaker state gauge of limiter `name`.
+pub(crate) fn breaker_state(name: &Arc<str>) -> Gauge {
+    metrics::gauge!(BREAKER_STATE, "layer" => SharedString::from_shared(name.clone()))
 }

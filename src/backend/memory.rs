@@ -127,38 +127,39 @@ impl InMemoryBackend {
     fn decide(&self, caller: &CallerKey, limits: &[Limit]) -> CheckOutcome {
         let now = self.shared.clock.now_millis();
         let shard_index = (self.shared.hasher.hash_one(caller) as usize) % self.shared.shards.len();
-        let mut shard = lock(&self.shared.shards[shard_index]);
+        let mut guard = lock(&self.shared.shards[shard_index]);
+        let shard = &mut *guard;
         if now.saturating_sub(shard.last_sweep_ms) >= self.shared.sweep_interval_ms {
             shard.sweep(now);
         }
 
+        // One lookup for a known caller: evaluate, then write through the same entry.
+        let mut entry = shard.callers.get_mut(caller);
+        if let Some(entry) = entry.as_deref_mut() {
+            // A refused caller is as active as an admitted one.
+            entry.referenced = true;
+        }
         let stored = |entry: Option<&Entry>, limit: &Limit| {
             entry
                 .and_then(|e| e.slot(limit.name_arc()))
                 .map(|slot| slot.state)
         };
-        let entry = shard.callers.get_mut(caller);
-        let entry = match entry {
-            Some(entry) => {
-                // A refused caller is as active as an admitted one.
-                entry.referenced = true;
-                Some(&*entry)
-            }
-            None => None,
-        };
         let evaluations: Vec<_> = limits
             .iter()
-            .map(|limit| limit.algorithm().evaluate(stored(entry, limit), now))
+            .map(|limit| {
+                limit
+                    .algorithm()
+                    .evaluate(stored(entry.as_deref(), limit), now)
+            })
             .collect();
-        let admitted = evaluations.iter().all(|e| e.admitted);
-        if !admitted {
+        if !evaluations.iter().all(|e| e.admitted) {
             // Nothing is consumed; every limit reports its state as it stands.
             let outcomes = limits
                 .iter()
                 .zip(&evaluations)
                 .map(|(limit, evaluation)| {
                     if evaluation.admitted {
-                        limit.algorithm().peek(stored(entry, limit), now)
+                        limit.algorithm().peek(stored(entry.as_deref(), limit), now)
                     } else {
                         evaluation.outcome
                     }
@@ -172,25 +173,29 @@ impl InMemoryBackend {
             .map(|l| now.saturating_add(l.algorithm().retention_ms()))
             .max()
             .unwrap_or(now);
-        if !shard.callers.contains_key(caller) {
-            shard.make_room(
-                now,
-                self.shared.shard_capacity,
-                self.shared.sweep_interval_ms,
-            );
-            shard.order.push_back(caller.clone());
-        }
-        let entry = shard
-            .callers
-            .entry(caller.clone())
-            .or_insert_with(|| Entry {
-                idle_at_ms: 0,
-                referenced: false,
-                slots: Vec::with_capacity(limits.len()),
-            });
-        entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
-        for (limit, evaluation) in limits.iter().zip(&evaluations) {
-            entry.store(limit.name_arc(), evaluation.admitted_state);
+        let store = |entry: &mut Entry| {
+            entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
+            for (limit, evaluation) in limits.iter().zip(&evaluations) {
+                entry.store(limit.name_arc(), evaluation.admitted_state);
+            }
+        };
+        match entry {
+            Some(entry) => store(entry),
+            None => {
+                shard.make_room(
+                    now,
+                    self.shared.shard_capacity,
+                    self.shared.sweep_interval_ms,
+                );
+                let mut entry = Entry {
+                    idle_at_ms: 0,
+                    referenced: false,
+                    slots: Vec::with_capacity(limits.len()),
+                };
+                store(&mut entry);
+                shard.order.push_back(caller.clone());
+                shard.callers.insert(caller.clone(), entry);
+            }
         }
         CheckOutcome::new(
             evaluations
