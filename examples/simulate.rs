@@ -38,6 +38,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
+use plotters::prelude::{
+    ChartBuilder, Color, FontStyle, IntoDrawingArea, IntoFont, LineSeries, RGBColor, Rectangle,
+    SVGBackend, TRANSPARENT, Text, WHITE,
+};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tollgate::{
@@ -84,9 +88,21 @@ usage: simulate [--limit N] [--window-secs N] [--instances N] [--algorithm slidi
 const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;
 /// Past this many simulated requests, the run would take too long to be a demo.
 const MAX_REQUESTS: f64 = 50_000_000.0;
-const COLORS: [&str; 8] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+/// The customers' colours in the chart, in the order of `--traffic`.
+const COLORS: [RGBColor; 8] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
+/// The store outage in the chart.
+const OUTAGE_SHADE: RGBColor = RGBColor(0xfd, 0xe2, 0xe2);
+/// The frame around each panel of the chart.
+const FRAME: RGBColor = RGBColor(0x88, 0x88, 0x88);
 
 // ---------------------------------------------------------------------------------------
 // Options
@@ -1263,42 +1279,21 @@ fn table(options: &Options, outcome: &Outcome) -> String {
     out
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// The step of the y axis ticks for values up to `peak`: 1, 2, 2.5 or 5 times a power of
-/// ten, at most six steps up to the peak.
-fn tick_step(peak: f64) -> f64 {
-    let peak = peak.max(1.0);
-    let mut magnitude = 10f64.powf((peak / 6.0).log10().floor());
-    loop {
-        for step in [1.0, 2.0, 2.5, 5.0] {
-            if (peak / (step * magnitude)).ceil() <= 6.0 {
-                return step * magnitude;
-            }
-        }
-        magnitude *= 10.0;
-    }
-}
-
-/// The admitted rate over time, one panel per policy, as a hand-written SVG.
-fn chart(options: &Options, outcome: &Outcome) -> String {
-    const PANEL_W: f64 = 520.0;
-    const PANEL_H: f64 = 230.0;
-    const LEFT: f64 = 56.0;
-    const RIGHT: f64 = 18.0;
-    const TOP: f64 = 28.0;
-    const BOTTOM: f64 = 40.0;
-    const HEAD: f64 = 64.0;
+/// The admitted rate over time as an SVG drawn with plotters: one panel per policy, one
+/// line per customer, the store outage shaded, and one legend for all panels at the top.
+fn chart(options: &Options, outcome: &Outcome) -> Result<String, Box<dyn std::error::Error>> {
+    const PANEL_W: u32 = 620;
+    const PANEL_H: u32 = 270;
+    const MARGIN: i32 = 12;
+    const LEGEND_LINE_H: i32 = 24;
     let panels = outcome.tallies.len();
     let columns = if panels > 1 { 2 } else { 1 };
     let rows = panels.div_ceil(columns);
-    let width = columns as f64 * PANEL_W + 20.0;
-    let height = HEAD + rows as f64 * PANEL_H + 10.0;
+    let width = if columns > 1 {
+        columns as u32 * PANEL_W
+    } else {
+        PANEL_W * 3 / 2
+    };
     let total = options.total_secs() as f64;
     let peak = outcome
         .tallies
@@ -1308,133 +1303,131 @@ fn chart(options: &Options, outcome: &Outcome) -> String {
         .max()
         .unwrap_or(0) as f64;
     let peak = peak.max(options.limit as f64 / options.window_secs as f64);
-    let step = tick_step(peak);
-    // One step of headroom above the peak.
-    let steps = (peak / step).floor() as u32 + 1;
-    let y_max = step * f64::from(steps);
-    let plot_w = PANEL_W - LEFT - RIGHT;
-    let plot_h = PANEL_H - TOP - BOTTOM;
+    let y_max = peak * 1.1;
     let [normal_end, outage_end] = options.boundaries_ms().map(|ms| ms / 1_000.0);
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="11">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="10" y="20" font-size="14" font-weight="bold">Admitted requests per second per customer: {} instances, limit {} per {} s, {}</text>"#,
-        options.instances,
-        options.limit,
-        options.window_secs,
-        escape(&options.fault.describe(options.store_timeout_ms))
-    );
-    let mut x = 10.0;
+    // The legend: the outage's shade, then each customer's line, wrapped to the width.
+    let legend_font = ("sans-serif", 16).into_font();
+    let mut legend = vec![(None, "store outage".to_owned())];
     for (c, customer) in options.traffic.iter().enumerate() {
-        let color = COLORS[c % COLORS.len()];
-        let _ = writeln!(
-            svg,
-            r#"<line x1="{x}" y1="42" x2="{}" y2="42" stroke="{color}" stroke-width="2.5"/><text x="{}" y="46">{} ({}/s)</text>"#,
-            x + 22.0,
-            x + 27.0,
-            escape(&customer.name),
-            rate_text(customer.rate)
-        );
-        x += 40.0 + 7.0 * (customer.name.len() + 8) as f64;
+        legend.push((
+            Some(COLORS[c % COLORS.len()]),
+            format!("{} ({}/s sent)", customer.name, rate_text(customer.rate)),
+        ));
     }
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{x}" y="36" width="22" height="12" fill="#fde2e2"/><text x="{}" y="46">store outage</text>"##,
-        x + 27.0
-    );
+    let mut placed = Vec::with_capacity(legend.len());
+    let (mut x, mut line) = (MARGIN, 0);
+    for (color, label) in legend {
+        let entry_w = 30 + legend_font.box_size(&label)?.0 as i32;
+        if x > MARGIN && x + entry_w > width as i32 - MARGIN {
+            x = MARGIN;
+            line += 1;
+        }
+        placed.push((x, line, color, label));
+        x += entry_w + 26;
+    }
+    let head_h = 64 + LEGEND_LINE_H * (line + 1);
 
-    for (p, (policy, tally)) in options.policies.iter().zip(&outcome.tallies).enumerate() {
-        let ox = 10.0 + (p % columns) as f64 * PANEL_W;
-        let oy = HEAD + (p / columns) as f64 * PANEL_H;
-        let px = |secs: f64| ox + LEFT + secs / total * plot_w;
-        let py = |rate: f64| oy + TOP + plot_h - rate / y_max * plot_h;
-        let _ = writeln!(svg, r#"<g>"#);
-        let title = match policy_note(options, *policy) {
-            Some(note) => format!("{} ({note})", policy.name()),
-            None => policy.name().to_owned(),
-        };
-        let _ = writeln!(
-            svg,
-            r#"<text x="{}" y="{}" font-weight="bold">{}</text>"#,
-            ox + LEFT,
-            oy + TOP - 8.0,
-            escape(&title)
-        );
-        let _ = writeln!(
-            svg,
-            r##"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{plot_h:.1}" fill="#fde2e2"/>"##,
-            px(normal_end),
-            oy + TOP,
-            px(outage_end) - px(normal_end)
-        );
-        for i in 0..=steps {
-            let rate = step * f64::from(i);
-            let y = py(rate);
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#dddddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                px(0.0),
-                px(total),
-                px(0.0) - 5.0,
-                y + 4.0,
-                rate_text((rate * 10.0).round() / 10.0)
-            );
+    let mut svg = String::new();
+    {
+        let size = (width, head_h as u32 + rows as u32 * PANEL_H);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (head, body) = root.split_vertically(head_h);
+        head.draw(&Text::new(
+            "Admitted requests per second per customer",
+            (MARGIN, 10),
+            ("sans-serif", 22, FontStyle::Bold),
+        ))?;
+        head.draw(&Text::new(
+            format!(
+                "{} instances, limit {} per {} s; during the outage {}",
+                options.instances,
+                options.limit,
+                options.window_secs,
+                options.fault.describe(options.store_timeout_ms)
+            ),
+            (MARGIN, 36),
+            ("sans-serif", 16),
+        ))?;
+        for (x, line, color, label) in placed {
+            let y = 64 + LEGEND_LINE_H * line;
+            let mid = y + 7;
+            match color {
+                None => head.draw(&Rectangle::new(
+                    [(x, mid - 6), (x + 22, mid + 6)],
+                    OUTAGE_SHADE.filled(),
+                ))?,
+                Some(color) => head.draw(&Rectangle::new(
+                    [(x, mid - 2), (x + 22, mid + 2)],
+                    color.filled(),
+                ))?,
+            }
+            head.draw(&Text::new(label, (x + 30, y), legend_font.clone()))?;
         }
-        for secs in [0.0, normal_end, outage_end, total] {
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#888888"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{secs:.0} s</text>"##,
-                oy + TOP + plot_h,
-                oy + TOP + plot_h + 4.0,
-                oy + TOP + plot_h + 16.0,
-                x = px(secs)
-            );
+        let cells = body.split_evenly((rows, columns));
+        for ((policy, tally), cell) in options.policies.iter().zip(&outcome.tallies).zip(&cells) {
+            let title = match policy_note(options, *policy) {
+                Some(note) => format!("{} ({note})", policy.name()),
+                None => policy.name().to_owned(),
+            };
+            let mut panel = ChartBuilder::on(cell)
+                .caption(title, ("sans-serif", 17, FontStyle::Bold))
+                .margin(10)
+                .x_label_area_size(38)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0.0..total, 0.0..y_max)?;
+            panel.draw_series(std::iter::once(Rectangle::new(
+                [(normal_end, 0.0), (outage_end, y_max)],
+                OUTAGE_SHADE.filled(),
+            )))?;
+            panel
+                .configure_mesh()
+                .x_desc("time (s)")
+                .y_desc("admitted/s")
+                .x_labels(10)
+                .y_labels(6)
+                .light_line_style(TRANSPARENT)
+                // No axis lines nor tick marks: the frame below stands for them, and the
+                // SVG's only polylines are the customers' lines.
+                .axis_style(TRANSPARENT)
+                .label_style(("sans-serif", 14))
+                .axis_desc_style(("sans-serif", 14))
+                .x_label_formatter(&|secs| format!("{secs:.0}"))
+                .y_label_formatter(&|rate| rate_text(*rate))
+                .draw()?;
+            panel.draw_series(std::iter::once(Rectangle::new(
+                [(0.0, 0.0), (total, y_max)],
+                FRAME.stroke_width(1),
+            )))?;
+            for (c, seconds) in tally.per_second.iter().enumerate() {
+                panel.draw_series(LineSeries::new(
+                    seconds
+                        .iter()
+                        .enumerate()
+                        .map(|(s, &admitted)| (s as f64 + 0.5, admitted as f64)),
+                    COLORS[c % COLORS.len()].stroke_width(2),
+                ))?;
+            }
         }
-        let _ = writeln!(
-            svg,
-            r##"<rect x="{:.1}" y="{:.1}" width="{plot_w:.1}" height="{plot_h:.1}" fill="none" stroke="#888888"/>"##,
-            px(0.0),
-            oy + TOP
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" transform="rotate(-90 {:.1} {:.1})">admitted/s</text>"#,
-            ox + 14.0,
-            oy + TOP + plot_h / 2.0,
-            ox + 14.0,
-            oy + TOP + plot_h / 2.0
-        );
-        let _ = writeln!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">time (s)</text>"#,
-            px(total / 2.0),
-            oy + TOP + plot_h + 30.0
-        );
-        for (c, seconds) in tally.per_second.iter().enumerate() {
-            let points: Vec<String> = seconds
-                .iter()
-                .enumerate()
-                .map(|(s, &admitted)| {
-                    format!("{:.1},{:.1}", px(s as f64 + 0.5), py(admitted as f64))
-                })
-                .collect();
-            let _ = writeln!(
-                svg,
-                r#"<polyline fill="none" stroke="{}" stroke-width="1.8" points="{}"/>"#,
-                COLORS[c % COLORS.len()],
-                points.join(" ")
-            );
-        }
-        let _ = writeln!(svg, "</g>");
+        root.present()?;
     }
-    let _ = writeln!(svg, "</svg>");
-    svg
+    Ok(tight_text(&svg))
+}
+
+/// plotters' SVG puts each text on a line of its own between its `<text ...>` and
+/// `</text>` tags; SVG drops those line breaks anyway, so take them out and keep each text
+/// element on one line: `<text ...>closed</text>`.
+fn tight_text(svg: &str) -> String {
+    let mut out = String::with_capacity(svg.len());
+    for line in svg.lines() {
+        out.push_str(line);
+        let opens_text = line.starts_with("<text ") && !line.ends_with("/>");
+        if !opens_text {
+            out.push('\n');
+        }
+    }
+    out.replace("\n</text>", "</text>")
 }
 
 fn main() -> ExitCode {
@@ -1489,7 +1482,10 @@ fn main() -> ExitCode {
         }
     }
     if let Some(path) = &options.chart {
-        if let Err(e) = std::fs::write(path, chart(&options, &outcome)) {
+        let written = chart(&options, &outcome)
+            .map_err(|e| e.to_string())
+            .and_then(|svg| std::fs::write(path, svg).map_err(|e| e.to_string()));
+        if let Err(e) = written {
             eprintln!(
                 "simulate: cannot write the chart to {}: {e}",
                 path.display()
