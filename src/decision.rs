@@ -92,6 +92,9 @@ impl UnlimitedReason {
 pub struct RateLimitInfo {
     policies: Arc<[PolicyReport]>,
     source: DecisionSource,
+    // The policy set reported on, shared: what the headers advertise depends on it alone,
+    // so the HTTP floor can cache that part per set.
+    set: Arc<[Limit]>,
 }
 
 /// Who made a decision.
@@ -120,7 +123,7 @@ impl DecisionSource {
 impl RateLimitInfo {
     /// Builds the report from the limits and a store's outcomes for them.
     pub(crate) fn from_outcomes(
-        limits: &[Limit],
+        limits: &Arc<[Limit]>,
         outcomes: &[LimitOutcome],
         source: DecisionSource,
     ) -> Self {
@@ -137,7 +140,16 @@ impl RateLimitInfo {
                 exhausted: !outcome.admitted,
             })
             .collect();
-        Self { policies, source }
+        Self {
+            policies,
+            source,
+            set: limits.clone(),
+        }
+    }
+
+    /// The policy set this report is about.
+    pub(crate) fn policy_set(&self) -> &Arc<[Limit]> {
+        &self.set
     }
 
     /// Who decided: the store, the denial cache or the local share.
@@ -189,6 +201,7 @@ impl RateLimitInfo {
         Some(Self {
             policies,
             source: DecisionSource::DenialCache,
+            set: self.set.clone(),
         })
     }
 
@@ -210,6 +223,7 @@ impl RateLimitInfo {
         Self {
             policies,
             source: DecisionSource::DenialCache,
+            set: self.set.clone(),
         }
     }
 }

@@ -117,13 +117,14 @@ impl std::fmt::Debug for DenialCache {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, Limit, LimitOutcome};
+    use std::sync::Arc;
     use std::time::Duration;
 
     fn refusal() -> RateLimitInfo {
-        let limits = [Limit::new(
+        let limits: Arc<[Limit]> = Arc::new([Limit::new(
             "per-second",
             Algorithm::sliding_window(5, Duration::from_secs(1)),
-        )];
+        )]);
         let outcomes = [LimitOutcome {
             admitted: false,
             remaining: 0,

@@ -153,9 +153,11 @@ where
                 } => {
                     let decision = ready!(Pin::new(decision).poll(cx));
                     let refusal = match &decision {
-                        Decision::Limited(info) => {
-                            Some(response::limited(info, this.config.header_mode))
-                        }
+                        Decision::Limited(info) => Some(response::limited(
+                            info,
+                            this.config.header_mode,
+                            &this.config.policy_fields,
+                        )),
                         Decision::Unavailable {
                             status,
                             retry_after_secs,
@@ -194,6 +196,7 @@ where
                             response.headers_mut(),
                             &decision,
                             this.config.header_mode,
+                            &this.config.policy_fields,
                         );
                         if inner_decision.is_none() {
                             response.extensions_mut().insert(decision);

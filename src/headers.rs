@@ -1,8 +1,11 @@
 //! The RateLimit-Policy and RateLimit fields of the IETF httpapi draft, as Structured Fields.
 
+use std::sync::{Arc, RwLock};
+
 use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 
+use crate::algorithm::Limit;
 use crate::decision::{PolicyReport, RateLimitInfo};
 
 /// Which responses carry `RateLimit-Policy` and `RateLimit`.
@@ -72,4 +75,35 @@ pub(crate) fn state_field<'a>(
 // Structured Field integers have at most 15 digits.
 fn integer(value: u64) -> Integer {
     Integer::try_from(value).unwrap_or(Integer::MAX)
+}
+
+/// RateLimit-Policy values by policy set: the field depends on the set alone (names,
+/// quotas, windows), so it is serialized once per set, not per response.
+#[derive(Debug, Default)]
+pub(crate) struct PolicyFieldCache {
+    fields: RwLock<Vec<(Arc<[Limit]>, HeaderValue)>>,
+}
+
+// Default and tier sets, and the local shares of each for the instance counts seen.
+const MAX_CACHED_SETS: usize = 64;
+
+impl PolicyFieldCache {
+    pub(crate) fn get(&self, info: &RateLimitInfo) -> Option<HeaderValue> {
+        let set = info.policy_set();
+        let cached = |fields: &[(Arc<[Limit]>, HeaderValue)]| {
+            fields
+                .iter()
+                .find(|(cached, _)| Arc::ptr_eq(cached, set))
+                .map(|(_, value)| value.clone())
+        };
+        if let Some(value) = cached(&self.fields.read().unwrap_or_else(|e| e.into_inner())) {
+            return Some(value);
+        }
+        let value = policy_field(info)?;
+        let mut fields = self.fields.write().unwrap_or_else(|e| e.into_inner());
+        if fields.len() < MAX_CACHED_SETS && cached(&fields).is_none() {
+            fields.push((set.clone(), value.clone()));
+        }
+        Some(value)
+    }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::headers::HeaderMode;
+use crate::headers::{HeaderMode, PolicyFieldCache};
 use crate::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::limiter::Limiter;
 use crate::service::RateLimit;
@@ -52,6 +52,7 @@ pub(crate) struct Config<K> {
     pub(crate) key: K,
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
+    pub(crate) policy_fields: PolicyFieldCache,
 }
 
 impl RateLimitLayer<ClientIp> {
@@ -63,6 +64,7 @@ impl RateLimitLayer<ClientIp> {
                 key: ClientIp::new(),
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
+                policy_fields: PolicyFieldCache::default(),
             }),
         }
     }
@@ -78,6 +80,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 key,
                 missing_key: config.missing_key,
                 header_mode: config.header_mode,
+                policy_fields: PolicyFieldCache::default(),
             }),
         }
     }
@@ -116,6 +119,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             key: shared.key.clone(),
             missing_key: shared.missing_key,
             header_mode: shared.header_mode,
+            policy_fields: PolicyFieldCache::default(),
         })
     }
 }

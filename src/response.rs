@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::body::ResponseBody;
 use crate::decision::{Decision, RateLimitInfo};
-use crate::headers::{HeaderMode, policy_field, state_field};
+use crate::headers::{HeaderMode, PolicyFieldCache, state_field};
 use crate::key::KeyRejection;
 
 /// The `RateLimit-Policy` field name.
@@ -25,7 +25,11 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 
 /// 429 with RateLimit-Policy, RateLimit (the exhausted policies), Retry-After and a
 /// quota-exceeded problem naming the violated policies.
-pub(crate) fn limited<B>(info: &RateLimitInfo, mode: HeaderMode) -> Response<ResponseBody<B>> {
+pub(crate) fn limited<B>(
+    info: &RateLimitInfo,
+    mode: HeaderMode,
+    policy_fields: &PolicyFieldCache,
+) -> Response<ResponseBody<B>> {
     let retry_after = info.retry_after_secs().max(1);
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
     let mut body = String::with_capacity(256);
@@ -48,7 +52,7 @@ pub(crate) fn limited<B>(info: &RateLimitInfo, mode: HeaderMode) -> Response<Res
     let mut response = problem(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
     if mode.on_refused() {
-        insert_policy_fields(headers, info, info.violated());
+        insert_policy_fields(headers, info, info.violated(), policy_fields);
     }
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
@@ -95,11 +99,16 @@ pub(crate) fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>>
 }
 
 /// Adds RateLimit-Policy and RateLimit (every policy) to an allowed response.
-pub(crate) fn decorate_allowed(headers: &mut HeaderMap, decision: &Decision, mode: HeaderMode) {
+pub(crate) fn decorate_allowed(
+    headers: &mut HeaderMap,
+    decision: &Decision,
+    mode: HeaderMode,
+    policy_fields: &PolicyFieldCache,
+) {
     if let Decision::Allowed(info) = decision
         && mode.on_allowed()
     {
-        insert_policy_fields(headers, info, info.policies());
+        insert_policy_fields(headers, info, info.policies(), policy_fields);
     }
 }
 
@@ -107,10 +116,11 @@ fn insert_policy_fields<'a>(
     headers: &mut HeaderMap,
     info: &RateLimitInfo,
     reported: impl IntoIterator<Item = &'a crate::decision::PolicyReport>,
+    policy_fields: &PolicyFieldCache,
 ) {
     // Appended, not inserted: Structured Field lists may span several field lines, so a
     // response that already lists an inner layer's policies lists both layers'.
-    if let Some(policy) = policy_field(info) {
+    if let Some(policy) = policy_fields.get(info) {
         headers.append(RATELIMIT_POLICY, policy);
     }
     if let Some(state) = state_field(reported) {
