@@ -10,8 +10,8 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, get as get_request, parse_response, send};
-use tokio::net::{TcpListener, TcpSocket};
+use support::http::{Reply, exchange, get as get_request, parse_response, send};
+use tokio::net::TcpListener;
 use tollgate::{
     ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy,
     Quota, RateLimitLayer,
@@ -496,9 +496,6 @@ async fn wire_request(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Reply {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(source, 0)).unwrap();
-    let stream = socket.connect(server).await.unwrap();
     let mut request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {server}\r\nConnection: close\r\nContent-Length: 0\r\n"
     );
@@ -506,28 +503,7 @@ async fn wire_request(
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    // tokio's io-util is not a dev-dependency: write and read with the readiness API.
-    let mut unsent = request.as_bytes();
-    while !unsent.is_empty() {
-        stream.writable().await.unwrap();
-        match stream.try_write(unsent) {
-            Ok(n) => unsent = &unsent[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("write: {e}"),
-        }
-    }
-    let mut raw = Vec::new();
-    let mut buf = [0; 4096];
-    loop {
-        stream.readable().await.unwrap();
-        match stream.try_read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-    parse_response(&raw)
+    parse_response(&exchange(server, source, &request).await)
 }
 
 #[tokio::test]

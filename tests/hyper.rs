@@ -11,8 +11,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use support::http::{Reply, get, parse_response, send};
-use tokio::net::{TcpListener, TcpSocket};
+use support::http::{Reply, exchange, get, parse_response, send};
+use tokio::net::TcpListener;
 use tollgate::{
     ClientIp, Decision, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy, Quota,
     RateLimit, RateLimitLayer, ResponseBody,
@@ -116,38 +116,6 @@ async fn wire_get(
     }
     request.push_str("\r\n");
     parse_response(&exchange(server, source, &request).await)
-}
-
-/// Writes `request` over a fresh connection from `source` and reads until the server
-/// closes it.
-async fn exchange(server: SocketAddr, source: IpAddr, request: &str) -> Vec<u8> {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.bind(SocketAddr::new(source, 0)).unwrap();
-    let stream = socket.connect(server).await.unwrap();
-    // tokio's io-util is not a dev-dependency: write and read with the readiness API.
-    let mut unsent = request.as_bytes();
-    while !unsent.is_empty() {
-        stream.writable().await.unwrap();
-        match stream.try_write(unsent) {
-            Ok(n) => unsent = &unsent[n..],
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => panic!("write: {e}"),
-        }
-    }
-    let mut raw = Vec::new();
-    let mut buf = [0; 4096];
-    loop {
-        stream.readable().await.unwrap();
-        match stream.try_read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            // A connection the server drops without an answer reads as what came before.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
-            Err(e) => panic!("read: {e}"),
-        }
-    }
-    raw
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);

@@ -176,3 +176,39 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
         data = &data[size + 2..];
     }
 }
+
+/// Writes `request` over a fresh connection from `source` and reads until the server
+/// closes it.
+pub async fn exchange(
+    server: std::net::SocketAddr,
+    source: std::net::IpAddr,
+    request: &str,
+) -> Vec<u8> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(source, 0)).unwrap();
+    let stream = socket.connect(server).await.unwrap();
+    // tokio's io-util is not a dev-dependency: write and read with the readiness API.
+    let mut unsent = request.as_bytes();
+    while !unsent.is_empty() {
+        stream.writable().await.unwrap();
+        match stream.try_write(unsent) {
+            Ok(n) => unsent = &unsent[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    let mut raw = Vec::new();
+    let mut buf = [0; 4096];
+    loop {
+        stream.readable().await.unwrap();
+        match stream.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // A connection the server drops without an answer reads as what came before.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    raw
+}
