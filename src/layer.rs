@@ -88,12 +88,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// What to do with requests for which the extractor finds no key (default: 400).
     pub fn on_missing_key(self, missing_key: MissingKey) -> Self {
         let mut config = self.into_config();
-        config.missing_key = match missing_key {
-            MissingKey::Reject(status) if !status.is_client_error() => {
-                MissingKey::Reject(http::StatusCode::BAD_REQUEST)
-            }
-            other => other,
-        };
+        // A non-4xx status becomes 400 where the rejection is made (`KeyRejection::new`).
+        config.missing_key = missing_key;
         Self {
             config: Arc::new(config),
         }

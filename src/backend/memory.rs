@@ -325,19 +325,20 @@ impl Shard {
     }
 }
 
+impl Slot {
+    // Policies of one limiter share their name's Arc, so the pointer usually decides.
+    fn is(&self, name: &Arc<str>) -> bool {
+        Arc::ptr_eq(&self.name, name) || self.name == *name
+    }
+}
+
 impl Entry {
     fn slot(&self, name: &Arc<str>) -> Option<&Slot> {
-        self.slots
-            .iter()
-            .find(|slot| Arc::ptr_eq(&slot.name, name) || slot.name == *name)
+        self.slots.iter().find(|slot| slot.is(name))
     }
 
     fn store(&mut self, name: &Arc<str>, state: LimitState) {
-        match self
-            .slots
-            .iter_mut()
-            .find(|slot| Arc::ptr_eq(&slot.name, name) || slot.name == *name)
-        {
+        match self.slots.iter_mut().find(|slot| slot.is(name)) {
             Some(slot) => slot.state = state,
             None => self.slots.push(Slot {
                 name: name.clone(),
