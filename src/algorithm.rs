@@ -127,16 +127,18 @@ impl Algorithm {
         }
     }
 
-    /// The same algorithm enforcing `1/divisor` of the rate, as one instance's share of a
-    /// global limit.
+    /// The same algorithm enforcing at most `1/divisor` of the rate, as one instance's share
+    /// of a global limit.
     ///
-    /// The share keeps the exact rate where it can: 50 per second shared by 4 is 25 per
-    /// 2 seconds (12.5 a second), not 12 per second. The window (or refill period) is
-    /// stretched by the smallest factor that makes the quota whole, up to
-    /// [`MAX_SHARE_STRETCH`]; beyond that the quota is rounded down (at least 1), so the
-    /// instances together never exceed the global rate and a stretched window never lets
-    /// one instance burst far beyond its share. A token bucket's burst is divided and
-    /// rounded down (at least 1).
+    /// The shares of `divisor` instances together never exceed the limit: `divisor` times
+    /// the share's quota per window is at most the quota over as many of the original
+    /// windows, for every quota and every divisor. The share keeps the exact rate where it
+    /// can: 50 per second shared by 4 is 25 per 2 seconds (12.5 a second), not 12 per
+    /// second, stretching the window (or refill period) by the smallest factor that makes
+    /// the quota whole, up to [`MAX_SHARE_STRETCH`]. Beyond that the quota is rounded down.
+    /// A quota smaller than the divisor becomes one request per as long a window as it
+    /// takes: 1 per minute shared by 10 is 1 per 10 minutes each. A token bucket's burst
+    /// is divided and rounded down (at least 1).
     ///
     /// ```
     /// use std::time::Duration;
@@ -147,23 +149,15 @@ impl Algorithm {
     /// assert_eq!(per_second.divided_by(5), Algorithm::sliding_window(10, Duration::from_secs(1)));
     /// // 50 / 7 would need a 7 s window: rounded down instead.
     /// assert_eq!(per_second.divided_by(7), Algorithm::sliding_window(7, Duration::from_secs(1)));
+    /// // Fewer requests than instances: the window stretches as far as needed.
+    /// let login = Algorithm::sliding_window(1, Duration::from_secs(60));
+    /// assert_eq!(login.divided_by(10), Algorithm::sliding_window(1, Duration::from_secs(600)));
     /// ```
     pub fn divided_by(&self, divisor: u64) -> Self {
         let divisor = divisor.max(1);
-        // The quota over `stretch` windows, shared: exact when it divides evenly.
-        let share = |quota: u64, window_ms: u64| {
-            let stretch = divisor / gcd(quota, divisor);
-            let stretched = window_ms.checked_mul(stretch).filter(|w| {
-                stretch <= MAX_SHARE_STRETCH && u128::from(quota) * u128::from(*w) < MAX_EXACT
-            });
-            match stretched {
-                Some(window_ms) => (quota * stretch / divisor, window_ms),
-                None => ((quota / divisor).max(1), window_ms),
-            }
-        };
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                let (limit, window_ms) = share(limit, window_ms);
+                let (limit, window_ms) = share(limit, window_ms, divisor);
                 Algorithm::SlidingWindow { limit, window_ms }
             }
             Algorithm::TokenBucket {
@@ -171,7 +165,7 @@ impl Algorithm {
                 period_ms,
                 burst,
             } => {
-                let (rate, period_ms) = share(rate, period_ms);
+                let (rate, period_ms) = share(rate, period_ms, divisor);
                 Algorithm::TokenBucket {
                     rate,
                     period_ms,
@@ -396,6 +390,30 @@ impl Algorithm {
     }
 }
 
+/// One of `divisor` equal shares of `quota` per `window_ms`, as a quota and a window whose
+/// rate is at most `quota / divisor` per `window_ms`, and exactly that where it can be.
+fn share(quota: u64, window_ms: u64, divisor: u64) -> (u64, u64) {
+    let exact = |quota: u64, window_ms: u64| u128::from(quota) * u128::from(window_ms) < MAX_EXACT;
+    let stretch = divisor / gcd(quota, divisor);
+    if stretch <= MAX_SHARE_STRETCH
+        && let Some(stretched) = window_ms.checked_mul(stretch)
+        && exact(quota, stretched)
+    {
+        // quota * stretch is a multiple of divisor: the rate is exact.
+        return (quota * stretch / divisor, stretched);
+    }
+    if quota >= divisor {
+        return (quota / divisor, window_ms);
+    }
+    // Less than one request per window each: one request per window * divisor / quota,
+    // rounded up to the next millisecond so the rate never rounds up.
+    let stretched = ceil_div(
+        u128::from(window_ms) * u128::from(divisor),
+        u128::from(quota),
+    );
+    (1, stretched.min((MAX_EXACT - 1) as u64))
+}
+
 /// Whether `previous` weighted by its overlap plus `current` stays within `limit`.
 fn sliding_fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64) -> bool {
     let w = u128::from(window_ms);
@@ -495,18 +513,34 @@ pub struct LimitOutcome {
     pub reset_ms: u64,
 }
 
-/// A named policy as stores see it: a name and an algorithm.
+/// A named policy as stores see it: a name, an algorithm, and the counter it is kept in.
+///
+/// A counter's identity is the limiter it belongs to (its scope), the policy's name and the
+/// unit it counts in: the sliding window's length, or the token bucket's refill period. So
+/// two limiters never share a count, and a caller moved to a tier whose policy of the same
+/// name counts in other units starts that policy afresh instead of reading a count it
+/// cannot interpret. Policies of one name and one unit keep the caller's count across a
+/// tier change: the new quota applies to what was already used.
+///
+/// Stores key their state on [`counter`](Self::counter), never on the name alone.
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::{Algorithm, Limit};
 /// let limit = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
 /// assert_eq!(limit.name(), "per-second");
+/// assert_eq!(limit.counter(), "per-second:w1000");
+/// let bigger = Limit::new("per-second", Algorithm::sliding_window(500, Duration::from_secs(1)));
+/// assert_eq!(bigger.counter(), limit.counter());
+/// let per_minute = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(60)));
+/// assert_ne!(per_minute.counter(), limit.counter());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Limit {
     name: Arc<str>,
     algorithm: Algorithm,
+    scope: Option<Arc<str>>,
+    counter: Arc<str>,
 }
 
 impl Limit {
@@ -519,10 +553,20 @@ impl Limit {
     pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Self {
         let name = name.into();
         assert!(
-            !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| (0x20..0x7f).contains(&b)),
+            is_valid_name(&name),
             "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
         );
-        Self { name, algorithm }
+        Self::assemble(name, algorithm, None)
+    }
+
+    fn assemble(name: Arc<str>, algorithm: Algorithm, scope: Option<Arc<str>>) -> Self {
+        let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
+        Self {
+            name,
+            algorithm,
+            scope,
+            counter,
+        }
     }
 
     /// The policy's name.
@@ -540,11 +584,72 @@ impl Limit {
         &self.algorithm
     }
 
-    /// The same limit with another algorithm (a local share, say).
+    /// The identity of the counter this limit is kept in, the same on every instance:
+    /// `<scope>:<name>:<unit>`, each part escaped so that no two limits collide
+    /// (`%`, `:` and bytes outside printable ASCII become `%XX`). The scope is the
+    /// limiter's (see [`LimiterBuilder::counter_scope`](crate::LimiterBuilder::counter_scope));
+    /// the unit is `w` and the window in milliseconds for a sliding window, `b` and the
+    /// refill period in milliseconds for a token bucket.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Algorithm, Limit};
+    /// let bucket = Limit::new("burst", Algorithm::token_bucket(10, Duration::from_secs(1), 20));
+    /// assert_eq!(bucket.counter(), "burst:b1000");
+    /// ```
+    pub fn counter(&self) -> &str {
+        &self.counter
+    }
+
+    /// The counter's identity, cheap to clone.
+    pub fn counter_arc(&self) -> &Arc<str> {
+        &self.counter
+    }
+
+    /// The same limit with another algorithm (a local share, say), in the same scope.
     pub fn with_algorithm(&self, algorithm: Algorithm) -> Self {
-        Self {
-            name: self.name.clone(),
-            algorithm,
+        Self::assemble(self.name.clone(), algorithm, self.scope.clone())
+    }
+
+    /// The same limit counted under `scope` (a limiter's counter scope).
+    pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
+        Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
+    }
+}
+
+/// Whether `name` can name a policy: 1 to 64 printable ASCII characters.
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+fn counter_id(scope: Option<&str>, name: &str, algorithm: &Algorithm) -> String {
+    let mut id = String::with_capacity(name.len() + scope.map_or(0, str::len) + 16);
+    if let Some(scope) = scope {
+        push_escaped(&mut id, scope);
+        id.push(':');
+    }
+    push_escaped(&mut id, name);
+    match *algorithm {
+        Algorithm::SlidingWindow { window_ms, .. } => {
+            id.push_str(":w");
+            id.push_str(&window_ms.to_string());
+        }
+        Algorithm::TokenBucket { period_ms, .. } => {
+            id.push_str(":b");
+            id.push_str(&period_ms.to_string());
+        }
+    }
+    id
+}
+
+/// `:` separates the parts of a counter id, so it (and `%`, and anything a store key
+/// should not carry) is percent-escaped inside a part.
+fn push_escaped(out: &mut String, part: &str) {
+    for byte in part.bytes() {
+        if (0x21..0x7f).contains(&byte) && !matches!(byte, b'%' | b':' | b'{' | b'}') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
         }
     }
 }

@@ -10,8 +10,9 @@ use crate::decision::RateLimitInfo;
 
 const SHARDS: usize = 16;
 
-/// A bounded map from caller to the refusal the store gave it, kept until the exact time
-/// the store would admit the caller again. Requests for such a caller are refused without a
+/// A bounded map from a caller and the policy set that refused it to that refusal, kept
+/// until the exact time the store would admit the caller again. Keying on the set keeps a
+/// refusal from following a caller into another tier. Requests for such a caller are refused without a
 /// store call, and while the store is down the cached refusals keep refusing (fail static).
 pub(crate) struct DenialCache {
     shards: Box<[Mutex<Shard>]>,
@@ -21,7 +22,7 @@ pub(crate) struct DenialCache {
 
 #[derive(Default)]
 struct Shard {
-    denials: HashMap<CallerKey, Denial>,
+    denials: HashMap<(CallerKey, u64), Denial>,
     // When the shard was last cleared of expired refusals: at most once per
     // SWEEP_INTERVAL_MS, so a full cache does not rescan itself on every refusal.
     last_sweep_ms: u64,
@@ -44,12 +45,14 @@ impl DenialCache {
         }
     }
 
-    /// The cached refusal of `caller`, with its waiting times brought to `now_ms`.
-    pub(crate) fn get(&self, caller: &CallerKey, now_ms: u64) -> Option<RateLimitInfo> {
+    /// The cached refusal of `caller` by the policy set `set`, with its waiting times
+    /// brought to `now_ms`.
+    pub(crate) fn get(&self, caller: &CallerKey, set: u64, now_ms: u64) -> Option<RateLimitInfo> {
         let mut shard = self.shard(caller);
-        let denial = shard.denials.get(caller)?;
+        let key = (caller.clone(), set);
+        let denial = shard.denials.get(&key)?;
         if denial.until_ms <= now_ms {
-            shard.denials.remove(caller);
+            shard.denials.remove(&key);
             return None;
         }
         Some(denial.info.waiting(denial.until_ms - now_ms))
@@ -61,6 +64,7 @@ impl DenialCache {
     pub(crate) fn insert(
         &self,
         caller: &CallerKey,
+        set: u64,
         info: &RateLimitInfo,
         now_ms: u64,
         retry_ms: u64,
@@ -69,7 +73,8 @@ impl DenialCache {
             return;
         }
         let mut shard = self.shard(caller);
-        if shard.denials.len() >= self.shard_capacity && !shard.denials.contains_key(caller) {
+        let key = (caller.clone(), set);
+        if shard.denials.len() >= self.shard_capacity && !shard.denials.contains_key(&key) {
             if now_ms.saturating_sub(shard.last_sweep_ms) < SWEEP_INTERVAL_MS {
                 return;
             }
@@ -80,7 +85,7 @@ impl DenialCache {
             }
         }
         shard.denials.insert(
-            caller.clone(),
+            key,
             Denial {
                 until_ms: now_ms.saturating_add(retry_ms),
                 info: info.clone(),
@@ -137,11 +142,13 @@ mod tests {
     fn a_refusal_is_served_until_its_retry_time() {
         let cache = DenialCache::new(100);
         let acme = CallerKey::new("acme");
-        cache.insert(&acme, &refusal(), 1_000, 700);
-        let served = cache.get(&acme, 1_500).expect("cached");
+        cache.insert(&acme, 1, &refusal(), 1_000, 700);
+        // Another policy set (a tier) never sees it.
+        assert!(cache.get(&acme, 2, 1_500).is_none());
+        let served = cache.get(&acme, 1, 1_500).expect("cached");
         assert_eq!(served.retry_after_ms(), 200);
         assert_eq!(served.retry_after_secs(), 1);
-        assert!(cache.get(&acme, 1_700).is_none());
+        assert!(cache.get(&acme, 1, 1_700).is_none());
         assert_eq!(cache.len(), 0);
     }
 
@@ -149,11 +156,11 @@ mod tests {
     fn the_cache_stays_bounded() {
         let cache = DenialCache::new(64);
         for i in 0..10_000 {
-            cache.insert(&CallerKey::new(format!("c{i}")), &refusal(), 0, 10_000);
+            cache.insert(&CallerKey::new(format!("c{i}")), 1, &refusal(), 0, 10_000);
         }
         assert!(cache.len() <= 64);
         // Expired entries make room again.
-        cache.insert(&CallerKey::new("late"), &refusal(), 20_000, 500);
-        assert!(cache.get(&CallerKey::new("late"), 20_100).is_some());
+        cache.insert(&CallerKey::new("late"), 1, &refusal(), 20_000, 500);
+        assert!(cache.get(&CallerKey::new("late"), 1, 20_100).is_some());
     }
 }

@@ -123,7 +123,7 @@ pub use key::{
     KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
 };
 pub use layer::RateLimitLayer;
-pub use limiter::{DecisionFuture, FallbackReason, Limiter, LimiterBuilder};
+pub use limiter::{BuildError, DecisionFuture, FallbackReason, Limiter, LimiterBuilder};
 pub use mode::{Mode, ModeSwitch};
 pub use policy::{Policy, Quota};
 pub use response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};

@@ -89,8 +89,8 @@ struct Inner {
     name: Arc<str>,
     backend: Arc<dyn Backend>,
     remote: bool,
-    default_limits: Arc<[Limit]>,
-    tiers: HashMap<Arc<str>, Arc<[Limit]>>,
+    default_limits: PolicySet,
+    tiers: HashMap<Arc<str>, PolicySet>,
     on_store_failure: FailurePolicy,
     store_timeout: Duration,
     mode: ModeSwitch,
@@ -118,19 +118,21 @@ impl Limiter {
         if mode == Mode::Off {
             return DecisionFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
         }
-        let limits = inner.limits_for(caller);
+        let set = inner.limits_for(caller);
+        let limits = &set.limits;
         if !inner.remote {
             // An in-process store cannot be down: no breaker, timeout or denial cache.
             let mut check = inner.backend.check(caller.key(), limits);
             if let Some(result) = check.try_take_ready() {
+                let now = inner.clock.now_millis();
                 return DecisionFuture::ready(
-                    inner.conclude(inner.decided(caller, limits, result), mode),
+                    inner.conclude(inner.decided(caller, set, result, now), mode),
                 );
             }
         }
         let now = inner.clock.now_millis();
         if let Some(denials) = &inner.denials
-            && let Some(info) = denials.get(caller.key(), now)
+            && let Some(info) = denials.get(caller.key(), set.id, now)
         {
             inner.metrics.denial_cache_hit();
             return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode));
@@ -138,7 +140,7 @@ impl Limiter {
         let permit = match inner.breaker.admit() {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                let decision = inner.fall_back(caller, limits, FallbackReason::BreakerOpen);
+                let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen);
                 return DecisionFuture::ready(inner.conclude(decision, mode));
             }
         };
@@ -146,12 +148,12 @@ impl Limiter {
         let mut check = inner.backend.check(caller.key(), limits);
         if let Some(result) = check.try_take_ready() {
             inner.metrics.store_latency(started.elapsed());
-            let decision = inner.finish(caller, limits, result, permit);
+            let decision = inner.finish(caller, set, result, permit, now);
             return DecisionFuture::ready(inner.conclude(decision, mode));
         }
         let inner = self.inner.clone();
         let caller = caller.clone();
-        let limits = limits.clone();
+        let set = set.clone();
         DecisionFuture::boxed(async move {
             let result = match tokio::time::timeout(inner.store_timeout, check).await {
                 Ok(result) => result,
@@ -164,7 +166,7 @@ impl Limiter {
                 )),
             };
             inner.metrics.store_latency(started.elapsed());
-            let decision = inner.finish(&caller, &limits, result, permit);
+            let decision = inner.finish(&caller, &set, result, permit, now);
             inner.conclude(decision, mode)
         })
     }
@@ -176,7 +178,7 @@ impl Limiter {
 
     /// The policies applied to callers without a tier, in order.
     pub fn policies(&self) -> &[Limit] {
-        &self.inner.default_limits
+        &self.inner.default_limits.limits
     }
 
     /// The limiter's name, used in metric labels and logs.
@@ -209,7 +211,7 @@ impl Inner {
         decision
     }
 
-    fn limits_for(&self, caller: &Caller) -> &Arc<[Limit]> {
+    fn limits_for(&self, caller: &Caller) -> &PolicySet {
         caller
             .tier()
             .and_then(|tier| self.tiers.get(tier))
@@ -217,27 +219,39 @@ impl Inner {
     }
 
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
+    /// `asked_ms` is when the store was asked.
     fn finish(
         &self,
         caller: &Caller,
-        limits: &Arc<[Limit]>,
+        set: &PolicySet,
         result: CheckResult,
         permit: Permit,
+        asked_ms: u64,
     ) -> Decision {
         match result {
             Ok(outcome) => {
                 permit.success();
-                self.decided(caller, limits, Ok(outcome))
+                self.decided(caller, set, Ok(outcome), asked_ms)
             }
             Err(error) => {
                 permit.failure();
                 tracing::debug!(layer = %self.name, %error, "store call failed");
-                self.fall_back(caller, limits, FallbackReason::of(&error))
+                self.fall_back(caller, set, FallbackReason::of(&error))
             }
         }
     }
 
-    fn decided(&self, caller: &Caller, limits: &Arc<[Limit]>, result: CheckResult) -> Decision {
+    /// The store's answer as a decision. A refusal is cached until its retry time counted
+    /// from `asked_ms`: the store decided at some instant between the question and the
+    /// answer, so counting from the question never outlives the store's own refusal.
+    fn decided(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        result: CheckResult,
+        asked_ms: u64,
+    ) -> Decision {
+        let limits = &set.limits;
         match result {
             Ok(outcome) => {
                 let info =
@@ -254,7 +268,7 @@ impl Inner {
                     };
                     if let Some(refusal) = refusal {
                         let retry_ms = refusal.retry_after_ms();
-                        denials.insert(caller.key(), &refusal, self.clock.now_millis(), retry_ms);
+                        denials.insert(caller.key(), set.id, &refusal, asked_ms, retry_ms);
                     }
                 }
                 if outcome.admitted() {
@@ -265,21 +279,17 @@ impl Inner {
             }
             // Only an in-process store's answer comes here unguarded; it does not fail, but
             // if a custom one does, it gets the failure policy too.
-            Err(error) => self.fall_back(caller, limits, FallbackReason::of(&error)),
+            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error)),
         }
     }
 
-    fn fall_back(
-        &self,
-        caller: &Caller,
-        limits: &Arc<[Limit]>,
-        reason: FallbackReason,
-    ) -> Decision {
+    fn fall_back(&self, caller: &Caller, set: &PolicySet, reason: FallbackReason) -> Decision {
         self.metrics.fallback(reason);
-        self.apply(&self.on_store_failure, caller, limits)
+        self.apply(&self.on_store_failure, caller, set)
     }
 
-    fn apply(&self, policy: &FailurePolicy, caller: &Caller, limits: &Arc<[Limit]>) -> Decision {
+    fn apply(&self, policy: &FailurePolicy, caller: &Caller, set: &PolicySet) -> Decision {
+        let limits = &set.limits;
         match policy {
             FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
             FailurePolicy::Closed { status } => Decision::Unavailable {
@@ -307,18 +317,18 @@ impl Inner {
                 }
             }
             FailurePolicy::Static => self
-                .cached_refusal(caller)
+                .cached_refusal(caller, set)
                 .unwrap_or(Decision::Unlimited(UnlimitedReason::StoreFailedOpen)),
             FailurePolicy::StaticThen(rest) => self
-                .cached_refusal(caller)
-                .unwrap_or_else(|| self.apply(rest, caller, limits)),
+                .cached_refusal(caller, set)
+                .unwrap_or_else(|| self.apply(rest, caller, set)),
         }
     }
 
-    fn cached_refusal(&self, caller: &Caller) -> Option<Decision> {
+    fn cached_refusal(&self, caller: &Caller, set: &PolicySet) -> Option<Decision> {
         let denials = self.denials.as_ref()?;
         denials
-            .get(caller.key(), self.clock.now_millis())
+            .get(caller.key(), set.id, self.clock.now_millis())
             .map(Decision::Limited)
     }
 
@@ -394,6 +404,7 @@ pub struct LimiterBuilder {
     denial_cache: Option<usize>,
     clock: Arc<dyn Clock>,
     mode: ModeSwitch,
+    counter_scope: Option<Arc<str>>,
 }
 
 impl Default for LimiterBuilder {
@@ -410,6 +421,7 @@ impl Default for LimiterBuilder {
             denial_cache: Some(DEFAULT_DENIAL_CACHE_CAPACITY),
             clock: Arc::new(SystemClock),
             mode: ModeSwitch::default(),
+            counter_scope: None,
         }
     }
 }
@@ -504,28 +516,56 @@ impl LimiterBuilder {
         self
     }
 
-    /// Builds the limiter.
+    /// Keeps this limiter's counters under `scope` instead of its name. Counters are
+    /// scoped by the limiter's name by default, so two limiters on one store never share a
+    /// count even when their policies have the same names; give two limiters the same
+    /// scope to make them count together on purpose.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Quota};
+    /// let per_ip = Policy::sliding_window("per-minute", Quota::per_minute(100));
+    /// let search = Limiter::builder().name("search").policy(per_ip.clone()).build();
+    /// let login = Limiter::builder().name("login").policy(per_ip.clone()).build();
+    /// assert_ne!(search.policies()[0].counter(), login.policies()[0].counter());
+    /// // Two routes that must draw from one budget:
+    /// let export = Limiter::builder().name("export").counter_scope("bulk").policy(per_ip.clone()).build();
+    /// let import = Limiter::builder().name("import").counter_scope("bulk").policy(per_ip).build();
+    /// assert_eq!(export.policies()[0].counter(), import.policies()[0].counter());
+    /// ```
+    pub fn counter_scope(mut self, scope: impl Into<Arc<str>>) -> Self {
+        self.counter_scope = Some(scope.into());
+        self
+    }
+
+    /// Builds the limiter from a configuration written in the code.
     ///
     /// # Panics
     ///
-    /// When there is no default policy, a tier has no policy, two policies of one set share
-    /// a name, or one name is counted with different algorithms in different tiers (they
-    /// would share counters of different shapes).
+    /// On the configurations [`try_build`](Self::try_build) refuses. Use `try_build` for
+    /// configurations read at run time.
     pub fn build(self) -> Limiter {
-        check_policy_set("the default policies", &self.policies);
-        let mut algorithms = HashMap::new();
-        let all = self
-            .policies
-            .iter()
-            .chain(self.tiers.iter().flat_map(|(_, limits)| limits.iter()));
-        for limit in all {
-            let kind = std::mem::discriminant(limit.algorithm());
-            let seen = *algorithms.entry(limit.name().to_owned()).or_insert(kind);
-            assert!(
-                seen == kind,
-                "policy {:?} is counted with two different algorithms across tiers",
-                limit.name()
-            );
+        self.try_build().unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Builds the limiter, or says why the configuration cannot work: there is no default
+    /// policy, a tier has no policy, or two policies of one set share a name.
+    ///
+    /// ```
+    /// use tollgate::{BuildError, Limiter, Policy, Quota};
+    /// let error = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(60)))
+    ///     .try_build()
+    ///     .unwrap_err();
+    /// assert!(matches!(error, BuildError::DuplicatePolicy { .. }));
+    /// assert!(matches!(Limiter::builder().try_build(), Err(BuildError::NoPolicies { .. })));
+    /// ```
+    pub fn try_build(self) -> Result<Limiter, BuildError> {
+        let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
+        let default_limits = PolicySet::new(None, &self.policies, &scope)?;
+        let mut tiers = HashMap::with_capacity(self.tiers.len());
+        for (tier, limits) in &self.tiers {
+            tiers.insert(tier.clone(), PolicySet::new(Some(tier), limits, &scope)?);
         }
         let metrics = LimiterMetrics::new(
             &self.name,
@@ -535,14 +575,6 @@ impl LimiterBuilder {
                 .map(Limit::name_arc),
             self.on_store_failure.as_str(),
         );
-        let tiers = self
-            .tiers
-            .into_iter()
-            .map(|(tier, limits)| {
-                check_policy_set(&format!("tier {tier:?}"), &limits);
-                (tier, limits.into())
-            })
-            .collect();
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
@@ -555,12 +587,12 @@ impl LimiterBuilder {
         let local = InMemoryBackend::builder()
             .clock(SharedClock(self.clock.clone()))
             .build();
-        Limiter {
+        Ok(Limiter {
             inner: Arc::new(Inner {
                 name: self.name,
                 remote: backend.is_remote(),
                 backend,
-                default_limits: self.policies.into(),
+                default_limits,
                 tiers,
                 on_store_failure: self.on_store_failure,
                 store_timeout: self.store_timeout,
@@ -572,7 +604,81 @@ impl LimiterBuilder {
                 local,
                 shares: Mutex::new(Vec::new()),
             }),
+        })
+    }
+}
+
+/// Why [`LimiterBuilder::try_build`] refused a configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The default set (`tier` is `None`) or a tier has no policy.
+    NoPolicies {
+        /// The tier without a policy, or `None` for the default policies.
+        tier: Option<String>,
+    },
+    /// Two policies of one set share a name (clients could not tell them apart).
+    DuplicatePolicy {
+        /// The tier, or `None` for the default policies.
+        tier: Option<String>,
+        /// The repeated name.
+        name: String,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |tier: &Option<String>| match tier {
+            Some(tier) => format!("tier {tier:?}"),
+            None => "the default policies".to_owned(),
+        };
+        match self {
+            BuildError::NoPolicies { tier } => {
+                write!(f, "{} need at least one policy", set(tier))
+            }
+            BuildError::DuplicatePolicy { tier, name } => {
+                write!(f, "{} name policy {name:?} twice", set(tier))
+            }
         }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// One set of policies a caller is decided against (the defaults, or a tier's), with an
+/// identity that changes whenever any of its policies does: a refusal is remembered for
+/// the set that refused, so a caller moved to another tier is asked about afresh.
+#[derive(Clone, Debug)]
+struct PolicySet {
+    limits: Arc<[Limit]>,
+    id: u64,
+}
+
+impl PolicySet {
+    fn new(
+        tier: Option<&Arc<str>>,
+        limits: &[Limit],
+        scope: &Arc<str>,
+    ) -> Result<Self, BuildError> {
+        let tier_name = || tier.map(|t| t.to_string());
+        if limits.is_empty() {
+            return Err(BuildError::NoPolicies { tier: tier_name() });
+        }
+        for (i, limit) in limits.iter().enumerate() {
+            if limits[..i].iter().any(|other| other.name() == limit.name()) {
+                return Err(BuildError::DuplicatePolicy {
+                    tier: tier_name(),
+                    name: limit.name().to_owned(),
+                });
+            }
+        }
+        let limits: Arc<[Limit]> = limits.iter().map(|limit| limit.scoped(scope)).collect();
+        // Within one process only: the cache that reads it is local.
+        let id = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            &*limits,
+        );
+        Ok(Self { limits, id })
     }
 }
 
@@ -582,17 +688,6 @@ struct SharedClock(Arc<dyn Clock>);
 impl Clock for SharedClock {
     fn now_millis(&self) -> u64 {
         self.0.now_millis()
-    }
-}
-
-fn check_policy_set(what: &str, limits: &[Limit]) {
-    assert!(!limits.is_empty(), "{what} need at least one policy");
-    for (i, limit) in limits.iter().enumerate() {
-        assert!(
-            limits[..i].iter().all(|other| other.name() != limit.name()),
-            "{what} name policy {:?} twice",
-            limit.name()
-        );
     }
 }
 

@@ -96,10 +96,12 @@ async fn a_refused_request_consumes_nothing() {
         assert_eq!(info.policies()[0].remaining(), 2);
         assert!(!info.policies()[0].is_exhausted());
     }
+    let per_hour = limiter.policies()[0].clone();
+    assert_eq!(per_hour.name(), "per-hour");
     let key = RedisBackend::builder(server.url())
         .build()
         .unwrap()
-        .key(&CallerKey::new("acme"), "per-hour");
+        .key(&CallerKey::new("acme"), &per_hour);
     let stored = server.must(&["HGET", std::str::from_utf8(&key).unwrap(), "c"]);
     assert_eq!(stored.trim(), "3");
 }
@@ -130,7 +132,10 @@ async fn keys_follow_the_documented_layout_and_expire() {
     keys.sort_unstable();
     assert_eq!(
         keys,
-        ["orders:{acme%7D}:bucket", "orders:{acme%7D}:per-second"]
+        [
+            "orders:{acme%7D}:bucket:b1000",
+            "orders:{acme%7D}:per-second:w1000"
+        ]
     );
     // Two windows for the sliding window, a full refill (2 s) for the bucket.
     for key in keys {

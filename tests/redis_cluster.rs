@@ -37,7 +37,7 @@ async fn all_or_nothing_on_every_master() {
     for i in 0.. {
         let caller = format!("customer-{i}");
         let node = cluster.node_for_slot(
-            cluster.keyslot(&store.key(&CallerKey::new(caller.as_str()), "per-hour")),
+            cluster.keyslot(&store.key(&CallerKey::new(caller.as_str()), &limiter.policies()[0])),
         );
         let callers = by_node.entry(node).or_default();
         if callers.len() < 2 {
@@ -69,7 +69,7 @@ async fn all_or_nothing_on_every_master() {
                 );
             }
             // Both keys live on the master that owns the caller's slot.
-            for policy in ["per-hour", "per-day"] {
+            for policy in limiter.policies() {
                 let key = store.key(&CallerKey::new(caller.as_str()), policy);
                 let key = std::str::from_utf8(&key).unwrap();
                 assert_eq!(
@@ -102,8 +102,8 @@ async fn hash_tags_hold_with_braces_and_separators() {
     ];
     for caller in callers {
         let key = CallerKey::new(caller);
-        let hour = cluster.keyslot(&store.key(&key, "per-hour"));
-        let day = cluster.keyslot(&store.key(&key, "per-day"));
+        let hour = cluster.keyslot(&store.key(&key, &limiter.policies()[0]));
+        let day = cluster.keyslot(&store.key(&key, &limiter.policies()[1]));
         assert_eq!(hour, day, "{caller:?}: policies split across slots");
         // The script touches both keys in one call: a CROSSSLOT error would fail it.
         assert!(

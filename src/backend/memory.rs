@@ -77,6 +77,7 @@ struct Entry {
 }
 
 struct Slot {
+    // The limit's counter identity.
     name: Arc<str>,
     state: LimitState,
 }
@@ -141,7 +142,7 @@ impl InMemoryBackend {
         }
         let stored = |entry: Option<&Entry>, limit: &Limit| {
             entry
-                .and_then(|e| e.slot(limit.name_arc()))
+                .and_then(|e| e.slot(limit.counter_arc()))
                 .map(|slot| slot.state)
         };
         let evaluations: Vec<_> = limits
@@ -176,7 +177,7 @@ impl InMemoryBackend {
         let store = |entry: &mut Entry| {
             entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
             for (limit, evaluation) in limits.iter().zip(&evaluations) {
-                entry.store(limit.name_arc(), evaluation.admitted_state);
+                entry.store(limit.counter_arc(), evaluation.admitted_state);
             }
         };
         match entry {
@@ -326,7 +327,7 @@ impl Shard {
 }
 
 impl Slot {
-    // Policies of one limiter share their name's Arc, so the pointer usually decides.
+    // Policies of one limiter share their counter's Arc, so the pointer usually decides.
     fn is(&self, name: &Arc<str>) -> bool {
         Arc::ptr_eq(&self.name, name) || self.name == *name
     }

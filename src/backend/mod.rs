@@ -28,7 +28,8 @@ pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 /// [`Algorithm::evaluate`](crate::Algorithm::evaluate) and
 /// [`Algorithm::peek`](crate::Algorithm::peek) carry the arithmetic, so a backend only
 /// has to store [`LimitState`](crate::LimitState)s and apply them under one lock or
-/// transaction.
+/// transaction. Key each state on the caller and [`Limit::counter`], never on the policy's
+/// name alone: the counter identity keeps limiters and units apart.
 ///
 /// ```
 /// use std::collections::HashMap;
@@ -43,7 +44,7 @@ pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
-///         let key = |l: &Limit| (caller.clone(), l.name().to_owned());
+///         let key = |l: &Limit| (caller.clone(), l.counter().to_owned());
 ///         let evaluations: Vec<_> = limits
 ///             .iter()
 ///             .map(|l| l.algorithm().evaluate(map.get(&key(l)).copied(), now))

@@ -43,14 +43,25 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 ///
 /// # Key layout
 ///
-/// `<prefix>:{<caller>}:<policy>`, for example `rl:{acme}:per-second`. All of one caller's
-/// keys share the hash tag `{<caller>}`, so they live in one Redis Cluster slot and the
-/// script can touch them atomically. Inside the tag the caller key is percent-escaped
-/// (`%`, `{`, `}`, `#`, `?`, and bytes outside printable ASCII become `%XX`), so braces in
-/// a caller key can neither move it to another slot nor make it collide with another
-/// caller: `acme}` is stored as `rl:{acme%7D}:per-second`. Keys over 128 bytes appear as
-/// `#` and their SHA-256 in hex, the anonymous bucket as `?`. The prefix (default `rl`,
-/// one per layer or per service) may not contain braces.
+/// `<prefix>:{<caller>}:<counter>`, for example `rl:{acme}:orders:per-second:w1000`, where
+/// the counter is [`Limit::counter`](crate::Limit::counter): the limiter's counter scope
+/// (its name by default), the policy's name and the unit it counts in. So two limiters on
+/// one Redis never share a count, and a caller moved to a tier whose policy of the same
+/// name counts in other units does not read a count it cannot interpret.
+///
+/// All of one caller's keys share the hash tag `{<caller>}`, so they live in one Redis
+/// Cluster slot and the script can touch them atomically. Inside the tag the caller key is
+/// percent-escaped (`%`, `{`, `}`, `#`, `?`, `~`, and bytes outside printable ASCII become
+/// `%XX`), so braces in a caller key can neither move it to another slot nor make it
+/// collide with another caller: `acme}` is stored as `rl:{acme%7D}:…`. Keys over 128 bytes
+/// appear as `#` and their SHA-256 in hex, the anonymous bucket as `?`. The prefix
+/// (default `rl`, one per service) may not contain braces.
+///
+/// Caller keys appear in Redis key names as they are, readable by anyone who can list
+/// keys, read the slowlog or run `MONITOR`. When the key is a credential (an API key), use
+/// [`hash_callers`](RedisBackendBuilder::hash_callers): key names then carry a keyed
+/// digest of the caller (`rl:{~3f1c…}:…`), the same on every instance given the same
+/// secret.
 ///
 /// # Connections
 ///
@@ -82,6 +93,38 @@ pub struct RedisBackend {
     connection: Connection,
     prefix: Arc<str>,
     response_timeout: Duration,
+    caller_digest: Option<CallerDigest>,
+}
+
+/// HMAC-SHA-256 of a caller key under a secret shared by the service's instances.
+#[derive(Clone)]
+struct CallerDigest {
+    mac: hmac::Hmac<sha2::Sha256>,
+}
+
+/// Bytes of the digest kept in a key name: 128 bits, far from any chance collision.
+const CALLER_DIGEST_BYTES: usize = 16;
+
+impl CallerDigest {
+    fn new(secret: &[u8]) -> Self {
+        use hmac::Mac;
+        Self {
+            mac: hmac::Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
+        }
+    }
+
+    fn push(&self, out: &mut Vec<u8>, caller: &CallerKey) {
+        use hmac::Mac;
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut mac = self.mac.clone();
+        // The encoded form keeps raw keys, long-key digests and the anonymous bucket apart.
+        mac.update(caller.encoded());
+        let digest = mac.finalize().into_bytes();
+        out.push(b'~');
+        for byte in &digest[..CALLER_DIGEST_BYTES] {
+            out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -120,23 +163,32 @@ impl RedisBackend {
         RedisBackendBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
-    /// The Redis key that holds `caller`'s counter for `policy`.
+    /// The Redis key that holds `caller`'s counter for `limit`.
     ///
-    /// ```no_run
-    /// use tollgate::{CallerKey, RedisBackend};
-    /// # #[tokio::main] async fn main() {
+    /// ```
+    /// use tollgate::{CallerKey, Limiter, Policy, Quota, RedisBackend};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
-    /// assert_eq!(store.key(&CallerKey::new("acme}"), "per-second"), b"rl:{acme%7D}:per-second");
+    /// let limiter = Limiter::builder()
+    ///     .name("orders")
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let limit = &limiter.policies()[0];
+    /// assert_eq!(store.key(&CallerKey::new("acme}"), limit), b"rl:{acme%7D}:orders:per-second:w1000");
     /// # }
     /// ```
-    pub fn key(&self, caller: &CallerKey, policy: &str) -> Vec<u8> {
+    pub fn key(&self, caller: &CallerKey, limit: &Limit) -> Vec<u8> {
+        let counter = limit.counter();
         let mut key =
-            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + policy.len() + 4);
+            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + counter.len() + 40);
         key.extend_from_slice(self.prefix.as_bytes());
         key.extend_from_slice(b":{");
-        push_escaped_caller(&mut key, caller);
+        match &self.caller_digest {
+            Some(digest) => digest.push(&mut key, caller),
+            None => push_escaped_caller(&mut key, caller),
+        }
         key.extend_from_slice(b"}:");
-        key.extend_from_slice(policy.as_bytes());
+        key.extend_from_slice(counter.as_bytes());
         key
     }
 
@@ -240,8 +292,8 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
         out.push(b'%');
     } else {
         for &byte in rest {
-            let plain =
-                (0x21..0x7f).contains(&byte) && !matches!(byte, b'%' | b'{' | b'}' | b'#' | b'?');
+            let plain = (0x21..0x7f).contains(&byte)
+                && !matches!(byte, b'%' | b'{' | b'}' | b'#' | b'?' | b'~');
             if plain {
                 out.push(byte);
             } else {
@@ -352,7 +404,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
 
 impl Backend for RedisBackend {
     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
-        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l.name())).collect();
+        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let args = script_args(limits);
         let count = limits.len();
         let connection = self.connection.clone();
@@ -376,6 +428,7 @@ impl fmt::Debug for RedisBackend {
             .field("topology", &topology)
             .field("prefix", &self.prefix)
             .field("response_timeout", &self.response_timeout)
+            .field("hash_callers", &self.caller_digest.is_some())
             .finish()
     }
 }
@@ -400,7 +453,7 @@ enum Target {
 ///     .unwrap();
 /// # drop(store); }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RedisBackendBuilder {
     target: Target,
     prefix: String,
@@ -408,6 +461,24 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     reconnect_min: Duration,
     reconnect_max: Duration,
+    caller_secret: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    // The secret of `hash_callers` stays out of logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("target", &self.target)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field(
+                "reconnect_backoff",
+                &(self.reconnect_min, self.reconnect_max),
+            )
+            .field("hash_callers", &self.caller_secret.is_some())
+            .finish()
+    }
 }
 
 impl RedisBackendBuilder {
@@ -419,7 +490,36 @@ impl RedisBackendBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(1),
+            caller_secret: None,
         }
+    }
+
+    /// Names callers in Redis keys by a keyed digest (HMAC-SHA-256 under `secret`, 128
+    /// bits in hex) instead of the key itself.
+    ///
+    /// Use it when the caller key is a credential, such as an API key taken from a header:
+    /// without it every key is written in clear into Redis key names, where anyone with
+    /// read access to Redis, its slowlog or `MONITOR` can list them. Give every instance of
+    /// the service the same secret (from its secret store, not the code): the digest must
+    /// be the same everywhere for the instances to share counts. Changing the secret starts
+    /// every caller's count afresh.
+    ///
+    /// ```
+    /// use tollgate::{CallerKey, Limit, Algorithm, RedisBackend};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .hash_callers(b"a secret shared by every instance")
+    ///     .build()
+    ///     .unwrap();
+    /// let limit = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
+    /// let key = store.key(&CallerKey::new("sk_live_1234"), &limit);
+    /// assert!(!String::from_utf8_lossy(&key).contains("sk_live"));
+    /// # }
+    /// ```
+    pub fn hash_callers(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.caller_secret = Some(secret.as_ref().to_vec());
+        self
     }
 
     /// Bounds of the jittered exponential backoff between reconnection attempts of a
@@ -453,11 +553,19 @@ impl RedisBackendBuilder {
     }
 
     /// Builds the backend. Connections are made lazily, on the first decision, so this
-    /// succeeds while Redis is down; it must run inside a Tokio runtime.
+    /// succeeds while Redis is down.
     ///
-    /// Fails on an invalid URL or prefix.
+    /// Fails on an invalid URL or prefix, and when called outside a Tokio runtime (the
+    /// connection's reconnecting task needs one).
     pub fn build(self) -> Result<RedisBackend, StoreError> {
         let invalid = |message: String| StoreError::new(StoreErrorKind::Other, message);
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(invalid(
+                "RedisBackend must be built inside a Tokio runtime (for example in an \
+                 async main under #[tokio::main])"
+                    .to_owned(),
+            ));
+        }
         if self.prefix.contains(['{', '}']) {
             return Err(invalid(format!(
                 "the key prefix {:?} may not contain braces",
@@ -496,6 +604,7 @@ impl RedisBackendBuilder {
             connection,
             prefix: self.prefix.into(),
             response_timeout: self.response_timeout,
+            caller_digest: self.caller_secret.as_deref().map(CallerDigest::new),
         })
     }
 }
