@@ -3,6 +3,7 @@ use std::future::{Ready, ready};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
@@ -17,7 +18,9 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///
 /// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve the router with
 /// `into_make_service_with_connect_info::<SocketAddr>()`) or, for plain hyper services, from
-/// a [`SocketAddr`] in the request's extensions.
+/// a [`SocketAddr`] in the request's extensions. A request without either has no key (see
+/// [`MissingKey`](crate::MissingKey)); the first such request logs one warning (per
+/// extractor and its clones) that says how to fix the server.
 ///
 /// - A peer that is not a trusted proxy is the client; its forwarding headers are ignored,
 ///   so a client cannot spoof its address.
@@ -44,6 +47,8 @@ pub struct ClientIp {
     trusted: TrustedProxies,
     header: ForwardedHeader,
     ipv6_prefix: u8,
+    /// Set once the missing peer address has been reported; shared by clones.
+    warned_no_peer: Arc<AtomicBool>,
 }
 
 /// Which forwarding header trusted proxies write.
@@ -63,6 +68,7 @@ impl ClientIp {
             trusted: TrustedProxies::default(),
             header: ForwardedHeader::default(),
             ipv6_prefix: 64,
+            warned_no_peer: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -104,6 +110,7 @@ impl ClientIp {
     /// ```
     pub fn client_addr<B>(&self, request: &Request<B>) -> Result<Option<IpAddr>, KeyRejection> {
         let Some(peer) = peer_addr(request) else {
+            self.warn_no_peer();
             return Ok(None);
         };
         let peer = canonical(peer);
@@ -134,6 +141,20 @@ impl ClientIp {
             }
         }
         Ok(None)
+    }
+
+    /// A server that does not hand the peer address to requests gives every request no
+    /// key; say so once, with the fix, rather than per request.
+    fn warn_no_peer(&self) {
+        if !self.warned_no_peer.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "ClientIp found no peer address on a request, so no request keyed by client IP \
+                 has a key until the server provides one: serve the axum router with \
+                 `into_make_service_with_connect_info::<SocketAddr>()` (tollgate's `axum` \
+                 feature reads `ConnectInfo<SocketAddr>`), or, in a plain hyper service, insert \
+                 the connection's peer `SocketAddr` into the request extensions"
+            );
+        }
     }
 
     fn key_for(&self, addr: IpAddr) -> Caller {
