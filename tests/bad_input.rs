@@ -546,8 +546,8 @@ async fn non_ascii_left_of_the_client_is_never_read() {
 /// An address that no trusted proxy of [`behind_proxy`] owns.
 fn untrusted_addr() -> impl Strategy<Value = IpAddr> {
     prop_oneof![
-        any::<[u8; 4]>().prop_map(|o| IpAddr::from(o)),
-        any::<[u8; 16]>().prop_map(|o| IpAddr::from(o)),
+        any::<[u8; 4]>().prop_map(IpAddr::from),
+        any::<[u8; 16]>().prop_map(IpAddr::from),
     ]
     .prop_filter("a trusted proxy's address", |addr| {
         !behind_proxy(ForwardedHeader::XForwardedFor)
