@@ -22,7 +22,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], 0, now - window)
 local rebuilt = nil
 if redis.call('ZCOUNT', KEYS[1], 0, '+inf') > 0 then
     local score = redis.call('ZSCORE', KEYS[1], marker)
-    if score then
+    -- a marker from the future (Redis's clock went back) would hold counts for too long
+    if score and -tonumber(score) <= now then
         rebuilt = -tonumber(score)
     end
 end
@@ -34,4 +35,4 @@ end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 -- a registry nobody beats into any more disappears by itself
 redis.call('PEXPIRE', KEYS[1], 10 * window)
-return {redis.call('ZCOUNT', KEYS[1], 0, '+inf'), math.max(0, now - rebuilt)}
+return {redis.call('ZCOUNT', KEYS[1], 0, '+inf'), now - rebuilt}
