@@ -191,7 +191,7 @@ async fn a_count_rebuilt_after_a_restart_never_replaces_the_trusted_one_early() 
     let restarted = Instant::now();
     let d = registry("d");
     let e = registry("e");
-    until("a and b see 4", Duration::from_millis(1500), || {
+    until("a and b see 4", Duration::from_millis(2500), || {
         a.live_instances() == 4 && b.live_instances() == 4
     })
     .await;
