@@ -152,7 +152,11 @@ async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, Str
         }
     }
     let registry = match (&orders_store, options.instances) {
-        (Some(store), None) => Some(InstanceRegistry::builder(store).start()),
+        (Some(store), None) => Some(
+            InstanceRegistry::builder(store)
+                .start()
+                .map_err(|e| e.to_string())?,
+        ),
         _ => None,
     };
     let orders = limiter("orders", orders_store, options)

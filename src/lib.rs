@@ -104,7 +104,9 @@ pub use backend::{
     StoreError, StoreErrorKind,
 };
 #[cfg(feature = "redis")]
-pub use backend::{InstanceRegistry, InstanceRegistryBuilder, RedisBackend, RedisBackendBuilder};
+pub use backend::{
+    InstanceRegistry, InstanceRegistryBuilder, RedisBackend, RedisBackendBuilder, RegistryError,
+};
 pub use body::ResponseBody;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};

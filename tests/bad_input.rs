@@ -4,7 +4,7 @@
 mod support;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
 
 use axum::extract::ConnectInfo;
@@ -482,5 +482,157 @@ proptest! {
                 }
             }
         });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bytes left of the client are never read
+
+#[tokio::test]
+async fn non_ascii_left_of_the_client_is_never_read() {
+    let client = Ok(Some("203.0.113.5".parse().unwrap()));
+    let xff = behind_proxy(ForwardedHeader::XForwardedFor);
+    let forwarded = behind_proxy(ForwardedHeader::Forwarded);
+
+    // One header line: a client-written entry that is not UTF-8, left of the client.
+    let line: &[u8] = b"caf\xc3\xa9 \xff, 203.0.113.5, 10.0.0.2";
+    assert_eq!(
+        xff.client_addr(&proxied("x-forwarded-for", &[line])),
+        client
+    );
+    let line: &[u8] = b"for=\xff\xfe, for=203.0.113.5;proto=https, for=10.0.0.2";
+    assert_eq!(
+        forwarded.client_addr(&proxied("forwarded", &[line])),
+        client
+    );
+
+    // Several lines of one header are one list: the unreadable line is left of the client.
+    let lines: [&[u8]; 3] = [b"\x80garbage", b"203.0.113.5", b"10.0.0.2, fd00::9"];
+    assert_eq!(xff.client_addr(&proxied("x-forwarded-for", &lines)), client);
+    let lines: [&[u8]; 2] = [b"for=\"\x80\"", b"for=203.0.113.5, for=\"[fd00::9]:443\""];
+    assert_eq!(forwarded.client_addr(&proxied("forwarded", &lines)), client);
+
+    // A needed Forwarded element may carry obs-text in a parameter other than for=.
+    let line: &[u8] = b"for=203.0.113.5;host=\"caf\xe9\", for=10.0.0.2";
+    assert_eq!(
+        forwarded.client_addr(&proxied("forwarded", &[line])),
+        client
+    );
+
+    // Through the layer: a normal decision, counted under the client's address.
+    let mut svc = layered(xff.clone(), MissingKey::Reject(StatusCode::UNAUTHORIZED));
+    let via = || proxied("x-forwarded-for", &[b"\xff, 203.0.113.5"]);
+    assert_eq!(send(&mut svc, via()).await.status, StatusCode::OK);
+    assert_eq!(
+        send(&mut svc, via()).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // An unreadable entry that must be read (right of the client) is still a 400.
+    for (ip, name, line) in [
+        (&xff, "x-forwarded-for", &b"203.0.113.5, \xff"[..]),
+        (&xff, "x-forwarded-for", &b"203.0.113.5\xff"[..]),
+        (&forwarded, "forwarded", &b"for=203.0.113.5, for=\xff"[..]),
+    ] {
+        let rejection = ip.client_addr(&proxied(name, &[line])).unwrap_err();
+        assert_eq!(rejection.status(), StatusCode::BAD_REQUEST, "{line:?}");
+    }
+    let rejection = xff
+        .client_addr(&proxied("x-forwarded-for", &[b"203.0.113.5", b"\xff"]))
+        .unwrap_err();
+    assert_eq!(rejection.status(), StatusCode::BAD_REQUEST);
+}
+
+/// An address that no trusted proxy of [`behind_proxy`] owns.
+fn untrusted_addr() -> impl Strategy<Value = IpAddr> {
+    prop_oneof![
+        any::<[u8; 4]>().prop_map(IpAddr::from),
+        any::<[u8; 16]>().prop_map(IpAddr::from),
+    ]
+    .prop_filter("a trusted proxy's address", |addr| {
+        !behind_proxy(ForwardedHeader::XForwardedFor)
+            .client_addr(&proxied("x-forwarded-for", &[addr.to_string().as_bytes()]))
+            .is_ok_and(|found| found.is_none())
+    })
+}
+
+/// Addresses of trusted proxies (10.0.0.0/8 and fd00::/8).
+fn trusted_hops() -> impl Strategy<Value = Vec<IpAddr>> {
+    let hop = prop_oneof![
+        any::<[u8; 3]>().prop_map(|[a, b, c]| IpAddr::from([10, a, b, c])),
+        any::<u128>().prop_map(|low| IpAddr::from(Ipv6Addr::from((0xfd_u128 << 120) | (low >> 8)))),
+    ];
+    proptest::collection::vec(hop, 0..4)
+}
+
+/// How a proxy writes `addr` into the header: bare, with a port, bracketed IPv6, and for
+/// Forwarded as a (quoted) `for=` parameter among others.
+fn written(header: ForwardedHeader, addr: IpAddr, port: Option<u16>) -> String {
+    let node = match (addr, port) {
+        (IpAddr::V4(v4), None) => v4.to_string(),
+        (IpAddr::V4(v4), Some(port)) => format!("{v4}:{port}"),
+        (IpAddr::V6(v6), None) => format!("[{v6}]"),
+        (IpAddr::V6(v6), Some(port)) => format!("[{v6}]:{port}"),
+    };
+    match header {
+        ForwardedHeader::XForwardedFor => node,
+        ForwardedHeader::Forwarded => format!("proto=https;for=\"{node}\";by=_lb"),
+    }
+}
+
+/// The address as the extractor reports it: IPv4-mapped IPv6 counts as IPv4.
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn garbage_left_of_the_client_never_hides_it(
+        garbage in prop_oneof![any_bytes(), forwarding_like()],
+        client in untrusted_addr(),
+        port in proptest::option::of(any::<u16>()),
+        hops in trusted_hops(),
+        split in 0..3usize,
+    ) {
+        for (header, name) in [
+            (ForwardedHeader::XForwardedFor, "x-forwarded-for"),
+            (ForwardedHeader::Forwarded, "forwarded"),
+        ] {
+            let right: Vec<String> = std::iter::once(written(header, client, port))
+                .chain(hops.iter().map(|hop| written(header, *hop, None)))
+                .collect();
+            let right = right.join(", ");
+            // The garbage ends its own entry (or its own header line) left of the client.
+            let lines: Vec<Vec<u8>> = match split {
+                0 => vec![[&garbage[..], b",", right.as_bytes()].concat()],
+                1 => vec![garbage.clone(), right.into_bytes()],
+                _ => vec![
+                    garbage.clone(),
+                    [&garbage[..], b", ", right.as_bytes()].concat(),
+                ],
+            };
+            let lines: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+            let ip = behind_proxy(header);
+            let found = ip.client_addr(&proxied(name, &lines));
+            prop_assert_eq!(found, Ok(Some(canonical(client))), "{} {:?}", name, lines);
+
+            runtime().block_on(async {
+                let mut svc = layered(ip, MissingKey::Reject(StatusCode::UNAUTHORIZED));
+                let first = send(&mut svc, proxied(name, &lines)).await;
+                let second = send(&mut svc, proxied(name, &lines)).await;
+                assert_sane(&first, name);
+                assert_eq!(first.status, StatusCode::OK, "{name} {lines:?}");
+                assert_eq!(second.status, StatusCode::TOO_MANY_REQUESTS, "{name} {lines:?}");
+            });
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The registry of live instances: heartbeats in Redis, refreshed in the background, the
-//! last known count kept through an outage.
+//! last known count kept through an outage, one process counted once, and a count rebuilt
+//! after Redis lost the registry never trusted before every instance has beaten again.
 
 mod support;
 
@@ -7,15 +8,25 @@ use std::time::{Duration, Instant};
 
 use support::proxy::{Fault, FaultProxy};
 use support::redis::RedisServer;
-use tollgate::{InstanceRegistry, LiveInstances, RedisBackend};
+use tollgate::{
+    InstanceRegistry, InstanceRegistryBuilder, LiveInstances, RedisBackend, RegistryError,
+};
 
-fn registry(url: &str) -> InstanceRegistry {
-    let store = RedisBackend::builder(url)
+fn store(url: &str) -> RedisBackend {
+    RedisBackend::builder(url)
         .prefix("orders")
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
         .build()
-        .unwrap();
-    InstanceRegistry::builder(&store).start()
+        .unwrap()
+}
+
+fn start(builder: InstanceRegistryBuilder) -> InstanceRegistry {
+    builder.start().unwrap()
+}
+
+/// A registry that counts as the instance `id` (as if it ran in a process of its own).
+fn instance(url: &str, id: &str) -> InstanceRegistry {
+    start(InstanceRegistry::builder(&store(url)).instance_id(id))
 }
 
 async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) -> Duration {
@@ -27,13 +38,26 @@ async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) -> Du
     start.elapsed()
 }
 
+/// Samples `registries` every 10 ms for `period`; returns the lowest count any of them gave.
+async fn lowest_during(period: Duration, registries: &[&InstanceRegistry]) -> u64 {
+    let start = Instant::now();
+    let mut lowest = u64::MAX;
+    while start.elapsed() < period {
+        for registry in registries {
+            lowest = lowest.min(registry.live_instances());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lowest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_see_three_then_two_and_keep_it_through_an_outage() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
-    let a = registry(&proxy.url());
-    let b = registry(&proxy.url());
-    let c = registry(&server.url());
+    let a = instance(&proxy.url(), "a");
+    let b = instance(&proxy.url(), "b");
+    let c = instance(&server.url(), "c");
     assert_eq!(a.key(), "orders:instances");
     assert_ne!(a.id(), b.id());
 
@@ -63,4 +87,169 @@ async fn three_see_three_then_two_and_keep_it_through_an_outage() {
         a.live_instances() == 1
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registries_in_one_process_count_as_one_instance() {
+    let server = RedisServer::start();
+    let every = Duration::from_millis(100);
+    // Two registries with one prefix in one process (say, one per limiter): one instance.
+    let first = start(InstanceRegistry::builder(&store(&server.url())).heartbeat_every(every));
+    let second = start(InstanceRegistry::builder(&store(&server.url())).heartbeat_every(every));
+    assert_eq!(first.id(), second.id());
+    assert_eq!(first.key(), second.key());
+    let lowest_highest = async {
+        let start = Instant::now();
+        let mut highest = 0;
+        while start.elapsed() < Duration::from_secs(1) {
+            highest = highest
+                .max(first.live_instances())
+                .max(second.live_instances());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        highest
+    };
+    assert_eq!(
+        lowest_highest.await,
+        1,
+        "one process counted more than once"
+    );
+    let members = server.must(&["ZRANGEBYSCORE", "orders:instances", "0", "+inf"]);
+    assert_eq!(members.trim(), first.id(), "one member per process");
+
+    // An instance named explicitly (another process, as far as the registry knows) counts.
+    let other = start(
+        InstanceRegistry::builder(&store(&server.url()))
+            .heartbeat_every(every)
+            .instance_id("other-process"),
+    );
+    assert_eq!(other.id(), "other-process");
+    until("all see 2", Duration::from_secs(2), || {
+        [&first, &second, &other]
+            .iter()
+            .all(|r| r.live_instances() == 2)
+    })
+    .await;
+
+    // Dropping one of the two registries of a process leaves that process counted.
+    drop(second);
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(other.live_instances(), 2);
+    assert_eq!(first.live_instances(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_rebuilt_after_a_restart_never_replaces_the_trusted_one_early() {
+    let mut server = RedisServer::start();
+    let every = Duration::from_millis(250);
+    let window = Duration::from_secs(3);
+    let url = server.url();
+    let registry = |id: &str| {
+        start(
+            InstanceRegistry::builder(&store(&url))
+                .heartbeat_every(every)
+                .live_within(window)
+                .instance_id(id),
+        )
+    };
+    let a = registry("a");
+    let b = registry("b");
+    let c = registry("c");
+    until("all three see 3", Duration::from_secs(3), || {
+        [&a, &b, &c].iter().all(|r| r.live_instances() == 3)
+    })
+    .await;
+
+    // Redis dies and comes back empty; c went away meanwhile, so 2 is the truth.
+    server.kill();
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart();
+    let restarted = Instant::now();
+    // The first beats rebuild the registry from 1; until the rebuild is a whole window
+    // old, the trusted 3 stays (a low count must not become the next outage's divisor).
+    let lowest = lowest_during(window - Duration::from_millis(300), &[&a, &b]).await;
+    assert_eq!(
+        lowest, 3,
+        "a count rebuilt from an empty registry was trusted early"
+    );
+    // After the window, the rebuilt count is complete and taken, decrease and all.
+    until("a and b see 2", Duration::from_secs(3), || {
+        a.live_instances() == 2 && b.live_instances() == 2
+    })
+    .await;
+    println!(
+        "the rebuilt count of 2 was taken {:?} after the restart",
+        restarted.elapsed()
+    );
+
+    // Again, and two instances join while the registry is being rebuilt: an increase is
+    // taken at once (it only makes shares smaller), long before the window has passed.
+    server.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.restart();
+    let restarted = Instant::now();
+    let d = registry("d");
+    let e = registry("e");
+    until("a and b see 4", Duration::from_millis(2500), || {
+        a.live_instances() == 4 && b.live_instances() == 4
+    })
+    .await;
+    assert!(restarted.elapsed() < window);
+    until("d and e see 4", Duration::from_secs(4), || {
+        d.live_instances() == 4 && e.live_instances() == 4
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
+    let server = RedisServer::start();
+    let store = store(&server.url());
+    // A beat every 5 s against a 3 s window: each instance would count only itself.
+    let error = InstanceRegistry::builder(&store)
+        .heartbeat_every(Duration::from_secs(5))
+        .start()
+        .unwrap_err();
+    assert_eq!(
+        error,
+        RegistryError::HeartbeatNotShorterThanWindow {
+            heartbeat_every: Duration::from_secs(5),
+            live_within: Duration::from_secs(3),
+        }
+    );
+    assert!(error.to_string().contains("heartbeat"), "{error}");
+    let equal = InstanceRegistry::builder(&store)
+        .heartbeat_every(Duration::from_secs(2))
+        .live_within(Duration::from_secs(2))
+        .start();
+    assert!(matches!(
+        equal,
+        Err(RegistryError::HeartbeatNotShorterThanWindow { .. })
+    ));
+    let invalid = InstanceRegistry::builder(&store).instance_id("").start();
+    assert!(matches!(invalid, Err(RegistryError::InvalidInstanceId(_))));
+
+    // A longer window makes the same interval fine.
+    let registry = InstanceRegistry::builder(&store)
+        .heartbeat_every(Duration::from_secs(5))
+        .live_within(Duration::from_secs(12))
+        .start()
+        .unwrap();
+    until("it counts itself", Duration::from_secs(2), || {
+        registry.live_instances() == 1
+    })
+    .await;
+}
+
+#[test]
+fn starting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(async { store("redis://127.0.0.1:1/") });
+    let outside = InstanceRegistry::builder(&store).start();
+    assert_eq!(outside.unwrap_err(), RegistryError::NoRuntime);
+    drop(runtime);
 }

@@ -8,8 +8,8 @@ mod support;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
@@ -475,6 +475,79 @@ async fn client_ip_without_a_peer_has_no_key() {
         &send(&mut svc, get("/", &[])).await,
         StatusCode::UNAUTHORIZED,
     );
+}
+
+/// A `tracing` subscriber that keeps the messages of tollgate's warnings.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl Warnings {
+    fn messages(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let metadata = event.metadata();
+        if *metadata.level() == tracing::Level::WARN && metadata.target().starts_with("tollgate") {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().unwrap().push(message.0);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test]
+async fn a_server_without_connect_info_is_reported_once() {
+    let warnings = Warnings::default();
+    // A current-thread runtime: every request below runs on this thread, under this subscriber.
+    let _subscriber = tracing::subscriber::set_default(warnings.clone());
+
+    let ip = ClientIp::new();
+    let mut svc = service(ip.clone());
+    for _ in 0..3 {
+        assert_eq!(ip.client_addr(&get("/", &[])), Ok(None));
+        assert_problem(
+            &send(&mut svc, get("/", &[])).await,
+            StatusCode::UNAUTHORIZED,
+        );
+    }
+    let messages = warnings.messages();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(
+        messages[0].contains("into_make_service_with_connect_info::<SocketAddr>()"),
+        "the warning says how to fix the server: {}",
+        messages[0]
+    );
+
+    // Requests that do carry the peer address are not reported.
+    let other = ClientIp::new();
+    assert_eq!(
+        other.client_addr(&from_peer("203.0.113.7:5000", &[])),
+        Ok(addr("203.0.113.7"))
+    );
+    assert_eq!(warnings.messages().len(), 1);
 }
 
 #[tokio::test]

@@ -27,7 +27,8 @@ fn a_scripted_run_shows_every_documented_metric() {
         store.ping().await.unwrap();
         let registry = InstanceRegistry::builder(&store)
             .heartbeat_every(Duration::from_millis(100))
-            .start();
+            .start()
+            .unwrap();
         let limiter = Limiter::builder()
             .name("orders")
             .backend(store)

@@ -18,7 +18,7 @@ use crate::caller::CallerKey;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisBackendBuilder};
 #[cfg(feature = "redis")]
-pub use self::redis_instances::{InstanceRegistry, InstanceRegistryBuilder};
+pub use self::redis_instances::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 
 /// A store that decides requests against a caller's counters.

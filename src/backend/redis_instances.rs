@@ -23,12 +23,24 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 /// the registry is dropped, and the others stop counting that instance within the liveness
 /// window.
 ///
+/// An instance is one process: every registry a process starts beats under the same id
+/// (unless given one with [`InstanceRegistryBuilder::instance_id`]), so two registries with
+/// one prefix in one process (one per limiter, say) count that process once.
+///
+/// When Redis loses the registry (a restart or a failover without the data) it is rebuilt
+/// by the next beats, one instance at a time, so for up to a liveness window the count is
+/// too low. A count that is lower than the one in use is taken only once the rebuilt registry
+/// is a whole liveness window old, when every live instance has beaten into it; a higher
+/// count is taken at once, since it only makes each instance's share smaller. A low count
+/// from a half-rebuilt registry therefore never becomes the last known count of the next
+/// outage.
+///
 /// ```no_run
 /// use tollgate::{FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Policy, Quota, RedisBackend};
 ///
 /// # #[tokio::main] async fn main() {
 /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").prefix("orders").build().unwrap();
-/// let registry = InstanceRegistry::builder(&store).start();
+/// let registry = InstanceRegistry::builder(&store).start().unwrap();
 /// let limiter = Limiter::builder()
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
@@ -63,10 +75,11 @@ impl InstanceRegistry {
             every: Duration::from_secs(1),
             live_within: Duration::from_secs(3),
             initial: 1,
+            id: None,
         }
     }
 
-    /// This instance's id in the registry.
+    /// This instance's id in the registry: the process's id unless one was given.
     pub fn id(&self) -> &str {
         &self.shared.id
     }
@@ -100,16 +113,20 @@ pub struct InstanceRegistryBuilder {
     every: Duration,
     live_within: Duration,
     initial: u64,
+    id: Option<String>,
 }
 
 impl InstanceRegistryBuilder {
-    /// How often this instance beats (default 1 s).
+    /// How often this instance beats (default 1 s). It must be shorter than the liveness
+    /// window, or [`start`](Self::start) refuses it; a few beats per window (the default is
+    /// three) keep one slow beat from dropping an instance from the count.
     pub fn heartbeat_every(mut self, every: Duration) -> Self {
         self.every = every.max(Duration::from_millis(10));
         self
     }
 
-    /// How recent a beat must be for an instance to count as live (default 3 s).
+    /// How recent a beat must be for an instance to count as live (default 3 s). It must be
+    /// longer than the heartbeat interval.
     pub fn live_within(mut self, window: Duration) -> Self {
         self.live_within = window.max(Duration::from_millis(10));
         self
@@ -121,12 +138,63 @@ impl InstanceRegistryBuilder {
         self
     }
 
-    /// Starts beating in the background. Must run inside a Tokio runtime.
-    pub fn start(self) -> InstanceRegistry {
-        let id = instance_id();
+    /// Counts this registry as the instance `id` rather than as this process.
+    ///
+    /// By default every registry in a process shares one random id, so a process counts
+    /// once however many registries it starts. Name the instance to use a stable id (a pod
+    /// name, say), or to run several instances in one process, as a test or a simulation
+    /// does. Registries that share an id count as one instance. The id must not be empty or
+    /// hold control characters.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tollgate::{InstanceRegistry, RedisBackend};
+    ///
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
+    /// let registry = InstanceRegistry::builder(&store).instance_id("orders-7f9c").start().unwrap();
+    /// assert_eq!(registry.id(), "orders-7f9c");
+    /// # }
+    /// ```
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Starts beating in the background, on the current Tokio runtime.
+    ///
+    /// Fails if the heartbeat interval is not shorter than the liveness window (each
+    /// instance would then count only itself, and a local share would be the whole limit),
+    /// if the instance id is not usable, or if called outside a Tokio runtime.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use tollgate::{InstanceRegistry, RedisBackend, RegistryError};
+    ///
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
+    /// let slow = InstanceRegistry::builder(&store).heartbeat_every(Duration::from_secs(5)).start();
+    /// assert!(matches!(slow, Err(RegistryError::HeartbeatNotShorterThanWindow { .. })));
+    /// # }
+    /// ```
+    pub fn start(self) -> Result<InstanceRegistry, RegistryError> {
+        if self.every >= self.live_within {
+            return Err(RegistryError::HeartbeatNotShorterThanWindow {
+                heartbeat_every: self.every,
+                live_within: self.live_within,
+            });
+        }
+        let id = match self.id {
+            Some(id) if id.is_empty() || id.chars().any(char::is_control) => {
+                return Err(RegistryError::InvalidInstanceId(id));
+            }
+            Some(id) => id,
+            None => PROCESS_INSTANCE_ID.clone(),
+        };
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| RegistryError::NoRuntime)?;
         let key = format!("{}:instances", self.store.prefix());
         let count = Arc::new(AtomicU64::new(self.initial));
-        let heartbeat = tokio::spawn(beat(
+        let heartbeat = runtime.spawn(beat(
             self.store,
             key.clone(),
             id.clone(),
@@ -134,16 +202,71 @@ impl InstanceRegistryBuilder {
             self.live_within,
             count.clone(),
         ));
-        InstanceRegistry {
+        Ok(InstanceRegistry {
             shared: Arc::new(Shared {
                 count,
                 id,
                 key,
                 heartbeat,
             }),
+        })
+    }
+}
+
+/// Why an [`InstanceRegistry`] could not start.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::RegistryError;
+///
+/// let error = RegistryError::HeartbeatNotShorterThanWindow {
+///     heartbeat_every: Duration::from_secs(5),
+///     live_within: Duration::from_secs(3),
+/// };
+/// assert!(error.to_string().contains("shorter than the liveness window"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// The heartbeat interval is not shorter than the liveness window: instances would drop
+    /// out of each other's counts between beats, each counting only itself.
+    HeartbeatNotShorterThanWindow {
+        /// The heartbeat interval asked for.
+        heartbeat_every: Duration,
+        /// The liveness window asked for.
+        live_within: Duration,
+    },
+    /// The instance id is empty or holds a control character.
+    InvalidInstanceId(String),
+    /// [`InstanceRegistryBuilder::start`] was called outside a Tokio runtime, where its
+    /// background task cannot run.
+    NoRuntime,
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::HeartbeatNotShorterThanWindow {
+                heartbeat_every,
+                live_within,
+            } => write!(
+                f,
+                "the heartbeat interval ({heartbeat_every:?}) must be shorter than the liveness \
+                 window ({live_within:?}), or each instance counts only itself"
+            ),
+            Self::InvalidInstanceId(id) => write!(
+                f,
+                "the instance id {id:?} is empty or holds a control character"
+            ),
+            Self::NoRuntime => f.write_str(
+                "the instance registry must be started inside a Tokio runtime, which runs its \
+                 heartbeat",
+            ),
         }
     }
 }
+
+impl std::error::Error for RegistryError {}
 
 async fn beat(
     store: RedisBackend,
@@ -153,17 +276,19 @@ async fn beat(
     live_within: Duration,
     count: Arc<AtomicU64>,
 ) {
+    let registry = key.clone();
     let keys = [key.into_bytes()];
     let window_ms = u64::try_from(live_within.as_millis()).unwrap_or(u64::MAX);
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable = true;
+    let mut holding = false;
     loop {
         ticks.tick().await;
         let reply = store
             .connection()
             .clone()
-            .run::<u64>(
+            .run::<(u64, u64)>(
                 &HEARTBEAT,
                 HEARTBEAT_SCRIPT,
                 &keys,
@@ -172,13 +297,31 @@ async fn beat(
             )
             .await;
         match reply {
-            Ok(live) => {
-                let previous = count.swap(live.max(1), Ordering::Relaxed);
-                if previous != live.max(1) {
-                    tracing::info!(registry = %String::from_utf8_lossy(&keys[0]), live, "live instance count changed");
+            Ok((live, rebuilt_ms_ago)) => {
+                let live = live.max(1);
+                let previous = count.load(Ordering::Relaxed);
+                match next_count(previous, live, rebuilt_ms_ago, window_ms) {
+                    Some(next) => {
+                        count.store(next, Ordering::Relaxed);
+                        if previous != next {
+                            tracing::info!(%registry, live = next, "live instance count changed");
+                        }
+                        holding = false;
+                    }
+                    None if !holding => {
+                        tracing::info!(
+                            %registry,
+                            live,
+                            kept = previous,
+                            "the instance registry is being rebuilt (Redis lost it); keeping the \
+                             last trusted count until every instance has beaten into it"
+                        );
+                        holding = true;
+                    }
+                    None => {}
                 }
-                metrics::gauge!("tollgate_live_instances", "registry" => String::from_utf8_lossy(&keys[0]).into_owned())
-                    .set(live as f64);
+                metrics::gauge!("tollgate_live_instances", "registry" => registry.clone())
+                    .set(count.load(Ordering::Relaxed) as f64);
                 reachable = true;
             }
             // Keep the last known count through the outage.
@@ -191,10 +334,46 @@ async fn beat(
     }
 }
 
-/// A random id for this instance: process id and a random number, unique enough that two
-/// instances never share one.
+/// The count to use after a heartbeat saw `live` instances in a registry (re)built
+/// `rebuilt_ms_ago`, or `None` to keep `current`: a lower count from a registry younger
+/// than the liveness window may miss instances that have not beaten into it yet.
+fn next_count(current: u64, live: u64, rebuilt_ms_ago: u64, window_ms: u64) -> Option<u64> {
+    (live >= current || rebuilt_ms_ago >= window_ms).then_some(live)
+}
+
+/// The id every registry in this process beats under, unless given another: one process is
+/// one instance.
+static PROCESS_INSTANCE_ID: LazyLock<String> = LazyLock::new(instance_id);
+
+/// A random id for this process: process id and a random number, unique enough that two
+/// processes never share one (containers often all run as pid 1).
 fn instance_id() -> String {
     let random =
         std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now());
     format!("{}-{random:016x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lower_count_waits_for_a_whole_window_after_a_rebuild() {
+        // A settled registry: any count is taken.
+        assert_eq!(next_count(5, 3, 60_000, 3_000), Some(3));
+        assert_eq!(next_count(3, 5, 60_000, 3_000), Some(5));
+        // Rebuilt 1 s ago: a lower count is held back, a higher or equal one taken at once.
+        assert_eq!(next_count(5, 1, 1_000, 3_000), None);
+        assert_eq!(next_count(5, 4, 2_999, 3_000), None);
+        assert_eq!(next_count(5, 6, 1_000, 3_000), Some(6));
+        assert_eq!(next_count(5, 5, 0, 3_000), Some(5));
+        // A whole window after the rebuild every live instance has beaten: taken.
+        assert_eq!(next_count(5, 2, 3_000, 3_000), Some(2));
+    }
+
+    #[test]
+    fn every_registry_of_a_process_shares_its_id() {
+        assert_eq!(*PROCESS_INSTANCE_ID, *PROCESS_INSTANCE_ID);
+        assert!(PROCESS_INSTANCE_ID.starts_with(&format!("{}-", std::process::id())));
+    }
 }

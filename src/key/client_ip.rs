@@ -3,6 +3,7 @@ use std::future::{Ready, ready};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
@@ -17,7 +18,9 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///
 /// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve the router with
 /// `into_make_service_with_connect_info::<SocketAddr>()`) or, for plain hyper services, from
-/// a [`SocketAddr`] in the request's extensions.
+/// a [`SocketAddr`] in the request's extensions. A request without either has no key (see
+/// [`MissingKey`](crate::MissingKey)); the first such request logs one warning (per
+/// extractor and its clones) that says how to fix the server.
 ///
 /// - A peer that is not a trusted proxy is the client; its forwarding headers are ignored,
 ///   so a client cannot spoof its address.
@@ -25,7 +28,9 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///   is read from right to left, skipping trusted proxies; the first untrusted address is
 ///   the client. A request whose chain holds only trusted addresses, or `unknown`, has no
 ///   key (the load balancer's own address is never used); an entry that is not an address
-///   is rejected with 400.
+///   is rejected with 400. Entries are decoded one at a time and only as far as needed:
+///   whatever lies left of the client's address (written by the client itself, any bytes at
+///   all) is never read. Several lines of the header count as one list, in order.
 /// - IPv6 clients are grouped by their /64 network by default (one host usually owns a
 ///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
 ///
@@ -42,6 +47,8 @@ pub struct ClientIp {
     trusted: TrustedProxies,
     header: ForwardedHeader,
     ipv6_prefix: u8,
+    /// Set once the missing peer address has been reported; shared by clones.
+    warned_no_peer: Arc<AtomicBool>,
 }
 
 /// Which forwarding header trusted proxies write.
@@ -61,6 +68,7 @@ impl ClientIp {
             trusted: TrustedProxies::default(),
             header: ForwardedHeader::default(),
             ipv6_prefix: 64,
+            warned_no_peer: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -102,6 +110,7 @@ impl ClientIp {
     /// ```
     pub fn client_addr<B>(&self, request: &Request<B>) -> Result<Option<IpAddr>, KeyRejection> {
         let Some(peer) = peer_addr(request) else {
+            self.warn_no_peer();
             return Ok(None);
         };
         let peer = canonical(peer);
@@ -113,14 +122,13 @@ impl ClientIp {
             ForwardedHeader::Forwarded => FORWARDED,
         };
         // Header lines are read last to first, entries right to left: the rightmost entries
-        // were written by the proxies closest to us, the only ones we can vouch for.
+        // were written by the proxies closest to us, the only ones we can vouch for. Each
+        // entry is decoded only when it is reached, so whatever the client wrote left of
+        // its own address (any bytes at all) is never read.
         for line in request.headers().get_all(&name).iter().rev() {
-            let Ok(line) = line.to_str() else {
-                return Err(malformed(&name));
-            };
-            for entry in line.rsplit(',') {
+            for entry in line.as_bytes().rsplit(|byte| *byte == b',') {
                 let hop = match self.header {
-                    ForwardedHeader::XForwardedFor => parse_node(entry.trim()),
+                    ForwardedHeader::XForwardedFor => parse_node_bytes(entry.trim_ascii()),
                     ForwardedHeader::Forwarded => parse_forwarded_element(entry),
                 };
                 match hop {
@@ -133,6 +141,20 @@ impl ClientIp {
             }
         }
         Ok(None)
+    }
+
+    /// A server that does not hand the peer address to requests gives every request no
+    /// key; say so once, with the fix, rather than per request.
+    fn warn_no_peer(&self) {
+        if !self.warned_no_peer.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "ClientIp found no peer address on a request, so no request keyed by client IP \
+                 has a key until the server provides one: serve the axum router with \
+                 `into_make_service_with_connect_info::<SocketAddr>()` (tollgate's `axum` \
+                 feature reads `ConnectInfo<SocketAddr>`), or, in a plain hyper service, insert \
+                 the connection's peer `SocketAddr` into the request extensions"
+            );
+        }
     }
 
     fn key_for(&self, addr: IpAddr) -> Caller {
@@ -224,23 +246,31 @@ fn parse_node(node: &str) -> Hop {
     Hop::Malformed
 }
 
-/// The `for=` node of one RFC 7239 forwarded-element (`for=x;proto=https;by=y`).
-fn parse_forwarded_element(element: &str) -> Hop {
-    let node = element.split(';').find_map(|pair| {
-        let (name, value) = pair.trim().split_once('=')?;
-        name.trim()
-            .eq_ignore_ascii_case("for")
-            .then(|| value.trim())
+/// A node as raw header bytes: anything that is not UTF-8 is not an address.
+fn parse_node_bytes(node: &[u8]) -> Hop {
+    std::str::from_utf8(node).map_or(Hop::Malformed, parse_node)
+}
+
+/// The `for=` node of one RFC 7239 forwarded-element (`for=x;proto=https;by=y`). Only the
+/// `for=` value is decoded: another parameter may hold any bytes (a quoted string may carry
+/// obs-text) without making the element unreadable.
+fn parse_forwarded_element(element: &[u8]) -> Hop {
+    let node = element.split(|byte| *byte == b';').find_map(|pair| {
+        let equals = pair.iter().position(|byte| *byte == b'=')?;
+        let (name, value) = (&pair[..equals], &pair[equals + 1..]);
+        name.trim_ascii()
+            .eq_ignore_ascii_case(b"for")
+            .then(|| value.trim_ascii())
     });
     match node {
-        None if element.trim().is_empty() => Hop::Empty,
+        None if element.trim_ascii().is_empty() => Hop::Empty,
         None => Hop::Malformed,
         Some(value) => {
             let unquoted = value
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
+                .strip_prefix(b"\"")
+                .and_then(|v| v.strip_suffix(b"\""))
                 .unwrap_or(value);
-            parse_node(unquoted)
+            parse_node_bytes(unquoted)
         }
     }
 }
@@ -386,15 +416,15 @@ mod tests {
     #[test]
     fn forwarded_elements() {
         assert!(matches!(
-            parse_forwarded_element(r#" for="[2001:db8:cafe::17]:4711";proto=https"#),
+            parse_forwarded_element(br#" for="[2001:db8:cafe::17]:4711";proto=https"#),
             Hop::Addr(IpAddr::V6(_))
         ));
         assert!(matches!(
-            parse_forwarded_element("proto=http;For=192.0.2.60"),
+            parse_forwarded_element(b"proto=http;For=192.0.2.60"),
             Hop::Addr(IpAddr::V4(_))
         ));
         assert!(matches!(
-            parse_forwarded_element("by=1.2.3.4"),
+            parse_forwarded_element(b"by=1.2.3.4"),
             Hop::Malformed
         ));
     }
