@@ -66,7 +66,7 @@
 //! | `tollgate_breaker_state` | gauge | `layer` | state | 0 closed, 1 open, 2 half-open |
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
-//! | `tollgate_live_instances` | gauge | `registry` | instances | the count an [`InstanceRegistry`] last read (its key, e.g. `orders:instances`) |
+//! | `tollgate_live_instances` | gauge | `registry` | instances | the count an [`InstanceRegistry`] divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`] |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`] |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`] |

@@ -459,6 +459,11 @@ impl LimiterBuilder {
 
     /// Gives callers of plan tier `tier` (see [`Caller::with_tier`]) their own policies
     /// instead of the default ones. Callers naming an unknown tier get the defaults.
+    ///
+    /// A caller moved to another tier keeps its count for each policy of the same name and
+    /// unit (the same window, or the same refill period): the new quota applies to what it
+    /// already used. A policy whose name, algorithm or unit differs is a counter of its
+    /// own, started afresh. Refusals cached for the old tier do not follow the caller.
     pub fn tier(
         mut self,
         tier: impl Into<Arc<str>>,
