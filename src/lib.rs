@@ -75,59 +75,48 @@
 //! layers' own `name`). Breaker state changes and mode switches are logged through
 //! `tracing` at warn level; each refusal at debug level.
 
-mod algorithm;
-mod backend;
-mod body;
-mod breaker;
-mod caller;
-mod client_throttle;
-mod clock;
-mod decision;
-mod denial_cache;
-mod failure;
-mod future;
-mod headers;
-mod instances;
-mod key;
-mod layer;
+mod client;
+mod http;
 mod limiter;
-mod mode;
-mod policy;
-mod response;
-mod service;
 mod shed;
-mod telemetry;
+mod store;
 
-pub use algorithm::{Algorithm, Evaluation, Limit, LimitOutcome, LimitState, MAX_SHARE_STRETCH};
-pub use backend::{
-    Backend, CheckFuture, CheckOutcome, CheckResult, InMemoryBackend, InMemoryBackendBuilder,
-    StoreError, StoreErrorKind,
-};
-#[cfg(feature = "redis")]
-pub use backend::{
-    InstanceRegistry, InstanceRegistryBuilder, RedisBackend, RedisBackendBuilder, RegistryError,
-};
-pub use body::ResponseBody;
-pub use breaker::{BreakerConfig, BreakerState};
-pub use caller::{Caller, CallerKey, MAX_KEY_BYTES};
-pub use client_throttle::{
+pub use client::{
     AdaptiveThrottle, AdaptiveThrottleBuilder, AdaptiveThrottleFuture, AdaptiveThrottleLayer,
     ThrottleError, ThrottleStats, Throttled,
 };
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use decision::{Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason};
-pub use failure::FailurePolicy;
-pub use future::ResponseFuture;
-pub use headers::HeaderMode;
-pub use instances::{InstanceCount, LiveInstances};
-pub use key::{
+pub use http::body::ResponseBody;
+pub use http::future::ResponseFuture;
+pub use http::headers::HeaderMode;
+pub use http::key::{
     AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr,
     KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
 };
-pub use layer::RateLimitLayer;
-pub use limiter::{BuildError, DecisionFuture, FallbackReason, Limiter, LimiterBuilder};
-pub use mode::{Mode, ModeSwitch};
-pub use policy::{Policy, Quota};
-pub use response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
-pub use service::RateLimit;
+pub use http::layer::RateLimitLayer;
+pub use http::response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
+pub use http::service::RateLimit;
+pub use limiter::breaker::{BreakerConfig, BreakerState};
+pub use limiter::check::{BuildError, DecisionFuture, Limiter, LimiterBuilder};
+pub use limiter::decision::{
+    Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
+};
+pub use limiter::failure::FailurePolicy;
+pub use limiter::fallback::FallbackReason;
+pub use limiter::instances::InstanceCount;
+pub use limiter::mode::{Mode, ModeSwitch};
+pub use limiter::policy::{Policy, Quota};
 pub use shed::{ConcurrencyShed, ConcurrencyShedLayer, ShedFuture};
+pub use store::algorithm::{
+    Algorithm, Evaluation, Limit, LimitOutcome, LimitState, MAX_SHARE_STRETCH,
+};
+pub use store::backend::{
+    Backend, CheckFuture, CheckOutcome, CheckResult, StoreError, StoreErrorKind,
+};
+pub use store::caller::{Caller, CallerKey, MAX_KEY_BYTES};
+pub use store::clock::{Clock, ManualClock, SystemClock};
+pub use store::instances::LiveInstances;
+pub use store::memory::{InMemoryBackend, InMemoryBackendBuilder};
+#[cfg(feature = "redis")]
+pub use store::redis::backend::{RedisBackend, RedisBackendBuilder};
+#[cfg(feature = "redis")]
+pub use store::redis::registry::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};

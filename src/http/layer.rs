@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use tower_layer::Layer;
 
-use crate::headers::{HeaderMode, PolicyFieldCache};
-use crate::key::{ClientIp, KeyExtractor, MissingKey};
-use crate::limiter::Limiter;
-use crate::service::RateLimit;
+use crate::http::config::Config;
+use crate::http::headers::{HeaderMode, PolicyFieldCache};
+use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
+use crate::http::service::RateLimit;
+use crate::limiter::check::Limiter;
 
 /// Rate-limits each caller of the wrapped service.
 ///
@@ -44,15 +45,6 @@ use crate::service::RateLimit;
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer<K = ClientIp> {
     config: Arc<Config<K>>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Config<K> {
-    pub(crate) limiter: Limiter,
-    pub(crate) key: K,
-    pub(crate) missing_key: MissingKey,
-    pub(crate) header_mode: HeaderMode,
-    pub(crate) policy_fields: PolicyFieldCache,
 }
 
 impl RateLimitLayer<ClientIp> {

@@ -7,10 +7,10 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::future::ResponseFuture;
-use crate::key::KeyExtractor;
-use crate::layer::Config;
+use crate::http::body::ResponseBody;
+use crate::http::config::Config;
+use crate::http::future::ResponseFuture;
+use crate::http::key::KeyExtractor;
 
 /// A service rate-limited by a [`RateLimitLayer`](crate::RateLimitLayer).
 ///

@@ -10,59 +10,29 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::algorithm::Limit;
-use crate::backend::{Backend, CheckResult, InMemoryBackend, StoreError, StoreErrorKind};
-use crate::breaker::{
+use crate::limiter::breaker::{
     Admission, Breaker, BreakerConfig, BreakerState, Jitter, Permit, default_jitter,
 };
-use crate::caller::Caller;
-use crate::clock::{Clock, SystemClock};
-use crate::decision::{Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds};
-use crate::denial_cache::DenialCache;
-use crate::failure::FailurePolicy;
-use crate::mode::{Mode, ModeSwitch};
-use crate::policy::Policy;
-use crate::telemetry::LimiterMetrics;
+use crate::limiter::decision::{
+    Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds,
+};
+use crate::limiter::denial_cache::DenialCache;
+use crate::limiter::failure::FailurePolicy;
+use crate::limiter::fallback::FallbackReason;
+use crate::limiter::mode::{Mode, ModeSwitch};
+use crate::limiter::policy::Policy;
+use crate::limiter::telemetry::LimiterMetrics;
+use crate::store::algorithm::Limit;
+use crate::store::backend::{Backend, CheckResult, StoreError, StoreErrorKind};
+use crate::store::caller::Caller;
+use crate::store::clock::{Clock, SystemClock};
+use crate::store::memory::InMemoryBackend;
 
 /// A policy set, a divisor, and the set divided by it.
 type Share = (Arc<[Limit]>, u64, Arc<[Limit]>);
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
 const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
-
-/// Why a decision fell back to the failure policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FallbackReason {
-    /// The store did not answer within the store timeout.
-    Timeout,
-    /// The store refused or dropped the connection.
-    Refused,
-    /// The store answered with an error.
-    OtherError,
-    /// The breaker is open: the store was not asked.
-    BreakerOpen,
-}
-
-impl FallbackReason {
-    /// A short, stable name for logs and metric labels.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            FallbackReason::Timeout => "timeout",
-            FallbackReason::Refused => "refused",
-            FallbackReason::OtherError => "other_error",
-            FallbackReason::BreakerOpen => "breaker_open",
-        }
-    }
-
-    fn of(error: &StoreError) -> Self {
-        match error.kind() {
-            StoreErrorKind::Timeout => FallbackReason::Timeout,
-            StoreErrorKind::Unavailable => FallbackReason::Refused,
-            _ => FallbackReason::OtherError,
-        }
-    }
-}
 
 /// Decides requests for a set of policies on one store. Cheap to clone; clones share the
 /// store, the breaker, the denial cache and the configuration.

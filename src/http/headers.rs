@@ -5,8 +5,8 @@ use std::sync::{Arc, RwLock};
 use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 
-use crate::algorithm::Limit;
-use crate::decision::{PolicyReport, RateLimitInfo};
+use crate::limiter::decision::{PolicyReport, RateLimitInfo};
+use crate::store::algorithm::Limit;
 
 /// Which responses carry `RateLimit-Policy` and `RateLimit`.
 ///

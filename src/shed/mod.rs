@@ -19,8 +19,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::response;
+use crate::http::body::ResponseBody;
+use crate::http::response;
 
 /// Counted each time the layer sheds a request, labelled `layer`.
 const SHED_TOTAL: &str = "tollgate_shed_total";

@@ -1,7 +1,7 @@
 //! What a limiter does when its store cannot decide: data the limiter reads, chosen per
 //! route.
 
-use crate::instances::InstanceCount;
+use crate::limiter::instances::InstanceCount;
 
 /// The choice made for a route when the store is slow or down.
 ///

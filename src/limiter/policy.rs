@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Limit};
+use crate::store::algorithm::{Algorithm, Limit};
 
 /// A number of requests over a span of time, read the way people say it:
 /// `Quota::per_second(50)` is 50 requests in one second.

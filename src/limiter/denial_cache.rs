@@ -5,8 +5,8 @@ use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::caller::CallerKey;
-use crate::decision::RateLimitInfo;
+use crate::limiter::decision::RateLimitInfo;
+use crate::store::caller::CallerKey;
 
 const SHARDS: usize = 16;
 
@@ -121,7 +121,7 @@ impl std::fmt::Debug for DenialCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Algorithm, Limit, LimitOutcome};
+    use crate::store::algorithm::{Algorithm, Limit, LimitOutcome};
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -135,7 +135,11 @@ mod tests {
             remaining: 0,
             reset_ms: 700,
         }];
-        RateLimitInfo::from_outcomes(&limits, &outcomes, crate::decision::DecisionSource::Store)
+        RateLimitInfo::from_outcomes(
+            &limits,
+            &outcomes,
+            crate::limiter::decision::DecisionSource::Store,
+        )
     }
 
     #[test]

@@ -3,7 +3,7 @@ use std::future::{Ready, ready};
 use http::{HeaderName, Request};
 
 use super::{KeyExtractor, KeyResult};
-use crate::caller::Caller;
+use crate::store::caller::Caller;
 
 /// Counts callers by the value of a request header, such as an API key or a customer id.
 ///

@@ -10,13 +10,13 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::caller::{Caller, CallerKey};
-use crate::decision::{Decision, UnlimitedReason};
-use crate::key::{KeyExtractor, KeyRejection, MissingKey};
-use crate::layer::Config;
-use crate::limiter::DecisionFuture;
-use crate::response;
+use crate::http::body::ResponseBody;
+use crate::http::config::Config;
+use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
+use crate::http::response;
+use crate::limiter::check::DecisionFuture;
+use crate::limiter::decision::{Decision, UnlimitedReason};
+use crate::store::caller::{Caller, CallerKey};
 
 pin_project! {
     /// The future of [`RateLimit`](crate::RateLimit)'s responses.

@@ -9,7 +9,7 @@ use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
 
 use super::{KeyExtractor, KeyRejection, KeyResult};
-use crate::caller::Caller;
+use crate::store::caller::Caller;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 

@@ -10,16 +10,16 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::OnceCell;
 
-use super::{Backend, CheckFuture, CheckOutcome, StoreError, StoreErrorKind};
-use crate::algorithm::{Algorithm, Limit, LimitOutcome};
-use crate::caller::CallerKey;
+use crate::store::algorithm::{Algorithm, Limit, LimitOutcome};
+use crate::store::backend::{Backend, CheckFuture, CheckOutcome, StoreError, StoreErrorKind};
+use crate::store::caller::CallerKey;
 
 /// The decision script: the shared helpers, both algorithms, then the entry point.
 const CHECK_SCRIPT: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/sliding_window.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/check.lua"),
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/check.lua"),
 );
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SCRIPT));

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::redis::RedisBackend;
-use crate::instances::LiveInstances;
+use super::backend::RedisBackend;
+use crate::store::instances::LiveInstances;
 
-const HEARTBEAT_SCRIPT: &str = include_str!("../../lua/heartbeat.lua");
+const HEARTBEAT_SCRIPT: &str = include_str!("../../../lua/heartbeat.lua");
 static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRIPT));
 
 /// Counts the live instances of a service through heartbeats in Redis.

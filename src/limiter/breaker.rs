@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::clock::Clock;
+use crate::store::clock::Clock;
 
 /// How the breaker behaves.
 ///
@@ -161,7 +161,7 @@ impl Breaker {
                 config,
                 clock,
                 jitter,
-                state_gauge: crate::telemetry::breaker_state(&name),
+                state_gauge: crate::limiter::telemetry::breaker_state(&name),
                 name,
                 state: AtomicU8::new(CLOSED),
                 consecutive_failures: AtomicU32::new(0),
@@ -337,7 +337,7 @@ pub(crate) fn default_jitter() -> Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::store::clock::ManualClock;
 
     fn breaker(clock: &ManualClock, jitter: f64) -> Breaker {
         Breaker::new(

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::algorithm::{Limit, LimitOutcome};
+use crate::store::algorithm::{Limit, LimitOutcome};
 
 /// The outcome of one request, put in the response's extensions for handlers and logs.
 ///

@@ -29,8 +29,8 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::breaker::{Jitter, default_jitter};
-use crate::clock::{Clock, SystemClock};
+use crate::limiter::breaker::{Jitter, default_jitter};
+use crate::store::clock::{Clock, SystemClock};
 
 /// The counter of requests rejected locally, labelled `layer`.
 const THROTTLED_TOTAL: &str = "tollgate_client_throttled_total";

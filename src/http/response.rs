@@ -5,10 +5,10 @@ use std::fmt::Write;
 use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::body::ResponseBody;
-use crate::decision::{Decision, RateLimitInfo};
-use crate::headers::{HeaderMode, PolicyFieldCache, state_field};
-use crate::key::KeyRejection;
+use crate::http::body::ResponseBody;
+use crate::http::headers::{HeaderMode, PolicyFieldCache, state_field};
+use crate::http::key::KeyRejection;
+use crate::limiter::decision::{Decision, RateLimitInfo};
 
 /// The `RateLimit-Policy` field name.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -115,7 +115,7 @@ pub(crate) fn decorate_allowed(
 fn insert_policy_fields<'a>(
     headers: &mut HeaderMap,
     info: &RateLimitInfo,
-    reported: impl IntoIterator<Item = &'a crate::decision::PolicyReport>,
+    reported: impl IntoIterator<Item = &'a crate::limiter::decision::PolicyReport>,
     policy_fields: &PolicyFieldCache,
 ) {
     // Appended, not inserted: Structured Field lists may span several field lines, so a

@@ -3,13 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-/// A live count of the instances that share a store, such as a registry of heartbeats.
-pub trait LiveInstances: Send + Sync + fmt::Debug + 'static {
-    /// The number of live instances, at least 1. Must answer at once (no I/O): a source
-    /// that learns the count over the network refreshes it in the background and keeps
-    /// the last known value through an outage.
-    fn live_instances(&self) -> u64;
-}
+use crate::store::instances::LiveInstances;
 
 /// The divisor of a local share: fixed, from a closure, or from a [`LiveInstances`] source
 /// (such as the Redis instance registry). Never below 1.

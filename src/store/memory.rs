@@ -5,10 +5,10 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Backend, CheckFuture, CheckOutcome};
-use crate::algorithm::{Limit, LimitOutcome, LimitState};
-use crate::caller::CallerKey;
-use crate::clock::{Clock, SystemClock};
+use super::backend::{Backend, CheckFuture, CheckOutcome};
+use crate::store::algorithm::{Limit, LimitOutcome, LimitState};
+use crate::store::caller::CallerKey;
+use crate::store::clock::{Clock, SystemClock};
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_SHARDS: usize = 64;
@@ -360,8 +360,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Algorithm;
-    use crate::clock::ManualClock;
+    use crate::store::algorithm::Algorithm;
+    use crate::store::clock::ManualClock;
 
     fn per_second(limit: u64) -> Arc<[Limit]> {
         vec![Limit::new(

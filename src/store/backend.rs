@@ -1,10 +1,4 @@
-//! Stores of counters, behind one trait so that users can bring their own.
-
-mod memory;
-#[cfg(feature = "redis")]
-mod redis;
-#[cfg(feature = "redis")]
-mod redis_instances;
+//! The backend trait: what a store of counters must do, so that users can bring their own.
 
 use std::fmt;
 use std::future::Future;
@@ -12,14 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::algorithm::{Limit, LimitOutcome};
-use crate::caller::CallerKey;
-
-#[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, RedisBackendBuilder};
-#[cfg(feature = "redis")]
-pub use self::redis_instances::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};
-pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
+use crate::store::algorithm::{Limit, LimitOutcome};
+use crate::store::caller::CallerKey;
 
 /// A store that decides requests against a caller's counters.
 ///

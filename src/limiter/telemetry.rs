@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, SharedString};
 
-use crate::decision::Decision;
-use crate::limiter::FallbackReason;
+use crate::limiter::decision::Decision;
+use crate::limiter::fallback::FallbackReason;
 
 pub(crate) const DECISIONS: &str = "tollgate_decisions_total";
 pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";

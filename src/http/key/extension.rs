@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use http::Request;
 
 use super::{KeyExtractor, KeyResult};
-use crate::caller::Caller;
+use crate::store::caller::Caller;
 
 /// Counts callers by a value that earlier middleware put in the request's extensions, such
 /// as the authenticated principal.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use http::{Request, StatusCode};
 
-use crate::caller::{Caller, CallerKey};
+use crate::store::caller::{Caller, CallerKey};
 
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies};
 pub use extension::ExtensionKey;

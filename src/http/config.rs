@@ -1,0 +1,14 @@
+//! What a layer is configured with, shared by its services and their futures.
+
+use crate::http::headers::{HeaderMode, PolicyFieldCache};
+use crate::http::key::MissingKey;
+use crate::limiter::check::Limiter;
+
+#[derive(Debug)]
+pub(crate) struct Config<K> {
+    pub(crate) limiter: Limiter,
+    pub(crate) key: K,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) header_mode: HeaderMode,
+    pub(crate) policy_fields: PolicyFieldCache,
+}

@@ -1,0 +1,16 @@
+//! The HTTP floor: the layer and its service, the response future and body, who is
+//! calling (key extraction), and what a response says (headers and refusals).
+//!
+//! In the order a request meets them: [`layer`] builds the [`service`], which extracts the
+//! caller's [`key`] and asks the limiter; the [`future`] waits for the decision, then either
+//! calls the inner service and adds the [`headers`] to its response, or answers with a
+//! refusal from [`response`].
+
+pub(crate) mod body;
+pub(crate) mod config;
+pub(crate) mod future;
+pub(crate) mod headers;
+pub(crate) mod key;
+pub(crate) mod layer;
+pub(crate) mod response;
+pub(crate) mod service;

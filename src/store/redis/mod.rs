@@ -1,0 +1,5 @@
+//! Counters in Redis: the backend with its decision script, and the registry of live
+//! instances kept by heartbeats.
+
+pub(crate) mod backend;
+pub(crate) mod registry;
