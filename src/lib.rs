@@ -96,12 +96,14 @@ pub use http::layer::RateLimitLayer;
 pub use http::response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
 pub use http::service::RateLimit;
 pub use limiter::breaker::{BreakerConfig, BreakerState};
-pub use limiter::check::{BuildError, DecisionFuture, Limiter, LimiterBuilder};
+pub use limiter::builder::{BuildError, LimiterBuilder};
+pub use limiter::check::Limiter;
 pub use limiter::decision::{
     Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
 };
 pub use limiter::failure::FailurePolicy;
 pub use limiter::fallback::FallbackReason;
+pub use limiter::future::DecisionFuture;
 pub use limiter::instances::InstanceCount;
 pub use limiter::mode::{Mode, ModeSwitch};
 pub use limiter::policy::{Policy, Quota};

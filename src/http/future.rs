@@ -14,8 +14,8 @@ use crate::http::body::ResponseBody;
 use crate::http::config::Config;
 use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
 use crate::http::response;
-use crate::limiter::check::DecisionFuture;
 use crate::limiter::decision::{Decision, UnlimitedReason};
+use crate::limiter::future::DecisionFuture;
 use crate::store::caller::{Caller, CallerKey};
 
 pin_project! {

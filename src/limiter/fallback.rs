@@ -1,6 +1,17 @@
-//! Why a decision could not be made by the store.
+//! When the store cannot decide: why (the reason counted), and executing the route's
+//! failure policy, with the local share's divided policy sets.
 
-use crate::store::backend::{StoreError, StoreErrorKind};
+use std::sync::Arc;
+
+use crate::limiter::check::Inner;
+use crate::limiter::decision::{
+    Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds,
+};
+use crate::limiter::failure::FailurePolicy;
+use crate::limiter::policy::PolicySet;
+use crate::store::algorithm::Limit;
+use crate::store::backend::{Backend, StoreError, StoreErrorKind};
+use crate::store::caller::Caller;
 
 /// Why a decision fell back to the failure policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,5 +44,92 @@ impl FallbackReason {
             StoreErrorKind::Unavailable => FallbackReason::Refused,
             _ => FallbackReason::OtherError,
         }
+    }
+}
+
+/// A policy set, a divisor, and the set divided by it.
+pub(super) type Share = (Arc<[Limit]>, u64, Arc<[Limit]>);
+
+impl Inner {
+    pub(super) fn fall_back(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        reason: FallbackReason,
+    ) -> Decision {
+        self.metrics.fallback(reason);
+        self.apply(&self.on_store_failure, caller, set)
+    }
+
+    pub(super) fn apply(
+        &self,
+        policy: &FailurePolicy,
+        caller: &Caller,
+        set: &PolicySet,
+    ) -> Decision {
+        let limits = &set.limits;
+        match policy {
+            FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
+            FailurePolicy::Closed { status } => Decision::Unavailable {
+                status: *status,
+                retry_after_secs: whole_seconds(self.breaker.open_for_ms()),
+            },
+            FailurePolicy::LocalShare(instances) => {
+                let share = self.share(limits, instances.get());
+                let mut check = self.local.check(caller.key(), &share);
+                match check.try_take_ready() {
+                    Some(Ok(outcome)) => {
+                        let info = RateLimitInfo::from_outcomes(
+                            &share,
+                            outcome.limits(),
+                            DecisionSource::LocalShare,
+                        );
+                        if outcome.admitted() {
+                            Decision::Allowed(info)
+                        } else {
+                            Decision::Limited(info)
+                        }
+                    }
+                    // The in-process store always answers at once.
+                    _ => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
+                }
+            }
+            FailurePolicy::Static => self
+                .cached_refusal(caller, set)
+                .unwrap_or(Decision::Unlimited(UnlimitedReason::StoreFailedOpen)),
+            FailurePolicy::StaticThen(rest) => self
+                .cached_refusal(caller, set)
+                .unwrap_or_else(|| self.apply(rest, caller, set)),
+        }
+    }
+
+    pub(super) fn cached_refusal(&self, caller: &Caller, set: &PolicySet) -> Option<Decision> {
+        let denials = self.denials.as_ref()?;
+        denials
+            .get(caller.key(), set.id, self.clock.now_millis())
+            .map(Decision::Limited)
+    }
+
+    fn share(&self, limits: &Arc<[Limit]>, divisor: u64) -> Arc<[Limit]> {
+        let mut shares = self
+            .shares
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, _, share)) = shares
+            .iter()
+            .find(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
+        {
+            return share.clone();
+        }
+        let share: Arc<[Limit]> = limits
+            .iter()
+            .map(|limit| limit.with_algorithm(limit.algorithm().divided_by(divisor)))
+            .collect();
+        // A handful of sets times the divisors seen; keep the newest few.
+        if shares.len() >= 64 {
+            shares.remove(0);
+        }
+        shares.push((limits.clone(), divisor, share.clone()));
+        share
     }
 }

@@ -1,17 +1,20 @@
 //! The decision floor: the limiter that runs the request path below HTTP, knowing no HTTP
 //! or Redis type.
 //!
-//! In request-path order: the [`mode`] (enforce, shadow, off), the [`denial_cache`], the
-//! [`breaker`], the store call and its timeout in [`check`], and on failure the
-//! [`failure`] policy, with its divisor from [`instances`]. [`decision`] is what comes
-//! out; [`telemetry`] counts it; [`policy`] names the quotas going in.
+//! In request-path order: [`check`] runs the path (the [`mode`], the [`denial_cache`], the
+//! [`breaker`], the store call under its timeout) and resolves a [`future`]; when the store
+//! cannot decide, [`fallback`] executes the route's [`failure`] policy, with the divisor
+//! of a local share from [`instances`]. [`decision`] is what comes out and [`telemetry`]
+//! counts it. [`builder`] assembles a limiter from [`policy`] sets.
 
 pub(crate) mod breaker;
+pub(crate) mod builder;
 pub(crate) mod check;
 pub(crate) mod decision;
 pub(crate) mod denial_cache;
 pub(crate) mod failure;
 pub(crate) mod fallback;
+pub(crate) mod future;
 pub(crate) mod instances;
 pub(crate) mod mode;
 pub(crate) mod policy;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::limiter::builder::BuildError;
 use crate::store::algorithm::{Algorithm, Limit};
 
 /// A number of requests over a span of time, read the way people say it:
@@ -143,5 +144,42 @@ impl Policy {
 impl From<Policy> for Limit {
     fn from(policy: Policy) -> Self {
         policy.limit
+    }
+}
+
+/// One set of policies a caller is decided against (the defaults, or a tier's), with an
+/// identity that changes whenever any of its policies does: a refusal is remembered for
+/// the set that refused, so a caller moved to another tier is asked about afresh.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicySet {
+    pub(crate) limits: Arc<[Limit]>,
+    pub(crate) id: u64,
+}
+
+impl PolicySet {
+    pub(crate) fn new(
+        tier: Option<&Arc<str>>,
+        limits: &[Limit],
+        scope: &Arc<str>,
+    ) -> Result<Self, BuildError> {
+        let tier_name = || tier.map(|t| t.to_string());
+        if limits.is_empty() {
+            return Err(BuildError::NoPolicies { tier: tier_name() });
+        }
+        for (i, limit) in limits.iter().enumerate() {
+            if limits[..i].iter().any(|other| other.name() == limit.name()) {
+                return Err(BuildError::DuplicatePolicy {
+                    tier: tier_name(),
+                    name: limit.name().to_owned(),
+                });
+            }
+        }
+        let limits: Arc<[Limit]> = limits.iter().map(|limit| limit.scoped(scope)).collect();
+        // Within one process only: the cache that reads it is local.
+        let id = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            &*limits,
+        );
+        Ok(Self { limits, id })
     }
 }

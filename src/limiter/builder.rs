@@ -1,0 +1,311 @@
+//! Configuring a limiter: the builder, and the typed error for a configuration that cannot
+//! work.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::limiter::breaker::{Breaker, BreakerConfig, Jitter, default_jitter};
+use crate::limiter::check::{Inner, Limiter};
+use crate::limiter::denial_cache::DenialCache;
+use crate::limiter::failure::FailurePolicy;
+use crate::limiter::mode::ModeSwitch;
+use crate::limiter::policy::{Policy, PolicySet};
+use crate::limiter::telemetry::LimiterMetrics;
+use crate::store::algorithm::Limit;
+use crate::store::backend::Backend;
+use crate::store::clock::{Clock, SystemClock};
+use crate::store::memory::InMemoryBackend;
+
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
+const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
+
+/// Configures a [`Limiter`].
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use tollgate::{BreakerConfig, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota};
+///
+/// let limiter = Limiter::builder()
+///     .name("orders")
+///     .backend(InMemoryBackend::new())
+///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+///     .policy(Policy::sliding_window("per-day", Quota::per_day(1_000_000)))
+///     // Callers on the enterprise plan get more.
+///     .tier("enterprise", [
+///         Policy::sliding_window("per-second", Quota::per_second(500)),
+///         Policy::sliding_window("per-day", Quota::per_day(50_000_000)),
+///     ])
+///     .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+///     .store_timeout(Duration::from_millis(20))
+///     .breaker(BreakerConfig::default().failure_threshold(5))
+///     .build();
+/// assert_eq!(limiter.policies().len(), 2);
+/// ```
+pub struct LimiterBuilder {
+    name: Arc<str>,
+    backend: Option<Arc<dyn Backend>>,
+    policies: Vec<Limit>,
+    tiers: Vec<(Arc<str>, Vec<Limit>)>,
+    on_store_failure: FailurePolicy,
+    store_timeout: Duration,
+    breaker: BreakerConfig,
+    jitter: Option<Jitter>,
+    denial_cache: Option<usize>,
+    clock: Arc<dyn Clock>,
+    mode: ModeSwitch,
+    counter_scope: Option<Arc<str>>,
+}
+
+impl Default for LimiterBuilder {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            backend: None,
+            policies: Vec::new(),
+            tiers: Vec::new(),
+            on_store_failure: FailurePolicy::default(),
+            store_timeout: DEFAULT_STORE_TIMEOUT,
+            breaker: BreakerConfig::default(),
+            jitter: None,
+            denial_cache: Some(DEFAULT_DENIAL_CACHE_CAPACITY),
+            clock: Arc::new(SystemClock),
+            mode: ModeSwitch::default(),
+            counter_scope: None,
+        }
+    }
+}
+
+impl fmt::Debug for LimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimiterBuilder")
+            .field("name", &self.name)
+            .field("backend", &self.backend)
+            .field("policies", &self.policies)
+            .field("on_store_failure", &self.on_store_failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LimiterBuilder {
+    /// Names the limiter in metric labels and logs (default `"default"`). Name each layer.
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Keeps counters in `backend` (default: a new [`InMemoryBackend`]).
+    pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.backend = Some(Arc::new(backend));
+        self
+    }
+
+    /// Adds a policy for callers without a tier. A request is admitted only if every
+    /// policy admits it.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy.into());
+        self
+    }
+
+    /// Gives callers of plan tier `tier` (see [`Caller::with_tier`](crate::Caller::with_tier)) their own policies
+    /// instead of the default ones. Callers naming an unknown tier get the defaults.
+    ///
+    /// A caller moved to another tier keeps its count for each policy of the same name and
+    /// unit (the same window, or the same refill period): the new quota applies to what it
+    /// already used. A policy whose name, algorithm or unit differs is a counter of its
+    /// own, started afresh. Refusals cached for the old tier do not follow the caller.
+    pub fn tier(
+        mut self,
+        tier: impl Into<Arc<str>>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.tiers
+            .push((tier.into(), policies.into_iter().map(Limit::from).collect()));
+        self
+    }
+
+    /// What to do when the store cannot decide (default: fail open).
+    pub fn on_store_failure(mut self, policy: FailurePolicy) -> Self {
+        self.on_store_failure = policy;
+        self
+    }
+
+    /// How long a decision may wait for the store before it falls back (default 20 ms).
+    /// Set it a little above the store's p99.9 latency as measured from this service.
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = timeout;
+        self
+    }
+
+    /// Configures the circuit breaker.
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// Replaces the breaker's jitter source (numbers in `[0, 1)`), for tests.
+    pub fn breaker_jitter(mut self, jitter: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
+        self.jitter = Some(Arc::new(jitter));
+        self
+    }
+
+    /// Caps the denial cache at `capacity` callers (default 100,000), or turns it off with
+    /// 0. Fail static needs it.
+    pub fn denial_cache(mut self, capacity: usize) -> Self {
+        self.denial_cache = (capacity > 0).then_some(capacity);
+        self
+    }
+
+    /// Reads time from `clock` (breaker, denial cache, local share), such as a
+    /// [`ManualClock`](crate::ManualClock) in tests. A Redis store keeps its own clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Starts in the mode of `switch`, and follows it when it is switched (default: a
+    /// switch of its own, in [`Mode::Enforce`](crate::Mode::Enforce)). Share one switch between limiters to
+    /// switch them together.
+    pub fn mode(mut self, switch: ModeSwitch) -> Self {
+        self.mode = switch;
+        self
+    }
+
+    /// Keeps this limiter's counters under `scope` instead of its name. Counters are
+    /// scoped by the limiter's name by default, so two limiters on one store never share a
+    /// count even when their policies have the same names; give two limiters the same
+    /// scope to make them count together on purpose.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Quota};
+    /// let per_ip = Policy::sliding_window("per-minute", Quota::per_minute(100));
+    /// let search = Limiter::builder().name("search").policy(per_ip.clone()).build();
+    /// let login = Limiter::builder().name("login").policy(per_ip.clone()).build();
+    /// assert_ne!(search.policies()[0].counter(), login.policies()[0].counter());
+    /// // Two routes that must draw from one budget:
+    /// let export = Limiter::builder().name("export").counter_scope("bulk").policy(per_ip.clone()).build();
+    /// let import = Limiter::builder().name("import").counter_scope("bulk").policy(per_ip).build();
+    /// assert_eq!(export.policies()[0].counter(), import.policies()[0].counter());
+    /// ```
+    pub fn counter_scope(mut self, scope: impl Into<Arc<str>>) -> Self {
+        self.counter_scope = Some(scope.into());
+        self
+    }
+
+    /// Builds the limiter from a configuration written in the code.
+    ///
+    /// # Panics
+    ///
+    /// On the configurations [`try_build`](Self::try_build) refuses. Use `try_build` for
+    /// configurations read at run time.
+    pub fn build(self) -> Limiter {
+        self.try_build().unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Builds the limiter, or says why the configuration cannot work: there is no default
+    /// policy, a tier has no policy, or two policies of one set share a name.
+    ///
+    /// ```
+    /// use tollgate::{BuildError, Limiter, Policy, Quota};
+    /// let error = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(60)))
+    ///     .try_build()
+    ///     .unwrap_err();
+    /// assert!(matches!(error, BuildError::DuplicatePolicy { .. }));
+    /// assert!(matches!(Limiter::builder().try_build(), Err(BuildError::NoPolicies { .. })));
+    /// ```
+    pub fn try_build(self) -> Result<Limiter, BuildError> {
+        let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
+        let default_limits = PolicySet::new(None, &self.policies, &scope)?;
+        let mut tiers = HashMap::with_capacity(self.tiers.len());
+        for (tier, limits) in &self.tiers {
+            tiers.insert(tier.clone(), PolicySet::new(Some(tier), limits, &scope)?);
+        }
+        let metrics = LimiterMetrics::new(
+            &self.name,
+            self.policies
+                .iter()
+                .chain(self.tiers.iter().flat_map(|(_, limits)| limits.iter()))
+                .map(Limit::name_arc),
+            self.on_store_failure.as_str(),
+        );
+        let backend = self
+            .backend
+            .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
+        let breaker = Breaker::new(
+            self.breaker,
+            self.clock.clone(),
+            self.jitter.unwrap_or_else(default_jitter),
+            self.name.clone(),
+        );
+        let local = InMemoryBackend::builder()
+            .clock(SharedClock(self.clock.clone()))
+            .build();
+        Ok(Limiter {
+            inner: Arc::new(Inner {
+                name: self.name,
+                remote: backend.is_remote(),
+                backend,
+                default_limits,
+                tiers,
+                on_store_failure: self.on_store_failure,
+                store_timeout: self.store_timeout,
+                mode: self.mode,
+                metrics,
+                breaker,
+                denials: self.denial_cache.map(DenialCache::new),
+                clock: self.clock,
+                local,
+                shares: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+}
+
+/// Why [`LimiterBuilder::try_build`] refused a configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The default set (`tier` is `None`) or a tier has no policy.
+    NoPolicies {
+        /// The tier without a policy, or `None` for the default policies.
+        tier: Option<String>,
+    },
+    /// Two policies of one set share a name (clients could not tell them apart).
+    DuplicatePolicy {
+        /// The tier, or `None` for the default policies.
+        tier: Option<String>,
+        /// The repeated name.
+        name: String,
+    },
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let set = |tier: &Option<String>| match tier {
+            Some(tier) => format!("tier {tier:?}"),
+            None => "the default policies".to_owned(),
+        };
+        match self {
+            BuildError::NoPolicies { tier } => {
+                write!(f, "{} need at least one policy", set(tier))
+            }
+            BuildError::DuplicatePolicy { tier, name } => {
+                write!(f, "{} name policy {name:?} twice", set(tier))
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+#[derive(Debug)]
+struct SharedClock(Arc<dyn Clock>);
+
+impl Clock for SharedClock {
+    fn now_millis(&self) -> u64 {
+        self.0.now_millis()
+    }
+}
