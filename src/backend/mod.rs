@@ -4,6 +4,8 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(feature = "redis")]
+mod redis_cluster;
+#[cfg(feature = "redis")]
 mod redis_instances;
 
 use std::fmt;

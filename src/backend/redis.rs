@@ -258,7 +258,7 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
 /// `EVALSHA`, or on NOSCRIPT (a restart, a `SCRIPT FLUSH`) `EVAL` with the source, which
 /// runs in the same round trip and caches the script again. Unlike load-then-retry, no
 /// flush between two commands can make it fail.
-async fn evaluate<T: redis::FromRedisValue>(
+pub(super) async fn evaluate<T: redis::FromRedisValue>(
     connection: &mut impl redis::aio::ConnectionLike,
     script: &Script,
     source: &str,
@@ -302,7 +302,9 @@ impl Connection {
                         .connection
                         .get_or_try_init(|| cluster.client.get_async_connection())
                         .await?;
-                    evaluate(&mut connection.clone(), script, source, keys, args).await
+                    // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
+                    // whose reply was lost.
+                    super::redis_cluster::evaluate(connection, script, source, keys, args).await
                 }
             }
         };
@@ -482,7 +484,9 @@ impl RedisBackendBuilder {
                 let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
-                    // A lost reply to a script that ran would be counted twice if retried.
+                    // The client's retries would repeat a script whose reply was lost (it may
+                    // have counted) and are the only way it follows redirects: none here,
+                    // redirects are followed in `redis_cluster` instead.
                     .retries(0)
                     .build()
                     .map_err(|e| invalid(e.to_string()))?;
