@@ -410,9 +410,11 @@ fn a_live_reshard_loses_no_decision_and_no_count() {
         .build()
         .unwrap();
     let slot = cluster.keyslot(&probe.key(&CallerKey::new(busy.as_str()), "per-day"));
-    let others: Vec<String> = masters
+    // Nothing else runs the script on the target, so the first redirected calls find it
+    // without the script once its cache is flushed.
+    let others: Vec<String> = [source, masters[2]]
         .iter()
-        .flat_map(|&m| callers_on(&cluster, m, "other", 2))
+        .flat_map(|&m| callers_on(&cluster, m, "other", 3))
         .collect();
     let urls = cluster.master_urls();
 
@@ -447,14 +449,20 @@ fn a_live_reshard_loses_no_decision_and_no_count() {
         Duration::from_millis(1),
         |start| {
             std::thread::sleep(Duration::from_millis(300));
+            // The first calls redirected to the target find no cached script there.
+            cluster.ok(target, &["SCRIPT", "FLUSH"]);
             let began = start.elapsed();
             cluster.move_slot(slot, target, Duration::from_millis(400));
             let moved = start.elapsed();
             std::thread::sleep(Duration::from_millis(700));
-            (began, moved)
+            let errors = |node: usize, kind: &str| {
+                errorstat(&cluster.nodes[node].must(&["INFO", "errorstats"]), kind)
+            };
+            let redirects = (errors(source, "ASK"), errors(source, "MOVED"));
+            (began, moved, redirects, errors(target, "NOSCRIPT"))
         },
     );
-    let (began, moved) = run.events;
+    let (began, moved, (asks, moveds), noscripts) = run.events;
     assert_eq!(cluster.node_for_slot(slot), target, "the slot did not move");
 
     let busy_records: Vec<&Record> = run.of(0).collect();
@@ -475,7 +483,8 @@ fn a_live_reshard_loses_no_decision_and_no_count() {
     eprintln!(
         "live reshard of slot {slot} (migration {} ms): {} decisions for the busy caller \
          ({during} while the slot migrated, {after} after), {admitted} admitted of a limit of \
-         {LIMIT}, {refused} refused; {} decisions for callers on other slots; \
+         {LIMIT}, {refused} refused; the source answered ASK {asks} times and MOVED \
+         {moveds} times, the target NOSCRIPT {noscripts} times; {} decisions for callers on other slots; \
          fallbacks: {fallbacks} {:?} {:?}",
         ms(moved - began),
         busy_records.len(),
@@ -500,6 +509,25 @@ fn a_live_reshard_loses_no_decision_and_no_count() {
         "the traffic never reached the limit; raise it or slow the move"
     );
     assert_eq!(admitted, LIMIT);
+    // The redirects were real, and MOVED made the client refresh its slot map even though
+    // the client itself retries nothing: after the first few, calls went straight to the
+    // new owner instead of through the old one.
+    assert!(asks > 0, "no call met the migrating slot");
+    assert!(noscripts > 0, "no redirected call had to load the script");
+    assert!(
+        moveds > 0 && moveds < 50,
+        "{moveds} MOVED replies for {after} decisions after the move: the slot map never refreshed"
+    );
+}
+
+/// The count of `kind` errors in `INFO errorstats` output (0 if none).
+fn errorstat(info: &str, kind: &str) -> u64 {
+    let prefix = format!("errorstat_{kind}:count=");
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
