@@ -731,3 +731,72 @@ fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
         "decisions for the lost master's slots did not return to the store"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_split_by_a_migration_gets_a_bounded_retry_and_no_count() {
+    const LIMIT: u64 = 100;
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let caller = callers_on(&cluster, masters[0], "split", 1).remove(0);
+    let store = RedisBackend::cluster_builder(cluster.master_urls())
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let limiter = Limiter::builder()
+        .name("split")
+        .store_timeout(Duration::from_secs(2))
+        .on_store_failure(FailurePolicy::open())
+        .denial_cache(0)
+        .backend(store.clone())
+        .policy(Policy::sliding_window("per-day", Quota::per_day(LIMIT)))
+        .policy(Policy::sliding_window("per-day-too", Quota::per_day(LIMIT)))
+        .build();
+    let who = Caller::new(caller.as_str());
+    let remaining = |decision: Decision| match decision {
+        Decision::Allowed(info) if info.source() == DecisionSource::Store => info
+            .policies()
+            .iter()
+            .map(|p| p.remaining())
+            .collect::<Vec<_>>(),
+        other => panic!("not decided by the store: {other:?}"),
+    };
+    for _ in 0..3 {
+        limiter.check(&who).await;
+    }
+    let keys: Vec<String> = ["per-day", "per-day-too"]
+        .map(|p| String::from_utf8(store.key(&CallerKey::new(caller.as_str()), p)).unwrap())
+        .into();
+    let slot = cluster.keyslot(keys[0].as_bytes());
+    let (source, target) = (masters[0], masters[1]);
+    let tries = |node: usize| {
+        errorstat(
+            &cluster.nodes[node].must(&["INFO", "errorstats"]),
+            "TRYAGAIN",
+        )
+    };
+
+    // One of the caller's two keys has moved, the other not yet: the source answers
+    // TRYAGAIN. The call is repeated a bounded number of times, then fails; it never ran,
+    // so it counted nothing.
+    cluster.begin_migration(slot, target);
+    cluster.migrate_keys(source, target, &[keys[0].as_str()]);
+    let before = tries(source);
+    let started = Instant::now();
+    let decision = limiter.check(&who).await;
+    let took = started.elapsed();
+    let repeated = tries(source) - before;
+    eprintln!(
+        "a split caller: {repeated} TRYAGAIN replies in {} ms, then {decision:?}",
+        ms(took)
+    );
+    assert!(matches!(decision, Decision::Unlimited(_)), "{decision:?}");
+    assert_eq!(repeated, 6, "one call and five retries");
+
+    // The rest of the caller's keys follow: ASK sends the call to the target, where the
+    // count is exactly the three decisions made before (the failed one left no trace).
+    cluster.migrate_keys(source, target, &[keys[1].as_str()]);
+    assert_eq!(remaining(limiter.check(&who).await), [LIMIT - 4, LIMIT - 4]);
+    cluster.finish_migration(slot, source, target);
+    assert_eq!(remaining(limiter.check(&who).await), [LIMIT - 5, LIMIT - 5]);
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+}

@@ -489,6 +489,28 @@ impl RedisCluster {
     /// source and the other masters. `dwell` is slept in each intermediate state, so
     /// traffic meets the slot migrating (ASK) and migrated but not yet reassigned.
     pub fn move_slot(&self, slot: u16, to: usize, dwell: Duration) {
+        let from = self.begin_migration(slot, to);
+        std::thread::sleep(dwell);
+        loop {
+            let keys =
+                self.nodes[from].must(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+            let keys: Vec<&str> = keys
+                .lines()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .collect();
+            if keys.is_empty() {
+                break;
+            }
+            self.migrate_keys(from, to, &keys);
+        }
+        std::thread::sleep(dwell);
+        self.finish_migration(slot, from, to);
+    }
+
+    /// Marks `slot` importing on `nodes[to]` and migrating on its master; returns the
+    /// master's index.
+    pub fn begin_migration(&self, slot: u16, to: usize) -> usize {
         let from = self.node_for_slot(slot);
         assert_ne!(from, to, "slot {slot} is already on node {to}");
         let slot_arg = slot.to_string();
@@ -501,27 +523,26 @@ impl RedisCluster {
             from,
             &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id],
         );
-        std::thread::sleep(dwell);
-        loop {
-            let keys = self.nodes[from].must(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]);
-            let keys: Vec<&str> = keys
-                .lines()
-                .map(str::trim)
-                .filter(|k| !k.is_empty())
-                .collect();
-            if keys.is_empty() {
-                break;
-            }
-            let port = self.nodes[to].port().to_string();
-            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-            args.extend(keys.iter().copied());
-            let reply = self.nodes[from].must(&args);
-            assert!(
-                reply.trim() == "OK" || reply.trim() == "NOKEY",
-                "MIGRATE answered {reply}"
-            );
-        }
-        std::thread::sleep(dwell);
+        from
+    }
+
+    /// Moves `keys` (one `MIGRATE`, atomically) from `nodes[from]` to `nodes[to]`.
+    pub fn migrate_keys(&self, from: usize, to: usize, keys: &[&str]) {
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().copied());
+        let reply = self.nodes[from].must(&args);
+        assert!(
+            reply.trim() == "OK" || reply.trim() == "NOKEY",
+            "MIGRATE answered {reply}"
+        );
+    }
+
+    /// Gives `slot` to `nodes[to]` on the target, the source and the other masters, and
+    /// waits until every node agrees.
+    pub fn finish_migration(&self, slot: u16, from: usize, to: usize) {
+        let slot_arg = slot.to_string();
+        let to_id = self.id(to);
         let owner = ["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id];
         self.ok(to, &owner);
         self.ok(from, &owner);
