@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use support::recorder::{Snapshot, counter, with_recorder};
 use support::redis::RedisCluster;
 use tollgate::{
-    BreakerState, Caller, CallerKey, Decision, DecisionSource, FailurePolicy, Limiter, Policy,
-    Quota, RedisBackend,
+    BreakerConfig, BreakerState, Caller, CallerKey, Decision, DecisionSource, FailurePolicy,
+    Limiter, Policy, Quota, RedisBackend,
 };
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
@@ -209,11 +209,18 @@ struct Group {
 
 /// One limiter instance as a service instance would run it: its own cluster connection,
 /// a store timeout no healthy call reaches on a loaded test machine, failing open (every
-/// fallback is counted with its reason), no denial cache (every refusal asks the store).
+/// fallback is counted with its reason), no denial cache (every refusal asks the store),
+/// and a breaker open 500 ms at first and never longer than 1 s, so an instance is back on
+/// the store within about a second of the store's return.
 fn instance(urls: &[String], name: &'static str, policy: Policy) -> Limiter {
     Limiter::builder()
         .name(name)
         .store_timeout(Duration::from_secs(2))
+        .breaker(
+            BreakerConfig::default()
+                .base_open(Duration::from_millis(500))
+                .max_open(Duration::from_secs(1)),
+        )
         .on_store_failure(FailurePolicy::open())
         .denial_cache(0)
         .backend(
