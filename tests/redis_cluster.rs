@@ -405,6 +405,18 @@ fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
 
+/// When the first and the last of `times` were, after `since`.
+fn span(times: &[Duration], since: Duration, what: &str) -> String {
+    match (times.first(), times.last()) {
+        (Some(first), Some(last)) => format!(
+            "from {} ms to {} ms after {what}",
+            ms(first.saturating_sub(since)),
+            ms(last.saturating_sub(since))
+        ),
+        _ => "none".to_owned(),
+    }
+}
+
 #[test]
 fn a_live_reshard_loses_no_decision_and_no_count() {
     const LIMIT: u64 = 2_000;
@@ -582,14 +594,7 @@ fn a_manual_failover_loses_at_most_the_calls_in_flight() {
     assert_eq!(cluster.role(replica), "master");
 
     let fallbacks = run.fallbacks(0);
-    let span = match (fallbacks.first(), fallbacks.last()) {
-        (Some(first), Some(last)) => format!(
-            "from {} ms to {} ms after the failover began",
-            ms(first.saturating_sub(began)),
-            ms(last.saturating_sub(began))
-        ),
-        _ => "none".to_owned(),
-    };
+    let span = span(&fallbacks, began, "the failover began");
     let after = run.of(0).filter(|r| r.at > settled).count();
     eprintln!(
         "manual failover ({} ms until every node agreed): {} decisions, {} fallbacks ({span}) \
@@ -644,9 +649,11 @@ fn a_manual_failover_loses_at_most_the_calls_in_flight() {
     }
 }
 
-#[test]
-fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
-    let mut cluster = RedisCluster::start();
+/// Kills a master of `cluster` while three kinds of limiter instances send traffic: for
+/// callers on that master (group 0), for callers on the others (group 1), and for callers on
+/// every master (group 2). Prints what happened; returns the run with the instants of the
+/// kill, the replica's promotion and the cluster settling.
+fn lose_a_master(mut cluster: RedisCluster, what: &str) -> Run<(Duration, Duration, Duration)> {
     let masters = cluster.masters();
     let lost = masters[0];
     let on_lost = callers_on(&cluster, lost, "lost", 3);
@@ -702,7 +709,6 @@ fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
         },
     );
     let (killed, promoted, settled) = run.events;
-
     let fallbacks = run.fallbacks(0);
     let last = fallbacks.last().copied().unwrap_or_default();
     let back = run
@@ -711,9 +717,9 @@ fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
         .find(|r| r.at >= last)
         .map(|r| r.at);
     eprintln!(
-        "lost master: promotion {} ms after the kill (settled at {} ms); callers on its \
+        "lost master{what}: promotion {} ms after the kill (settled at {} ms); callers on its \
          slots: {} fallbacks {:?}, the last {} ms after the kill, back on the store at {} ms; \
-         callers on the other masters: {} decisions, {} fallbacks {:?}",
+         callers on the other masters: {} decisions, {} fallbacks {:?} ({})",
         ms(promoted - killed),
         ms(settled - killed),
         fallbacks.len(),
@@ -723,21 +729,31 @@ fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
         run.of(1).count(),
         run.fallbacks(1).len(),
         run.reasons("healthy"),
+        span(&run.fallbacks(1), killed, "the kill"),
     );
-    // One breaker per limiter: where one limiter serves callers on every master, the lost
-    // master's failures open it for all of them. Reported, not asserted.
+    // One breaker per limiter: where one limiter serves callers on every master, five
+    // failures in a row for the lost master's callers would open it for all of them.
+    // Reported, not asserted.
     let mixed_fallbacks = |on_lost: bool| {
         run.of(2)
             .filter(|r| r.outcome == Outcome::Fallback && (r.caller == 0) == on_lost)
             .count()
     };
     eprintln!(
-        "lost master, one limiter for callers on every master: {} fallbacks for its caller on \
+        "lost master{what}, one limiter for callers on every master: {} fallbacks for its caller on \
          the lost master, {} for its callers on the other masters {:?}",
         mixed_fallbacks(true),
         mixed_fallbacks(false),
         run.reasons("mixed"),
     );
+    run
+}
+
+#[test]
+fn a_lost_master_falls_back_only_for_its_slots_until_its_replica_takes_over() {
+    let run = lose_a_master(RedisCluster::start(), "");
+    let (killed, promoted, settled) = run.events;
+    let fallbacks = run.fallbacks(0);
     assert!(
         run.fallbacks(1).is_empty(),
         "callers on the healthy masters fell back"
@@ -830,4 +846,28 @@ async fn a_caller_split_by_a_migration_gets_a_bounded_retry_and_no_count() {
     cluster.finish_migration(slot, source, target);
     assert_eq!(remaining(limiter.check(&who).await), [LIMIT - 5, LIMIT - 5]);
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+}
+
+/// Why the harness (and the README) runs the cluster with `cluster-require-full-coverage no`:
+/// with the default `yes`, once the lost master is flagged as failed every node answers
+/// CLUSTERDOWN for every slot until its replica is promoted, so callers on the healthy
+/// masters fall back too.
+#[test]
+fn with_full_coverage_required_a_lost_master_stops_every_caller() {
+    let run = lose_a_master(
+        RedisCluster::start_requiring_full_coverage(),
+        " (full coverage required)",
+    );
+    let (killed, promoted, _) = run.events;
+    let healthy = run.fallbacks(1);
+    assert!(
+        !healthy.is_empty(),
+        "callers on the healthy masters never fell back"
+    );
+    assert!(
+        healthy
+            .iter()
+            .all(|&at| at >= killed && at <= promoted + Duration::from_secs(2))
+    );
+    assert!(run.reasons("healthy").contains_key("other_error"));
 }

@@ -241,6 +241,16 @@ impl RedisCluster {
     /// Starts six nodes, joins them into a cluster with every slot covered and one replica
     /// per master, and waits until every replica is in sync and every node agrees.
     pub fn start() -> Self {
+        Self::start_with_coverage("no")
+    }
+
+    /// The same cluster with Redis's default `cluster-require-full-coverage yes`: every node
+    /// stops serving every slot while any slot has no live master.
+    pub fn start_requiring_full_coverage() -> Self {
+        Self::start_with_coverage("yes")
+    }
+
+    fn start_with_coverage(require_full_coverage: &str) -> Self {
         let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::start_with(&[
@@ -249,7 +259,7 @@ impl RedisCluster {
                     "--cluster-node-timeout",
                     NODE_TIMEOUT_MS,
                     "--cluster-require-full-coverage",
-                    "no",
+                    require_full_coverage,
                 ])
             })
             .collect();
