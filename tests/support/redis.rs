@@ -576,7 +576,7 @@ impl RedisCluster {
     /// `CLUSTER FAILOVER` on the replica `nodes[replica]`; returns once every node sees it
     /// as a master and the cluster is settled again.
     pub fn failover(&self, replica: usize) {
-        self.nodes[replica].must(&["CLUSTER", "FAILOVER"]);
+        self.ok(replica, &["CLUSTER", "FAILOVER"]);
         self.wait_until("the replica is promoted", |c| c.role(replica) == "master");
         self.wait_until("the cluster settles after the failover", Self::is_settled);
     }
