@@ -29,7 +29,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, S
 use redis::{ServerErrorKind, Value};
 
 /// How many redirects (or pauses) one call follows before it gives up.
-pub(super) const MAX_REDIRECTS: usize = 5;
+const MAX_REDIRECTS: usize = 5;
 
 /// The pause before trying again after `TRYAGAIN` or `CLUSTERDOWN`.
 const PAUSE: Duration = Duration::from_millis(5);
