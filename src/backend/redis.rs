@@ -59,8 +59,9 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// reading only from primaries and following the cluster through reshards and failovers
 /// (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected script
 /// never ran, so sending it again is safe). Both connect lazily, so a service starts while
-/// Redis is down. Commands are never queued for later or replayed: a decision that could not be made
-/// within the response timeout is an error, left to the limiter's failure policy.
+/// Redis is down. Commands are never queued for later or replayed: a decision that could
+/// not be made within the response timeout is an error, left to the limiter's failure
+/// policy.
 ///
 /// Give the limiter its own Redis (or its own cluster), not a shared cache: an eviction
 /// policy that drops keys under memory pressure silently resets callers' counters, and a
