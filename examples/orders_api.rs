@@ -2,7 +2,8 @@
 //! that fails closed, and Prometheus metrics.
 //!
 //! ```text
-//! orders_api [--listen ADDR] [--redis URL] [--limit N] [--window-secs N]
+//! orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
+//!            [--limit N] [--window-secs N]
 //!            [--on-store-failure open|closed|local-share|static] [--instances N]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //! ```
@@ -15,7 +16,9 @@
 //!
 //! Without `--redis` the counters live in this process. With it, they live in Redis and the
 //! local share divides by `--instances`, or by the live instances that heartbeat into Redis
-//! when `--instances` is not given.
+//! when `--instances` is not given. `--redis-cluster` does the same on a Redis Cluster,
+//! reached through any of the comma-separated node URLs (the others are discovered); it
+//! and `--redis` exclude each other.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -30,13 +33,15 @@ use tollgate::{
     MissingKey, Policy, Quota, RateLimitLayer, RedisBackend, TrustedProxies,
 };
 
-const USAGE: &str = "usage: orders_api [--listen ADDR] [--redis URL] [--limit N] [--window-secs N]
+const USAGE: &str = "usage: orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
+                  [--limit N] [--window-secs N]
                   [--on-store-failure open|closed|local-share|static] [--instances N]
                   [--store-timeout-ms N] [--trusted-proxy CIDR]...";
 
 struct Options {
     listen: SocketAddr,
     redis: Option<String>,
+    redis_cluster: Option<Vec<String>>,
     limit: u64,
     window_secs: u64,
     on_store_failure: String,
@@ -49,6 +54,7 @@ fn parse_options() -> Result<Options, String> {
     let mut options = Options {
         listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
         redis: None,
+        redis_cluster: None,
         limit: 50,
         window_secs: 1,
         on_store_failure: "local-share".to_owned(),
@@ -68,6 +74,20 @@ fn parse_options() -> Result<Options, String> {
                 options.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?
             }
             "--redis" => options.redis = Some(value()?),
+            "--redis-cluster" => {
+                let nodes: Vec<String> = value()?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|url| !url.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                if nodes.is_empty() {
+                    return Err(format!(
+                        "--redis-cluster needs at least one node URL\n{USAGE}"
+                    ));
+                }
+                options.redis_cluster = Some(nodes);
+            }
             "--limit" => options.limit = number(value()?)?,
             "--window-secs" => options.window_secs = number(value()?)?,
             "--on-store-failure" => options.on_store_failure = value()?,
@@ -77,6 +97,11 @@ fn parse_options() -> Result<Options, String> {
             "--help" | "-h" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
+    }
+    if options.redis.is_some() && options.redis_cluster.is_some() {
+        return Err(format!(
+            "--redis and --redis-cluster exclude each other: give one Redis or one cluster\n{USAGE}"
+        ));
     }
     if options.limit == 0 || options.window_secs == 0 {
         return Err("--limit and --window-secs must be at least 1".to_owned());
@@ -108,16 +133,19 @@ fn failure_policy(
 }
 
 fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String> {
-    options
-        .redis
-        .as_deref()
-        .map(|url| {
-            RedisBackend::builder(url)
-                .prefix(prefix)
-                .build()
-                .map_err(|e| format!("--redis: {e}"))
-        })
-        .transpose()
+    match (&options.redis, &options.redis_cluster) {
+        (Some(url), _) => RedisBackend::builder(url.as_str())
+            .prefix(prefix)
+            .build()
+            .map(Some)
+            .map_err(|e| format!("--redis: {e}")),
+        (None, Some(nodes)) => RedisBackend::cluster_builder(nodes.iter().cloned())
+            .prefix(prefix)
+            .build()
+            .map(Some)
+            .map_err(|e| format!("--redis-cluster: {e}")),
+        (None, None) => Ok(None),
+    }
 }
 
 fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollgate::LimiterBuilder {
@@ -171,7 +199,11 @@ async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, Str
         .on_store_failure(FailurePolicy::closed())
         .build();
     let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
-    let where_ = options.redis.as_deref().unwrap_or("this process");
+    let where_ = match (&options.redis, &options.redis_cluster) {
+        (Some(url), _) => url.clone(),
+        (None, Some(nodes)) => format!("the Redis Cluster at {}", nodes.join(",")),
+        (None, None) => "this process".to_owned(),
+    };
     eprintln!(
         "/orders: {} per {} s per customer, counters in {where_}, on store failure: {}",
         options.limit, options.window_secs, options.on_store_failure

@@ -207,21 +207,59 @@ fn free_port(with_bus: bool) -> u16 {
     }
 }
 
-/// A 3-master Redis Cluster made with `redis-cli --cluster create`.
+/// A Redis Cluster of 3 masters and 3 replicas made with
+/// `redis-cli --cluster create ... --cluster-replicas 1`.
+///
+/// Nodes run with a short `cluster-node-timeout` (1 s) so a failover in a test takes a
+/// couple of seconds, and with `cluster-require-full-coverage no` so that the masters that
+/// are up keep serving their slots while a lost master's replica takes over (as the README
+/// advises for a limiter's own cluster).
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
+/// One line of `CLUSTER NODES`: a node as the cluster sees it.
+#[derive(Clone, Debug)]
+pub struct ClusterNode {
+    /// The node id.
+    pub id: String,
+    /// The client port.
+    pub port: u16,
+    /// A master (else a replica).
+    pub master: bool,
+    /// Flagged `fail` (or `fail?`) by the node that was asked.
+    pub failing: bool,
+    /// The master's id, for a replica.
+    pub master_id: Option<String>,
+    /// The slot ranges it serves (masters).
+    pub slots: Vec<(u16, u16)>,
+}
+
+const NODE_TIMEOUT_MS: &str = "1000";
+
 impl RedisCluster {
-    /// Starts three nodes and joins them into a cluster with every slot covered.
+    /// Starts six nodes, joins them into a cluster with every slot covered and one replica
+    /// per master, and waits until every replica is in sync and every node agrees.
     pub fn start() -> Self {
-        let nodes: Vec<RedisServer> = (0..3)
+        Self::start_with_coverage("no")
+    }
+
+    /// The same cluster with Redis's default `cluster-require-full-coverage yes`: every node
+    /// stops serving every slot while any slot has no live master.
+    pub fn start_requiring_full_coverage() -> Self {
+        Self::start_with_coverage("yes")
+    }
+
+    fn start_with_coverage(require_full_coverage: &str) -> Self {
+        let nodes: Vec<RedisServer> = (0..6)
             .map(|_| {
                 RedisServer::start_with(&[
                     "--cluster-enabled",
                     "yes",
                     "--cluster-node-timeout",
-                    "2000",
+                    NODE_TIMEOUT_MS,
+                    "--cluster-require-full-coverage",
+                    require_full_coverage,
                 ])
             })
             .collect();
@@ -233,7 +271,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("{INSTALL_HINT} ({e})"));
@@ -243,23 +281,163 @@ impl RedisCluster {
             String::from_utf8_lossy(&output.stdout)
         );
         let cluster = Self { nodes };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !cluster.is_ok() {
-            assert!(
-                Instant::now() < deadline,
-                "the cluster did not reach cluster_state:ok"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        cluster.wait_until(
+            "every node sees 3 masters with a synced replica each",
+            |c| c.is_settled(),
+        );
         cluster
     }
 
-    fn is_ok(&self) -> bool {
-        self.nodes.iter().all(|node| {
-            node.cli(&["CLUSTER", "INFO"])
-                .map(|info| info.contains("cluster_state:ok"))
-                .unwrap_or(false)
-        })
+    /// Polls `ready` every 50 ms for up to 30 s; panics with `what` if it never holds.
+    pub fn wait_until(&self, what: &str, mut ready: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready(self) {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes that are running.
+    fn live(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes.iter().filter(|n| n.pid().is_some())
+    }
+
+    /// Every live node reports `cluster_state:ok`, sees the same 3 masters serving all
+    /// 16384 slots with no node failing, and every live replica's link to its master is up.
+    pub fn is_settled(&self) -> bool {
+        let mut views = Vec::new();
+        for node in self.live() {
+            let Some(info) = node.cli(&["CLUSTER", "INFO"]) else {
+                return false;
+            };
+            if !info.contains("cluster_state:ok") {
+                return false;
+            }
+            let Some(view) = self.view_from(node) else {
+                return false;
+            };
+            let masters: Vec<&ClusterNode> =
+                view.iter().filter(|n| n.master && !n.failing).collect();
+            let covered: u32 = masters
+                .iter()
+                .flat_map(|n| &n.slots)
+                .map(|(a, b)| u32::from(b - a) + 1)
+                .sum();
+            if masters.len() != 3 || covered != 16384 {
+                return false;
+            }
+            let mut owners: Vec<(u16, u16, u16)> = masters
+                .iter()
+                .flat_map(|n| n.slots.iter().map(|&(a, b)| (a, b, n.port)))
+                .collect();
+            owners.sort_unstable();
+            views.push(owners);
+            if let Some(replication) = node.cli(&["INFO", "replication"])
+                && replication.contains("role:slave")
+                && !replication.contains("master_link_status:up")
+            {
+                return false;
+            }
+        }
+        views.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// `CLUSTER NODES` as `node` sees the cluster, or `None` if it does not answer.
+    pub fn view_from(&self, node: &RedisServer) -> Option<Vec<ClusterNode>> {
+        let text = node.cli(&["CLUSTER", "NODES"])?;
+        let mut nodes = Vec::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 {
+                continue;
+            }
+            // <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
+            let port = fields[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| p.parse().ok())?;
+            let flags: Vec<&str> = fields[2].split(',').collect();
+            let slots = fields[8..]
+                .iter()
+                .filter(|f| !f.starts_with('['))
+                .filter_map(|f| match f.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => f.parse().ok().map(|s| (s, s)),
+                })
+                .collect();
+            nodes.push(ClusterNode {
+                id: fields[0].to_owned(),
+                port,
+                master: flags.contains(&"master"),
+                failing: flags.contains(&"fail") || flags.contains(&"fail?"),
+                master_id: (fields[3] != "-").then(|| fields[3].to_owned()),
+                slots,
+            });
+        }
+        Some(nodes)
+    }
+
+    /// The cluster as the first live node that answers sees it.
+    pub fn view(&self) -> Vec<ClusterNode> {
+        self.live()
+            .find_map(|node| self.view_from(node))
+            .expect("no live node answers CLUSTER NODES")
+    }
+
+    /// Runs a command on `nodes[index]` and panics unless it answers `OK`.
+    pub fn ok(&self, index: usize, args: &[&str]) {
+        let reply = self.nodes[index].must(args);
+        assert_eq!(reply.trim(), "OK", "{args:?} on node {index}");
+    }
+
+    /// The index into `nodes` of the node on `port`.
+    pub fn index_of_port(&self, port: u16) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .unwrap_or_else(|| panic!("no node on port {port}"))
+    }
+
+    /// The node id of `nodes[index]`, as it reports it.
+    pub fn id(&self, index: usize) -> String {
+        self.nodes[index]
+            .must(&["CLUSTER", "MYID"])
+            .trim()
+            .to_owned()
+    }
+
+    /// `master` or `slave`, as `nodes[index]` reports its own role (`ROLE`).
+    pub fn role(&self, index: usize) -> String {
+        self.nodes[index]
+            .must(&["ROLE"])
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    /// The indices of the masters, in `nodes` order.
+    pub fn masters(&self) -> Vec<usize> {
+        let view = self.view();
+        (0..self.nodes.len())
+            .filter(|&i| {
+                view.iter()
+                    .any(|n| n.port == self.nodes[i].port() && n.master && !n.failing)
+            })
+            .collect()
+    }
+
+    /// The index of the replica of `nodes[master]`.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let id = self.id(master);
+        let view = self.view();
+        let replica = view
+            .iter()
+            .find(|n| n.master_id.as_deref() == Some(id.as_str()))
+            .unwrap_or_else(|| panic!("node {master} has no replica"));
+        self.index_of_port(replica.port)
     }
 
     /// Every node's URL.
@@ -267,14 +445,23 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The URLs of the masters only (a client started from them finds the replicas).
+    pub fn master_urls(&self) -> Vec<String> {
+        self.masters()
+            .into_iter()
+            .map(|i| self.nodes[i].url())
+            .collect()
+    }
+
     /// The slot of a key, as the cluster computes it.
     pub fn keyslot(&self, key: &[u8]) -> u16 {
+        let node = self.live().next().expect("a live node");
         let output = Command::new("redis-cli")
             .args([
                 "-h",
                 "127.0.0.1",
                 "-p",
-                &self.nodes[0].port().to_string(),
+                &node.port().to_string(),
                 "-x",
                 "CLUSTER",
                 "KEYSLOT",
@@ -294,29 +481,114 @@ impl RedisCluster {
             .expect("a slot number")
     }
 
-    /// Which node (index into `nodes`) serves `slot`.
+    /// Which node (index into `nodes`) is the master serving `slot`.
     pub fn node_for_slot(&self, slot: u16) -> usize {
-        let slots = self.nodes[0].must(&["CLUSTER", "SLOTS"]);
-        // redis-cli prints each range as: start, end, then the master's ip and port.
-        let lines: Vec<&str> = slots.lines().map(str::trim).collect();
-        let mut i = 0;
-        while i + 3 < lines.len() {
-            if let (Ok(start), Ok(end)) = (lines[i].parse::<u16>(), lines[i + 1].parse::<u16>())
-                && lines[i + 2] == "127.0.0.1"
-                && let Ok(port) = lines[i + 3].parse::<u16>()
-            {
-                if (start..=end).contains(&slot) {
-                    return self
-                        .nodes
-                        .iter()
-                        .position(|n| n.port() == port)
-                        .expect("a known node");
-                }
-                i += 4;
-                continue;
+        let view = self.view();
+        let owner = view
+            .iter()
+            .find(|n| {
+                n.master && !n.failing && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+            })
+            .unwrap_or_else(|| panic!("no master serves slot {slot}: {view:?}"));
+        self.index_of_port(owner.port)
+    }
+
+    /// Moves `slot` live from its master to the master `nodes[to]`, the way
+    /// `redis-cli --cluster reshard` does: `IMPORTING` on the target, `MIGRATING` on the
+    /// source, `MIGRATE` of its keys in batches, then `SETSLOT NODE` on the target, the
+    /// source and the other masters. `dwell` is slept in each intermediate state, so
+    /// traffic meets the slot migrating (ASK) and migrated but not yet reassigned.
+    pub fn move_slot(&self, slot: u16, to: usize, dwell: Duration) {
+        let from = self.begin_migration(slot, to);
+        std::thread::sleep(dwell);
+        loop {
+            let keys =
+                self.nodes[from].must(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+            let keys: Vec<&str> = keys
+                .lines()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .collect();
+            if keys.is_empty() {
+                break;
             }
-            i += 1;
+            self.migrate_keys(from, to, &keys);
         }
-        panic!("no node serves slot {slot}: {slots}");
+        std::thread::sleep(dwell);
+        self.finish_migration(slot, from, to);
+    }
+
+    /// Marks `slot` importing on `nodes[to]` and migrating on its master; returns the
+    /// master's index.
+    pub fn begin_migration(&self, slot: u16, to: usize) -> usize {
+        let from = self.node_for_slot(slot);
+        assert_ne!(from, to, "slot {slot} is already on node {to}");
+        let slot_arg = slot.to_string();
+        let (from_id, to_id) = (self.id(from), self.id(to));
+        self.ok(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id],
+        );
+        self.ok(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id],
+        );
+        from
+    }
+
+    /// Moves `keys` (one `MIGRATE`, atomically) from `nodes[from]` to `nodes[to]`.
+    pub fn migrate_keys(&self, from: usize, to: usize, keys: &[&str]) {
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().copied());
+        let reply = self.nodes[from].must(&args);
+        assert!(
+            reply.trim() == "OK" || reply.trim() == "NOKEY",
+            "MIGRATE answered {reply}"
+        );
+    }
+
+    /// Gives `slot` to `nodes[to]` on the target, the source and the other masters, and
+    /// waits until every node agrees.
+    pub fn finish_migration(&self, slot: u16, from: usize, to: usize) {
+        let slot_arg = slot.to_string();
+        let to_id = self.id(to);
+        let owner = ["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id];
+        self.ok(to, &owner);
+        self.ok(from, &owner);
+        for other in self.masters() {
+            if other != to && other != from {
+                self.ok(other, &owner);
+            }
+        }
+        self.wait_until("every node agrees on the moved slot", |c| {
+            c.live().all(|node| {
+                c.view_from(node).is_some_and(|view| {
+                    view.iter().any(|n| {
+                        n.port == c.nodes[to].port()
+                            && n.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+                    })
+                })
+            })
+        });
+    }
+
+    /// `CLUSTER FAILOVER` on the replica `nodes[replica]`; returns once every node sees it
+    /// as a master and the cluster is settled again.
+    pub fn failover(&self, replica: usize) {
+        self.ok(replica, &["CLUSTER", "FAILOVER"]);
+        self.wait_until("the replica is promoted", |c| c.role(replica) == "master");
+        self.wait_until("the cluster settles after the failover", Self::is_settled);
+    }
+
+    /// Kills the master `nodes[master]` (SIGKILL) and returns once its replica reports
+    /// itself a master; the caller may then wait for `is_settled`.
+    pub fn kill_master_and_wait_for_promotion(&mut self, master: usize) -> usize {
+        let replica = self.replica_of(master);
+        self.nodes[master].kill();
+        self.wait_until("the replica of the killed master is promoted", |c| {
+            c.role(replica) == "master"
+        });
+        replica
     }
 }

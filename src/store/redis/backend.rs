@@ -67,9 +67,12 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 ///
 /// A single node is reached through one multiplexed connection that reconnects by itself
 /// with jittered exponential backoff; a cluster through the redis crate's cluster client,
-/// reading only from primaries. Both connect lazily, so a service starts while Redis is
-/// down. Commands are never queued for later or replayed: a decision that could not be made
-/// within the response timeout is an error, left to the limiter's failure policy.
+/// reading only from primaries and following the cluster through reshards and failovers
+/// (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected script
+/// never ran, so sending it again is safe). Both connect lazily, so a service starts while
+/// Redis is down. Commands are never queued for later or replayed: a decision that could
+/// not be made within the response timeout is an error, left to the limiter's failure
+/// policy.
 ///
 /// Give the limiter its own Redis (or its own cluster), not a shared cache: an eviction
 /// policy that drops keys under memory pressure silently resets callers' counters, and a
@@ -310,7 +313,7 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
 /// `EVALSHA`, or on NOSCRIPT (a restart, a `SCRIPT FLUSH`) `EVAL` with the source, which
 /// runs in the same round trip and caches the script again. Unlike load-then-retry, no
 /// flush between two commands can make it fail.
-async fn evaluate<T: redis::FromRedisValue>(
+pub(super) async fn evaluate<T: redis::FromRedisValue>(
     connection: &mut impl redis::aio::ConnectionLike,
     script: &Script,
     source: &str,
@@ -354,7 +357,9 @@ impl Connection {
                         .connection
                         .get_or_try_init(|| cluster.client.get_async_connection())
                         .await?;
-                    evaluate(&mut connection.clone(), script, source, keys, args).await
+                    // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
+                    // whose reply was lost.
+                    super::cluster::evaluate(connection, script, source, keys, args).await
                 }
             }
         };
@@ -555,17 +560,10 @@ impl RedisBackendBuilder {
     /// Builds the backend. Connections are made lazily, on the first decision, so this
     /// succeeds while Redis is down.
     ///
-    /// Fails on an invalid URL or prefix, and when called outside a Tokio runtime (the
-    /// connection's reconnecting task needs one).
+    /// Fails on an invalid URL or prefix, and for a single node when called outside a Tokio
+    /// runtime (its connection's reconnecting task starts at once).
     pub fn build(self) -> Result<RedisBackend, StoreError> {
         let invalid = |message: String| StoreError::new(StoreErrorKind::Other, message);
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(invalid(
-                "RedisBackend must be built inside a Tokio runtime (for example in an \
-                 async main under #[tokio::main])"
-                    .to_owned(),
-            ));
-        }
         if self.prefix.contains(['{', '}']) {
             return Err(invalid(format!(
                 "the key prefix {:?} may not contain braces",
@@ -574,6 +572,14 @@ impl RedisBackendBuilder {
         }
         let connection = match self.target {
             Target::Single(url) => {
+                // The connection's reconnecting task is spawned now.
+                if tokio::runtime::Handle::try_current().is_err() {
+                    return Err(invalid(
+                        "a single-node RedisBackend must be built inside a Tokio runtime (for \
+                         example in an async main under #[tokio::main])"
+                            .to_owned(),
+                    ));
+                }
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| invalid(format!("{url}: {e}")))?;
                 let config = ConnectionManagerConfig::new()
@@ -590,7 +596,9 @@ impl RedisBackendBuilder {
                 let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                     .connection_timeout(self.connect_timeout)
                     .response_timeout(self.response_timeout)
-                    // A lost reply to a script that ran would be counted twice if retried.
+                    // The client's retries would repeat a script whose reply was lost (it may
+                    // have counted) and are the only way it follows redirects: none here,
+                    // redirects are followed in `cluster` instead.
                     .retries(0)
                     .build()
                     .map_err(|e| invalid(e.to_string()))?;

@@ -2,4 +2,5 @@
 //! instances kept by heartbeats.
 
 pub(crate) mod backend;
+mod cluster;
 pub(crate) mod registry;
