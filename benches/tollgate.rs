@@ -46,10 +46,11 @@ use criterion::{BatchSize, Bencher, Criterion, SamplingMode, Throughput};
 use http::{HeaderName, HeaderValue, Request, Response};
 use std::hint::black_box;
 use tokio::runtime::Runtime;
+use tollgate::decision::{BreakerState, DecisionSource};
+use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock};
 use tollgate::{
-    Backend, BreakerState, Caller, CallerKey, CheckFuture, Decision, DecisionSource, FailurePolicy,
-    HeaderKey, HeaderMode, InMemoryBackend, InstanceCount, Limit, Limiter, ManualClock, Policy,
-    Quota, RateLimitLayer, RedisBackend,
+    Caller, Decision, FailurePolicy, HeaderKey, HeaderMode, InMemoryBackend, InstanceCount,
+    Limiter, Policy, Quota, RateLimitLayer, RedisBackend,
 };
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::GovernorError;
@@ -399,7 +400,7 @@ fn in_process(c: &mut Criterion) {
             });
 
             let backend = InMemoryBackend::new();
-            let limits: Arc<[Limit]> = vec![big_bucket().limit().clone()].into();
+            let limits: Arc<[Policy]> = vec![big_bucket().clone()].into();
             let store = |caller: &Caller| {
                 black_box(backend.check(caller.key(), &limits).try_take_ready());
             };
@@ -986,7 +987,7 @@ fn frozen_store(c: &mut Criterion) {
 struct Remote(InMemoryBackend);
 
 impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         self.0.check(caller, limits)
     }
 }

@@ -44,10 +44,12 @@ use plotters::prelude::{
 };
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tollgate::store::{
+    Algorithm, Backend, CallerKey, CheckFuture, Clock, StoreError, StoreErrorKind,
+};
 use tollgate::{
-    Algorithm, Backend, BreakerConfig, CallerKey, CheckFuture, Clock, FailurePolicy, HeaderKey,
-    InMemoryBackend, InstanceCount, Limit, Limiter, Policy, Quota, RateLimit, RateLimitLayer,
-    StoreError, StoreErrorKind,
+    BreakerConfig, FailurePolicy, HeaderKey, InMemoryBackend, InstanceCount, Limiter, Policy,
+    Quota, RateLimit, RateLimitLayer,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -588,7 +590,7 @@ struct SimulatedStore {
 }
 
 impl Backend for SimulatedStore {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         match self.fault.get() {
             None => self.counters.check(caller, limits),
             Some(FaultKind::Refuse) => CheckFuture::ready(Err(StoreError::new(
@@ -978,7 +980,7 @@ async fn drive(
                     && group
                         .limiters
                         .iter()
-                        .all(|l| l.breaker_state() == tollgate::BreakerState::Closed)
+                        .all(|l| l.breaker_state() == tollgate::decision::BreakerState::Closed)
                 {
                     back_on_store_ms[g] = Some(restored_at.elapsed().as_secs_f64() * 1_000.0);
                 }
@@ -1090,6 +1092,7 @@ fn describe(algorithm: &Algorithm) -> String {
             secs(period_ms),
             rate_text(rate as f64 * 1_000.0 / period_ms as f64)
         ),
+        other => format!("{other:?}"),
     }
 }
 

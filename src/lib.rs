@@ -5,19 +5,28 @@
 //! A request meets, in this order: the [key extractor](KeyExtractor) (who is calling); the
 //! [`Limiter`]'s [mode](Mode) (enforce, shadow or off); the denial cache (a caller known to
 //! be over a limit is refused without a store call); the circuit breaker; the
-//! [store](Backend) under a short timeout, or on failure the route's [`FailurePolicy`];
-//! then either the inner service, whose response gains the `RateLimit-Policy` and
-//! `RateLimit` fields, or a refusal: 429 with `Retry-After` and an RFC 9457 problem body,
-//! or 503 when the store is down and the route fails closed.
+//! [store](store::Backend) under a short timeout, or on failure the route's
+//! [`FailurePolicy`]; then either the inner service, whose response gains the
+//! `RateLimit-Policy` and `RateLimit` fields, or a refusal: 429 with `Retry-After` and an
+//! RFC 9457 problem body, or 503 when the store is down and the route fails closed.
 //!
-//! The crate is built in three floors, each importing only from those below it:
+//! The crate is built in three floors, each importing only from those below it, and the
+//! source tree shows them as folders in the order a request meets them:
 //!
-//! - HTTP: [`RateLimitLayer`], [`RateLimit`], [`ResponseFuture`], key extraction,
-//!   headers and responses, [`ConcurrencyShedLayer`], [`AdaptiveThrottleLayer`].
-//! - Decision: [`Policy`] and [`Quota`], [`Limiter`] (the request path), the breaker, the
-//!   denial cache, [`FailurePolicy`], [`Mode`], [`Decision`], metrics.
-//! - Store: the [`Backend`] trait, [`InMemoryBackend`], [`RedisBackend`] with its Lua and
-//!   [`InstanceRegistry`], the [`Algorithm`] arithmetic, [`CallerKey`] and the [`Clock`].
+//! - HTTP (`src/http/`): [`RateLimitLayer`], [`RateLimit`], its
+//!   [future](future::ResponseFuture) and [body](response::ResponseBody), [key](key)
+//!   extraction, headers and refusals.
+//! - Decision (`src/limiter/`): [`Limiter`] and its builder, the breaker, the denial cache,
+//!   executing the [`FailurePolicy`], [`Mode`], the [`Decision`], metrics.
+//! - Store (`src/store/`, public as [`store`] for backend authors): the
+//!   [`Backend`](store::Backend) trait, [`Policy`] and [`Quota`], the
+//!   [`Algorithm`](store::Algorithm) arithmetic and the all-or-nothing
+//!   [`evaluate`](store::evaluate), [`InMemoryBackend`], [`RedisBackend`] with its Lua and
+//!   [`InstanceRegistry`], the [`CallerKey`](store::CallerKey) and the
+//!   [`Clock`](store::Clock).
+//!
+//! Two middlewares of their own need no store: [`shed`] (load shedding by concurrency) and
+//! [`client`] (adaptive throttling of outgoing calls).
 //!
 //! # A local bucket in front of the global one
 //!
@@ -67,58 +76,79 @@
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
 //! | `tollgate_live_instances` | gauge | `registry` | instances | the count an [`InstanceRegistry`] divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
-//! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`] |
-//! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`] |
-//! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`] |
+//! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
+//! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
+//! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
 //!
 //! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
 //! layers' own `name`). Breaker state changes and mode switches are logged through
 //! `tracing` at warn level; each refusal at debug level.
 
-mod client;
 mod http;
 mod limiter;
-mod shed;
-mod store;
 
-pub use client::{
-    AdaptiveThrottle, AdaptiveThrottleBuilder, AdaptiveThrottleFuture, AdaptiveThrottleLayer,
-    ThrottleError, ThrottleStats, Throttled,
-};
-pub use http::body::ResponseBody;
-pub use http::future::ResponseFuture;
+pub mod client;
+pub mod shed;
+pub mod store;
+
 pub use http::headers::HeaderMode;
 pub use http::key::{
-    AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr,
-    KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
+    AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
+    TrustedProxies,
 };
 pub use http::layer::RateLimitLayer;
-pub use http::response::{QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY};
 pub use http::service::RateLimit;
-pub use limiter::breaker::{BreakerConfig, BreakerState};
+pub use limiter::breaker::BreakerConfig;
 pub use limiter::builder::{BuildError, LimiterBuilder};
 pub use limiter::check::Limiter;
-pub use limiter::decision::{
-    Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
-};
+pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
-pub use limiter::fallback::FallbackReason;
-pub use limiter::future::DecisionFuture;
 pub use limiter::instances::InstanceCount;
 pub use limiter::mode::{Mode, ModeSwitch};
-pub use limiter::policy::{Policy, Quota};
-pub use shed::{ConcurrencyShed, ConcurrencyShedLayer, ShedFuture};
-pub use store::algorithm::{
-    Algorithm, Evaluation, Limit, LimitOutcome, LimitState, MAX_SHARE_STRETCH,
-};
-pub use store::backend::{
-    Backend, CheckFuture, CheckOutcome, CheckResult, StoreError, StoreErrorKind,
-};
-pub use store::caller::{Caller, CallerKey, MAX_KEY_BYTES};
-pub use store::clock::{Clock, ManualClock, SystemClock};
-pub use store::instances::LiveInstances;
-pub use store::memory::{InMemoryBackend, InMemoryBackendBuilder};
+pub use store::caller::Caller;
+pub use store::memory::InMemoryBackend;
+pub use store::policy::{Policy, Quota};
 #[cfg(feature = "redis")]
-pub use store::redis::backend::{RedisBackend, RedisBackendBuilder};
+pub use store::redis::backend::RedisBackend;
 #[cfg(feature = "redis")]
-pub use store::redis::registry::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};
+pub use store::redis::registry::InstanceRegistry;
+
+pub mod decision {
+    //! What a decision says: the [`Decision`] itself, the state of each policy it reports,
+    //! where it came from, and why a store could not make it.
+
+    pub use crate::limiter::breaker::BreakerState;
+    pub use crate::limiter::decision::{
+        Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
+    };
+    pub use crate::limiter::fallback::FallbackReason;
+}
+
+pub mod key {
+    //! Who is calling: the key extractors, and what a rejected key answers.
+
+    pub use crate::http::key::{
+        AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey,
+        InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
+    };
+    pub use crate::store::caller::{Caller, CallerKey};
+}
+
+pub mod response {
+    //! What responses carry: the RateLimit field names, the problem types of a refusal, and
+    //! the body type the layer answers with.
+
+    pub use crate::http::body::ResponseBody;
+    pub use crate::http::response::{
+        QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY,
+    };
+}
+
+pub mod future {
+    //! The futures the layers and the limiter return.
+
+    pub use crate::client::AdaptiveThrottleFuture;
+    pub use crate::http::future::ResponseFuture;
+    pub use crate::limiter::future::DecisionFuture;
+    pub use crate::shed::ShedFuture;
+}

@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use tollgate::{
-    Algorithm, Backend, Caller, CallerKey, Decision, InMemoryBackend, Limit, LimitOutcome,
-    LimitState, Limiter, ManualClock, Policy, PolicyReport, Quota, RateLimitInfo,
-};
+use tollgate::decision::{PolicyReport, RateLimitInfo};
+use tollgate::store::{Algorithm, Backend, CallerKey, ManualClock, PolicyOutcome, PolicyState};
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 
 // ---------------------------------------------------------------------------------------
 // Reference models
@@ -153,7 +152,7 @@ impl Model for BucketModel {
 fn check_report<M: Model + Clone>(
     model: &M,
     now: u64,
-    outcome: &LimitOutcome,
+    outcome: &PolicyOutcome,
     context: &str,
 ) -> Result<(), TestCaseError> {
     let remaining = model.remaining(now);
@@ -292,7 +291,7 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     let mut now = start;
-    let mut state: Option<LimitState> = None;
+    let mut state: Option<PolicyState> = None;
     for (i, step) in steps.iter().enumerate() {
         now += step.advance(scale);
         for j in 0..step.requests {
@@ -395,15 +394,15 @@ proptest! {
             .sweep_interval(Duration::from_millis(1))
             .clock(clock.clone())
             .build();
-        let window = Limit::new(
+        let window = Policy::new(
             "window",
             Algorithm::sliding_window(limit, Duration::from_millis(window_ms)),
         );
-        let bucket = Limit::new(
+        let bucket = Policy::new(
             "bucket",
             Algorithm::token_bucket(rate, Duration::from_millis(period_ms), burst),
         );
-        let limits: Arc<[Limit]> = if bucket_first {
+        let limits: Arc<[Policy]> = if bucket_first {
             vec![bucket, window].into()
         } else {
             vec![window, bucket].into()
@@ -741,7 +740,7 @@ async fn token_bucket_burst_then_steady_rate() {
     assert_eq!(only(&info).reset_secs(), 1);
 
     // The exact wait, in milliseconds, from the backend: one token takes 100 ms.
-    let limits: Arc<[Limit]> = limiter.policies().to_vec().into();
+    let limits: Arc<[Policy]> = limiter.policies().to_vec().into();
     let exact = |backend: &InMemoryBackend| {
         backend
             .check(acme.key(), &limits)

@@ -12,9 +12,10 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use support::http::{Reply, exchange, get as get_request, parse_response, send};
 use tokio::net::TcpListener;
+use tollgate::store::ManualClock;
 use tollgate::{
-    ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy,
-    Quota, RateLimitLayer,
+    ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, MissingKey, Policy, Quota,
+    RateLimitLayer,
 };
 
 /// One millisecond past the start of a second, so that no test straddles a window.

@@ -13,9 +13,12 @@ use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use proptest::prelude::*;
 use support::http::{Reply, get, ok_handler, send};
+use tollgate::key::ForwardedHeader;
+use tollgate::response::ResponseBody;
+use tollgate::store::{CallerKey, MAX_KEY_BYTES};
 use tollgate::{
-    CallerKey, ClientIp, ForwardedHeader, HeaderKey, KeyExtractor, Limiter, MAX_KEY_BYTES,
-    MissingKey, Policy, Quota, RateLimitLayer, ResponseBody, TrustedProxies,
+    ClientIp, HeaderKey, KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer,
+    TrustedProxies,
 };
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};

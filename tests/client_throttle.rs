@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tollgate::{AdaptiveThrottleLayer, ManualClock, ThrottleError, Throttled};
+use tollgate::client::{AdaptiveThrottleLayer, ThrottleError, Throttled};
+use tollgate::store::ManualClock;
 use tower::{Layer, Service, ServiceExt};
 
 /// Aligned to whole seconds, so one-second buckets start on the clock's seconds.
@@ -104,7 +105,7 @@ impl Backend {
     }
 
     fn answer(&self) -> Response<()> {
-        use tollgate::Clock;
+        use tollgate::store::Clock;
         let second = self.clock.now_millis() / 1_000;
         let mut state = self.state.lock().unwrap();
         if state.second != second {

@@ -4,7 +4,8 @@
 mod support;
 
 use support::redis::RedisServer;
-use tollgate::{Backend, Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
+use tollgate::store::Backend;
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.
@@ -23,7 +24,7 @@ enum Seen {
 }
 
 fn seen(decision: &Decision) -> Seen {
-    let remaining = |info: &tollgate::RateLimitInfo| {
+    let remaining = |info: &tollgate::decision::RateLimitInfo| {
         info.policies()
             .iter()
             .map(|p| (p.name().to_owned(), p.remaining()))

@@ -12,10 +12,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use support::redis::RedisServer;
+use tollgate::decision::DecisionSource;
+use tollgate::store::{
+    Algorithm, Backend, CallerKey, CheckFuture, CheckOutcome, ManualClock, PolicyOutcome,
+    StoreError, StoreErrorKind,
+};
 use tollgate::{
-    Algorithm, Backend, BuildError, Caller, CallerKey, CheckFuture, CheckOutcome, Decision,
-    DecisionSource, FailurePolicy, InMemoryBackend, InstanceCount, Limit, LimitOutcome, Limiter,
-    ManualClock, Policy, Quota, RedisBackend, StoreError, StoreErrorKind,
+    BuildError, Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy,
+    Quota, RedisBackend,
 };
 
 const EPOCH_MS: u64 = 1_800_000_000_000;
@@ -42,7 +46,7 @@ impl Flaky {
 }
 
 impl Backend for Flaky {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         if self.down.load(Ordering::SeqCst) {
             return CheckFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -411,12 +415,12 @@ struct SlowRefusal {
 }
 
 impl Backend for SlowRefusal {
-    fn check(&self, _: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, _: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.clock.advance(Duration::from_millis(300));
         let outcomes = limits
             .iter()
-            .map(|_| LimitOutcome {
+            .map(|_| PolicyOutcome {
                 admitted: false,
                 remaining: 0,
                 reset_ms: 1_000,

@@ -14,11 +14,15 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use support::http::{Reply, get, ok_handler, send};
+use tollgate::decision::{BreakerState, UnlimitedReason};
+use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
+use tollgate::store::{
+    Backend, CallerKey, CheckFuture, CheckOutcome, Clock, ManualClock, PolicyState, StoreError,
+    StoreErrorKind,
+};
 use tollgate::{
-    Backend, BreakerState, Caller, CallerKey, CheckFuture, CheckOutcome, Clock, Decision,
-    FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limit, LimitState, Limiter,
-    LimiterBuilder, ManualClock, MissingKey, Policy, Quota, RateLimitLayer, ResponseBody,
-    StoreError, StoreErrorKind, TEMPORARY_REDUCED_CAPACITY, UnlimitedReason,
+    Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
+    LimiterBuilder, MissingKey, Policy, Quota, RateLimitLayer,
 };
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
@@ -36,7 +40,7 @@ const START_MS: u64 = 1_700_000_000_000;
 #[derive(Debug)]
 struct LockedMap {
     clock: ManualClock,
-    states: Mutex<HashMap<(CallerKey, String), LimitState>>,
+    states: Mutex<HashMap<(CallerKey, String), PolicyState>>,
     calls: AtomicUsize,
 }
 
@@ -54,11 +58,11 @@ impl LockedMap {
     }
 
     /// Every policy evaluated under one lock; stored only if all of them admit.
-    fn decide(&self, caller: &CallerKey, limits: &[Limit]) -> CheckOutcome {
+    fn decide(&self, caller: &CallerKey, limits: &[Policy]) -> CheckOutcome {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let now = self.clock.now_millis();
         let mut states = self.states.lock().unwrap();
-        let key = |limit: &Limit| (caller.clone(), limit.name().to_owned());
+        let key = |limit: &Policy| (caller.clone(), limit.name().to_owned());
         let evaluations: Vec<_> = limits
             .iter()
             .map(|limit| {
@@ -89,7 +93,7 @@ impl LockedMap {
 }
 
 impl Backend for LockedMap {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         CheckFuture::ready(Ok(self.decide(caller, limits)))
     }
 }
@@ -99,7 +103,7 @@ impl Backend for LockedMap {
 struct Local(Arc<LockedMap>);
 
 impl Backend for Local {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         self.0.check(caller, limits)
     }
 
@@ -116,7 +120,7 @@ struct Slow {
 }
 
 impl Backend for Slow {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         let (map, caller, limits, delay) =
             (self.map.clone(), caller.clone(), limits.clone(), self.delay);
         CheckFuture::boxed(async move {
@@ -145,7 +149,7 @@ impl Down {
 }
 
 impl Backend for Down {
-    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Policy]>) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let error = StoreError::new(self.kind, "connection refused");
         match self.delay {
@@ -303,7 +307,7 @@ async fn a_custom_store_decides_like_the_in_process_one() {
                 allowed += 1;
             }
             (Decision::Limited(a), Decision::Limited(b)) => {
-                let violated = |info: &tollgate::RateLimitInfo| {
+                let violated = |info: &tollgate::decision::RateLimitInfo| {
                     info.violated()
                         .map(|p| p.name().to_owned())
                         .collect::<Vec<_>>()

@@ -8,10 +8,8 @@ use std::time::Duration;
 
 use support::counting::Counting;
 use support::redis::RedisServer;
-use tollgate::{
-    Backend, Caller, CallerKey, CheckFuture, Decision, InMemoryBackend, Limit, Limiter,
-    ManualClock, Policy, Quota, RedisBackend,
-};
+use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock};
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
 
 /// The in-process store dressed as a remote one, so the limiter puts its denial cache in
 /// front of it; with a manual clock the runs are exact.
@@ -19,7 +17,7 @@ use tollgate::{
 struct Remote(InMemoryBackend);
 
 impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         self.0.check(caller, limits)
     }
 }
@@ -113,7 +111,10 @@ async fn a_cached_refusal_reports_the_time_left() {
         panic!("not refused")
     };
     assert_eq!(store.calls(), 2, "the refusal came from the store");
-    assert_eq!(info.source(), tollgate::DecisionSource::DenialCache);
+    assert_eq!(
+        info.source(),
+        tollgate::decision::DecisionSource::DenialCache
+    );
     assert_eq!(
         info.violated().map(|p| p.name()).collect::<Vec<_>>(),
         ["per-minute"]

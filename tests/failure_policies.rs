@@ -15,9 +15,11 @@ use http_body_util::BodyExt;
 use support::proxy::{Fault, FaultProxy};
 use support::recorder::{counter, with_recorder};
 use support::redis::RedisServer;
+use tollgate::decision::{BreakerState, DecisionSource};
+use tollgate::store::ManualClock;
 use tollgate::{
-    BreakerConfig, BreakerState, Caller, ClientIp, Decision, DecisionSource, FailurePolicy,
-    HeaderKey, InstanceCount, Limiter, ManualClock, Policy, Quota, RateLimitLayer, RedisBackend,
+    BreakerConfig, Caller, ClientIp, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter,
+    Policy, Quota, RateLimitLayer, RedisBackend,
 };
 use tower::ServiceExt;
 
@@ -160,7 +162,7 @@ async fn fail_static_keeps_known_refusals_and_passes_the_rest() {
         }
         assert!(matches!(
             limiter.check(&globex).await,
-            Decision::Unlimited(tollgate::UnlimitedReason::StoreFailedOpen)
+            Decision::Unlimited(tollgate::decision::UnlimitedReason::StoreFailedOpen)
         ));
     }
     assert_eq!(limiter.breaker_state(), BreakerState::Open);

@@ -9,9 +9,10 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use support::http::{Reply, get, ok_handler, send};
+use tollgate::response::{QUOTA_EXCEEDED, ResponseBody};
+use tollgate::store::ManualClock;
 use tollgate::{
-    Decision, GlobalKey, HeaderMode, InMemoryBackend, Limiter, ManualClock, Policy, QUOTA_EXCEEDED,
-    Quota, RateLimitLayer, ResponseBody,
+    Decision, GlobalKey, HeaderMode, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
 };
 use tower::{Service, ServiceBuilder, service_fn};
 

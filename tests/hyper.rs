@@ -13,9 +13,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use support::http::{Reply, exchange, get, parse_response, send};
 use tokio::net::TcpListener;
+use tollgate::response::ResponseBody;
+use tollgate::store::ManualClock;
 use tollgate::{
-    ClientIp, Decision, InMemoryBackend, Limiter, ManualClock, MissingKey, Policy, Quota,
-    RateLimit, RateLimitLayer, ResponseBody,
+    ClientIp, Decision, InMemoryBackend, Limiter, MissingKey, Policy, Quota, RateLimit,
+    RateLimitLayer,
 };
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use support::proxy::{Fault, FaultProxy};
 use support::redis::RedisServer;
-use tollgate::{
-    InstanceRegistry, InstanceRegistryBuilder, LiveInstances, RedisBackend, RegistryError,
-};
+use tollgate::store::{InstanceRegistryBuilder, LiveInstances, RegistryError};
+use tollgate::{InstanceRegistry, RedisBackend};
 
 fn store(url: &str) -> RedisBackend {
     RedisBackend::builder(url)

@@ -16,10 +16,13 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use support::http::{Reply, get, ok_handler, send};
+use tollgate::decision::UnlimitedReason;
+use tollgate::key::{ForwardedHeader, KeyRejection};
+use tollgate::response::ResponseBody;
+use tollgate::store::CallerKey;
 use tollgate::{
-    AsyncFnKey, Caller, CallerKey, ClientIp, Decision, ExtensionKey, FnKey, ForwardedHeader,
-    GlobalKey, HeaderKey, KeyExtractor, KeyRejection, Limiter, MissingKey, Policy, Quota,
-    RateLimitLayer, ResponseBody, TrustedProxies, UnlimitedReason,
+    AsyncFnKey, Caller, ClientIp, Decision, ExtensionKey, FnKey, GlobalKey, HeaderKey,
+    KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer, TrustedProxies,
 };
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};

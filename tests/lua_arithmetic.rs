@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use support::redis::RedisServer;
-use tollgate::{Algorithm, LimitState};
+use tollgate::store::{Algorithm, PolicyState};
 
 /// The shipped helpers and algorithms with an entry point that takes `now` as an argument
 /// instead of calling TIME, so both sides can be stepped through the same instants.
@@ -43,6 +43,7 @@ fn args(algorithm: &Algorithm) -> [u64; 4] {
             period_ms,
             burst,
         } => [2, rate, period_ms, burst],
+        other => panic!("no script arguments for {other:?}"),
     }
 }
 
@@ -78,7 +79,7 @@ proptest! {
             let [kind, a, b, c] = args(&algorithm);
 
             let mut now = 1_800_000_000_000u64;
-            let mut state: Option<LimitState> = None;
+            let mut state: Option<PolicyState> = None;
             for (step, (advance, burst)) in steps.iter().enumerate() {
                 now += advance;
                 for _ in 0..*burst {

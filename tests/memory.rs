@@ -9,10 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-use tollgate::{
-    Algorithm, Backend, Caller, CallerKey, CheckOutcome, Decision, InMemoryBackend, Limit, Limiter,
-    ManualClock, Policy, Quota,
-};
+use tollgate::store::{Algorithm, Backend, CallerKey, CheckOutcome, ManualClock};
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 
 const START_MS: u64 = 1_700_000_000_000;
 const CHECKPOINT: usize = 10_000;
@@ -29,12 +27,12 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
     }
 }
 
-fn check(backend: &InMemoryBackend, key: &CallerKey, limits: &Arc<[Limit]>) -> CheckOutcome {
+fn check(backend: &InMemoryBackend, key: &CallerKey, limits: &Arc<[Policy]>) -> CheckOutcome {
     now(backend.check(key, limits)).expect("the in-process backend never fails")
 }
 
-fn per_second(limit: u64) -> Arc<[Limit]> {
-    vec![Limit::new(
+fn per_second(limit: u64) -> Arc<[Policy]> {
+    vec![Policy::new(
         "per-second",
         Algorithm::sliding_window(limit, Duration::from_secs(1)),
     )]
@@ -110,7 +108,7 @@ impl<'a> Checkpoints<'a> {
 fn flood_a_million(
     backend: &InMemoryBackend,
     clock: &ManualClock,
-    limits: &Arc<[Limit]>,
+    limits: &Arc<[Policy]>,
     steady: &[CallerKey],
 ) -> Vec<Vec<bool>> {
     const FLOOD: usize = 1_000_000;
@@ -257,7 +255,7 @@ fn refused_callers_are_not_evicted_by_a_flood() {
         .max_keys(10_000)
         .clock(clock.clone())
         .build();
-    let limits: Arc<[Limit]> = vec![Limit::new(
+    let limits: Arc<[Policy]> = vec![Policy::new(
         "per-hour",
         Algorithm::sliding_window(5, Duration::from_secs(3_600)),
     )]
@@ -295,7 +293,7 @@ fn idle_keys_go_away_after_their_windows() {
         .clock(clock.clone())
         .build();
     let per_second = per_second(5);
-    let per_minute: Arc<[Limit]> = vec![Limit::new(
+    let per_minute: Arc<[Policy]> = vec![Policy::new(
         "per-minute",
         Algorithm::sliding_window(5, Duration::from_secs(60)),
     )]

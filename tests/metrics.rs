@@ -8,9 +8,11 @@ use std::time::Duration;
 use support::proxy::{Fault, FaultProxy};
 use support::recorder::{counter, gauge, histogram_len, with_recorder};
 use support::redis::RedisServer;
+use tollgate::decision::BreakerState;
+use tollgate::store::LiveInstances;
 use tollgate::{
-    BreakerConfig, BreakerState, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter,
-    LiveInstances, Policy, Quota, RedisBackend,
+    BreakerConfig, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Policy, Quota,
+    RedisBackend,
 };
 
 #[test]

@@ -14,9 +14,10 @@ use support::counting::Counting;
 use support::proxy::{Fault, FaultProxy};
 use support::recorder::{counter, with_recorder};
 use support::redis::RedisServer;
+use tollgate::store::ManualClock;
 use tollgate::{
-    BreakerConfig, Caller, Decision, FailurePolicy, HeaderKey, InMemoryBackend, Limiter,
-    ManualClock, Mode, ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
+    BreakerConfig, Caller, Decision, FailurePolicy, HeaderKey, InMemoryBackend, Limiter, Mode,
+    ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
 };
 use tower::ServiceExt;
 

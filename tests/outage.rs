@@ -18,9 +18,10 @@ use support::counting::Counting;
 use support::proxy::{Fault, FaultProxy};
 use support::rates::{steady_span, unix_millis};
 use support::redis::RedisServer;
+use tollgate::decision::DecisionSource;
 use tollgate::{
-    BreakerConfig, Decision, DecisionSource, FailurePolicy, HeaderKey, InstanceCount, Limiter,
-    Policy, Quota, RateLimitLayer, RedisBackend,
+    BreakerConfig, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter, Policy, Quota,
+    RateLimitLayer, RedisBackend,
 };
 use tower::ServiceExt;
 
@@ -310,7 +311,7 @@ async fn outage_matrix_row(fault: FaultKind) {
     // local share counts over its own (stretched) windows.
     let outage = (run.fault_on + Duration::from_millis(50), run.fault_off);
     let share_window = Duration::from_millis(
-        tollgate::Algorithm::sliding_window(LIMIT, second)
+        tollgate::store::Algorithm::sliding_window(LIMIT, second)
             .divided_by(INSTANCES as u64)
             .window_ms(),
     );

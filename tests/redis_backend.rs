@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::redis::RedisServer;
-use tollgate::{Backend, Caller, CallerKey, Decision, Limit, Limiter, Policy, Quota, RedisBackend};
+use tollgate::store::{Backend, CallerKey};
+use tollgate::{Caller, Decision, Limiter, Policy, Quota, RedisBackend};
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.
@@ -113,13 +114,9 @@ async fn keys_follow_the_documented_layout_and_expire() {
         .prefix("orders")
         .build()
         .unwrap();
-    let limits: Arc<[Limit]> = vec![
-        Policy::sliding_window("per-second", Quota::per_second(5))
-            .limit()
-            .clone(),
-        Policy::token_bucket("bucket", Quota::per_second(10), 20)
-            .limit()
-            .clone(),
+    let limits: Arc<[Policy]> = vec![
+        Policy::sliding_window("per-second", Quota::per_second(5)),
+        Policy::token_bucket("bucket", Quota::per_second(10), 20),
     ]
     .into();
     store

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use support::recorder::{Snapshot, counter, with_recorder};
 use support::redis::RedisCluster;
+use tollgate::decision::{BreakerState, DecisionSource};
+use tollgate::store::CallerKey;
 use tollgate::{
-    BreakerConfig, BreakerState, Caller, CallerKey, Decision, DecisionSource, FailurePolicy,
-    Limiter, Policy, Quota, RedisBackend,
+    BreakerConfig, Caller, Decision, FailurePolicy, Limiter, Policy, Quota, RedisBackend,
 };
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a

@@ -20,9 +20,9 @@ use support::http::{Reply, get as get_request, parse_response, send};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tollgate::{
-    ConcurrencyShed, ConcurrencyShedLayer, ResponseBody, ShedFuture, TEMPORARY_REDUCED_CAPACITY,
-};
+use tollgate::future::ShedFuture;
+use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
+use tollgate::shed::{ConcurrencyShed, ConcurrencyShedLayer};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 /// Holds requests until the test lets them go, and counts what happened to them.

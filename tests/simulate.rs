@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::redis::RedisServer;
-use tollgate::Algorithm;
+use tollgate::store::Algorithm;
 
 /// Within 10% of the expected rate (exactly 0 when 0 is expected).
 const TOLERANCE: f64 = 0.10;
@@ -128,6 +128,7 @@ fn share_per_sec(algorithm: Algorithm, instances: u64) -> f64 {
         Algorithm::TokenBucket {
             rate, period_ms, ..
         } => rate as f64 * 1_000.0 / period_ms as f64,
+        other => panic!("no rate known for {other:?}"),
     }
 }
 

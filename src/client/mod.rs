@@ -67,7 +67,7 @@ type BoxError = Box<dyn Error + Send + Sync>;
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::{AdaptiveThrottleLayer, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -109,7 +109,7 @@ impl AdaptiveThrottleLayer {
     /// rejections, the [`SystemClock`], a per-layer xorshift random source.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     ///
     /// let layer = AdaptiveThrottleLayer::new();
     /// assert_eq!(layer.stats().rejection_probability(), 0.0);
@@ -122,7 +122,7 @@ impl AdaptiveThrottleLayer {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     ///
     /// let layer = AdaptiveThrottleLayer::builder()
     ///     .name("inventory")
@@ -138,7 +138,7 @@ impl AdaptiveThrottleLayer {
     /// The counts in the window now, and the probability the next request is rejected.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     ///
     /// let stats = AdaptiveThrottleLayer::new().stats();
     /// assert_eq!((stats.requests(), stats.accepts()), (0, 0));
@@ -150,7 +150,7 @@ impl AdaptiveThrottleLayer {
     /// The layer's name, used in metric labels and logs.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// assert_eq!(AdaptiveThrottleLayer::new().name(), "default");
     /// ```
     pub fn name(&self) -> &str {
@@ -188,7 +188,8 @@ impl<S> Layer<S> for AdaptiveThrottleLayer {
 /// ```
 /// use std::time::Duration;
 /// use http::StatusCode;
-/// use tollgate::{AdaptiveThrottleLayer, ManualClock};
+/// use tollgate::client::AdaptiveThrottleLayer;
+/// use tollgate::store::ManualClock;
 ///
 /// let layer = AdaptiveThrottleLayer::builder()
 ///     .name("search")
@@ -241,7 +242,7 @@ impl AdaptiveThrottleBuilder {
     /// backend it protects.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// let layer = AdaptiveThrottleLayer::builder().name("billing").build();
     /// assert_eq!(layer.name(), "billing");
     /// ```
@@ -257,7 +258,7 @@ impl AdaptiveThrottleBuilder {
     /// 1, and NaN, are raised to 1.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// let builder = AdaptiveThrottleLayer::builder().k(1.1);
     /// # drop(builder);
     /// ```
@@ -274,7 +275,7 @@ impl AdaptiveThrottleBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// // One minute in six ten-second buckets.
     /// let builder = AdaptiveThrottleLayer::builder().window(Duration::from_secs(60), 6);
     /// # drop(builder);
@@ -295,7 +296,7 @@ impl AdaptiveThrottleBuilder {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// // This backend also sheds load with 502 from its proxy.
     /// let builder = AdaptiveThrottleLayer::builder().rejection_statuses([
     ///     StatusCode::TOO_MANY_REQUESTS,
@@ -313,10 +314,11 @@ impl AdaptiveThrottleBuilder {
     }
 
     /// Reads time from `clock` (default [`SystemClock`]), such as a
-    /// [`ManualClock`](crate::ManualClock) in tests.
+    /// [`ManualClock`](crate::store::ManualClock) in tests.
     ///
     /// ```
-    /// use tollgate::{AdaptiveThrottleLayer, ManualClock};
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tollgate::store::ManualClock;
     /// let clock = ManualClock::new(1_800_000_000_000);
     /// let builder = AdaptiveThrottleLayer::builder().clock(clock.clone());
     /// # drop(builder);
@@ -333,7 +335,7 @@ impl AdaptiveThrottleBuilder {
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     ///
     /// // A deterministic sequence: 0.0, 0.1, ..., 0.9, 0.0, ...
     /// let n = Arc::new(AtomicU64::new(0));
@@ -349,7 +351,7 @@ impl AdaptiveThrottleBuilder {
     /// Builds the layer, with an empty window.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// let layer = AdaptiveThrottleLayer::builder().build();
     /// assert_eq!(layer.stats().requests(), 0);
     /// ```
@@ -406,7 +408,7 @@ impl fmt::Debug for Config {
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response};
-/// use tollgate::AdaptiveThrottleLayer;
+/// use tollgate::client::AdaptiveThrottleLayer;
 /// use tower::{Layer, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -428,7 +430,7 @@ impl<S> AdaptiveThrottle<S> {
     /// The counts in the window now, and the probability the next request is rejected.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// let client = AdaptiveThrottleLayer::new().layer(());
     /// assert_eq!(client.stats().rejection_probability(), 0.0);
@@ -440,7 +442,7 @@ impl<S> AdaptiveThrottle<S> {
     /// The wrapped service.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// assert_eq!(*AdaptiveThrottleLayer::new().layer(7).get_ref(), 7);
     /// ```
@@ -451,7 +453,7 @@ impl<S> AdaptiveThrottle<S> {
     /// The wrapped service, mutably.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// let mut client = AdaptiveThrottleLayer::new().layer(7);
     /// *client.get_mut() += 1;
@@ -464,7 +466,7 @@ impl<S> AdaptiveThrottle<S> {
     /// Unwraps the inner service.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// assert_eq!(AdaptiveThrottleLayer::new().layer(7).into_inner(), 7);
     /// ```
@@ -527,7 +529,8 @@ pin_project! {
     /// ```
     /// use std::convert::Infallible;
     /// use http::{Request, Response};
-    /// use tollgate::{AdaptiveThrottleFuture, AdaptiveThrottleLayer};
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tollgate::future::AdaptiveThrottleFuture;
     /// use tower::{Layer, Service, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -605,7 +608,7 @@ where
 /// from which [`Throttled`] can be downcast, as tower's own middleware errors are.
 ///
 /// ```
-/// use tollgate::{ThrottleError, Throttled};
+/// use tollgate::client::{ThrottleError, Throttled};
 ///
 /// fn retry_later<E>(error: &ThrottleError<E>) -> bool {
 ///     match error {
@@ -629,7 +632,7 @@ impl<E> ThrottleError<E> {
     /// Whether the request was rejected locally.
     ///
     /// ```
-    /// use tollgate::ThrottleError;
+    /// use tollgate::client::ThrottleError;
     /// assert!(!ThrottleError::Inner("boom").is_throttled());
     /// ```
     pub fn is_throttled(&self) -> bool {
@@ -639,7 +642,7 @@ impl<E> ThrottleError<E> {
     /// The local rejection, if it was one.
     ///
     /// ```
-    /// use tollgate::ThrottleError;
+    /// use tollgate::client::ThrottleError;
     /// assert!(ThrottleError::Inner("boom").throttled().is_none());
     /// ```
     pub fn throttled(&self) -> Option<&Throttled> {
@@ -652,7 +655,7 @@ impl<E> ThrottleError<E> {
     /// The inner service's error, if it was one.
     ///
     /// ```
-    /// use tollgate::ThrottleError;
+    /// use tollgate::client::ThrottleError;
     /// assert_eq!(ThrottleError::Inner("boom").into_inner(), Some("boom"));
     /// ```
     pub fn into_inner(self) -> Option<E> {
@@ -667,7 +670,7 @@ impl<E> ThrottleError<E> {
     /// (after tower's `Buffer` or `Timeout`), as a box is not itself an [`Error`].
     ///
     /// ```
-    /// use tollgate::{ThrottleError, Throttled};
+    /// use tollgate::client::{ThrottleError, Throttled};
     ///
     /// let inner: Box<dyn std::error::Error + Send + Sync> = "connection reset".into();
     /// let error = ThrottleError::Inner(inner).into_box_error();
@@ -712,7 +715,8 @@ impl<E: Error + 'static> Error for ThrottleError<E> {
 /// A request rejected locally by an [`AdaptiveThrottle`], with the window it found.
 ///
 /// ```
-/// use tollgate::{AdaptiveThrottleLayer, ManualClock, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
+/// use tollgate::store::ManualClock;
 /// use http::{Request, Response, StatusCode};
 /// use tower::{Layer, ServiceExt};
 ///
@@ -746,7 +750,7 @@ impl Throttled {
     /// The rejection probability the request met.
     ///
     /// ```
-    /// # use tollgate::{AdaptiveThrottleLayer, ThrottleError};
+    /// # use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
     /// # use http::{Request, Response, StatusCode};
     /// # use tower::{Layer, ServiceExt};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -768,7 +772,7 @@ impl Throttled {
     /// The window as the request found it (before counting the request itself).
     ///
     /// ```
-    /// # use tollgate::{AdaptiveThrottleLayer, ThrottleError};
+    /// # use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
     /// # use http::{Request, Response};
     /// # use tower::{Layer, ServiceExt};
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -803,7 +807,7 @@ impl Error for Throttled {}
 /// The counts in an adaptive throttle's window and the rejection probability they give.
 ///
 /// ```
-/// use tollgate::AdaptiveThrottleLayer;
+/// use tollgate::client::AdaptiveThrottleLayer;
 ///
 /// let stats = AdaptiveThrottleLayer::new().stats();
 /// assert_eq!(stats.requests(), 0);
@@ -821,7 +825,7 @@ impl ThrottleStats {
     /// Requests attempted in the window, locally rejected ones included.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// assert_eq!(AdaptiveThrottleLayer::new().stats().requests(), 0);
     /// ```
     pub fn requests(&self) -> u64 {
@@ -831,7 +835,7 @@ impl ThrottleStats {
     /// Requests in the window that the backend accepted.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// assert_eq!(AdaptiveThrottleLayer::new().stats().accepts(), 0);
     /// ```
     pub fn accepts(&self) -> u64 {
@@ -842,7 +846,7 @@ impl ThrottleStats {
     /// request is rejected locally.
     ///
     /// ```
-    /// use tollgate::AdaptiveThrottleLayer;
+    /// use tollgate::client::AdaptiveThrottleLayer;
     /// assert_eq!(AdaptiveThrottleLayer::new().stats().rejection_probability(), 0.0);
     /// ```
     pub fn rejection_probability(&self) -> f64 {

@@ -6,7 +6,7 @@ use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
-use crate::store::algorithm::Limit;
+use crate::store::policy::Policy;
 
 /// Which responses carry `RateLimit-Policy` and `RateLimit`.
 ///
@@ -81,7 +81,7 @@ fn integer(value: u64) -> Integer {
 /// quotas, windows), so it is serialized once per set, not per response.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache {
-    fields: RwLock<Vec<(Arc<[Limit]>, HeaderValue)>>,
+    fields: RwLock<Vec<(Arc<[Policy]>, HeaderValue)>>,
 }
 
 // Default and tier sets, and the local shares of each for the instance counts seen.
@@ -90,7 +90,7 @@ const MAX_CACHED_SETS: usize = 64;
 impl PolicyFieldCache {
     pub(crate) fn get(&self, info: &RateLimitInfo) -> Option<HeaderValue> {
         let set = info.policy_set();
-        let cached = |fields: &[(Arc<[Limit]>, HeaderValue)]| {
+        let cached = |fields: &[(Arc<[Policy]>, HeaderValue)]| {
             fields
                 .iter()
                 .find(|(cached, _)| Arc::ptr_eq(cached, set))

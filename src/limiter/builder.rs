@@ -11,12 +11,12 @@ use crate::limiter::check::{Inner, Limiter};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::mode::ModeSwitch;
-use crate::limiter::policy::{Policy, PolicySet};
+use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::algorithm::Limit;
 use crate::store::backend::Backend;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::memory::InMemoryBackend;
+use crate::store::policy::Policy;
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
 const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
@@ -46,8 +46,8 @@ const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
 pub struct LimiterBuilder {
     name: Arc<str>,
     backend: Option<Arc<dyn Backend>>,
-    policies: Vec<Limit>,
-    tiers: Vec<(Arc<str>, Vec<Limit>)>,
+    policies: Vec<Policy>,
+    tiers: Vec<(Arc<str>, Vec<Policy>)>,
     on_store_failure: FailurePolicy,
     store_timeout: Duration,
     breaker: BreakerConfig,
@@ -104,7 +104,7 @@ impl LimiterBuilder {
     /// Adds a policy for callers without a tier. A request is admitted only if every
     /// policy admits it.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policies.push(policy.into());
+        self.policies.push(policy);
         self
     }
 
@@ -121,7 +121,7 @@ impl LimiterBuilder {
         policies: impl IntoIterator<Item = Policy>,
     ) -> Self {
         self.tiers
-            .push((tier.into(), policies.into_iter().map(Limit::from).collect()));
+            .push((tier.into(), policies.into_iter().collect()));
         self
     }
 
@@ -158,7 +158,7 @@ impl LimiterBuilder {
     }
 
     /// Reads time from `clock` (breaker, denial cache, local share), such as a
-    /// [`ManualClock`](crate::ManualClock) in tests. A Redis store keeps its own clock.
+    /// [`ManualClock`](crate::store::ManualClock) in tests. A Redis store keeps its own clock.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -228,7 +228,7 @@ impl LimiterBuilder {
             self.policies
                 .iter()
                 .chain(self.tiers.iter().flat_map(|(_, limits)| limits.iter()))
-                .map(Limit::name_arc),
+                .map(Policy::name_arc),
             self.on_store_failure.as_str(),
         );
         let backend = self

@@ -16,13 +16,13 @@ use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
 use crate::limiter::mode::{Mode, ModeSwitch};
-use crate::limiter::policy::PolicySet;
+use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::algorithm::Limit;
 use crate::store::backend::{Backend, CheckResult, StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
 use crate::store::clock::Clock;
 use crate::store::memory::InMemoryBackend;
+use crate::store::policy::Policy;
 
 /// Decides requests for a set of policies on one store. Cheap to clone; clones share the
 /// store, the breaker, the denial cache and the configuration.
@@ -138,7 +138,7 @@ impl Limiter {
     }
 
     /// The policies applied to callers without a tier, in order.
-    pub fn policies(&self) -> &[Limit] {
+    pub fn policies(&self) -> &[Policy] {
         &self.inner.default_limits.limits
     }
 

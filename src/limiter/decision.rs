@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::store::algorithm::{Limit, LimitOutcome};
+use crate::store::algorithm::PolicyOutcome;
+use crate::store::policy::Policy;
 
 /// The outcome of one request, put in the response's extensions for handlers and logs.
 ///
@@ -44,7 +45,8 @@ impl Decision {
     /// Whether the request goes on to the inner service.
     ///
     /// ```
-    /// use tollgate::{Decision, UnlimitedReason};
+    /// use tollgate::Decision;
+    /// use tollgate::decision::UnlimitedReason;
     /// assert!(Decision::Unlimited(UnlimitedReason::NoKey).is_allowed());
     /// ```
     pub fn is_allowed(&self) -> bool {
@@ -94,7 +96,7 @@ pub struct RateLimitInfo {
     source: DecisionSource,
     // The policy set reported on, shared: what the headers advertise depends on it alone,
     // so the HTTP floor can cache that part per set.
-    set: Arc<[Limit]>,
+    set: Arc<[Policy]>,
 }
 
 /// Who made a decision.
@@ -123,8 +125,8 @@ impl DecisionSource {
 impl RateLimitInfo {
     /// Builds the report from the limits and a store's outcomes for them.
     pub(crate) fn from_outcomes(
-        limits: &Arc<[Limit]>,
-        outcomes: &[LimitOutcome],
+        limits: &Arc<[Policy]>,
+        outcomes: &[PolicyOutcome],
         source: DecisionSource,
     ) -> Self {
         let policies = limits
@@ -148,7 +150,7 @@ impl RateLimitInfo {
     }
 
     /// The policy set this report is about.
-    pub(crate) fn policy_set(&self) -> &Arc<[Limit]> {
+    pub(crate) fn policy_set(&self) -> &Arc<[Policy]> {
         &self.set
     }
 

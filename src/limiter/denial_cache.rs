@@ -121,16 +121,17 @@ impl std::fmt::Debug for DenialCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::algorithm::{Algorithm, Limit, LimitOutcome};
+    use crate::store::algorithm::{Algorithm, PolicyOutcome};
+    use crate::store::policy::Policy;
     use std::sync::Arc;
     use std::time::Duration;
 
     fn refusal() -> RateLimitInfo {
-        let limits: Arc<[Limit]> = Arc::new([Limit::new(
+        let limits: Arc<[Policy]> = Arc::new([Policy::new(
             "per-second",
             Algorithm::sliding_window(5, Duration::from_secs(1)),
         )]);
-        let outcomes = [LimitOutcome {
+        let outcomes = [PolicyOutcome {
             admitted: false,
             remaining: 0,
             reset_ms: 700,

@@ -72,7 +72,7 @@ impl FailurePolicy {
 
     /// Enforce a local share of the limit: quota / `instances`. The shares together never
     /// exceed the limit, whatever the quota and the count; a quota smaller than the count
-    /// stretches each share's window (see [`Algorithm::divided_by`](crate::Algorithm::divided_by)).
+    /// stretches each share's window (see [`Algorithm::divided_by`](crate::store::Algorithm::divided_by)).
     pub fn local_share(instances: InstanceCount) -> Self {
         FailurePolicy::LocalShare(instances)
     }

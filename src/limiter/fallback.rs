@@ -8,10 +8,10 @@ use crate::limiter::decision::{
     Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds,
 };
 use crate::limiter::failure::FailurePolicy;
-use crate::limiter::policy::PolicySet;
-use crate::store::algorithm::Limit;
+use crate::limiter::policy_set::PolicySet;
 use crate::store::backend::{Backend, StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
+use crate::store::policy::Policy;
 
 /// Why a decision fell back to the failure policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,7 +48,7 @@ impl FallbackReason {
 }
 
 /// A policy set, a divisor, and the set divided by it.
-pub(super) type Share = (Arc<[Limit]>, u64, Arc<[Limit]>);
+pub(super) type Share = (Arc<[Policy]>, u64, Arc<[Policy]>);
 
 impl Inner {
     pub(super) fn fall_back(
@@ -110,7 +110,7 @@ impl Inner {
             .map(Decision::Limited)
     }
 
-    fn share(&self, limits: &Arc<[Limit]>, divisor: u64) -> Arc<[Limit]> {
+    fn share(&self, limits: &Arc<[Policy]>, divisor: u64) -> Arc<[Policy]> {
         let mut shares = self
             .shares
             .lock()
@@ -121,7 +121,7 @@ impl Inner {
         {
             return share.clone();
         }
-        let share: Arc<[Limit]> = limits
+        let share: Arc<[Policy]> = limits
             .iter()
             .map(|limit| limit.with_algorithm(limit.algorithm().divided_by(divisor)))
             .collect();

@@ -17,5 +17,5 @@ pub(crate) mod fallback;
 pub(crate) mod future;
 pub(crate) mod instances;
 pub(crate) mod mode;
-pub(crate) mod policy;
+pub(crate) mod policy_set;
 pub(crate) mod telemetry;

@@ -36,7 +36,7 @@ static METADATA: Metadata<'static> =
 /// A request that finds every slot taken is not queued and does not reach the inner
 /// service: it gets, at once, `503 Service Unavailable`, `Retry-After` (whole seconds,
 /// 1 by default) and an RFC 9457 problem+json body of type
-/// [`TEMPORARY_REDUCED_CAPACITY`](crate::TEMPORARY_REDUCED_CAPACITY). Errors of the inner
+/// [`TEMPORARY_REDUCED_CAPACITY`](crate::response::TEMPORARY_REDUCED_CAPACITY). Errors of the inner
 /// service pass through unchanged; nothing this layer does answers 500.
 ///
 /// # What is in flight
@@ -79,7 +79,7 @@ static METADATA: Metadata<'static> =
 /// ```
 /// use std::time::Duration;
 /// use axum::{Router, routing::get};
-/// use tollgate::ConcurrencyShedLayer;
+/// use tollgate::shed::ConcurrencyShedLayer;
 ///
 /// // At most 256 requests at once through the whole router; ask the rest to come back
 /// // in 2 seconds.
@@ -106,7 +106,7 @@ impl ConcurrencyShedLayer {
     /// others. With 0 it sheds every request.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// let layer = ConcurrencyShedLayer::new(64);
     /// assert_eq!(layer.max_in_flight(), 64);
@@ -126,7 +126,7 @@ impl ConcurrencyShedLayer {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// let layer = ConcurrencyShedLayer::new(64).retry_after(Duration::from_millis(1500));
     /// assert_eq!(layer.retry_after_secs(), 2);
@@ -142,7 +142,7 @@ impl ConcurrencyShedLayer {
     /// Names the layer in metric labels and logs (default `"shed"`).
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// let layer = ConcurrencyShedLayer::new(64).name("orders");
     /// assert!(format!("{layer:?}").contains("orders"));
@@ -155,7 +155,7 @@ impl ConcurrencyShedLayer {
     /// The most requests let through at once.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// assert_eq!(ConcurrencyShedLayer::new(8).max_in_flight(), 8);
     /// ```
@@ -167,7 +167,7 @@ impl ConcurrencyShedLayer {
     /// wraps.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// let layer = ConcurrencyShedLayer::new(8);
     /// assert_eq!(layer.clone().in_flight(), 0);
@@ -179,7 +179,7 @@ impl ConcurrencyShedLayer {
     /// `Retry-After` of a shed request, in whole seconds.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     ///
     /// assert_eq!(ConcurrencyShedLayer::new(8).retry_after_secs(), 1);
     /// ```
@@ -293,7 +293,7 @@ impl Drop for InFlight {
 /// use std::convert::Infallible;
 /// use bytes::Bytes;
 /// use http_body_util::Full;
-/// use tollgate::ConcurrencyShedLayer;
+/// use tollgate::shed::ConcurrencyShedLayer;
 /// use tower::{Service, ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -323,7 +323,7 @@ impl<S> ConcurrencyShed<S> {
     /// The wrapped service.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::Layer;
     ///
     /// let service = ConcurrencyShedLayer::new(8).layer("inner");
@@ -336,7 +336,7 @@ impl<S> ConcurrencyShed<S> {
     /// The wrapped service, mutably.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::Layer;
     ///
     /// let mut service = ConcurrencyShedLayer::new(8).layer(1);
@@ -350,7 +350,7 @@ impl<S> ConcurrencyShed<S> {
     /// Unwraps the inner service.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::Layer;
     ///
     /// let service = ConcurrencyShedLayer::new(8).layer("inner");
@@ -363,7 +363,7 @@ impl<S> ConcurrencyShed<S> {
     /// The requests in flight now, through every service the layer wraps.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::Layer;
     ///
     /// let layer = ConcurrencyShedLayer::new(8);
@@ -377,7 +377,7 @@ impl<S> ConcurrencyShed<S> {
     /// The most requests let through at once.
     ///
     /// ```
-    /// use tollgate::ConcurrencyShedLayer;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::Layer;
     ///
     /// assert_eq!(ConcurrencyShedLayer::new(8).layer(()).max_in_flight(), 8);
@@ -445,7 +445,8 @@ pin_project! {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{ConcurrencyShedLayer, ShedFuture};
+    /// use tollgate::future::ShedFuture;
+    /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::{Layer, Service, service_fn};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -6,33 +6,35 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::store::algorithm::{Limit, LimitOutcome};
+use crate::store::algorithm::PolicyOutcome;
 use crate::store::caller::CallerKey;
+use crate::store::policy::Policy;
 
 /// A store that decides requests against a caller's counters.
 ///
 /// One call decides every policy of one request atomically: the request is admitted only
 /// if every limit admits it, and a refused request consumes nothing from any limit.
-/// [`Algorithm::evaluate`](crate::Algorithm::evaluate) and
-/// [`Algorithm::peek`](crate::Algorithm::peek) carry the arithmetic, so a backend only
-/// has to store [`LimitState`](crate::LimitState)s and apply them under one lock or
-/// transaction. Key each state on the caller and [`Limit::counter`], never on the policy's
+/// [`Algorithm::evaluate`](crate::store::Algorithm::evaluate) and
+/// [`Algorithm::peek`](crate::store::Algorithm::peek) carry the arithmetic, so a backend only
+/// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
+/// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
-/// use tollgate::{Backend, CallerKey, CheckFuture, CheckOutcome, Clock, Limit, LimitState, SystemClock};
+/// use tollgate::Policy;
+/// use tollgate::store::{Backend, CallerKey, CheckFuture, CheckOutcome, Clock, PolicyState, SystemClock};
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
-/// struct LockedMap(Mutex<HashMap<(CallerKey, String), LimitState>>);
+/// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
 ///
 /// impl Backend for LockedMap {
-///     fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
-///         let key = |l: &Limit| (caller.clone(), l.counter().to_owned());
+///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         let evaluations: Vec<_> = limits
 ///             .iter()
 ///             .map(|l| l.algorithm().evaluate(map.get(&key(l)).copied(), now))
@@ -53,7 +55,7 @@ use crate::store::caller::CallerKey;
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Decides one request of `caller` against `limits`, consuming one unit from each
     /// limit only if all of them admit it. Outcomes come back in the order of `limits`.
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture;
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture;
 
     /// Whether decisions cross a network and can be slow or fail (default `true`). A
     /// remote store's calls go through the limiter's circuit breaker, store timeout and
@@ -64,7 +66,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         (**self).check(caller, limits)
     }
 
@@ -76,18 +78,18 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 /// A store's answer for one request: one outcome per limit, in order.
 ///
 /// ```
-/// use tollgate::{CheckOutcome, LimitOutcome};
-/// let outcome = CheckOutcome::new(vec![LimitOutcome { admitted: true, remaining: 4, reset_ms: 200 }]);
+/// use tollgate::store::{CheckOutcome, PolicyOutcome};
+/// let outcome = CheckOutcome::new(vec![PolicyOutcome { admitted: true, remaining: 4, reset_ms: 200 }]);
 /// assert!(outcome.admitted());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckOutcome {
-    limits: Vec<LimitOutcome>,
+    limits: Vec<PolicyOutcome>,
 }
 
 impl CheckOutcome {
     /// An answer from the per-limit outcomes.
-    pub fn new(limits: Vec<LimitOutcome>) -> Self {
+    pub fn new(limits: Vec<PolicyOutcome>) -> Self {
         Self { limits }
     }
 
@@ -97,7 +99,7 @@ impl CheckOutcome {
     }
 
     /// The per-limit outcomes, in the order the limits were given.
-    pub fn limits(&self) -> &[LimitOutcome] {
+    pub fn limits(&self) -> &[PolicyOutcome] {
         &self.limits
     }
 }
@@ -105,7 +107,7 @@ impl CheckOutcome {
 /// Why a store could not decide.
 ///
 /// ```
-/// use tollgate::{StoreError, StoreErrorKind};
+/// use tollgate::store::{StoreError, StoreErrorKind};
 /// let error = StoreError::new(StoreErrorKind::Timeout, "no answer within 20 ms");
 /// assert_eq!(error.kind(), StoreErrorKind::Timeout);
 /// ```
@@ -173,7 +175,7 @@ pub type CheckResult = Result<CheckOutcome, StoreError>;
 /// boxed for stores that do I/O.
 ///
 /// ```
-/// use tollgate::{CheckFuture, CheckOutcome};
+/// use tollgate::store::{CheckFuture, CheckOutcome};
 /// let ready = CheckFuture::ready(Ok(CheckOutcome::new(Vec::new())));
 /// let boxed = CheckFuture::boxed(async { Ok(CheckOutcome::new(Vec::new())) });
 /// # drop((ready, boxed));

@@ -25,7 +25,7 @@ const TAG_ANONYMOUS: u8 = b'?';
 /// Cloning is cheap (reference counted).
 ///
 /// ```
-/// use tollgate::CallerKey;
+/// use tollgate::store::CallerKey;
 ///
 /// let acme = CallerKey::new("acme");
 /// assert_ne!(acme, CallerKey::new("acme}"));
@@ -33,7 +33,7 @@ const TAG_ANONYMOUS: u8 = b'?';
 ///
 /// let long = CallerKey::new(vec![b'x'; 10_000]);
 /// assert!(long.is_digest());
-/// assert!(long.encoded().len() <= 1 + tollgate::MAX_KEY_BYTES);
+/// assert!(long.encoded().len() <= 1 + tollgate::store::MAX_KEY_BYTES);
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CallerKey {
@@ -66,7 +66,7 @@ impl CallerKey {
     /// count them together. It never equals a key made with [`CallerKey::new`].
     ///
     /// ```
-    /// use tollgate::CallerKey;
+    /// use tollgate::store::CallerKey;
     /// assert_ne!(CallerKey::anonymous(), CallerKey::new("anonymous"));
     /// ```
     pub fn anonymous() -> Self {
@@ -79,7 +79,7 @@ impl CallerKey {
     /// byte, then either the raw key or its 32-byte digest.
     ///
     /// ```
-    /// use tollgate::CallerKey;
+    /// use tollgate::store::CallerKey;
     /// assert_eq!(CallerKey::new("acme").encoded(), b"=acme");
     /// ```
     pub fn encoded(&self) -> &[u8] {
@@ -89,7 +89,7 @@ impl CallerKey {
     /// Whether the key was longer than [`MAX_KEY_BYTES`] and is kept as its digest.
     ///
     /// ```
-    /// use tollgate::CallerKey;
+    /// use tollgate::store::CallerKey;
     /// assert!(!CallerKey::new("acme").is_digest());
     /// ```
     pub fn is_digest(&self) -> bool {
@@ -99,7 +99,7 @@ impl CallerKey {
     /// Whether this is the shared bucket for requests without a key.
     ///
     /// ```
-    /// use tollgate::CallerKey;
+    /// use tollgate::store::CallerKey;
     /// assert!(CallerKey::anonymous().is_anonymous());
     /// ```
     pub fn is_anonymous(&self) -> bool {
@@ -162,7 +162,8 @@ impl From<String> for CallerKey {
 /// the plan tier that chooses its quotas.
 ///
 /// ```
-/// use tollgate::{Caller, CallerKey};
+/// use tollgate::Caller;
+/// use tollgate::store::CallerKey;
 ///
 /// let caller = Caller::new("acme").with_tier("enterprise");
 /// assert_eq!(caller.key(), &CallerKey::new("acme"));

@@ -19,7 +19,7 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 /// step (NTP, a VM resume) never moves a window backwards.
 ///
 /// ```
-/// use tollgate::{Clock, SystemClock};
+/// use tollgate::store::{Clock, SystemClock};
 /// let now = SystemClock.now_millis();
 /// assert!(now > 1_700_000_000_000);
 /// ```
@@ -47,7 +47,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{Clock, ManualClock};
+/// use tollgate::store::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(19_000);
 /// clock.advance(Duration::from_millis(1_500));

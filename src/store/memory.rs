@@ -6,9 +6,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::backend::{Backend, CheckFuture, CheckOutcome};
-use crate::store::algorithm::{Limit, LimitOutcome, LimitState};
+use super::evaluate::evaluate;
+use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
+use crate::store::policy::Policy;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
 const DEFAULT_SHARDS: usize = 64;
@@ -36,7 +38,8 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::{InMemoryBackend, ManualClock};
+/// use tollgate::InMemoryBackend;
+/// use tollgate::store::ManualClock;
 ///
 /// let backend = InMemoryBackend::builder()
 ///     .max_keys(100_000)
@@ -79,7 +82,7 @@ struct Entry {
 struct Slot {
     // The limit's counter identity.
     name: Arc<str>,
-    state: LimitState,
+    state: PolicyState,
 }
 
 impl InMemoryBackend {
@@ -92,7 +95,8 @@ impl InMemoryBackend {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::{InMemoryBackend, ManualClock};
+    /// use tollgate::InMemoryBackend;
+    /// use tollgate::store::ManualClock;
     ///
     /// let backend = InMemoryBackend::builder()
     ///     .max_keys(100_000)
@@ -125,7 +129,7 @@ impl InMemoryBackend {
             .sum()
     }
 
-    fn decide(&self, caller: &CallerKey, limits: &[Limit]) -> CheckOutcome {
+    fn decide(&self, caller: &CallerKey, limits: &[Policy]) -> CheckOutcome {
         let now = self.shared.clock.now_millis();
         let shard_index = (self.shared.hasher.hash_one(caller) as usize) % self.shared.shards.len();
         let mut guard = lock(&self.shared.shards[shard_index]);
@@ -140,34 +144,20 @@ impl InMemoryBackend {
             // A refused caller is as active as an admitted one.
             entry.referenced = true;
         }
-        let stored = |entry: Option<&Entry>, limit: &Limit| {
-            entry
-                .and_then(|e| e.slot(limit.counter_arc()))
-                .map(|slot| slot.state)
+        let evaluated = evaluate(
+            limits,
+            |limit| {
+                entry
+                    .as_deref()
+                    .and_then(|e| e.slot(limit.counter_arc()))
+                    .map(|slot| slot.state)
+            },
+            now,
+        );
+        let (outcome, admitted) = evaluated.into_parts();
+        let Some(states) = admitted else {
+            return outcome;
         };
-        let evaluations: Vec<_> = limits
-            .iter()
-            .map(|limit| {
-                limit
-                    .algorithm()
-                    .evaluate(stored(entry.as_deref(), limit), now)
-            })
-            .collect();
-        if !evaluations.iter().all(|e| e.admitted) {
-            // Nothing is consumed; every limit reports its state as it stands.
-            let outcomes = limits
-                .iter()
-                .zip(&evaluations)
-                .map(|(limit, evaluation)| {
-                    if evaluation.admitted {
-                        limit.algorithm().peek(stored(entry.as_deref(), limit), now)
-                    } else {
-                        evaluation.outcome
-                    }
-                })
-                .collect();
-            return CheckOutcome::new(outcomes);
-        }
 
         let idle_at = limits
             .iter()
@@ -176,8 +166,8 @@ impl InMemoryBackend {
             .unwrap_or(now);
         let store = |entry: &mut Entry| {
             entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
-            for (limit, evaluation) in limits.iter().zip(&evaluations) {
-                entry.store(limit.counter_arc(), evaluation.admitted_state);
+            for (limit, state) in limits.iter().zip(&states) {
+                entry.store(limit.counter_arc(), *state);
             }
         };
         match entry {
@@ -198,12 +188,7 @@ impl InMemoryBackend {
                 shard.callers.insert(caller.clone(), entry);
             }
         }
-        CheckOutcome::new(
-            evaluations
-                .iter()
-                .map(|e| e.outcome)
-                .collect::<Vec<LimitOutcome>>(),
-        )
+        outcome
     }
 }
 
@@ -230,7 +215,7 @@ impl InMemoryBackendBuilder {
         self
     }
 
-    /// Reads time from `clock`, such as a [`ManualClock`](crate::ManualClock) in tests.
+    /// Reads time from `clock`, such as a [`ManualClock`](crate::store::ManualClock) in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -277,7 +262,7 @@ impl fmt::Debug for InMemoryBackend {
 }
 
 impl Backend for InMemoryBackend {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         CheckFuture::ready(Ok(self.decide(caller, limits)))
     }
 
@@ -338,7 +323,7 @@ impl Entry {
         self.slots.iter().find(|slot| slot.is(name))
     }
 
-    fn store(&mut self, name: &Arc<str>, state: LimitState) {
+    fn store(&mut self, name: &Arc<str>, state: PolicyState) {
         match self.slots.iter_mut().find(|slot| slot.is(name)) {
             Some(slot) => slot.state = state,
             None => self.slots.push(Slot {
@@ -363,8 +348,8 @@ mod tests {
     use crate::store::algorithm::Algorithm;
     use crate::store::clock::ManualClock;
 
-    fn per_second(limit: u64) -> Arc<[Limit]> {
-        vec![Limit::new(
+    fn per_second(limit: u64) -> Arc<[Policy]> {
+        vec![Policy::new(
             "per-second",
             Algorithm::sliding_window(limit, Duration::from_secs(1)),
         )]

@@ -1,14 +1,34 @@
-//! The store floor: where counters live and how they count, knowing nothing above it.
+//! For backend authors: where counters live and how they count.
 //!
-//! The [`backend`] trait, the counting arithmetic in [`algorithm`], the caller's key, the
-//! clock, the in-process [`memory`] store, and with the `redis` feature the Redis store
-//! with its Lua and its instance registry.
+//! A store decides one request against all of a caller's policies at once through the
+//! [`Backend`] trait. [`evaluate`] runs the all-or-nothing decision over the per-policy
+//! arithmetic of [`Algorithm`], so a backend only keeps [`PolicyState`]s under one lock or
+//! transaction, keyed by the caller's [`CallerKey`] and each policy's
+//! [`counter`](crate::Policy::counter). The in-process [`InMemoryBackend`] and, with the
+//! `redis` feature, [`RedisBackend`] (with its Lua and its [`InstanceRegistry`]) are built
+//! this way.
+//!
+//! This floor knows nothing above it: no limiter, no HTTP type.
 
 pub(crate) mod algorithm;
 pub(crate) mod backend;
 pub(crate) mod caller;
 pub(crate) mod clock;
+pub(crate) mod evaluate;
 pub(crate) mod instances;
 pub(crate) mod memory;
+pub(crate) mod policy;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+
+pub use algorithm::{Algorithm, Evaluation, MAX_SHARE_STRETCH, PolicyOutcome, PolicyState};
+pub use backend::{Backend, CheckFuture, CheckOutcome, CheckResult, StoreError, StoreErrorKind};
+pub use caller::{CallerKey, MAX_KEY_BYTES};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use evaluate::{Evaluated, evaluate};
+pub use instances::LiveInstances;
+pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
+#[cfg(feature = "redis")]
+pub use redis::backend::{RedisBackend, RedisBackendBuilder};
+#[cfg(feature = "redis")]
+pub use redis::registry::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tollgate::{Backend, CallerKey, CheckFuture, Limit};
+use tollgate::Policy;
+use tollgate::store::{Backend, CallerKey, CheckFuture};
 
 /// Wraps a store and counts every call made to it.
 #[derive(Clone, Debug)]
@@ -32,7 +33,7 @@ impl<B> Counting<B> {
 }
 
 impl<B: Backend> Backend for Counting<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.check(caller, limits)
     }

@@ -35,7 +35,8 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// ```
-/// use tollgate::{ClientIp, ForwardedHeader, TrustedProxies};
+/// use tollgate::{ClientIp, TrustedProxies};
+/// use tollgate::key::ForwardedHeader;
 ///
 /// let behind_lb = ClientIp::new()
 ///     .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8", "fd00::/8"]).unwrap())

@@ -8,7 +8,7 @@ use crate::store::caller::Caller;
 /// Counts callers by the value of a request header, such as an API key or a customer id.
 ///
 /// The value is taken as raw bytes (non-UTF-8 is fine) and bounded like every
-/// [`CallerKey`](crate::CallerKey). A request without the header, or with an empty value,
+/// [`CallerKey`](crate::store::CallerKey). A request without the header, or with an empty value,
 /// has no key and is handled by the layer's [`MissingKey`](crate::MissingKey) choice. When
 /// the header is repeated, the first value counts.
 ///

@@ -35,7 +35,8 @@ pub type KeyResult = Result<Option<Caller>, KeyRejection>;
 /// ```
 /// use std::future::{Ready, ready};
 /// use http::Request;
-/// use tollgate::{Caller, KeyExtractor, KeyResult};
+/// use tollgate::{Caller, KeyExtractor};
+/// use tollgate::key::KeyResult;
 ///
 /// /// Counts callers by the first path segment, e.g. `/tenants/acme/...` -> `tenants`.
 /// #[derive(Clone, Debug)]
@@ -62,7 +63,7 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate::KeyRejection;
+/// use tollgate::key::KeyRejection;
 ///
 /// let rejection = KeyRejection::new(StatusCode::BAD_REQUEST, "malformed X-Forwarded-For");
 /// assert_eq!(rejection.status(), StatusCode::BAD_REQUEST);

@@ -10,9 +10,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::OnceCell;
 
-use crate::store::algorithm::{Algorithm, Limit, LimitOutcome};
+use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{Backend, CheckFuture, CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::caller::CallerKey;
+use crate::store::policy::Policy;
 
 /// The decision script: the shared helpers, both algorithms, then the entry point.
 const CHECK_SCRIPT: &str = concat!(
@@ -44,7 +45,7 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// # Key layout
 ///
 /// `<prefix>:{<caller>}:<counter>`, for example `rl:{acme}:orders:per-second:w1000`, where
-/// the counter is [`Limit::counter`](crate::Limit::counter): the limiter's counter scope
+/// the counter is [`Policy::counter`](crate::Policy::counter): the limiter's counter scope
 /// (its name by default), the policy's name and the unit it counts in. So two limiters on
 /// one Redis never share a count, and a caller moved to a tier whose policy of the same
 /// name counts in other units does not read a count it cannot interpret.
@@ -81,7 +82,7 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// ```no_run
 /// use tollgate::{Limiter, Policy, Quota, RedisBackend};
 ///
-/// # #[tokio::main] async fn main() -> Result<(), tollgate::StoreError> {
+/// # #[tokio::main] async fn main() -> Result<(), tollgate::store::StoreError> {
 /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
 ///     .prefix("orders")
 ///     .build()?;
@@ -169,7 +170,8 @@ impl RedisBackend {
     /// The Redis key that holds `caller`'s counter for `limit`.
     ///
     /// ```
-    /// use tollgate::{CallerKey, Limiter, Policy, Quota, RedisBackend};
+    /// use tollgate::{Limiter, Policy, Quota, RedisBackend};
+    /// use tollgate::store::CallerKey;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
     /// let limiter = Limiter::builder()
@@ -180,7 +182,7 @@ impl RedisBackend {
     /// assert_eq!(store.key(&CallerKey::new("acme}"), limit), b"rl:{acme%7D}:orders:per-second:w1000");
     /// # }
     /// ```
-    pub fn key(&self, caller: &CallerKey, limit: &Limit) -> Vec<u8> {
+    pub fn key(&self, caller: &CallerKey, limit: &Policy) -> Vec<u8> {
         let counter = limit.counter();
         let mut key =
             Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + counter.len() + 40);
@@ -255,7 +257,7 @@ impl RedisBackend {
 }
 
 /// The script's arguments for `limits`: four numbers per policy (see lua/check.lua).
-pub(crate) fn script_args(limits: &[Limit]) -> Vec<u64> {
+pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
     let mut args = Vec::with_capacity(limits.len() * 4);
     for limit in limits {
         match *limit.algorithm() {
@@ -398,7 +400,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
     }
     let outcomes = reply[1..]
         .chunks_exact(3)
-        .map(|chunk| LimitOutcome {
+        .map(|chunk| PolicyOutcome {
             admitted: chunk[0] == 1,
             remaining: u64::try_from(chunk[1]).unwrap_or(0),
             reset_ms: u64::try_from(chunk[2]).unwrap_or(0),
@@ -408,7 +410,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
 }
 
 impl Backend for RedisBackend {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let args = script_args(limits);
         let count = limits.len();
@@ -510,14 +512,15 @@ impl RedisBackendBuilder {
     /// every caller's count afresh.
     ///
     /// ```
-    /// use tollgate::{CallerKey, Limit, Algorithm, RedisBackend};
+    /// use tollgate::{Policy, RedisBackend};
+    /// use tollgate::store::{Algorithm, CallerKey};
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
     ///     .hash_callers(b"a secret shared by every instance")
     ///     .build()
     ///     .unwrap();
-    /// let limit = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
+    /// let limit = Policy::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
     /// let key = store.key(&CallerKey::new("sk_live_1234"), &limit);
     /// assert!(!String::from_utf8_lossy(&key).contains("sk_live"));
     /// # }

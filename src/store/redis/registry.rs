@@ -169,7 +169,8 @@ impl InstanceRegistryBuilder {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use std::time::Duration;
-    /// use tollgate::{InstanceRegistry, RedisBackend, RegistryError};
+    /// use tollgate::{InstanceRegistry, RedisBackend};
+    /// use tollgate::store::RegistryError;
     ///
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
     /// let slow = InstanceRegistry::builder(&store).heartbeat_every(Duration::from_secs(5)).start();
@@ -217,7 +218,7 @@ impl InstanceRegistryBuilder {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::RegistryError;
+/// use tollgate::store::RegistryError;
 ///
 /// let error = RegistryError::HeartbeatNotShorterThanWindow {
 ///     heartbeat_every: Duration::from_secs(5),

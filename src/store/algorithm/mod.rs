@@ -4,7 +4,9 @@
 //! Redis backend runs a Lua transcription of it. Integers keep the two identical (Lua
 //! numbers are doubles, exact below 2^53, which the constructors guarantee).
 
-use std::sync::Arc;
+mod sliding_window;
+mod token_bucket;
+
 use std::time::Duration;
 
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
@@ -18,7 +20,7 @@ pub const MAX_SHARE_STRETCH: u64 = 4;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::Algorithm;
+/// use tollgate::store::Algorithm;
 ///
 /// // 50 requests in any one second, smoothed across window edges.
 /// let window = Algorithm::sliding_window(50, Duration::from_secs(1));
@@ -28,6 +30,7 @@ pub const MAX_SHARE_STRETCH: u64 = 4;
 /// assert_eq!(bucket.quota(), 20);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Algorithm {
     /// The sliding window counter: the previous fixed window's count, weighted by how much
     /// of it still overlaps the sliding window, plus the current window's count. A request
@@ -142,7 +145,7 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::Algorithm;
+    /// use tollgate::store::Algorithm;
     ///
     /// let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
     /// assert_eq!(per_second.divided_by(4), Algorithm::sliding_window(25, Duration::from_secs(2)));
@@ -182,7 +185,7 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::Algorithm;
+    /// use tollgate::store::Algorithm;
     ///
     /// let per_second = Algorithm::sliding_window(2, Duration::from_secs(1));
     /// let first = per_second.evaluate(None, 1_000);
@@ -195,7 +198,7 @@ impl Algorithm {
     /// // window must pass before one fits again.
     /// assert_eq!(third.outcome.reset_ms, 1_500);
     /// ```
-    pub fn evaluate(&self, state: Option<LimitState>, now_ms: u64) -> Evaluation {
+    pub fn evaluate(&self, state: Option<PolicyState>, now_ms: u64) -> Evaluation {
         let current = self.normalize(state, now_ms);
         let consumed = self.consume(current, now_ms);
         match consumed {
@@ -214,7 +217,7 @@ impl Algorithm {
 
     /// What this policy reports for `state` without consuming anything: used for the
     /// policies that would have admitted a request that another policy refused.
-    pub fn peek(&self, state: Option<LimitState>, now_ms: u64) -> LimitOutcome {
+    pub fn peek(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
         let admits = self.consume(current, now_ms).is_some();
         self.report(current, now_ms, admits)
@@ -222,170 +225,50 @@ impl Algorithm {
 
     /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be
     /// forgotten without changing any decision).
-    pub fn is_idle(&self, state: LimitState, now_ms: u64) -> bool {
-        match (self.normalize(Some(state), now_ms), *self) {
-            (
-                LimitState::SlidingWindow {
-                    previous, current, ..
-                },
-                Algorithm::SlidingWindow { .. },
-            ) => previous == 0 && current == 0,
-            (
-                LimitState::TokenBucket { level, .. },
-                Algorithm::TokenBucket {
-                    burst, period_ms, ..
-                },
-            ) => u128::from(level) >= u128::from(burst) * u128::from(period_ms),
-            _ => true,
+    pub fn is_idle(&self, state: PolicyState, now_ms: u64) -> bool {
+        let state = self.normalize(Some(state), now_ms);
+        match *self {
+            Algorithm::SlidingWindow { .. } => sliding_window::is_idle(state),
+            Algorithm::TokenBucket {
+                period_ms, burst, ..
+            } => token_bucket::is_idle(period_ms, burst, state),
         }
     }
 
     /// Brings a stored state to `now_ms`: rolls the windows, refills the bucket. A state of
-    /// the other algorithm (a policy whose algorithm changed) starts afresh.
-    fn normalize(&self, state: Option<LimitState>, now_ms: u64) -> LimitState {
+    /// another algorithm (a policy whose algorithm changed) starts afresh.
+    fn normalize(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
         match *self {
             Algorithm::SlidingWindow { window_ms, .. } => {
-                let start = now_ms - now_ms % window_ms;
-                let (previous, current) = match state {
-                    Some(LimitState::SlidingWindow {
-                        window_start,
-                        previous,
-                        current,
-                    }) => {
-                        if window_start == start {
-                            (previous, current)
-                        } else if window_start.checked_add(window_ms) == Some(start) {
-                            (current, 0)
-                        } else if window_start > start {
-                            // A state from the future (clock moved back): keep it, it only
-                            // makes the limiter stricter until time catches up.
-                            return LimitState::SlidingWindow {
-                                window_start,
-                                previous,
-                                current,
-                            };
-                        } else {
-                            (0, 0)
-                        }
-                    }
-                    _ => (0, 0),
-                };
-                LimitState::SlidingWindow {
-                    window_start: start,
-                    previous,
-                    current,
-                }
+                sliding_window::normalize(window_ms, state, now_ms)
             }
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
-            } => {
-                let capacity = u128::from(burst) * u128::from(period_ms);
-                let level = match state {
-                    Some(LimitState::TokenBucket { level, updated_ms }) => {
-                        let elapsed = u128::from(now_ms.saturating_sub(updated_ms));
-                        (u128::from(level) + elapsed * u128::from(rate)).min(capacity)
-                    }
-                    _ => capacity,
-                };
-                LimitState::TokenBucket {
-                    level: level as u64,
-                    updated_ms: now_ms,
-                }
-            }
+            } => token_bucket::normalize(rate, period_ms, burst, state, now_ms),
         }
     }
 
-    fn consume(&self, state: LimitState, now_ms: u64) -> Option<LimitState> {
-        match (*self, state) {
-            (
-                Algorithm::SlidingWindow { limit, window_ms },
-                LimitState::SlidingWindow {
-                    window_start,
-                    previous,
-                    current,
-                },
-            ) => {
-                let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
-                let admits = sliding_fits(limit, window_ms, previous, current + 1, elapsed);
-                admits.then(|| LimitState::SlidingWindow {
-                    window_start,
-                    previous,
-                    current: current + 1,
-                })
+    fn consume(&self, state: PolicyState, now_ms: u64) -> Option<PolicyState> {
+        match *self {
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                sliding_window::consume(limit, window_ms, state, now_ms)
             }
-            (
-                Algorithm::TokenBucket { period_ms, .. },
-                LimitState::TokenBucket { level, updated_ms },
-            ) => (level >= period_ms).then(|| LimitState::TokenBucket {
-                level: level - period_ms,
-                updated_ms,
-            }),
-            _ => None,
+            Algorithm::TokenBucket { period_ms, .. } => token_bucket::consume(period_ms, state),
         }
     }
 
-    fn report(&self, state: LimitState, now_ms: u64, admitted: bool) -> LimitOutcome {
-        match (*self, state) {
-            (
-                Algorithm::SlidingWindow { limit, window_ms },
-                LimitState::SlidingWindow {
-                    window_start,
-                    previous,
-                    current,
-                },
-            ) => {
-                let w = u128::from(window_ms);
-                let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
-                let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
-                let budget = u128::from(limit) * w;
-                let remaining = (budget.saturating_sub(used) / w) as u64;
-                let reset_ms = if remaining >= limit {
-                    0
-                } else {
-                    sliding_wait(
-                        limit,
-                        window_ms,
-                        previous,
-                        current,
-                        elapsed as u64,
-                        remaining + 1,
-                    )
-                };
-                LimitOutcome {
-                    admitted,
-                    remaining,
-                    reset_ms,
-                }
+    fn report(&self, state: PolicyState, now_ms: u64, admitted: bool) -> PolicyOutcome {
+        match *self {
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                sliding_window::report(limit, window_ms, state, now_ms, admitted)
             }
-            (
-                Algorithm::TokenBucket {
-                    rate,
-                    period_ms,
-                    burst,
-                },
-                LimitState::TokenBucket { level, .. },
-            ) => {
-                let remaining = level / period_ms;
-                let reset_ms = if remaining >= burst {
-                    0
-                } else {
-                    let needed =
-                        u128::from(remaining + 1) * u128::from(period_ms) - u128::from(level);
-                    ceil_div(needed, u128::from(rate))
-                };
-                LimitOutcome {
-                    admitted,
-                    remaining,
-                    reset_ms,
-                }
-            }
-            _ => LimitOutcome {
-                admitted,
-                remaining: 0,
-                reset_ms: 0,
-            },
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => token_bucket::report(rate, period_ms, burst, state, admitted),
         }
     }
 }
@@ -414,45 +297,6 @@ fn share(quota: u64, window_ms: u64, divisor: u64) -> (u64, u64) {
     (1, stretched.min((MAX_EXACT - 1) as u64))
 }
 
-/// Whether `previous` weighted by its overlap plus `current` stays within `limit`.
-fn sliding_fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64) -> bool {
-    let w = u128::from(window_ms);
-    u128::from(previous) * (w - u128::from(elapsed)) + u128::from(current) * w
-        <= u128::from(limit) * w
-}
-
-/// Milliseconds from `elapsed` (into the current window) until `units` more requests fit.
-fn sliding_wait(
-    limit: u64,
-    window_ms: u64,
-    previous: u64,
-    current: u64,
-    elapsed: u64,
-    units: u64,
-) -> u64 {
-    let w = u128::from(window_ms);
-    if current + units <= limit {
-        // Fits in this window once enough of the previous window has slid out.
-        if previous == 0 {
-            return 0;
-        }
-        let slack = u128::from(limit - current - units) * w;
-        let earliest = w.saturating_sub(slack / u128::from(previous));
-        (earliest as u64).saturating_sub(elapsed)
-    } else if units <= limit {
-        // Only in the next window, where this window's count becomes the previous one.
-        let slack = u128::from(limit - units) * w;
-        let earliest = if current == 0 {
-            0
-        } else {
-            w.saturating_sub(slack / u128::from(current))
-        };
-        (window_ms - elapsed) + earliest as u64
-    } else {
-        u64::MAX
-    }
-}
-
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
@@ -470,7 +314,8 @@ fn millis(duration: Duration) -> u64 {
 
 /// A caller's stored state for one policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LimitState {
+#[non_exhaustive]
+pub enum PolicyState {
     /// Counts of the current and the previous fixed window.
     SlidingWindow {
         /// Start of the current fixed window, ms since the epoch.
@@ -496,14 +341,26 @@ pub struct Evaluation {
     /// Whether this policy alone admits the request.
     pub admitted: bool,
     /// The state to store when every policy admits (the unchanged state otherwise).
-    pub admitted_state: LimitState,
+    pub admitted_state: PolicyState,
     /// What to report for this policy.
-    pub outcome: LimitOutcome,
+    pub outcome: PolicyOutcome,
+}
+
+impl PolicyOutcome {
+    /// An outcome that reports nothing left and nothing to wait for: what a state of the
+    /// wrong shape reports.
+    pub(crate) fn nothing(admitted: bool) -> Self {
+        Self {
+            admitted,
+            remaining: 0,
+            reset_ms: 0,
+        }
+    }
 }
 
 /// What a store reports for one policy of one decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitOutcome {
+pub struct PolicyOutcome {
     /// Whether this policy admitted the request (or would have, when another refused).
     pub admitted: bool,
     /// Requests that would still be admitted now (`r`).
@@ -511,147 +368,6 @@ pub struct LimitOutcome {
     /// Milliseconds until `remaining` grows by one; for a refused policy, until the next
     /// request would be admitted. Zero when nothing is consumed.
     pub reset_ms: u64,
-}
-
-/// A named policy as stores see it: a name, an algorithm, and the counter it is kept in.
-///
-/// A counter's identity is the limiter it belongs to (its scope), the policy's name and the
-/// unit it counts in: the sliding window's length, or the token bucket's refill period. So
-/// two limiters never share a count, and a caller moved to a tier whose policy of the same
-/// name counts in other units starts that policy afresh instead of reading a count it
-/// cannot interpret. Policies of one name and one unit keep the caller's count across a
-/// tier change: the new quota applies to what was already used.
-///
-/// Stores key their state on [`counter`](Self::counter), never on the name alone.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::{Algorithm, Limit};
-/// let limit = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
-/// assert_eq!(limit.name(), "per-second");
-/// assert_eq!(limit.counter(), "per-second:w1000");
-/// let bigger = Limit::new("per-second", Algorithm::sliding_window(500, Duration::from_secs(1)));
-/// assert_eq!(bigger.counter(), limit.counter());
-/// let per_minute = Limit::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(60)));
-/// assert_ne!(per_minute.counter(), limit.counter());
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Limit {
-    name: Arc<str>,
-    algorithm: Algorithm,
-    scope: Option<Arc<str>>,
-    counter: Arc<str>,
-}
-
-impl Limit {
-    /// A named limit.
-    ///
-    /// # Panics
-    ///
-    /// When the name is empty, longer than 64 bytes, or not printable ASCII (it appears in
-    /// HTTP headers and store keys).
-    pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Self {
-        let name = name.into();
-        assert!(
-            is_valid_name(&name),
-            "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
-        );
-        Self::assemble(name, algorithm, None)
-    }
-
-    fn assemble(name: Arc<str>, algorithm: Algorithm, scope: Option<Arc<str>>) -> Self {
-        let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
-        Self {
-            name,
-            algorithm,
-            scope,
-            counter,
-        }
-    }
-
-    /// The policy's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The shared name, cheap to clone.
-    pub fn name_arc(&self) -> &Arc<str> {
-        &self.name
-    }
-
-    /// How it counts.
-    pub fn algorithm(&self) -> &Algorithm {
-        &self.algorithm
-    }
-
-    /// The identity of the counter this limit is kept in, the same on every instance:
-    /// `<scope>:<name>:<unit>`, each part escaped so that no two limits collide
-    /// (`%`, `:` and bytes outside printable ASCII become `%XX`). The scope is the
-    /// limiter's (see [`LimiterBuilder::counter_scope`](crate::LimiterBuilder::counter_scope));
-    /// the unit is `w` and the window in milliseconds for a sliding window, `b` and the
-    /// refill period in milliseconds for a token bucket.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::{Algorithm, Limit};
-    /// let bucket = Limit::new("burst", Algorithm::token_bucket(10, Duration::from_secs(1), 20));
-    /// assert_eq!(bucket.counter(), "burst:b1000");
-    /// ```
-    pub fn counter(&self) -> &str {
-        &self.counter
-    }
-
-    /// The counter's identity, cheap to clone.
-    pub fn counter_arc(&self) -> &Arc<str> {
-        &self.counter
-    }
-
-    /// The same limit with another algorithm (a local share, say), in the same scope.
-    pub fn with_algorithm(&self, algorithm: Algorithm) -> Self {
-        Self::assemble(self.name.clone(), algorithm, self.scope.clone())
-    }
-
-    /// The same limit counted under `scope` (a limiter's counter scope).
-    pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
-        Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
-    }
-}
-
-/// Whether `name` can name a policy: 1 to 64 printable ASCII characters.
-pub(crate) fn is_valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| (0x20..0x7f).contains(&b))
-}
-
-fn counter_id(scope: Option<&str>, name: &str, algorithm: &Algorithm) -> String {
-    let mut id = String::with_capacity(name.len() + scope.map_or(0, str::len) + 16);
-    if let Some(scope) = scope {
-        push_escaped(&mut id, scope);
-        id.push(':');
-    }
-    push_escaped(&mut id, name);
-    match *algorithm {
-        Algorithm::SlidingWindow { window_ms, .. } => {
-            id.push_str(":w");
-            id.push_str(&window_ms.to_string());
-        }
-        Algorithm::TokenBucket { period_ms, .. } => {
-            id.push_str(":b");
-            id.push_str(&period_ms.to_string());
-        }
-    }
-    id
-}
-
-/// `:` separates the parts of a counter id, so it (and `%`, and anything a store key
-/// should not carry) is percent-escaped inside a part.
-fn push_escaped(out: &mut String, part: &str) {
-    for byte in part.bytes() {
-        if (0x21..0x7f).contains(&byte) && !matches!(byte, b'%' | b':' | b'{' | b'}') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,46 @@
+//! The policy sets a limiter decides callers against: the defaults and each tier's.
+
+use std::sync::Arc;
+
+use crate::limiter::builder::BuildError;
+use crate::store::policy::Policy;
+
+/// One set of policies a caller is decided against (the defaults, or a tier's), with an
+/// identity that changes whenever any of its policies does: a refusal is remembered for
+/// the set that refused, so a caller moved to another tier is asked about afresh.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicySet {
+    pub(crate) limits: Arc<[Policy]>,
+    pub(crate) id: u64,
+}
+
+impl PolicySet {
+    pub(crate) fn new(
+        tier: Option<&Arc<str>>,
+        policies: &[Policy],
+        scope: &Arc<str>,
+    ) -> Result<Self, BuildError> {
+        let tier_name = || tier.map(|t| t.to_string());
+        if policies.is_empty() {
+            return Err(BuildError::NoPolicies { tier: tier_name() });
+        }
+        for (i, limit) in policies.iter().enumerate() {
+            if policies[..i]
+                .iter()
+                .any(|other| other.name() == limit.name())
+            {
+                return Err(BuildError::DuplicatePolicy {
+                    tier: tier_name(),
+                    name: limit.name().to_owned(),
+                });
+            }
+        }
+        let limits: Arc<[Policy]> = policies.iter().map(|limit| limit.scoped(scope)).collect();
+        // Within one process only: the cache that reads it is local.
+        let id = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            &*limits,
+        );
+        Ok(Self { limits, id })
+    }
+}

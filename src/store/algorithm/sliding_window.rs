@@ -1,0 +1,147 @@
+//! The sliding window counter: the previous fixed window's count, weighted by how much of
+//! it still overlaps the sliding window, plus the current window's count. lua/sliding_window.lua
+//! is its transcription for Redis.
+
+use super::{PolicyOutcome, PolicyState};
+
+/// The state brought to `now_ms`: the window rolled forward, or a fresh one. A state of
+/// another algorithm starts afresh.
+pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
+    let start = now_ms - now_ms % window_ms;
+    let (previous, current) = match state {
+        Some(PolicyState::SlidingWindow {
+            window_start,
+            previous,
+            current,
+        }) => {
+            if window_start == start {
+                (previous, current)
+            } else if window_start.checked_add(window_ms) == Some(start) {
+                (current, 0)
+            } else if window_start > start {
+                // A state from the future (clock moved back): keep it, it only makes the
+                // limiter stricter until time catches up.
+                return PolicyState::SlidingWindow {
+                    window_start,
+                    previous,
+                    current,
+                };
+            } else {
+                (0, 0)
+            }
+        }
+        _ => (0, 0),
+    };
+    PolicyState::SlidingWindow {
+        window_start: start,
+        previous,
+        current,
+    }
+}
+
+/// The state after admitting one more request, if it fits.
+pub(super) fn consume(
+    limit: u64,
+    window_ms: u64,
+    state: PolicyState,
+    now_ms: u64,
+) -> Option<PolicyState> {
+    let PolicyState::SlidingWindow {
+        window_start,
+        previous,
+        current,
+    } = state
+    else {
+        return None;
+    };
+    let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
+    fits(limit, window_ms, previous, current + 1, elapsed).then_some(PolicyState::SlidingWindow {
+        window_start,
+        previous,
+        current: current + 1,
+    })
+}
+
+/// What remains, and how long until one more request fits.
+pub(super) fn report(
+    limit: u64,
+    window_ms: u64,
+    state: PolicyState,
+    now_ms: u64,
+    admitted: bool,
+) -> PolicyOutcome {
+    let PolicyState::SlidingWindow {
+        window_start,
+        previous,
+        current,
+    } = state
+    else {
+        return PolicyOutcome::nothing(admitted);
+    };
+    let w = u128::from(window_ms);
+    let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
+    let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
+    let budget = u128::from(limit) * w;
+    let remaining = (budget.saturating_sub(used) / w) as u64;
+    let reset_ms = if remaining >= limit {
+        0
+    } else {
+        wait(
+            limit,
+            window_ms,
+            previous,
+            current,
+            elapsed as u64,
+            remaining + 1,
+        )
+    };
+    PolicyOutcome {
+        admitted,
+        remaining,
+        reset_ms,
+    }
+}
+
+/// Whether a normalized state no longer affects any decision.
+pub(super) fn is_idle(state: PolicyState) -> bool {
+    matches!(
+        state,
+        PolicyState::SlidingWindow {
+            previous: 0,
+            current: 0,
+            ..
+        }
+    )
+}
+
+/// Whether `previous` weighted by its overlap plus `current` stays within `limit`.
+fn fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64) -> bool {
+    let w = u128::from(window_ms);
+    u128::from(previous) * (w - u128::from(elapsed)) + u128::from(current) * w
+        <= u128::from(limit) * w
+}
+
+/// Milliseconds from `elapsed` (into the current window) until `units` more requests fit.
+fn wait(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, units: u64) -> u64 {
+    let w = u128::from(window_ms);
+    if current + units <= limit {
+        // Fits in this window once enough of the previous window has slid out.
+        if previous == 0 {
+            return 0;
+        }
+        let slack = u128::from(limit - current - units) * w;
+        let earliest = w.saturating_sub(slack / u128::from(previous));
+        (earliest as u64).saturating_sub(elapsed)
+    } else if units <= limit {
+        // Only in the next window, where this window's count becomes the previous one.
+        let slack = u128::from(limit - units) * w;
+        let earliest = if current == 0 {
+            0
+        } else {
+            w.saturating_sub(slack / u128::from(current))
+        };
+        (window_ms - elapsed) + earliest as u64
+    } else {
+        u64::MAX
+    }
+}

@@ -1,0 +1,75 @@
+//! The token bucket: holds up to `burst` tokens, refills `rate` tokens every `period_ms`,
+//! and each request takes one. The level is kept in units where one token is `period_ms`
+//! units and `rate` units flow in per millisecond, so refill stays in integers.
+//! lua/token_bucket.lua is its transcription for Redis.
+
+use super::{PolicyOutcome, PolicyState, ceil_div};
+
+/// The state brought to `now_ms`: the bucket refilled, or a full one. A state of another
+/// algorithm starts afresh.
+pub(super) fn normalize(
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    state: Option<PolicyState>,
+    now_ms: u64,
+) -> PolicyState {
+    let capacity = u128::from(burst) * u128::from(period_ms);
+    let level = match state {
+        Some(PolicyState::TokenBucket { level, updated_ms }) => {
+            let elapsed = u128::from(now_ms.saturating_sub(updated_ms));
+            (u128::from(level) + elapsed * u128::from(rate)).min(capacity)
+        }
+        _ => capacity,
+    };
+    PolicyState::TokenBucket {
+        level: level as u64,
+        updated_ms: now_ms,
+    }
+}
+
+/// The state after taking one token, if there is one.
+pub(super) fn consume(period_ms: u64, state: PolicyState) -> Option<PolicyState> {
+    let PolicyState::TokenBucket { level, updated_ms } = state else {
+        return None;
+    };
+    (level >= period_ms).then(|| PolicyState::TokenBucket {
+        level: level - period_ms,
+        updated_ms,
+    })
+}
+
+/// The whole tokens left, and how long until one more is.
+pub(super) fn report(
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    state: PolicyState,
+    admitted: bool,
+) -> PolicyOutcome {
+    let PolicyState::TokenBucket { level, .. } = state else {
+        return PolicyOutcome::nothing(admitted);
+    };
+    let remaining = level / period_ms;
+    let reset_ms = if remaining >= burst {
+        0
+    } else {
+        let needed = u128::from(remaining + 1) * u128::from(period_ms) - u128::from(level);
+        ceil_div(needed, u128::from(rate))
+    };
+    PolicyOutcome {
+        admitted,
+        remaining,
+        reset_ms,
+    }
+}
+
+/// Whether a normalized state is a full bucket, which affects no decision.
+pub(super) fn is_idle(period_ms: u64, burst: u64, state: PolicyState) -> bool {
+    match state {
+        PolicyState::TokenBucket { level, .. } => {
+            u128::from(level) >= u128::from(burst) * u128::from(period_ms)
+        }
+        _ => true,
+    }
+}

@@ -1,0 +1,130 @@
+//! One decision over all of a caller's policies, all or nothing: the loop every backend
+//! runs around the per-policy arithmetic (lua/check.lua is its transcription for Redis).
+
+use crate::store::algorithm::PolicyState;
+use crate::store::backend::CheckOutcome;
+use crate::store::policy::Policy;
+
+/// The verdict of [`evaluate`]: what to report, and the states to store when every policy
+/// admitted the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evaluated {
+    outcome: CheckOutcome,
+    admitted_states: Option<Vec<PolicyState>>,
+}
+
+impl Evaluated {
+    /// Whether every policy admitted the request.
+    pub fn admitted(&self) -> bool {
+        self.admitted_states.is_some()
+    }
+
+    /// What to answer, one outcome per policy in order.
+    pub fn outcome(&self) -> &CheckOutcome {
+        &self.outcome
+    }
+
+    /// The answer, and when the request was admitted the state to store for each policy,
+    /// in order. A refused request stores nothing.
+    pub fn into_parts(self) -> (CheckOutcome, Option<Vec<PolicyState>>) {
+        (self.outcome, self.admitted_states)
+    }
+}
+
+/// Decides one request against `policies`, given each policy's stored state
+/// (`stored(policy)`, `None` for a caller never seen) at `now_ms`.
+///
+/// The request is admitted only if every policy admits it; a refused request consumes
+/// nothing, and each policy reports its state as it stands (a policy that would have
+/// admitted reports what it still has). A backend reads the states, calls this, and
+/// writes back the admitted states under one lock or transaction.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::{Arc, Mutex};
+/// use tollgate::store::{
+///     Backend, CallerKey, CheckFuture, Clock, PolicyState, SystemClock, evaluate,
+/// };
+/// use tollgate::Policy;
+///
+/// /// One global lock around a map: simple, correct, and slow under contention.
+/// #[derive(Debug, Default)]
+/// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
+///
+/// impl Backend for LockedMap {
+///     fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>) -> CheckFuture {
+///         let mut map = self.0.lock().unwrap();
+///         // Keyed on the counter, never on the name alone.
+///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
+///         let evaluated = evaluate(policies, |p| map.get(&key(p)).copied(), SystemClock.now_millis());
+///         let (outcome, admitted) = evaluated.into_parts();
+///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
+///             map.insert(key(policy), state);
+///         }
+///         CheckFuture::ready(Ok(outcome))
+///     }
+/// }
+/// ```
+pub fn evaluate(
+    policies: &[Policy],
+    mut stored: impl FnMut(&Policy) -> Option<PolicyState>,
+    now_ms: u64,
+) -> Evaluated {
+    let states: Vec<Option<PolicyState>> = policies.iter().map(&mut stored).collect();
+    let evaluations: Vec<_> = policies
+        .iter()
+        .zip(&states)
+        .map(|(policy, state)| policy.algorithm().evaluate(*state, now_ms))
+        .collect();
+    if evaluations.iter().all(|e| e.admitted) {
+        return Evaluated {
+            outcome: CheckOutcome::new(evaluations.iter().map(|e| e.outcome).collect()),
+            admitted_states: Some(evaluations.iter().map(|e| e.admitted_state).collect()),
+        };
+    }
+    let outcomes = policies
+        .iter()
+        .zip(&states)
+        .zip(&evaluations)
+        .map(|((policy, state), evaluation)| {
+            if evaluation.admitted {
+                policy.algorithm().peek(*state, now_ms)
+            } else {
+                evaluation.outcome
+            }
+        })
+        .collect();
+    Evaluated {
+        outcome: CheckOutcome::new(outcomes),
+        admitted_states: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policy::Quota;
+
+    #[test]
+    fn a_refusal_by_one_policy_consumes_nothing_from_the_others() {
+        let policies = [
+            Policy::sliding_window("per-second", Quota::per_second(5)),
+            Policy::sliding_window("per-day", Quota::per_day(1)),
+        ];
+        let first = evaluate(&policies, |_| None, 1_000);
+        assert!(first.admitted());
+        let (_, states) = first.into_parts();
+        let states = states.expect("admitted");
+        let second = evaluate(
+            &policies,
+            |p| Some(states[usize::from(p.name() == "per-day")]),
+            1_000,
+        );
+        assert!(!second.admitted());
+        let outcomes = second.outcome().limits();
+        // per-second would admit, and reports its 4 left without taking one.
+        assert!(outcomes[0].admitted);
+        assert_eq!(outcomes[0].remaining, 4);
+        assert!(!outcomes[1].admitted);
+    }
+}

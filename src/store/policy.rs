@@ -1,0 +1,256 @@
+//! Named quotas with the algorithm each counts with, and the counter each is kept in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::algorithm::Algorithm;
+
+/// A number of requests over a span of time, read the way people say it:
+/// `Quota::per_second(50)` is 50 requests in one second.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Quota;
+///
+/// let quota = Quota::per_second(50);
+/// assert_eq!(quota.count(), 50);
+/// assert_eq!(quota.period(), Duration::from_secs(1));
+/// assert_eq!(Quota::per_day(1_000_000).period(), Duration::from_secs(86_400));
+/// assert_eq!(Quota::new(5, Duration::from_secs(60)), Quota::per_minute(5));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quota {
+    count: u64,
+    period: Duration,
+}
+
+impl Quota {
+    /// `count` requests in every `period`.
+    pub const fn new(count: u64, period: Duration) -> Self {
+        Self { count, period }
+    }
+
+    /// `count` requests per second.
+    pub const fn per_second(count: u64) -> Self {
+        Self::new(count, Duration::from_secs(1))
+    }
+
+    /// `count` requests per minute.
+    pub const fn per_minute(count: u64) -> Self {
+        Self::new(count, Duration::from_secs(60))
+    }
+
+    /// `count` requests per hour.
+    pub const fn per_hour(count: u64) -> Self {
+        Self::new(count, Duration::from_secs(3_600))
+    }
+
+    /// `count` requests per day (86,400 s).
+    pub const fn per_day(count: u64) -> Self {
+        Self::new(count, Duration::from_secs(86_400))
+    }
+
+    /// How many requests.
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Over how long.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+/// A named quota with its algorithm: one item of `RateLimit-Policy`, and one counter per
+/// caller in the store.
+///
+/// The name is what clients see in the headers and the problem body (`"per-second"`), so
+/// it must be 1 to 64 printable ASCII characters; the constructors panic otherwise, as
+/// they do for a zero quota or period.
+///
+/// ```
+/// use tollgate::{Policy, Quota};
+///
+/// // 50 requests in any one second.
+/// let per_second = Policy::sliding_window("per-second", Quota::per_second(50));
+/// // 1,000,000 a day.
+/// let per_day = Policy::sliding_window("per-day", Quota::per_day(1_000_000));
+/// // 10 a second on average, with bursts of up to 30.
+/// let smooth = Policy::token_bucket("smooth", Quota::per_second(10), 30);
+/// assert_eq!(per_second.name(), "per-second");
+/// assert_eq!(per_day.quota(), 1_000_000);
+/// assert_eq!(smooth.quota(), 30);
+/// ```
+///
+/// # Whose count it is
+///
+/// A counter's identity is the limiter it belongs to (its scope), the policy's name and the
+/// unit it counts in: the sliding window's length, or the token bucket's refill period. So
+/// two limiters never share a count, and a caller moved to a tier whose policy of the same
+/// name counts in other units starts that policy afresh instead of reading a count it
+/// cannot interpret. Policies of one name and one unit keep the caller's count across a
+/// tier change: the new quota applies to what was already used. Stores key their state on
+/// [`counter`](Self::counter), never on the name alone.
+///
+/// ```
+/// use tollgate::{Policy, Quota};
+/// let limit = Policy::sliding_window("per-second", Quota::per_second(50));
+/// assert_eq!(limit.counter(), "per-second:w1000");
+/// let bigger = Policy::sliding_window("per-second", Quota::per_second(500));
+/// assert_eq!(bigger.counter(), limit.counter());
+/// let per_minute = Policy::sliding_window("per-second", Quota::per_minute(50));
+/// assert_ne!(per_minute.counter(), limit.counter());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    scope: Option<Arc<str>>,
+    counter: Arc<str>,
+}
+
+impl Policy {
+    /// Counts with the sliding window counter: `quota.count()` requests in any window of
+    /// `quota.period()`, the previous fixed window weighted by its remaining overlap.
+    ///
+    /// # Panics
+    ///
+    /// On an invalid name, a zero count, a period under 1 ms, or count x period (ms) of
+    /// 2^53 or more.
+    pub fn sliding_window(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Algorithm::sliding_window(quota.count, quota.period))
+    }
+
+    /// Counts with a token bucket refilled at `rate` (`Quota::per_second(10)`: ten tokens a
+    /// second) that holds at most `burst` tokens.
+    ///
+    /// # Panics
+    ///
+    /// On an invalid name, a zero rate or burst, or a period under 1 ms.
+    pub fn token_bucket(name: impl Into<Arc<str>>, rate: Quota, burst: u64) -> Self {
+        Self::new(
+            name,
+            Algorithm::token_bucket(rate.count, rate.period, burst),
+        )
+    }
+
+    /// A named policy counted by `algorithm`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::Algorithm;
+    /// let policy = Policy::new("per-second", Algorithm::sliding_window(50, Duration::from_secs(1)));
+    /// assert_eq!(policy.quota(), 50);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When the name is empty, longer than 64 bytes, or not printable ASCII (it appears in
+    /// HTTP headers and store keys).
+    pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Self {
+        let name = name.into();
+        assert!(
+            is_valid_name(&name),
+            "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
+        );
+        Self::assemble(name, algorithm, None)
+    }
+
+    fn assemble(name: Arc<str>, algorithm: Algorithm, scope: Option<Arc<str>>) -> Self {
+        let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
+        Self {
+            name,
+            algorithm,
+            scope,
+            counter,
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shared name, cheap to clone.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The quota advertised as `q`: the window's limit, or the bucket's burst.
+    pub fn quota(&self) -> u64 {
+        self.algorithm.quota()
+    }
+
+    /// How it counts.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+    /// The identity of the counter this policy is kept in, the same on every instance:
+    /// `<scope>:<name>:<unit>`, each part escaped so that no two policies collide
+    /// (`%`, `:` and bytes outside printable ASCII become `%XX`). The scope is the
+    /// limiter's (see [`LimiterBuilder::counter_scope`](crate::LimiterBuilder::counter_scope));
+    /// the unit is `w` and the window in milliseconds for a sliding window, `b` and the
+    /// refill period in milliseconds for a token bucket.
+    ///
+    /// ```
+    /// use tollgate::{Policy, Quota};
+    /// let bucket = Policy::token_bucket("burst", Quota::per_second(10), 20);
+    /// assert_eq!(bucket.counter(), "burst:b1000");
+    /// ```
+    pub fn counter(&self) -> &str {
+        &self.counter
+    }
+
+    /// The counter's identity, cheap to clone.
+    pub fn counter_arc(&self) -> &Arc<str> {
+        &self.counter
+    }
+
+    /// The same policy with another algorithm (a local share, say), in the same scope.
+    pub fn with_algorithm(&self, algorithm: Algorithm) -> Self {
+        Self::assemble(self.name.clone(), algorithm, self.scope.clone())
+    }
+
+    /// The same policy counted under `scope` (a limiter's counter scope).
+    pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
+        Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
+    }
+}
+
+/// Whether `name` can name a policy: 1 to 64 printable ASCII characters.
+pub(crate) fn is_valid_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+fn counter_id(scope: Option<&str>, name: &str, algorithm: &Algorithm) -> String {
+    let mut id = String::with_capacity(name.len() + scope.map_or(0, str::len) + 16);
+    if let Some(scope) = scope {
+        push_escaped(&mut id, scope);
+        id.push(':');
+    }
+    push_escaped(&mut id, name);
+    match *algorithm {
+        Algorithm::SlidingWindow { window_ms, .. } => {
+            id.push_str(":w");
+            id.push_str(&window_ms.to_string());
+        }
+        Algorithm::TokenBucket { period_ms, .. } => {
+            id.push_str(":b");
+            id.push_str(&period_ms.to_string());
+        }
+    }
+    id
+}
+
+/// `:` separates the parts of a counter id, so it (and `%`, and anything a store key
+/// should not carry) is percent-escaped inside a part.
+fn push_escaped(out: &mut String, part: &str) {
+    for byte in part.bytes() {
+        if (0x21..0x7f).contains(&byte) && !matches!(byte, b'%' | b':' | b'{' | b'}') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+}
