@@ -78,8 +78,9 @@ usage: simulate [--limit N] [--window-secs N] [--instances N] [--algorithm slidi
                           slow: the store answers after twice the store timeout
   --store-timeout-ms N    the limiter's store timeout (default 20)
   --breaker-base-open-ms N, --breaker-max-open-ms N
-                          how long the breaker stays open: the first time, and at most as it
-                          doubles per failed probe (default 500 and 1000)
+                          how long the breaker stays open: the ceiling of the first interval,
+                          and the most it grows to as it doubles per failed probe (default:
+                          the library's BreakerConfig::default(), 500 and 1000)
   --json                  print the rows as a JSON array, and nothing else, on stdout
   --chart FILE.svg        also draw the admitted rate over time, one panel per policy
   --redis URL             run in real time against the Redis at URL (redis://127.0.0.1:PORT/)
@@ -228,8 +229,9 @@ struct Options {
     policies: Vec<PolicyName>,
     fault: FaultKind,
     store_timeout_ms: u64,
-    breaker_base_open_ms: u64,
-    breaker_max_open_ms: u64,
+    /// Overrides of the library's default breaker; `None` keeps the default.
+    breaker_base_open_ms: Option<u64>,
+    breaker_max_open_ms: Option<u64>,
     json: bool,
     chart: Option<PathBuf>,
     redis: Option<RedisUrl>,
@@ -256,8 +258,8 @@ impl Default for Options {
             policies: ALL_POLICIES.to_vec(),
             fault: FaultKind::Refuse,
             store_timeout_ms: 20,
-            breaker_base_open_ms: 500,
-            breaker_max_open_ms: 1_000,
+            breaker_base_open_ms: None,
+            breaker_max_open_ms: None,
             json: false,
             chart: None,
             redis: None,
@@ -279,6 +281,19 @@ impl Options {
                 Policy::token_bucket(name, quota, self.burst.unwrap_or(self.limit))
             }
         }
+    }
+
+    /// The library's default breaker, with the flags' overrides: what a user gets unless
+    /// they configure it.
+    fn breaker(&self) -> BreakerConfig {
+        let mut config = BreakerConfig::default();
+        if let Some(ms) = self.breaker_base_open_ms {
+            config = config.base_open(Duration::from_millis(ms));
+        }
+        if let Some(ms) = self.breaker_max_open_ms {
+            config = config.max_open(Duration::from_millis(ms));
+        }
+        config
     }
 
     fn algorithm_name(&self) -> String {
@@ -347,10 +362,10 @@ fn parse_options(args: impl IntoIterator<Item = String>) -> Result<Option<Option
                 options.store_timeout_ms = number(&flag, &value()?, 1, 60_000)?;
             }
             "--breaker-base-open-ms" => {
-                options.breaker_base_open_ms = number(&flag, &value()?, 1, 3_600_000)?;
+                options.breaker_base_open_ms = Some(number(&flag, &value()?, 1, 3_600_000)?);
             }
             "--breaker-max-open-ms" => {
-                options.breaker_max_open_ms = number(&flag, &value()?, 1, 3_600_000)?;
+                options.breaker_max_open_ms = Some(number(&flag, &value()?, 1, 3_600_000)?);
             }
             "--algorithm" => {
                 options.algorithm = match value()?.as_str() {
@@ -425,8 +440,14 @@ fn parse_options(args: impl IntoIterator<Item = String>) -> Result<Option<Option
     if options.burst.is_some() && options.algorithm != AlgorithmKind::TokenBucket {
         return Err("--burst needs --algorithm token-bucket".to_owned());
     }
-    if options.breaker_base_open_ms > options.breaker_max_open_ms {
-        return Err("--breaker-base-open-ms must not exceed --breaker-max-open-ms".to_owned());
+    let breaker = options.breaker();
+    if breaker.base_open_duration() > breaker.max_open_duration() {
+        return Err(format!(
+            "--breaker-base-open-ms ({} ms) must not exceed --breaker-max-open-ms ({} ms); \
+             the defaults are 500 and 1000",
+            breaker.base_open_duration().as_millis(),
+            breaker.max_open_duration().as_millis()
+        ));
     }
     let period_ms = u128::from(options.window_secs) * 1_000;
     let largest = u128::from(options.limit.max(options.burst.unwrap_or(0)));
@@ -686,11 +707,7 @@ fn limiter(options: &Options, policy: PolicyName, seed: u64) -> tollgate::Limite
         .policy(options.policy())
         .on_store_failure(policy.failure_policy(options.instances as u64))
         .store_timeout(Duration::from_millis(options.store_timeout_ms))
-        .breaker(
-            BreakerConfig::default()
-                .base_open(Duration::from_millis(options.breaker_base_open_ms))
-                .max_open(Duration::from_millis(options.breaker_max_open_ms)),
-        )
+        .breaker(options.breaker())
         .breaker_jitter(jitter(seed))
 }
 
@@ -1046,14 +1063,22 @@ fn json(options: &Options, outcome: &Outcome) -> String {
     let quote = |text: &str| serde_json::to_string(text).expect("a JSON string");
     let number = |x: f64| serde_json::to_string(&round2(x)).expect("a JSON number");
     let mut rows = Vec::new();
-    for (policy, tally) in options.policies.iter().zip(&outcome.tallies) {
+    for (g, (policy, tally)) in options.policies.iter().zip(&outcome.tallies).enumerate() {
         for (phase, phase_name) in PHASES.iter().enumerate() {
             let secs = options.phase_secs(phase);
+            // The recovery rows also say when the group's last breaker closed (null: not
+            // within the phase), as the table's "all breakers closed after" column does.
+            let closed = if phase == 2 {
+                let ms = outcome.back_on_store_ms[g].map_or("null".to_owned(), number);
+                format!(", \"all_breakers_closed_after_ms\": {ms}")
+            } else {
+                String::new()
+            };
             for (c, customer) in options.traffic.iter().enumerate() {
                 let counts = tally.phases[c][phase];
                 rows.push(format!(
                     "  {{\"policy\": {}, \"phase\": {}, \"customer\": {}, \"sent_per_sec\": {}, \
-                     \"admitted_per_sec\": {}, \"refused_429\": {}, \"refused_503\": {}}}",
+                     \"admitted_per_sec\": {}, \"refused_429\": {}, \"refused_503\": {}{closed}}}",
                     quote(policy.name()),
                     quote(phase_name),
                     quote(&customer.name),
@@ -1160,11 +1185,22 @@ fn table(options: &Options, outcome: &Outcome) -> String {
             );
         }
     }
+    let breaker = options.breaker();
+    let base_ms = breaker.base_open_duration().as_millis();
     let _ = writeln!(
         out,
-        "Store timeout {} ms; the breaker opens after 5 consecutive failures and stays open {}-{} ms \
-         (jittered, doubling per failed probe).",
-        options.store_timeout_ms, options.breaker_base_open_ms, options.breaker_max_open_ms
+        "Store timeout {} ms; the breaker ({}) opens after {} consecutive failures and stays open \
+         {}-{base_ms} ms at first, the ceiling doubling per failed probe to at most {} ms \
+         (jittered).",
+        options.store_timeout_ms,
+        if options.breaker_base_open_ms.is_none() && options.breaker_max_open_ms.is_none() {
+            "the library's default"
+        } else {
+            "set by the flags"
+        },
+        breaker.threshold(),
+        (base_ms.min(breaker.max_open_duration().as_millis()) / 2).max(1),
+        breaker.max_open_duration().as_millis(),
     );
     let _ = writeln!(
         out,

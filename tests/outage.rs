@@ -2,7 +2,9 @@
 //! customer; acme sends 120/s, globex 20/s, initech 5/s) compressed in time, against a real
 //! redis-server behind a fault proxy. Each fault in {refused, blackholed, delayed past the
 //! timeout, SIGSTOP, kill and restart} hits four groups of four instances at once, one group
-//! per failure policy in {open, closed, local share, static}.
+//! per failure policy in {open, closed, local share, static}. The limiters run the default
+//! circuit breaker, so the recovery measured here is what a user gets: the normal rates
+//! again from at most 1.5 s after the store's return.
 
 mod support;
 
@@ -32,13 +34,13 @@ const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initec
 // 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
 const NORMAL: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(7);
-const RECOVERY: Duration = Duration::from_secs(5);
-/// Left out of the recovery before its windows count: the probe interval and reconnection.
-const SETTLE: Duration = Duration::from_secs(1);
+const RECOVERY: Duration = Duration::from_secs(6);
+/// The recovery is measured from this long after the store's return: the default breaker
+/// keeps an instance off the store at most 1 s after it (plus a reconnection).
+const SETTLE: Duration = Duration::from_millis(1_500);
+/// The latest the recovery measurement may start after the store's return.
+const RECOVERED_WITHIN: Duration = Duration::from_millis(1_500);
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
-const BREAKER_THRESHOLD: u32 = 5;
-const BASE_OPEN: Duration = Duration::from_millis(200);
-const MAX_OPEN: Duration = Duration::from_millis(500);
 const TOLERANCE: f64 = 0.15;
 
 /// One fault matrix row at a time: the rows measure rates in real time.
@@ -124,12 +126,7 @@ fn group(policy: PolicyKind, url: &str) -> Group {
             ))
             .on_store_failure(policy.failure_policy())
             .store_timeout(STORE_TIMEOUT)
-            .breaker(
-                BreakerConfig::default()
-                    .failure_threshold(BREAKER_THRESHOLD)
-                    .base_open(BASE_OPEN)
-                    .max_open(MAX_OPEN),
-            )
+            .breaker(BreakerConfig::default())
             .build();
         routers.push(
             Router::new()
@@ -267,6 +264,19 @@ async fn run(fault: FaultKind) -> Run {
     }
 }
 
+/// The recovery: from `SETTLE` after the store's return to the end of the last whole
+/// window (aligned to the Unix epoch, as tollgate's are) before the run ends. It starts
+/// mid-window: under steady overload a sliding window admits evenly through the window,
+/// and not waiting for the next window boundary keeps the start within `SETTLE`.
+fn recovery_span(run: &Run, window: Duration) -> (Duration, Duration) {
+    let w = window.as_millis() as u64;
+    let from = run.fault_off + SETTLE;
+    let to_unix = run.start_unix_ms + run.end.as_millis() as u64;
+    let last = Duration::from_millis(to_unix / w * w - run.start_unix_ms);
+    assert!(last >= from + 3 * window, "lengthen the recovery phase");
+    (from, last)
+}
+
 fn rate(run: &Run, policy: PolicyKind, customer: usize, from: Duration, to: Duration) -> f64 {
     let admitted = run
         .samples
@@ -306,7 +316,14 @@ async fn outage_matrix_row(fault: FaultKind) {
 
     let second = Duration::from_secs(1);
     let normal = steady_span(run.start_unix_ms, Duration::ZERO, run.fault_on, second);
-    let recovery = steady_span(run.start_unix_ms, run.fault_off + SETTLE, run.end, second);
+    // From SETTLE after the store's return to the last whole window: that leaves out the
+    // breakers' last open intervals (at most 1 s) and a reconnection, no more.
+    let recovery = recovery_span(&run, second);
+    assert!(
+        recovery.0 - run.fault_off <= RECOVERED_WITHIN,
+        "the recovery measurement starts {:?} after the store's return",
+        recovery.0 - run.fault_off
+    );
     // Without counters to warm up (open, closed, static), the whole outage counts; the
     // local share counts over its own (stretched) windows.
     let outage = (run.fault_on + Duration::from_millis(50), run.fault_off);
@@ -331,6 +348,19 @@ async fn outage_matrix_row(fault: FaultKind) {
             })
             .collect();
         println!("| {fault:?} | {} | {} |", policy.name(), rates.join(" | "));
+    }
+
+    // And the recovery, measured from at most 1.5 s after the store's return.
+    for policy in POLICIES {
+        let rates: Vec<String> = (0..CUSTOMERS.len())
+            .map(|c| format!("{:.1}", rate(&run, policy, c, recovery.0, recovery.1)))
+            .collect();
+        println!(
+            "| {fault:?} | {} | recovery from +{} ms | {} |",
+            policy.name(),
+            (recovery.0 - run.fault_off).as_millis(),
+            rates.join(" | ")
+        );
     }
 
     for policy in POLICIES {
@@ -362,16 +392,19 @@ async fn outage_matrix_row(fault: FaultKind) {
         }
 
         // Once the breaker is open nobody waits on the store: the calls that reached it
-        // during the outage are the ones that opened the breakers, the probes, and what was
-        // in flight, far fewer than the requests.
+        // during the outage are the ones that opened the breakers, the probes (one per
+        // open interval, none shorter than half the base interval), and what was in
+        // flight, far fewer than the requests.
+        let breaker = BreakerConfig::default();
+        let shortest_open = breaker.base_open_duration() / 2;
         let requests = run
             .samples
             .iter()
             .filter(|s| s.policy == policy && s.sent >= run.fault_on && s.sent < run.fault_off)
             .count() as u64;
-        let probes = INSTANCES as u64 * (OUTAGE.as_millis() / BASE_OPEN.as_millis() + 1) as u64;
+        let probes = INSTANCES as u64 * (OUTAGE.as_millis() / shortest_open.as_millis() + 1) as u64;
         let in_flight = 10;
-        let bound = INSTANCES as u64 * u64::from(BREAKER_THRESHOLD) + probes + in_flight;
+        let bound = INSTANCES as u64 * u64::from(breaker.threshold()) + probes + in_flight;
         let calls = run.calls_during_outage[&policy];
         assert!(
             calls <= bound,
@@ -403,7 +436,7 @@ async fn outage_matrix_row(fault: FaultKind) {
                 )
             });
         assert!(
-            back - run.fault_off <= MAX_OPEN + Duration::from_millis(500),
+            back - run.fault_off <= breaker.max_open_duration() + Duration::from_millis(500),
             "{fault:?}/{}: back on Redis only after {:?}",
             policy.name(),
             back - run.fault_off

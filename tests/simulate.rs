@@ -1,6 +1,8 @@
 //! The outage simulator (examples/simulate.rs), run as a user runs it: its defaults
 //! reproduce DESIGN.md's table of the running example, the other faults and the token
 //! bucket tell the same story, its flags change the scenario, and bad flags exit with 2.
+//! It runs the library's default breaker unless flags override it, so its recovery is what
+//! a user gets: every group back on the store within about a second.
 //!
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
@@ -27,6 +29,11 @@ const KEYS: [&str; 7] = [
     "refused_429",
     "refused_503",
 ];
+/// On the recovery rows only: when the policy's last breaker closed after the store returned.
+const CLOSED_AFTER: &str = "all_breakers_closed_after_ms";
+/// Every instance is back on the store within this long of its return (the default
+/// breaker's 1 s cap, plus a little).
+const BACK_WITHIN_MS: f64 = 1_200.0;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
 const ALL_POLICIES: [&str; 8] = [
     "open",
@@ -109,6 +116,14 @@ fn rows(args: &[&str]) -> Vec<Value> {
         let mut keys: Vec<&str> = object.keys().map(String::as_str).collect();
         keys.sort_unstable();
         let mut expected = KEYS.to_vec();
+        if row["phase"] == "recovery" {
+            expected.push(CLOSED_AFTER);
+            let closed = &row[CLOSED_AFTER];
+            assert!(
+                closed.is_null() || closed.is_f64() || closed.is_u64(),
+                "{row}"
+            );
+        }
         expected.sort_unstable();
         assert_eq!(keys, expected, "keys of {row}");
         assert!(row["policy"].is_string() && row["phase"].is_string());
@@ -136,6 +151,14 @@ fn row<'a>(rows: &'a [Value], policy: &str, phase: &str, customer: &str) -> &'a 
     rows.iter()
         .find(|r| r["policy"] == policy && r["phase"] == phase && r["customer"] == customer)
         .unwrap_or_else(|| panic!("no row for {policy}/{phase}/{customer}"))
+}
+
+/// When the last breaker of `policy`'s instances closed after the store returned.
+fn closed_after_ms(rows: &[Value], policy: &str) -> f64 {
+    let row = row(rows, policy, "recovery", CUSTOMERS[0].0);
+    row[CLOSED_AFTER]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{policy}: the breakers did not close within the phase: {row}"))
 }
 
 fn admitted(rows: &[Value], policy: &str, phase: &str, customer: &str) -> f64 {
@@ -201,12 +224,103 @@ fn the_defaults_reproduce_the_design_table() {
     outage("static", 120.0, true);
     outage("static-then-local-share", 4.0 * share, true);
 
+    // On the library's default breaker, every instance is back on the store within about
+    // a second of its return, so fail closed refuses only that second's share of requests.
+    for policy in ALL_POLICIES {
+        let closed = closed_after_ms(&rows, policy);
+        assert!(
+            closed <= BACK_WITHIN_MS,
+            "{policy}: closed after {closed} ms"
+        );
+    }
+    let needless: u64 = CUSTOMERS
+        .iter()
+        .map(|(customer, _)| {
+            row(&rows, "closed", "recovery", customer)["refused_503"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    let per_second: f64 = CUSTOMERS.iter().map(|(_, sends)| sends).sum();
+    assert!(
+        needless as f64 <= per_second * BACK_WITHIN_MS / 1_000.0,
+        "{needless} needless 503s after the store returned"
+    );
+
     // Fail closed answers 503 (never 500) to every request of the outage.
     for (customer, sends) in CUSTOMERS {
         let row = row(&rows, "closed", "outage", customer);
         assert_eq!(row["refused_503"].as_f64(), Some(sends * 30.0), "{row}");
         assert_eq!(row["refused_429"], 0, "{row}");
     }
+}
+
+#[test]
+fn back_on_the_store_within_a_second_of_a_10_minute_outage() {
+    let rows = rows(&[
+        "--outage-secs",
+        "600",
+        "--normal-secs",
+        "5",
+        "--recovery-secs",
+        "5",
+        "--policy",
+        "open",
+        "--policy",
+        "closed",
+        "--policy",
+        "local-share",
+    ]);
+    for policy in ["open", "closed", "local-share"] {
+        let closed = closed_after_ms(&rows, policy);
+        assert!(
+            closed <= BACK_WITHIN_MS,
+            "{policy}: closed after {closed} ms"
+        );
+    }
+}
+
+#[test]
+fn the_breaker_flags_override_the_library_defaults() {
+    // The old defaults (1 s growing to 30 s): after 30 s of failed probes the instances
+    // stay on their failure policy for seconds after the store returns.
+    let slow = rows(&[
+        "--breaker-base-open-ms",
+        "1000",
+        "--breaker-max-open-ms",
+        "30000",
+        "--policy",
+        "closed",
+    ]);
+    let closed = closed_after_ms(&slow, "closed");
+    assert!(closed > 2_000.0, "closed after {closed} ms");
+    let needless = row(&slow, "closed", "recovery", "acme")["refused_503"]
+        .as_u64()
+        .unwrap();
+    assert!(needless > 200, "{needless} 503s after the store returned");
+
+    let output = simulate(&["--policy", "closed", "--outage-secs", "2"]);
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    assert!(
+        text.contains("the breaker (the library's default)")
+            && text.contains("250-500 ms at first")
+            && text.contains("at most 1000 ms"),
+        "{text}"
+    );
+    assert!(text.contains("all breakers closed after"), "{text}");
+    let output = simulate(&[
+        "--policy",
+        "closed",
+        "--outage-secs",
+        "2",
+        "--breaker-max-open-ms",
+        "2000",
+    ]);
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    assert!(
+        text.contains("the breaker (set by the flags)") && text.contains("at most 2000 ms"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -409,6 +523,11 @@ fn bad_flags_exit_with_2_and_say_why() {
         (&["--traffic", "a b=3"], "--traffic"),
         (&["--traffic", "a=1", "--traffic", "a=2"], "twice"),
         (&["--json=yes"], "--json takes no value"),
+        (
+            &["--breaker-max-open-ms", "100"],
+            "--breaker-base-open-ms (500 ms)",
+        ),
+        (&["--breaker-base-open-ms", "0"], "--breaker-base-open-ms"),
         (&["--redis", "redis://10.1.2.3:6379/"], "--redis"),
     ];
     for (args, says) in cases {
@@ -444,6 +563,8 @@ fn help_prints_the_flags() {
         "--json",
         "--chart",
         "--redis",
+        "--breaker-base-open-ms",
+        "--breaker-max-open-ms",
     ] {
         assert!(usage.contains(flag), "--help does not mention {flag}");
     }

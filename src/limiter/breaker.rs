@@ -1,7 +1,7 @@
 //! The circuit breaker: stop waiting on a store that keeps failing.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -9,16 +9,29 @@ use crate::store::clock::Clock;
 
 /// How the breaker behaves.
 ///
+/// By default it opens after 5 consecutive failures and stays open 250 ms to 500 ms the
+/// first time; each failed probe doubles the ceiling of the interval, up to 1 s. The
+/// interval is jittered from the first opening on, so instances that lost the store
+/// together do not probe it in lockstep: after `n` failed probes it is drawn between half
+/// its ceiling and its ceiling, `min(base_open * 2^n, max_open)`, and is never longer than
+/// `max_open`. While traffic flows, an instance is therefore back on the store within
+/// `max_open` (plus one store call) of the store's return, however long the outage was.
+///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::BreakerConfig;
 ///
+/// let defaults = BreakerConfig::default();
+/// assert_eq!(defaults.threshold(), 5);
+/// assert_eq!(defaults.base_open_duration(), Duration::from_millis(500));
+/// assert_eq!(defaults.max_open_duration(), Duration::from_secs(1));
+///
 /// let config = BreakerConfig::default()
 ///     .failure_threshold(3)
-///     .base_open(Duration::from_millis(500))
-///     .max_open(Duration::from_secs(10));
-/// assert_eq!(config, BreakerConfig::default().failure_threshold(3)
-///     .base_open(Duration::from_millis(500)).max_open(Duration::from_secs(10)));
+///     .base_open(Duration::from_millis(200))
+///     .max_open(Duration::from_secs(2));
+/// assert_eq!(config.threshold(), 3);
+/// assert_eq!(config.max_open_duration(), Duration::from_secs(2));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BreakerConfig {
@@ -28,12 +41,13 @@ pub struct BreakerConfig {
 }
 
 impl Default for BreakerConfig {
-    /// Opens after 5 consecutive failures, for 1 s at first, growing to at most 30 s.
+    /// Opens after 5 consecutive failures, for 250-500 ms at first, the ceiling doubling per
+    /// failed probe to at most 1 s.
     fn default() -> Self {
         Self {
             failure_threshold: 5,
-            base_open_ms: 1_000,
-            max_open_ms: 30_000,
+            base_open_ms: 500,
+            max_open_ms: 1_000,
         }
     }
 }
@@ -45,26 +59,62 @@ impl BreakerConfig {
         self
     }
 
-    /// How long the breaker stays open the first time (at least 1 ms).
+    /// The ceiling of the first open interval (at least 1 ms; default 500 ms). The
+    /// interval itself is drawn between half of it and all of it.
     pub fn base_open(mut self, duration: Duration) -> Self {
         self.base_open_ms = millis(duration).max(1);
         self
     }
 
-    /// The longest it stays open, however many probes failed.
+    /// The longest the breaker stays open, however many probes failed (at least 1 ms;
+    /// default 1 s). This bounds how long an instance stays on its failure policy after
+    /// the store returns, so keep it short.
     pub fn max_open(mut self, duration: Duration) -> Self {
         self.max_open_ms = millis(duration).max(1);
         self
     }
 
-    /// The bounds of the open interval after `failed_probes` failed probes: from the base
-    /// interval up to `base * 2^failed_probes`, capped.
+    /// Consecutive failures that open the breaker.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::BreakerConfig::default().failure_threshold(0).threshold(), 1);
+    /// ```
+    pub fn threshold(&self) -> u32 {
+        self.failure_threshold
+    }
+
+    /// The ceiling of the first open interval.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let config = tollgate::BreakerConfig::default().base_open(Duration::from_millis(300));
+    /// assert_eq!(config.base_open_duration(), Duration::from_millis(300));
+    /// ```
+    pub fn base_open_duration(&self) -> Duration {
+        Duration::from_millis(self.base_open_ms)
+    }
+
+    /// The longest open interval.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let config = tollgate::BreakerConfig::default().max_open(Duration::from_secs(2));
+    /// assert_eq!(config.max_open_duration(), Duration::from_secs(2));
+    /// ```
+    pub fn max_open_duration(&self) -> Duration {
+        Duration::from_millis(self.max_open_ms)
+    }
+
+    /// The bounds of the open interval after `failed_probes` failed probes: the ceiling is
+    /// `base * 2^failed_probes`, capped at the maximum, and the floor half of it (at least
+    /// 1 ms), so the interval is jittered from the first opening and never exceeds the cap.
     pub(crate) fn open_bounds(&self, failed_probes: u32) -> (u64, u64) {
         let ceiling = self
             .base_open_ms
             .saturating_mul(1u64 << failed_probes.min(32))
-            .min(self.max_open_ms);
-        (self.base_open_ms.min(ceiling), ceiling)
+            .min(self.max_open_ms)
+            .max(1);
+        ((ceiling / 2).max(1), ceiling)
     }
 }
 
@@ -110,7 +160,12 @@ const HALF_OPEN: u8 = 2;
 pub(crate) type Jitter = Arc<dyn Fn() -> f64 + Send + Sync>;
 
 /// Opens after consecutive failures, stays open for a jittered, exponentially growing
-/// interval, then lets exactly one probe through; a successful probe closes it.
+/// interval, then lets exactly one probe through; only a successful probe closes it.
+///
+/// Every opening starts a new epoch. A permit remembers the epoch it was admitted in, and
+/// the outcome of a call admitted before the latest opening is stale: it neither closes
+/// the breaker nor counts towards opening it again (an old call that answers late says
+/// nothing about the store now).
 #[derive(Clone)]
 pub(crate) struct Breaker {
     shared: Arc<Shared>,
@@ -124,6 +179,8 @@ struct Shared {
     state_gauge: metrics::Gauge,
     // Read without the lock on the hot path; changed only under it.
     state: AtomicU8,
+    /// Bumped (under the lock) each time the breaker opens from closed.
+    epoch: AtomicU64,
     consecutive_failures: AtomicU32,
     transitions: Mutex<Transitions>,
 }
@@ -141,6 +198,8 @@ struct Transitions {
 pub(crate) struct Permit {
     breaker: Option<Breaker>,
     probe: bool,
+    /// The breaker's epoch when the call was admitted.
+    epoch: u64,
 }
 
 pub(crate) enum Admission {
@@ -164,6 +223,7 @@ impl Breaker {
                 state_gauge: crate::limiter::telemetry::breaker_state(&name),
                 name,
                 state: AtomicU8::new(CLOSED),
+                epoch: AtomicU64::new(0),
                 consecutive_failures: AtomicU32::new(0),
                 transitions: Mutex::new(Transitions::default()),
             }),
@@ -184,43 +244,54 @@ impl Breaker {
     }
 
     pub(crate) fn admit(&self) -> Admission {
+        // The epoch is read before the state: a call that sees the breaker closed carries
+        // the epoch of that closed spell, or an older one (then its outcome is ignored).
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
         if self.shared.state.load(Ordering::Acquire) == CLOSED {
-            return Admission::Call(Permit {
-                breaker: Some(self.clone()),
-                probe: false,
-            });
+            return Admission::Call(self.permit(false, epoch));
         }
         let now = self.shared.clock.now_millis();
         let mut t = self.lock();
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
         match self.state() {
-            BreakerState::Closed => Admission::Call(Permit {
-                breaker: Some(self.clone()),
-                probe: false,
-            }),
+            BreakerState::Closed => Admission::Call(self.permit(false, epoch)),
             BreakerState::Open if now < t.open_until_ms => Admission::Reject,
             BreakerState::Open | BreakerState::HalfOpen if !t.probe_in_flight => {
                 t.probe_in_flight = true;
                 self.set_state(BreakerState::HalfOpen);
-                Admission::Call(Permit {
-                    breaker: Some(self.clone()),
-                    probe: true,
-                })
+                Admission::Call(self.permit(true, epoch))
             }
             BreakerState::Open | BreakerState::HalfOpen => Admission::Reject,
         }
     }
 
-    fn on_success(&self, probe: bool) {
-        if !probe && self.shared.state.load(Ordering::Acquire) == CLOSED {
-            if self.shared.consecutive_failures.load(Ordering::Relaxed) != 0 {
+    fn permit(&self, probe: bool, epoch: u64) -> Permit {
+        Permit {
+            breaker: Some(self.clone()),
+            probe,
+            epoch,
+        }
+    }
+
+    fn current(&self, epoch: u64) -> bool {
+        self.shared.epoch.load(Ordering::Acquire) == epoch
+    }
+
+    fn on_success(&self, probe: bool, epoch: u64) {
+        if !probe {
+            // Only a probe closes the breaker. A call admitted while it was closed resets
+            // the failure count, unless the breaker opened since (its success may be an
+            // answer from before the outage, or it raced the opening).
+            if self.shared.state.load(Ordering::Acquire) == CLOSED
+                && self.current(epoch)
+                && self.shared.consecutive_failures.load(Ordering::Relaxed) != 0
+            {
                 self.shared.consecutive_failures.store(0, Ordering::Relaxed);
             }
             return;
         }
         let mut t = self.lock();
-        if probe {
-            t.probe_in_flight = false;
-        }
+        t.probe_in_flight = false;
         if self.state() != BreakerState::Closed {
             t.failed_probes = 0;
             self.shared.consecutive_failures.store(0, Ordering::Relaxed);
@@ -229,29 +300,38 @@ impl Breaker {
         }
     }
 
-    fn on_failure(&self, probe: bool) {
-        let failures = self
-            .shared
-            .consecutive_failures
-            .fetch_add(1, Ordering::Relaxed)
-            + 1;
-        if !probe
-            && (failures < self.shared.config.failure_threshold
-                || self.state() != BreakerState::Closed)
-        {
-            return;
+    fn on_failure(&self, probe: bool, epoch: u64) {
+        if !probe {
+            // A call from before the latest opening failed late: it was counted (or
+            // ignored) in its own epoch already.
+            if !self.current(epoch) {
+                return;
+            }
+            let failures = self
+                .shared
+                .consecutive_failures
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            if failures < self.shared.config.failure_threshold
+                || self.state() != BreakerState::Closed
+            {
+                return;
+            }
         }
         let now = self.shared.clock.now_millis();
         let mut t = self.lock();
         if probe {
             t.probe_in_flight = false;
             t.failed_probes = t.failed_probes.saturating_add(1);
-        } else if self.state() != BreakerState::Closed {
+        } else if self.state() != BreakerState::Closed || !self.current(epoch) {
+            // Another failure opened it first.
             return;
+        } else {
+            self.shared.epoch.fetch_add(1, Ordering::AcqRel);
         }
         let (low, high) = self.shared.config.open_bounds(t.failed_probes);
         let jitter = (self.shared.jitter)().clamp(0.0, 1.0);
-        let open_ms = low + ((high - low) as f64 * jitter) as u64;
+        let open_ms = (low + ((high - low) as f64 * jitter) as u64).min(high);
         t.open_until_ms = now.saturating_add(open_ms);
         self.set_state(BreakerState::Open);
         tracing::warn!(
@@ -297,13 +377,13 @@ impl fmt::Debug for Breaker {
 impl Permit {
     pub(crate) fn success(mut self) {
         if let Some(breaker) = self.breaker.take() {
-            breaker.on_success(self.probe);
+            breaker.on_success(self.probe, self.epoch);
         }
     }
 
     pub(crate) fn failure(mut self) {
         if let Some(breaker) = self.breaker.take() {
-            breaker.on_failure(self.probe);
+            breaker.on_failure(self.probe, self.epoch);
         }
     }
 }
@@ -340,10 +420,14 @@ mod tests {
     use crate::store::clock::ManualClock;
 
     fn breaker(clock: &ManualClock, jitter: f64) -> Breaker {
+        with_jitter(clock, Arc::new(move || jitter))
+    }
+
+    fn with_jitter(clock: &ManualClock, jitter: Jitter) -> Breaker {
         Breaker::new(
             BreakerConfig::default(),
             Arc::new(clock.clone()),
-            Arc::new(move || jitter),
+            jitter,
             "test".into(),
         )
     }
@@ -362,6 +446,14 @@ mod tests {
     }
 
     #[test]
+    fn defaults_are_documented_ones() {
+        let config = BreakerConfig::default();
+        assert_eq!(config.threshold(), 5);
+        assert_eq!(config.base_open_duration(), Duration::from_millis(500));
+        assert_eq!(config.max_open_duration(), Duration::from_secs(1));
+    }
+
+    #[test]
     fn opens_after_the_threshold_of_consecutive_failures() {
         let clock = ManualClock::new(0);
         let b = breaker(&clock, 0.0);
@@ -376,7 +468,8 @@ mod tests {
         call(&b).failure();
         assert_eq!(b.state(), BreakerState::Open);
         assert!(matches!(b.admit(), Admission::Reject));
-        assert_eq!(b.open_for_ms(), 1_000);
+        // Jitter at its bottom: half the base interval.
+        assert_eq!(b.open_for_ms(), 250);
     }
 
     #[test]
@@ -384,7 +477,7 @@ mod tests {
         let clock = ManualClock::new(0);
         let b = breaker(&clock, 0.0);
         fail_until_open(&b);
-        clock.advance(Duration::from_millis(1_000));
+        clock.advance(Duration::from_millis(250));
         let probe = call(&b);
         assert_eq!(b.state(), BreakerState::HalfOpen);
         assert!(matches!(b.admit(), Admission::Reject));
@@ -420,17 +513,23 @@ mod tests {
         }
         assert_eq!(
             intervals,
-            [1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000, 30_000]
+            [500, 1_000, 1_000, 1_000, 1_000, 1_000, 1_000, 1_000]
         );
     }
 
     #[test]
     fn jitter_stays_within_bounds() {
         let config = BreakerConfig::default();
+        assert_eq!(config.open_bounds(0), (250, 500));
+        for probes in 1..100 {
+            assert_eq!(config.open_bounds(probes), (500, 1_000));
+        }
+        let odd = BreakerConfig::default()
+            .base_open(Duration::from_millis(3))
+            .max_open(Duration::from_millis(1));
         for probes in 0..10 {
-            let (low, high) = config.open_bounds(probes);
-            assert_eq!(low, 1_000);
-            assert!(high <= 30_000 && high >= low);
+            let (low, high) = odd.open_bounds(probes);
+            assert!(low >= 1 && low <= high && high <= 1, "{low}..{high}");
         }
         let jitter = default_jitter();
         for _ in 0..10_000 {
@@ -440,8 +539,158 @@ mod tests {
         let clock = ManualClock::new(0);
         let b = breaker(&clock, 0.5);
         fail_until_open(&b);
-        clock.advance(Duration::from_secs(1));
-        call(&b).failure(); // one failed probe: between 1 s and 2 s, here the middle
-        assert_eq!(b.open_for_ms(), 1_500);
+        assert_eq!(b.open_for_ms(), 375); // between 250 and 500, here the middle
+        clock.advance(Duration::from_millis(375));
+        call(&b).failure(); // one failed probe: between 500 ms and 1 s
+        assert_eq!(b.open_for_ms(), 750);
+        // Even jitter out of range never leaves the bounds.
+        for wild in [-3.0, 7.0, f64::NAN] {
+            let b = breaker(&clock, wild);
+            fail_until_open(&b);
+            let open = b.open_for_ms();
+            assert!((250..=500).contains(&open), "{wild}: {open}");
+        }
+    }
+
+    #[test]
+    fn the_first_opening_is_already_spread() {
+        // Instances that lost the store at the same moment do not all probe it together.
+        let clock = ManualClock::new(0);
+        let intervals: Vec<u64> = [0.0, 0.25, 0.5, 0.75, 0.999]
+            .into_iter()
+            .map(|jitter| {
+                let b = breaker(&clock, jitter);
+                fail_until_open(&b);
+                b.open_for_ms()
+            })
+            .collect();
+        assert_eq!(intervals, [250, 312, 375, 437, 499]);
+    }
+
+    #[test]
+    fn a_late_success_of_an_old_call_does_not_close_the_breaker() {
+        let clock = ManualClock::new(0);
+        let b = breaker(&clock, 0.0);
+        // Admitted while closed; its answer comes back only after the breaker opened.
+        let old = call(&b);
+        let older = call(&b);
+        fail_until_open(&b);
+        clock.advance(Duration::from_millis(250));
+        let probe = call(&b);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        old.success();
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert!(
+            matches!(b.admit(), Admission::Reject),
+            "the probe is still the only call out"
+        );
+        // The probe's failure is what counts: open again, for a longer interval.
+        probe.failure();
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.open_for_ms(), 500);
+        // While plainly open, a late success does not close it either.
+        older.success();
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(matches!(b.admit(), Admission::Reject));
+    }
+
+    #[test]
+    fn a_late_failure_of_an_old_call_does_not_count_after_recovery() {
+        let clock = ManualClock::new(0);
+        let b = breaker(&clock, 0.0);
+        let stale: Vec<Permit> = (0..5).map(|_| call(&b)).collect();
+        fail_until_open(&b);
+        clock.advance(Duration::from_millis(250));
+        call(&b).success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Four fresh failures, then the five stale calls time out: still closed.
+        for _ in 0..4 {
+            call(&b).failure();
+        }
+        for permit in stale {
+            permit.failure();
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        // A fifth fresh failure opens it.
+        call(&b).failure();
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    /// Drives `breakers` through an outage of `outage` with a call to each every 5 ms, each
+    /// call failing while the store is down; returns how long after the store's return each
+    /// breaker closed.
+    fn recovery_after(outage: Duration, jitters: &[Jitter]) -> Vec<u64> {
+        const TICK_MS: u64 = 5;
+        let clock = ManualClock::new(1_000);
+        let breakers: Vec<Breaker> = jitters
+            .iter()
+            .map(|j| with_jitter(&clock, j.clone()))
+            .collect();
+        let down_from = clock.now_millis() + 2_000;
+        let back_at = down_from + millis(outage);
+        let mut closed_after = vec![None; breakers.len()];
+        let mut opened = vec![false; breakers.len()];
+        while closed_after.iter().any(Option::is_none) {
+            let now = clock.now_millis();
+            assert!(now < back_at + 60_000, "a breaker never closed");
+            let up = now < down_from || now >= back_at;
+            for (i, b) in breakers.iter().enumerate() {
+                if let Admission::Call(permit) = b.admit() {
+                    if up {
+                        permit.success();
+                    } else {
+                        permit.failure();
+                    }
+                }
+                opened[i] |= b.state() != BreakerState::Closed;
+                if now >= back_at && closed_after[i].is_none() && b.state() == BreakerState::Closed
+                {
+                    closed_after[i] = Some(now - back_at);
+                }
+            }
+            clock.advance(Duration::from_millis(TICK_MS));
+        }
+        assert!(opened.iter().all(|&o| o), "every breaker opened");
+        closed_after.into_iter().map(Option::unwrap).collect()
+    }
+
+    fn seeded(seed: u64) -> Jitter {
+        let state = Arc::new(AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1));
+        Arc::new(move || {
+            let mut x = state.load(Ordering::Relaxed);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            state.store(x, Ordering::Relaxed);
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        })
+    }
+
+    fn jitters() -> Vec<Jitter> {
+        let mut jitters: Vec<Jitter> = (1..=8).map(seeded).collect();
+        for fixed in [0.0, 0.999_999] {
+            jitters.push(Arc::new(move || fixed));
+        }
+        jitters.push(default_jitter());
+        jitters
+    }
+
+    #[test]
+    fn back_on_the_store_within_a_second_of_a_30_s_outage() {
+        let closed_after = recovery_after(Duration::from_secs(30), &jitters());
+        let worst = closed_after.iter().max().copied().unwrap_or_default();
+        assert!(worst <= 1_200, "closed after {closed_after:?} ms");
+        // With different jitter the instances do not all probe at the same moment.
+        let mut distinct = closed_after.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 1, "all closed together: {closed_after:?}");
+    }
+
+    #[test]
+    fn back_on_the_store_within_a_second_of_a_10_min_outage() {
+        let closed_after = recovery_after(Duration::from_secs(600), &jitters());
+        let worst = closed_after.iter().max().copied().unwrap_or_default();
+        assert!(worst <= 1_200, "closed after {closed_after:?} ms");
     }
 }
