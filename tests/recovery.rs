@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use support::proxy::{Fault, FaultProxy};
 use support::redis::RedisServer;
+use tollgate::decision::BreakerState;
+use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock, StoreError, StoreErrorKind};
 use tollgate::{
-    Backend, BreakerState, Caller, CallerKey, CheckFuture, Decision, FailurePolicy,
-    InMemoryBackend, Limit, Limiter, ManualClock, Policy, Quota, RedisBackend, StoreError,
-    StoreErrorKind,
+    Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota, RedisBackend,
 };
 
 const INSTANCES: usize = 6;
@@ -55,7 +55,7 @@ struct Switchable {
 }
 
 impl Backend for Switchable {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Limit]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
         if self.down.load(Ordering::SeqCst) {
             return CheckFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -292,9 +292,9 @@ async fn on_real_redis(fault: Fault) {
                     let samples = samples.clone();
                     tasks.push(tokio::spawn(async move {
                         let decision = limiter.check(&caller).await;
-                        let from_store = decision
-                            .info()
-                            .is_some_and(|info| info.source() == tollgate::DecisionSource::Store);
+                        let from_store = decision.info().is_some_and(|info| {
+                            info.source() == tollgate::decision::DecisionSource::Store
+                        });
                         samples.lock().unwrap().push(Sample {
                             sent: now,
                             unavailable: matches!(decision, Decision::Unavailable { .. }),
