@@ -20,14 +20,6 @@
 //! No metrics recorder is installed unless `TOLLGATE_BENCH_PROMETHEUS` is set, which
 //! installs the Prometheus one, as a served app has it (a diagnostic, not in the table).
 
-#[path = "../tests/support/redis.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod redis_support;
-
-#[path = "../tests/support/counting.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod counting;
-
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::fmt::Write as _;
@@ -56,8 +48,8 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 
-use counting::Counting;
-use redis_support::RedisServer;
+use tollgate_testkit::counting::Counting;
+use tollgate_testkit::redis::RedisServer;
 
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
 const BIG: u64 = 1_000_000_000;

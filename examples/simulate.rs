@@ -19,11 +19,6 @@
 //! real time against a real Redis, through a fault proxy that the simulator starts itself.
 //! Run with `--help` for the flags.
 
-#[cfg(feature = "redis")]
-#[allow(dead_code, unreachable_pub)]
-#[path = "../tests/support/proxy.rs"]
-mod proxy;
-
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::future::Ready;
@@ -672,7 +667,7 @@ enum FaultSwitch {
     Simulated(FaultCell),
     #[cfg(feature = "redis")]
     Proxy {
-        proxy: Arc<proxy::FaultProxy>,
+        proxy: Arc<tollgate_testkit::proxy::FaultProxy>,
         slow_by: Duration,
     },
 }
@@ -688,10 +683,10 @@ impl FaultSwitch {
             FaultSwitch::Proxy { proxy, slow_by } => {
                 let proxy = proxy.clone();
                 let fault = match fault {
-                    None => proxy::Fault::Pass,
-                    Some(FaultKind::Refuse) => proxy::Fault::Refuse,
-                    Some(FaultKind::Blackhole) => proxy::Fault::Blackhole,
-                    Some(FaultKind::Slow) => proxy::Fault::Delay(*slow_by),
+                    None => tollgate_testkit::proxy::Fault::Pass,
+                    Some(FaultKind::Refuse) => tollgate_testkit::proxy::Fault::Refuse,
+                    Some(FaultKind::Blackhole) => tollgate_testkit::proxy::Fault::Blackhole,
+                    Some(FaultKind::Slow) => tollgate_testkit::proxy::Fault::Delay(*slow_by),
                 };
                 tokio::task::spawn_blocking(move || proxy.set(fault))
                     .await
@@ -788,14 +783,14 @@ mod real {
 
     use tollgate::RedisBackend;
 
-    use super::{FaultSwitch, Group, Options, RedisUrl, group, limiter, proxy};
+    use super::{FaultSwitch, Group, Options, RedisUrl, group, limiter};
 
     /// Starts the proxy in front of `url` and builds every group on it.
     pub(super) async fn groups(
         options: &Options,
         target: &RedisUrl,
     ) -> Result<(Vec<Group>, FaultSwitch), String> {
-        let proxy = Arc::new(proxy::FaultProxy::start(target.port));
+        let proxy = Arc::new(tollgate_testkit::proxy::FaultProxy::start(target.port));
         let proxied = format!(
             "redis://{}127.0.0.1:{}{}",
             target.userinfo,

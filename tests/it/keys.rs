@@ -3,8 +3,6 @@
 //! Most tests use a limiter of one request per hour, so the second request of a caller is
 //! refused: two requests share a bucket exactly when the second one gets 429.
 
-mod support;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -15,7 +13,6 @@ use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, get, ok_handler, send};
 use tollgate::decision::UnlimitedReason;
 use tollgate::key::{ForwardedHeader, KeyRejection};
 use tollgate::response::ResponseBody;
@@ -24,6 +21,7 @@ use tollgate::{
     AsyncFnKey, Caller, ClientIp, Decision, ExtensionKey, FnKey, GlobalKey, HeaderKey,
     KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer, TrustedProxies,
 };
+use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
 

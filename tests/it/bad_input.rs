@@ -1,8 +1,6 @@
 //! Hostile input: oversized, non-UTF-8 and brace-laden keys, garbage forwarding headers.
 //! Every answer is a normal decision or a clear 4xx, never a panic or a 5xx.
 
-mod support;
-
 use std::convert::Infallible;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::OnceLock;
@@ -12,7 +10,6 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use proptest::prelude::*;
-use support::http::{Reply, get, ok_handler, send};
 use tollgate::key::ForwardedHeader;
 use tollgate::response::ResponseBody;
 use tollgate::store::{CallerKey, MAX_KEY_BYTES};
@@ -20,6 +17,7 @@ use tollgate::{
     ClientIp, HeaderKey, KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer,
     TrustedProxies,
 };
+use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
 

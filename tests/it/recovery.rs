@@ -6,19 +6,17 @@
 //! over a 30 s and a 10 min outage; then in real time on a real redis-server behind the
 //! fault proxy, over a 10 s outage.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::proxy::{Fault, FaultProxy};
-use support::redis::RedisServer;
 use tollgate::decision::BreakerState;
 use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock, StoreError, StoreErrorKind};
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota, RedisBackend,
 };
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::redis::RedisServer;
 
 const INSTANCES: usize = 6;
 /// Every instance is back on the store this long after its return: the default breaker's

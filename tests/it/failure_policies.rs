@@ -2,8 +2,6 @@
 //! `/orders` and fail closed on `/login` in one router, fail static on a long quota, the
 //! fallback counter, and one clock for every instance.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -12,15 +10,15 @@ use axum::extract::ConnectInfo;
 use axum::routing::{get, post};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use support::proxy::{Fault, FaultProxy};
-use support::recorder::{counter, with_recorder};
-use support::redis::RedisServer;
 use tollgate::decision::{BreakerState, DecisionSource};
 use tollgate::store::ManualClock;
 use tollgate::{
     BreakerConfig, Caller, ClientIp, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
 };
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::recorder::{counter, with_recorder};
+use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;
 
 fn store(url: &str, prefix: &str) -> RedisBackend {

@@ -7,16 +7,14 @@
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::redis::RedisServer;
 use tollgate::store::Algorithm;
+use tollgate_testkit::redis::RedisServer;
 
 /// Within 10% of the expected rate (exactly 0 when 0 is expected).
 const TOLERANCE: f64 = 0.10;

@@ -16,6 +16,7 @@ const INSTALL_HINT: &str = "redis-server and redis-cli are needed for the Redis 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
 /// One redis-server process.
+#[derive(Debug)]
 pub struct RedisServer {
     port: u16,
     dir: PathBuf,
@@ -214,6 +215,7 @@ fn free_port(with_bus: bool) -> u16 {
 /// couple of seconds, and with `cluster-require-full-coverage no` so that the masters that
 /// are up keep serving their slots while a lost master's replica takes over (as the README
 /// advises for a limiter's own cluster).
+#[derive(Debug)]
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }

@@ -3,19 +3,17 @@
 //! concurrency, then a live reshard, a manual failover and a lost master while several
 //! limiters keep deciding. The last three print what they measured (`--nocapture`).
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use support::recorder::{Snapshot, counter, with_recorder};
-use support::redis::RedisCluster;
 use tollgate::decision::{BreakerState, DecisionSource};
 use tollgate::store::CallerKey;
 use tollgate::{
     BreakerConfig, Caller, Decision, FailurePolicy, Limiter, Policy, Quota, RedisBackend,
 };
+use tollgate_testkit::recorder::{Snapshot, counter, with_recorder};
+use tollgate_testkit::redis::RedisCluster;
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.

@@ -2,14 +2,12 @@
 //! last known count kept through an outage, one process counted once, and a count rebuilt
 //! after Redis lost the registry never trusted before every instance has beaten again.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::proxy::{Fault, FaultProxy};
-use support::redis::RedisServer;
 use tollgate::store::{InstanceRegistryBuilder, LiveInstances, RegistryError};
 use tollgate::{InstanceRegistry, RedisBackend};
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::redis::RedisServer;
 
 fn store(url: &str) -> RedisBackend {
     RedisBackend::builder(url)

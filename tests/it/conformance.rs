@@ -1,11 +1,9 @@
 //! One suite, both backends: the in-process store and Redis decide the same scenarios the
 //! same way.
 
-mod support;
-
-use support::redis::RedisServer;
 use tollgate::store::Backend;
 use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
+use tollgate_testkit::redis::RedisServer;
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.

@@ -2,8 +2,6 @@
 //! limiter and the layer: it decides like the in-process store, its failures meet the
 //! failure policy, and an asynchronous one works through the layer.
 
-mod support;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,7 +11,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, get, ok_handler, send};
 use tollgate::decision::{BreakerState, UnlimitedReason};
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
@@ -24,6 +21,7 @@ use tollgate::{
     Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
     LimiterBuilder, MissingKey, Policy, Quota, RateLimitLayer,
 };
+use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
 

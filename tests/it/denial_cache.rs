@@ -1,15 +1,13 @@
 //! The denial cache: refusals served locally until their exact retry time save store calls
 //! without changing a single decision.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::counting::Counting;
-use support::redis::RedisServer;
 use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock};
 use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
+use tollgate_testkit::counting::Counting;
+use tollgate_testkit::redis::RedisServer;
 
 /// The in-process store dressed as a remote one, so the limiter puts its denial cache in
 /// front of it; with a manual clock the runs are exact.

@@ -2,22 +2,20 @@
 //! arithmetic: the shipped lua/ files, driven with explicit timestamps through a test-only
 //! entry point, agree with `Algorithm::evaluate` on every step of random sequences.
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use support::redis::RedisServer;
 use tollgate::store::{Algorithm, PolicyState};
+use tollgate_testkit::redis::RedisServer;
 
 /// The shipped helpers and algorithms with an entry point that takes `now` as an argument
 /// instead of calling TIME, so both sides can be stepped through the same instants.
 fn harness() -> String {
     [
-        include_str!("../lua/common.lua"),
-        include_str!("../lua/sliding_window.lua"),
-        include_str!("../lua/token_bucket.lua"),
+        include_str!("../../lua/common.lua"),
+        include_str!("../../lua/sliding_window.lua"),
+        include_str!("../../lua/token_bucket.lua"),
         r#"
 local algorithms = { sliding_window, token_bucket }
 local algorithm = algorithms[tonumber(ARGV[1])]

@@ -6,8 +6,6 @@
 //! circuit breaker, so the recovery measured here is what a user gets: the normal rates
 //! again from at most 1.5 s after the store's return.
 
-mod support;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,15 +14,15 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use support::counting::Counting;
-use support::proxy::{Fault, FaultProxy};
-use support::rates::{steady_span, unix_millis};
-use support::redis::RedisServer;
 use tollgate::decision::DecisionSource;
 use tollgate::{
     BreakerConfig, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter, Policy, Quota,
     RateLimitLayer, RedisBackend,
 };
+use tollgate_testkit::counting::Counting;
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::rates::{steady_span, unix_millis};
+use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;
 
 const INSTANCES: usize = 4;

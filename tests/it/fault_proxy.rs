@@ -1,11 +1,9 @@
 //! The fault proxy itself does what the outage tests rely on.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::proxy::{Fault, FaultProxy, accepts};
-use support::redis::RedisServer;
+use tollgate_testkit::proxy::{Fault, FaultProxy, accepts};
+use tollgate_testkit::redis::RedisServer;
 
 fn ping(port: u16, timeout: Duration) -> Option<String> {
     use std::io::{Read, Write};

@@ -1,8 +1,6 @@
 //! Load shedding by concurrency: request N+1 gets 503, Retry-After and a problem body;
 //! capacity returns when held requests finish, when their futures are dropped and when a
 //! client disconnects over real TCP; on axum and on plain tower services; clones share.
-mod support;
-
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,13 +14,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use support::http::{Reply, get as get_request, parse_response, send};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tollgate::future::ShedFuture;
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::shed::{ConcurrencyShed, ConcurrencyShedLayer};
+use tollgate_testkit::http::{Reply, get as get_request, parse_response, send};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 /// Holds requests until the test lets them go, and counts what happened to them.
@@ -339,7 +337,7 @@ async fn retry_after_is_configurable_in_whole_seconds() {
     ] {
         let layer = ConcurrencyShedLayer::new(0).retry_after(retry_after);
         assert_eq!(layer.retry_after_secs(), expected);
-        let mut service = layer.layer(service_fn(support::http::ok_handler));
+        let mut service = layer.layer(service_fn(tollgate_testkit::http::ok_handler));
         assert_shed(&send(&mut service, get_request("/", &[])).await, expected);
     }
 }
@@ -351,7 +349,9 @@ async fn clones_of_the_service_and_of_the_layer_share_one_limit() {
     let first = layer.layer(holding_service(&gate));
     let clone = first.clone();
     // Another service wrapped by a clone of the layer counts in the same limit.
-    let other = layer.clone().layer(service_fn(support::http::ok_handler));
+    let other = layer
+        .clone()
+        .layer(service_fn(tollgate_testkit::http::ok_handler));
 
     let mut held = hold(&first, &gate, 1).await;
     held.extend(hold(&clone, &gate, 1).await);

@@ -1,7 +1,5 @@
 //! The layer on axum: `Router::layer`, `route_layer`, per-route layers, shared clones,
 //! decisions in response extensions, and client IPs from a real TCP peer.
-mod support;
-
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::Router;
@@ -10,13 +8,13 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, exchange, get as get_request, parse_response, send};
 use tokio::net::TcpListener;
 use tollgate::store::ManualClock;
 use tollgate::{
     ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, MissingKey, Policy, Quota,
     RateLimitLayer,
 };
+use tollgate_testkit::http::{Reply, exchange, get as get_request, parse_response, send};
 
 /// One millisecond past the start of a second, so that no test straddles a window.
 const START_MS: u64 = 1_000_000;

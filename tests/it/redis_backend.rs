@@ -1,15 +1,13 @@
 //! The Redis backend on real redis-server processes: atomicity, all-or-nothing, key layout,
 //! expiry and script reloading.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::redis::RedisServer;
 use tollgate::store::{Backend, CallerKey};
 use tollgate::{Caller, Decision, Limiter, Policy, Quota, RedisBackend};
+use tollgate_testkit::redis::RedisServer;
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.

@@ -1,7 +1,5 @@
 //! The layer on a plain hyper service (no axum): a `Full<Bytes>` body, a custom error type,
 //! and client IPs from the peer address that the accept loop puts in the extensions.
-mod support;
-
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
@@ -11,7 +9,6 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use support::http::{Reply, exchange, get, parse_response, send};
 use tokio::net::TcpListener;
 use tollgate::response::ResponseBody;
 use tollgate::store::ManualClock;
@@ -19,6 +16,7 @@ use tollgate::{
     ClientIp, Decision, InMemoryBackend, Limiter, MissingKey, Policy, Quota, RateLimit,
     RateLimitLayer,
 };
+use tollgate_testkit::http::{Reply, exchange, get, parse_response, send};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
 /// The inner service's own error type.

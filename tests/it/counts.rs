@@ -3,15 +3,12 @@
 //! in Redis, cached refusals that expire when the store's do, and configurations refused
 //! with a typed error.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use support::redis::RedisServer;
 use tollgate::decision::DecisionSource;
 use tollgate::store::{
     Algorithm, Backend, CallerKey, CheckFuture, CheckOutcome, ManualClock, PolicyOutcome,
@@ -21,6 +18,7 @@ use tollgate::{
     BuildError, Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy,
     Quota, RedisBackend,
 };
+use tollgate_testkit::redis::RedisServer;
 
 const EPOCH_MS: u64 = 1_800_000_000_000;
 

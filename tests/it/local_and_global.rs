@@ -1,16 +1,14 @@
 //! A local bucket in front of the global one: a burst far over the limit is absorbed in
 //! process, without a store call per request.
 
-mod support;
-
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use support::counting::Counting;
-use support::redis::RedisServer;
 use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, RedisBackend};
+use tollgate_testkit::counting::Counting;
+use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,6 @@
 //! Enforce, shadow and off, switched on a live router through the handle while traffic
 //! runs; shadow mode counting would-be refusals exactly, during an outage too.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -10,15 +8,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use support::counting::Counting;
-use support::proxy::{Fault, FaultProxy};
-use support::recorder::{counter, with_recorder};
-use support::redis::RedisServer;
 use tollgate::store::ManualClock;
 use tollgate::{
     BreakerConfig, Caller, Decision, FailurePolicy, HeaderKey, InMemoryBackend, Limiter, Mode,
     ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
 };
+use tollgate_testkit::counting::Counting;
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::recorder::{counter, with_recorder};
+use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;
 
 fn router(limiter: Limiter) -> Router {

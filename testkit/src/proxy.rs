@@ -33,6 +33,7 @@ struct State {
 
 /// A proxy on a free loopback port, running on its own thread and runtime so that it keeps
 /// working whatever the test's runtime does. Stops when dropped.
+#[derive(Debug)]
 pub struct FaultProxy {
     port: u16,
     state: Arc<watch::Sender<State>>,

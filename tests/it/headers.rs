@@ -1,19 +1,17 @@
 //! RateLimit-Policy, RateLimit, Retry-After and the problem+json body, parsed back with a
 //! Structured Fields parser and checked field by field.
-mod support;
-
 use std::convert::Infallible;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use support::http::{Reply, get, ok_handler, send};
 use tollgate::response::{QUOTA_EXCEEDED, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{
     Decision, GlobalKey, HeaderMode, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
 };
+use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::{Service, ServiceBuilder, service_fn};
 
 /// The start of a second (and of a minute): windows begin here.

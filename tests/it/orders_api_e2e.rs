@@ -2,8 +2,6 @@
 //! proxy, the running example's traffic over HTTP, the store cut and restored. Local share
 //! (with the instance count from the Redis registry) and fail closed, side by side.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,9 +12,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use support::proxy::{Fault, FaultProxy};
-use support::rates::{steady_span, unix_millis};
-use support::redis::RedisServer;
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::rates::{steady_span, unix_millis};
+use tollgate_testkit::redis::RedisServer;
 
 const INSTANCES: usize = 4;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];

@@ -1,19 +1,17 @@
 //! The documented metrics, seen by a test recorder through a scripted run: requests,
 //! refusals, cached refusals, an outage and the recovery.
 
-mod support;
-
 use std::time::Duration;
 
-use support::proxy::{Fault, FaultProxy};
-use support::recorder::{counter, gauge, histogram_len, with_recorder};
-use support::redis::RedisServer;
 use tollgate::decision::BreakerState;
 use tollgate::store::LiveInstances;
 use tollgate::{
     BreakerConfig, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Policy, Quota,
     RedisBackend,
 };
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::recorder::{counter, gauge, histogram_len, with_recorder};
+use tollgate_testkit::redis::RedisServer;
 
 #[test]
 fn a_scripted_run_shows_every_documented_metric() {

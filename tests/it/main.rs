@@ -1,0 +1,29 @@
+//! tollgate's integration tests: one binary, a module per concern. Redis tests start their own
+//! redis-server processes on free ports (see `tollgate_testkit::redis`).
+
+mod algorithms;
+mod axum_router;
+mod bad_input;
+mod client_throttle;
+mod conformance;
+mod counts;
+mod custom_backend;
+mod denial_cache;
+mod failure_policies;
+mod fault_proxy;
+mod headers;
+mod hyper_service;
+mod instances;
+mod keys;
+mod local_and_global;
+mod lua_arithmetic;
+mod memory;
+mod metrics;
+mod modes;
+mod orders_api_e2e;
+mod outage;
+mod recovery;
+mod redis_backend;
+mod redis_cluster;
+mod shed;
+mod simulate;
