@@ -1,7 +1,7 @@
 //! tollgate beside its peers, measured in one run. `scripts/bench` runs this and rewrites
 //! BENCHMARKS.md from the rows it leaves in `target/tollgate-bench/`.
 //!
-//! One criterion entry point, one group per scenario of issue 7:
+//! One criterion entry point, one group per scenario:
 //!
 //! 1. `in_process`: `Limiter::check` and `Backend::check` on the in-process backend vs
 //!    governor's keyed `check_key`, at 1 key and at 100,000 keys, on one and two threads.
@@ -974,7 +974,7 @@ fn frozen_store(c: &mut Criterion) {
 // ---------------------------------------------------------------------------------------
 
 /// The in-process store dressed as a remote one, so the limiter puts its denial cache in
-/// front of it (as tests/denial_cache.rs does).
+/// front of it (as tests/it/denial_cache.rs does).
 #[derive(Clone, Debug)]
 struct Remote(InMemoryBackend);
 

@@ -2,7 +2,7 @@
 //!
 //! A counter that starts cold (a store at start or after a restart, a local share at the
 //! start of an outage) may spend a whole window's quota at once in its first window, and a
-//! sliding window carries that into the next. Over DESIGN.md's 30 s phases that washes
+//! sliding window carries that into the next. Over the running example's 30 s phases that washes
 //! out; over the few seconds of a test it would not, so rates are measured over whole
 //! windows, aligned to the Unix epoch as tollgate's windows are, after the first full one.
 

@@ -1,5 +1,5 @@
 //! The two counting algorithms against independent reference models on a fake clock, the
-//! worked example of DESIGN.md, several policies at once, plan tiers, and token bucket bursts.
+//! worked example of the sliding window counter, several policies at once, plan tiers, and token bucket bursts.
 //!
 //! The models below are written from the definitions, not from the crate's code:
 //!
@@ -465,7 +465,7 @@ proptest! {
 // The worked example
 // ---------------------------------------------------------------------------------------
 
-/// DESIGN.md's example: a 10-second window with a limit of 10.
+/// The worked example: a 10-second window with a limit of 10.
 #[test]
 fn worked_example_ten_second_window() {
     let algorithm = Algorithm::sliding_window(10, Duration::from_secs(10));

@@ -285,7 +285,7 @@ async fn router_wide_layer_applies_to_login_and_orders() {
 }
 
 /// When the inner (per-route) layer refuses and the outer (router-wide) one admitted, the
-/// 429 must still describe the refusal: DESIGN.md section 2 says a 429 carries `RateLimit`
+/// 429 must still describe the refusal: a 429 carries `RateLimit`
 /// for the exhausted policy with r=0, and Retry-After never earlier than its t.
 #[tokio::test]
 async fn a_refusal_by_the_inner_layer_keeps_its_own_fields() {

@@ -18,7 +18,7 @@ use tollgate_testkit::redis::RedisServer;
 
 const INSTANCES: usize = 4;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
-// Long enough for whole steady windows (tests/support/rates.rs): of 1 s on the store, of
+// Long enough for whole steady windows (testkit/src/rates.rs): of 1 s on the store, of
 // 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
 const NORMAL: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(7);

@@ -28,7 +28,7 @@ use tower::ServiceExt;
 const INSTANCES: usize = 4;
 const LIMIT: u64 = 50;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
-// Long enough for whole steady windows (tests/support/rates.rs): of 1 s on the store, of
+// Long enough for whole steady windows (testkit/src/rates.rs): of 1 s on the store, of
 // 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
 const NORMAL: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(7);
@@ -384,7 +384,7 @@ async fn outage_matrix_row(fault: FaultKind) {
                 PolicyKind::LocalShare => assert_near(&what("outage"), during, fair),
                 // A per-second limit's cached refusals expire within the second, so once
                 // they have, static passes everything as open does. (Static earns its keep
-                // on long quotas: tests/failure_policies.rs.)
+                // on long quotas: tests/it/failure_policies.rs.)
                 PolicyKind::Static => assert_near(&what("outage"), during, *sends),
             }
         }

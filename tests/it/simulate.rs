@@ -1,5 +1,5 @@
 //! The outage simulator (examples/simulate.rs), run as a user runs it: its defaults
-//! reproduce DESIGN.md's table of the running example, the other faults and the token
+//! reproduce the README's table of the running example, the other faults and the token
 //! bucket tell the same story, its flags change the scenario, and bad flags exit with 2.
 //! It runs the library's default breaker unless flags override it, so its recovery is what
 //! a user gets: every group back on the store within about a second.
@@ -45,7 +45,7 @@ const ALL_POLICIES: [&str; 8] = [
 ];
 
 /// Builds the example once, with this test's profile and features, and returns its path.
-/// (`cargo test --test simulate` alone does not build examples.)
+/// (`cargo test --test it simulate::` alone does not build examples.)
 fn simulator() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -201,7 +201,7 @@ fn the_defaults_reproduce_the_design_table() {
         assert_fair_outside_the_outage(&rows, policy, 50.0);
     }
 
-    // DESIGN.md section 1, during the outage, with each instance's share as the crate
+    // The running example, during the outage, with each instance's share as the crate
     // computes it (12.5/s when it keeps the rate exact, 12 when it rounds down): about
     // 4 x share for the local share, 8 x share with the stale divisor, 1 x share pinned.
     let share = share_per_sec(Algorithm::sliding_window(50, Duration::from_secs(1)), 4);
