@@ -1,5 +1,7 @@
 //! What a layer is configured with, shared by its services and their futures.
 
+use http::StatusCode;
+
 use crate::http::headers::{HeaderMode, PolicyFieldCache};
 use crate::http::key::MissingKey;
 use crate::limiter::check::Limiter;
@@ -10,5 +12,7 @@ pub(crate) struct Config<K> {
     pub(crate) key: K,
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
+    /// The status of a fail-closed refusal: a 4xx or 5xx other than 500.
+    pub(crate) unavailable_status: StatusCode,
     pub(crate) policy_fields: PolicyFieldCache,
 }

@@ -158,10 +158,10 @@ where
                             this.config.header_mode,
                             &this.config.policy_fields,
                         )),
-                        Decision::Unavailable {
-                            status,
-                            retry_after_secs,
-                        } => Some(response::unavailable(*status, *retry_after_secs)),
+                        Decision::Unavailable { retry_after_secs } => Some(response::unavailable(
+                            this.config.unavailable_status,
+                            *retry_after_secs,
+                        )),
                         Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => {
                             None
                         }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use http::StatusCode;
 use tower_layer::Layer;
 
 use crate::http::config::Config;
@@ -56,6 +57,7 @@ impl RateLimitLayer<ClientIp> {
                 key: ClientIp::new(),
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
+                unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
                 policy_fields: PolicyFieldCache::default(),
             }),
         }
@@ -72,6 +74,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 key,
                 missing_key: config.missing_key,
                 header_mode: config.header_mode,
+                unavailable_status: config.unavailable_status,
                 policy_fields: PolicyFieldCache::default(),
             }),
         }
@@ -96,6 +99,35 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         }
     }
 
+    /// The status of a refusal when the store cannot decide and the limiter fails closed
+    /// (default 503 Service Unavailable, with Retry-After). Anything outside 4xx and 5xx,
+    /// and 500 itself, is taken as 503: clients retry a 500 at once.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::{FailurePolicy, Limiter, Policy, Quota, RateLimitLayer};
+    ///
+    /// let login = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
+    ///     .on_store_failure(FailurePolicy::closed())
+    ///     .build();
+    /// let layer = RateLimitLayer::new(login).unavailable_status(StatusCode::TOO_MANY_REQUESTS);
+    /// # drop(layer);
+    /// ```
+    pub fn unavailable_status(self, status: StatusCode) -> Self {
+        let mut config = self.into_config();
+        config.unavailable_status = if (status.is_client_error() || status.is_server_error())
+            && status != StatusCode::INTERNAL_SERVER_ERROR
+        {
+            status
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// The limiter this layer decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.config.limiter
@@ -107,6 +139,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             key: shared.key.clone(),
             missing_key: shared.missing_key,
             header_mode: shared.header_mode,
+            unavailable_status: shared.unavailable_status,
             policy_fields: PolicyFieldCache::default(),
         })
     }

@@ -58,15 +58,12 @@ pub(crate) fn limited<B>(
     response
 }
 
-/// A fail-closed refusal: 503 (or the configured status), Retry-After, and the
-/// temporary-reduced-capacity problem.
-pub(crate) fn unavailable<B>(status: u16, retry_after_secs: u64) -> Response<ResponseBody<B>> {
-    let status = StatusCode::from_u16(status)
-        .ok()
-        .filter(|s| {
-            (s.is_client_error() || s.is_server_error()) && *s != StatusCode::INTERNAL_SERVER_ERROR
-        })
-        .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+/// A fail-closed refusal: 503 (or the configured status, already mended by the layer),
+/// Retry-After, and the temporary-reduced-capacity problem.
+pub(crate) fn unavailable<B>(
+    status: StatusCode,
+    retry_after_secs: u64,
+) -> Response<ResponseBody<B>> {
     let retry_after = retry_after_secs.max(1);
     let mut body = String::with_capacity(256);
     body.push_str("{\"type\":");

@@ -27,10 +27,9 @@ pub enum Decision {
     Allowed(RateLimitInfo),
     /// At least one policy refused it (429).
     Limited(RateLimitInfo),
-    /// The store could not decide and the failure policy refuses (503 by default).
+    /// The store could not decide and the failure policy refuses (503 unless the layer
+    /// says otherwise).
     Unavailable {
-        /// The status to answer with; never 500.
-        status: u16,
         /// Whole seconds, at least 1.
         retry_after_secs: u64,
     },

@@ -27,12 +27,10 @@ pub enum FailurePolicy {
     /// Let the request through uncounted.
     #[default]
     Open,
-    /// Refuse with `status` (503 by default, never 500) and a Retry-After of the breaker's
-    /// remaining open time (at least 1 s).
-    Closed {
-        /// The refusal status.
-        status: u16,
-    },
+    /// Refuse (503 by default, never 500; see
+    /// [`RateLimitLayer::unavailable_status`](crate::RateLimitLayer::unavailable_status))
+    /// with a Retry-After of the breaker's remaining open time (at least 1 s).
+    Closed,
     /// Enforce every policy's quota divided by the live instance count, with an in-process
     /// counter of the same algorithm; the headers advertise the share.
     LocalShare(InstanceCount),
@@ -48,26 +46,11 @@ impl FailurePolicy {
         FailurePolicy::Open
     }
 
-    /// Fail closed with 503 and Retry-After.
+    /// Fail closed: refuse with 503 and Retry-After. The layer answers with the status
+    /// of [`RateLimitLayer::unavailable_status`](crate::RateLimitLayer::unavailable_status)
+    /// (503 unless set).
     pub fn closed() -> Self {
-        FailurePolicy::Closed { status: 503 }
-    }
-
-    /// Fail closed with another status; anything outside 4xx and 5xx, and 500 itself, is
-    /// taken as 503 (clients retry 500s at once).
-    ///
-    /// ```
-    /// use tollgate::FailurePolicy;
-    /// assert!(matches!(FailurePolicy::closed_with_status(429), FailurePolicy::Closed { status: 429 }));
-    /// assert!(matches!(FailurePolicy::closed_with_status(500), FailurePolicy::Closed { status: 503 }));
-    /// ```
-    pub fn closed_with_status(status: u16) -> Self {
-        let status = if (400..600).contains(&status) && status != 500 {
-            status
-        } else {
-            503
-        };
-        FailurePolicy::Closed { status }
+        FailurePolicy::Closed
     }
 
     /// Enforce a local share of the limit: quota / `instances`. The shares together never
@@ -95,12 +78,12 @@ impl FailurePolicy {
     pub fn as_str(&self) -> &'static str {
         match self {
             FailurePolicy::Open => "open",
-            FailurePolicy::Closed { .. } => "closed",
+            FailurePolicy::Closed => "closed",
             FailurePolicy::LocalShare(_) => "local_share",
             FailurePolicy::Static => "static",
             FailurePolicy::StaticThen(rest) => match **rest {
                 FailurePolicy::Open => "static_then_open",
-                FailurePolicy::Closed { .. } => "static_then_closed",
+                FailurePolicy::Closed => "static_then_closed",
                 FailurePolicy::LocalShare(_) => "static_then_local_share",
                 _ => "static_then_static",
             },

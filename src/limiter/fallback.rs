@@ -70,8 +70,7 @@ impl Inner {
         let limits = &set.limits;
         match policy {
             FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
-            FailurePolicy::Closed { status } => Decision::Unavailable {
-                status: *status,
+            FailurePolicy::Closed => Decision::Unavailable {
                 retry_after_secs: whole_seconds(self.breaker.open_for_ms()),
             },
             FailurePolicy::LocalShare(instances) => {

@@ -261,10 +261,7 @@ impl Shared {
             max_in_flight = self.max_in_flight,
             "shed a request: too many in flight"
         );
-        response::unavailable(
-            StatusCode::SERVICE_UNAVAILABLE.as_u16(),
-            self.retry_after_secs,
-        )
+        response::unavailable(StatusCode::SERVICE_UNAVAILABLE, self.retry_after_secs)
     }
 }
 
