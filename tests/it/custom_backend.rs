@@ -15,7 +15,7 @@ use tollgate::decision::{BreakerState, UnlimitedReason};
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
     Backend, CallerKey, CheckFuture, CheckOutcome, Clock, ManualClock, PolicyState, StoreError,
-    StoreErrorKind,
+    StoreErrorKind, evaluate,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
@@ -55,38 +55,20 @@ impl LockedMap {
         self.calls.load(Ordering::SeqCst)
     }
 
-    /// Every policy evaluated under one lock; stored only if all of them admit.
-    fn decide(&self, caller: &CallerKey, limits: &[Policy]) -> CheckOutcome {
+    /// Every policy evaluated under one lock by the crate's shared all-or-nothing
+    /// evaluation; stored only if all of them admit.
+    fn decide(&self, caller: &CallerKey, policies: &[Policy]) -> CheckOutcome {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let now = self.clock.now_millis();
         let mut states = self.states.lock().unwrap();
-        let key = |limit: &Policy| (caller.clone(), limit.name().to_owned());
-        let evaluations: Vec<_> = limits
-            .iter()
-            .map(|limit| {
-                let state = states.get(&key(limit)).copied();
-                limit.algorithm().evaluate(state, now)
-            })
-            .collect();
-        let admitted = evaluations.iter().all(|e| e.admitted);
-        let outcomes = limits
-            .iter()
-            .zip(&evaluations)
-            .map(|(limit, evaluation)| {
-                if admitted {
-                    states.insert(key(limit), evaluation.admitted_state);
-                    evaluation.outcome
-                } else if evaluation.admitted {
-                    // This policy would have admitted; it reports without consuming.
-                    limit
-                        .algorithm()
-                        .peek(states.get(&key(limit)).copied(), now)
-                } else {
-                    evaluation.outcome
-                }
-            })
-            .collect();
-        CheckOutcome::new(outcomes)
+        // Keyed on the counter, never on the name alone.
+        let key = |policy: &Policy| (caller.clone(), policy.counter().to_owned());
+        let (outcome, admitted) =
+            evaluate(policies, |policy| states.get(&key(policy)).copied(), now).into_parts();
+        for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
+            states.insert(key(policy), state);
+        }
+        outcome
     }
 }
 
