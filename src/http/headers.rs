@@ -17,6 +17,7 @@ use crate::store::policy::Policy;
 /// assert_eq!(HeaderMode::default(), HeaderMode::Always);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum HeaderMode {
     /// On every response the limiter decided (allowed and refused).
     #[default]

@@ -22,6 +22,7 @@ use crate::store::policy::Policy;
 /// # let _ = log;
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Decision {
     /// Every policy admitted the request.
     Allowed(RateLimitInfo),

@@ -257,6 +257,7 @@ async fn non_utf8_and_odd_values_in_any_header_are_harmless() {
         let name = match header {
             ForwardedHeader::XForwardedFor => "x-forwarded-for",
             ForwardedHeader::Forwarded => "forwarded",
+            other => panic!("no header name for {other:?}"),
         };
         let mut svc = layered(behind_proxy(header), MissingKey::Anonymous);
         let reply = send(&mut svc, proxied(name, &[b"1.2.3.4\xff"])).await;
@@ -578,6 +579,7 @@ fn written(header: ForwardedHeader, addr: IpAddr, port: Option<u16>) -> String {
     match header {
         ForwardedHeader::XForwardedFor => node,
         ForwardedHeader::Forwarded => format!("proto=https;for=\"{node}\";by=_lb"),
+        other => panic!("no entry format for {other:?}"),
     }
 }
 

@@ -54,6 +54,7 @@ pub struct ClientIp {
 
 /// Which forwarding header trusted proxies write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2`.
     #[default]

@@ -117,6 +117,7 @@ impl fmt::Display for KeyRejection {
 /// # drop(reject);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum MissingKey {
     /// Answer with this 4xx status and a problem+json body (a non-4xx status is taken as 400).
     Reject(StatusCode),
