@@ -17,6 +17,8 @@ use crate::store::policy::Policy;
 ///         Decision::Unavailable { retry_after_secs, .. } => format!("store down, retry in {retry_after_secs} s"),
 ///         Decision::Unlimited(reason) => format!("not counted: {}", reason.as_str()),
 ///         Decision::Shadowed(would_be) => format!("shadow mode; would have been {would_be:?}"),
+///         // Decisions may gain kinds in later versions.
+///         other => format!("{other:?}"),
 ///     }
 /// }
 /// # let _ = log;
