@@ -13,11 +13,12 @@ const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 ///
 /// It is what the circuit breaker draws its jitter from and what the
 /// [adaptive client throttle](crate::client) draws its rejections from. Both take any
-/// `Fn() -> f64` instead ([`LimiterBuilder::breaker_jitter`](crate::LimiterBuilder::breaker_jitter),
+/// `Fn() -> f64` instead
+/// ([`LimiterBuilder::breaker_jitter`](crate::LimiterBuilder::breaker_jitter),
 /// [`AdaptiveThrottleBuilder::random`](crate::client::AdaptiveThrottleBuilder::random)):
 /// give them a [`seeded`](Self::seeded) source, through [`into_fn`](Self::into_fn), to
-/// make a test or a simulation repeat itself exactly, as a [`ManualClock`](super::ManualClock)
-/// does for time.
+/// make a test or a simulation repeat itself exactly, as a
+/// [`ManualClock`](super::ManualClock) does for time.
 ///
 /// Clones draw from one sequence: a number one of them draws, the others do not.
 ///
