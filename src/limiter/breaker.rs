@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::store::clock::Clock;
+use crate::store::random::RandomSource;
 
 /// How the breaker behaves.
 ///
@@ -398,20 +399,9 @@ impl Drop for Permit {
     }
 }
 
-/// A small, fast pseudo-random source for jitter (xorshift), seeded per process.
+/// The default jitter: the crate's random source, seeded differently for each breaker.
 pub(crate) fn default_jitter() -> Jitter {
-    use std::hash::BuildHasher;
-    let seed =
-        std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now()) | 1;
-    let state = Arc::new(std::sync::atomic::AtomicU64::new(seed));
-    Arc::new(move || {
-        let mut x = state.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    })
+    Arc::new(RandomSource::new().into_fn())
 }
 
 #[cfg(test)]
@@ -654,20 +644,10 @@ mod tests {
         closed_after.into_iter().map(Option::unwrap).collect()
     }
 
-    fn seeded(seed: u64) -> Jitter {
-        let state = Arc::new(AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1));
-        Arc::new(move || {
-            let mut x = state.load(Ordering::Relaxed);
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            state.store(x, Ordering::Relaxed);
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        })
-    }
-
     fn jitters() -> Vec<Jitter> {
-        let mut jitters: Vec<Jitter> = (1..=8).map(seeded).collect();
+        let mut jitters: Vec<Jitter> = (1..=8)
+            .map(|seed| Arc::new(RandomSource::seeded(seed).into_fn()) as Jitter)
+            .collect();
         for fixed in [0.0, 0.999_999] {
             jitters.push(Arc::new(move || fixed));
         }

@@ -144,7 +144,21 @@ impl LimiterBuilder {
         self
     }
 
-    /// Replaces the breaker's jitter source (numbers in `[0, 1)`), for tests.
+    /// Replaces the breaker's jitter source (numbers in `[0, 1)`), for tests. The default is
+    /// the crate's [`RandomSource`](crate::store::RandomSource), seeded per limiter; a
+    /// [seeded](crate::store::RandomSource::seeded) one repeats its sequence on every run.
+    ///
+    /// ```
+    /// use tollgate::store::RandomSource;
+    /// use tollgate::{InMemoryBackend, Limiter, Policy, Quota};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .backend(InMemoryBackend::new())
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .breaker_jitter(RandomSource::seeded(7).into_fn())
+    ///     .build();
+    /// # drop(limiter);
+    /// ```
     pub fn breaker_jitter(mut self, jitter: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
         self.jitter = Some(Arc::new(jitter));
         self

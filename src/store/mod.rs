@@ -18,6 +18,7 @@ pub(crate) mod evaluate;
 pub(crate) mod instances;
 pub(crate) mod memory;
 pub(crate) mod policy;
+pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
@@ -28,6 +29,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use evaluate::{Evaluated, evaluate};
 pub use instances::LiveInstances;
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
+pub use random::RandomSource;
 #[cfg(feature = "redis")]
 pub use redis::backend::{RedisBackend, RedisBackendBuilder};
 #[cfg(feature = "redis")]

@@ -15,24 +15,11 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tollgate::client::{AdaptiveThrottleLayer, ThrottleError, Throttled};
-use tollgate::store::ManualClock;
+use tollgate::store::{ManualClock, RandomSource};
 use tower::{Layer, Service, ServiceExt};
 
 /// Aligned to whole seconds, so one-second buckets start on the clock's seconds.
 const START: u64 = 1_800_000_000_000;
-
-/// A deterministic xorshift64 source of numbers in `[0, 1)`.
-fn seeded_random(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
-    let state = AtomicU64::new(seed);
-    move || {
-        let mut x = state.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
 
 /// A random source the test sets by hand.
 #[derive(Clone, Debug)]
@@ -208,7 +195,7 @@ async fn traffic_reaching_an_overloaded_backend_settles_at_k_times_what_it_accep
     let layer = AdaptiveThrottleLayer::builder()
         .name("inventory")
         .clock(clock.clone())
-        .random(seeded_random(0x9E37_79B9_7F4A_7C15))
+        .random(RandomSource::seeded(1).into_fn())
         .build();
     let mut client = layer.layer(backend.service());
 
@@ -276,7 +263,7 @@ async fn k_is_configurable() {
         let layer = AdaptiveThrottleLayer::builder()
             .k(k)
             .clock(clock.clone())
-            .random(seeded_random(0x2545_F491_4F6C_DD1D))
+            .random(RandomSource::seeded(2).into_fn())
             .build();
         let mut client = layer.layer(backend.service());
         offer(&mut client, &clock, &backend, 360, 100).await;
@@ -302,7 +289,7 @@ async fn a_backend_refusing_a_fixed_share_of_whatever_reaches_it_gets_a_trickle(
     let backend = Backend::new(Behaviour::EveryNth(10), &clock);
     let layer = AdaptiveThrottleLayer::builder()
         .clock(clock.clone())
-        .random(seeded_random(0xD1B5_4A32_D192_ED03))
+        .random(RandomSource::seeded(3).into_fn())
         .build();
     let mut client = layer.layer(backend.service());
     let settling = offer(&mut client, &clock, &backend, 360, 100).await;
@@ -710,7 +697,7 @@ fn local_rejections_are_counted_in_metrics_by_layer() {
     let layer = AdaptiveThrottleLayer::builder()
         .name("payments")
         .clock(ManualClock::new(START))
-        .random(seeded_random(7))
+        .random(RandomSource::seeded(7).into_fn())
         .build();
     let mut client = layer.layer(backend.clone());
     backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 1_000);

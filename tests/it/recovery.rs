@@ -6,12 +6,14 @@
 //! over a 30 s and a 10 min outage; then in real time on a real redis-server behind the
 //! fault proxy, over a 10 s outage.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate::decision::BreakerState;
-use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock, StoreError, StoreErrorKind};
+use tollgate::store::{
+    Backend, CallerKey, CheckFuture, ManualClock, RandomSource, StoreError, StoreErrorKind,
+};
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota, RedisBackend,
 };
@@ -29,15 +31,7 @@ const QUOTA: u64 = 100_000;
 
 /// A distinct, reproducible jitter source per instance.
 fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
-    let state = AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    move || {
-        let mut x = state.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
+    RandomSource::seeded(seed).into_fn()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+//! The service: asks the window before each call whether the request goes out.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::error::ThrottleError;
+use super::future::AdaptiveThrottleFuture;
+use super::rejection::Shared;
+use super::stats::ThrottleStats;
+
+/// A service whose outgoing calls an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
+/// throttles.
+///
+/// Its error is [`ThrottleError`]: [`Throttled`](ThrottleError::Throttled) for a request
+/// rejected locally, [`Inner`](ThrottleError::Inner) for an error of the wrapped service
+/// (readiness errors included). Clones share the layer's window.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use tollgate::client::AdaptiveThrottleLayer;
+/// use tower::{Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let backend = tower::service_fn(|_req: Request<()>| async {
+///     Ok::<_, Infallible>(Response::new("ok"))
+/// });
+/// let client = AdaptiveThrottleLayer::new().layer(backend);
+/// let response = client.clone().oneshot(Request::new(())).await.unwrap();
+/// assert_eq!(response.into_body(), "ok");
+/// assert_eq!((client.stats().requests(), client.stats().accepts()), (1, 1));
+/// # }
+/// ```
+pub struct AdaptiveThrottle<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> AdaptiveThrottle<S> {
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The counts in the window now, and the probability the next request is rejected.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// let client = AdaptiveThrottleLayer::new().layer(());
+    /// assert_eq!(client.stats().rejection_probability(), 0.0);
+    /// ```
+    pub fn stats(&self) -> ThrottleStats {
+        self.shared.stats()
+    }
+
+    /// The wrapped service.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(*AdaptiveThrottleLayer::new().layer(7).get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// let mut client = AdaptiveThrottleLayer::new().layer(7);
+    /// *client.get_mut() += 1;
+    /// assert_eq!(*client.get_ref(), 8);
+    /// ```
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().layer(7).into_inner(), 7);
+    /// ```
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for AdaptiveThrottle<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for AdaptiveThrottle<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveThrottle")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveThrottle<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Response = Response<ResBody>;
+    type Error = ThrottleError<S::Error>;
+    type Future = AdaptiveThrottleFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ThrottleError::Inner)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // A rejected request leaves the inner service ready (any capacity it reserved in
+        // `poll_ready` serves the next call), as tower allows.
+        match self.shared.admit() {
+            Ok(()) => AdaptiveThrottleFuture::called(self.inner.call(request), self.shared.clone()),
+            Err(throttled) => AdaptiveThrottleFuture::throttled(throttled),
+        }
+    }
+}
