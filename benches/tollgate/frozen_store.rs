@@ -1,0 +1,206 @@
+//! Group `frozen_store`: redis-server under SIGSTOP: latency until the breaker opens, then
+//! throughput with the breaker open vs the in-process backend.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use tollgate::decision::{BreakerState, DecisionSource};
+use tollgate::{
+    Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, RedisBackend,
+};
+use tollgate_testkit::redis::RedisServer;
+
+use crate::report::{Row, median_ns, ms, per_sec, ran, write_rows};
+use crate::support::{CALLERS, TASKS, big_window, callers, multi_thread_runtime};
+use crate::wanted;
+
+/// The store timeout of the frozen-store scenario (the limiter's default).
+const STORE_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// Rounds of "freeze the store, decide from 64 tasks until the breaker opens".
+const FREEZE_ROUNDS: usize = 10;
+
+/// Decides from 64 tasks while the breaker stays closed; returns every decision's latency.
+async fn until_open(limiter: &Limiter, callers: &Arc<[Caller]>) -> Vec<Duration> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let tasks: Vec<_> = (0..TASKS as usize)
+        .map(|t| {
+            let limiter = limiter.clone();
+            let callers = callers.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut i = t * 97;
+                while limiter.breaker_state() == BreakerState::Closed {
+                    assert!(Instant::now() < deadline, "the breaker never opened");
+                    let start = Instant::now();
+                    let decision = limiter.check(&callers[i % callers.len()]).await;
+                    latencies.push(start.elapsed());
+                    black_box(decision);
+                    i += TASKS as usize;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("task"));
+    }
+    all
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub(crate) fn bench(c: &mut Criterion) {
+    const GROUP: &str = "frozen_store";
+    if !wanted(GROUP) {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let runtime = multi_thread_runtime(2);
+    let store = {
+        let _guard = runtime.enter();
+        RedisBackend::builder(server.url())
+            .build()
+            .expect("backend")
+    };
+    runtime.block_on(store.ping()).expect("redis answers");
+    let callers = callers(CALLERS);
+    let build = |name: &str, policy: FailurePolicy| {
+        let _guard = runtime.enter();
+        Limiter::builder()
+            .name(name)
+            .backend(store.clone())
+            .store_timeout(STORE_TIMEOUT)
+            .policy(big_window())
+            .on_store_failure(policy)
+            .build()
+    };
+    let local_share = || FailurePolicy::local_share(InstanceCount::fixed(1));
+
+    // Until the breaker opens: fresh limiters (fresh breakers) on one connection.
+    let mut latencies = Vec::new();
+    for round in 0..FREEZE_ROUNDS {
+        let limiter = build(&format!("freeze-{round}"), local_share());
+        runtime.block_on(async {
+            for caller in callers.iter().take(TASKS as usize) {
+                let decision = limiter.check(caller).await;
+                assert!(
+                    matches!(&decision, Decision::Allowed(info) if info.source() == DecisionSource::Store),
+                    "{decision:?}"
+                );
+            }
+        });
+        server.pause();
+        latencies.extend(runtime.block_on(until_open(&limiter, &callers)));
+        server.resume();
+    }
+    latencies.sort();
+    let p50 = percentile(&latencies, 0.5);
+    let p99 = percentile(&latencies, 0.99);
+    let max = *latencies.last().expect("latencies");
+    let bound = STORE_TIMEOUT + Duration::from_millis(5);
+    println!(
+        "frozen store: {} decisions until the breaker opened, p50 {p50:?}, p99 {p99:?}, max {max:?}",
+        latencies.len()
+    );
+
+    // After it opens: the store stays frozen, the breaker open.
+    server.pause();
+    let share = build("frozen-local-share", local_share());
+    let open = build("frozen-open", FailurePolicy::open());
+    for limiter in [&share, &open] {
+        runtime.block_on(until_open(limiter, &callers));
+    }
+    let Decision::Allowed(info) = runtime.block_on(share.check(&callers[0])) else {
+        panic!("the local share refused")
+    };
+    assert_eq!(info.source(), DecisionSource::LocalShare);
+    let in_process = Limiter::builder()
+        .backend(InMemoryBackend::new())
+        .policy(big_window())
+        .build();
+
+    let mut group = c.benchmark_group(GROUP);
+    group.throughput(Throughput::Elements(1));
+    for (id, limiter) in [
+        ("breaker_open_local_share", &share),
+        ("breaker_open_fail_open", &open),
+        ("in_process_backend", &in_process),
+    ] {
+        group.bench_function(id, |b| {
+            ran(GROUP, id);
+            // One loop per sample: what is timed is the decisions, not the runtime's
+            // entry per iteration.
+            b.to_async(&runtime).iter_custom(|iters| {
+                let limiter = limiter.clone();
+                let callers = callers.clone();
+                async move {
+                    let mut i = 0;
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(limiter.check(&callers[i]).await);
+                        i += 1;
+                        if i == callers.len() {
+                            i = 0;
+                        }
+                    }
+                    start.elapsed()
+                }
+            });
+        });
+    }
+    group.finish();
+    assert_ne!(share.breaker_state(), BreakerState::Closed);
+    server.resume();
+
+    let mut rows = vec![(
+        "frozen_store/p99",
+        Row::new(
+            "Frozen store (SIGSTOP), 64 tasks: p99 decision latency until the breaker opens (store timeout 20 ms)",
+            format!(
+                "p99 {} (p50 {}, max {}, {} decisions)",
+                ms(p99),
+                ms(p50),
+                ms(max),
+                latencies.len()
+            ),
+        )
+        .peer("tower-rate-limiter: cannot be built on Rust 1.95")
+        .target(format!("≤ {} (timeout + 5 ms)", ms(bound)), p99 <= bound),
+    )];
+    let get = |id| median_ns(GROUP, id);
+    for (row_id, id, what) in [
+        (
+            "frozen_store/local_share",
+            "breaker_open_local_share",
+            "fail to the local share",
+        ),
+        (
+            "frozen_store/fail_open",
+            "breaker_open_fail_open",
+            "fail open",
+        ),
+    ] {
+        let (Some(base), Some(ours)) = (get("in_process_backend"), get(id)) else {
+            continue;
+        };
+        let ratio = base / ours;
+        rows.push((
+            row_id,
+            Row::new(
+                format!("Frozen store, breaker open, {what}: decisions/s"),
+                per_sec(1e9 / ours),
+            )
+            .peer(format!("in-process backend: {}", per_sec(1e9 / base)))
+            .ratio(format!("{ratio:.2}x"))
+            .target("≥ 0.90x", ratio >= 0.9),
+        ));
+    }
+    write_rows("frozen_store.tsv", &rows);
+}

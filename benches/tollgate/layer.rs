@@ -1,0 +1,214 @@
+//! Group `layer`: the tower layer on an in-memory service vs tower_governor, and the bare
+//! service.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use criterion::{Bencher, Criterion, Throughput};
+use http::{HeaderName, HeaderValue, Request, Response};
+use tokio::runtime::Runtime;
+use tollgate::{HeaderKey, HeaderMode, InMemoryBackend, Limiter, RateLimitLayer};
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_governor::GovernorError;
+use tower_governor::governor::GovernorConfigBuilder;
+
+use crate::report::{Row, median_ns, ns, ran, write_rows};
+use crate::support::{CALLERS, big_bucket};
+
+static CUSTOMER: HeaderName = HeaderName::from_static("x-customer-id");
+
+/// tower_governor's key extractor for the customer header, written as its docs suggest.
+#[derive(Clone, Debug)]
+struct CustomerHeader;
+
+impl tower_governor::key_extractor::KeyExtractor for CustomerHeader {
+    type Key = String;
+
+    fn extract<T>(&self, request: &Request<T>) -> Result<String, GovernorError> {
+        request
+            .headers()
+            .get(&CUSTOMER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(GovernorError::UnableToExtractKey)
+    }
+}
+
+/// Drives `service` with `ready().await` then `call` in a loop, callers in turn.
+fn drive<S, B>(b: &mut Bencher<'_>, runtime: &Runtime, service: &S, customers: &Arc<[HeaderValue]>)
+where
+    S: Service<Request<()>, Response = Response<B>> + Clone + 'static,
+    S::Error: std::fmt::Debug,
+    B: 'static,
+{
+    b.to_async(runtime).iter_custom(|iters| {
+        let mut service = service.clone();
+        let customers = customers.clone();
+        async move {
+            let mut i = 0;
+            let start = Instant::now();
+            for _ in 0..iters {
+                let mut request = Request::new(());
+                request
+                    .headers_mut()
+                    .insert(CUSTOMER.clone(), customers[i].clone());
+                i += 1;
+                if i == customers.len() {
+                    i = 0;
+                }
+                let response = service
+                    .ready()
+                    .await
+                    .expect("ready")
+                    .call(request)
+                    .await
+                    .expect("response");
+                assert!(response.status().is_success());
+                black_box(response);
+            }
+            start.elapsed()
+        }
+    });
+}
+
+pub(crate) fn bench(c: &mut Criterion) {
+    const GROUP: &str = "layer";
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let customers: Arc<[HeaderValue]> = (0..CALLERS)
+        .map(|i| HeaderValue::try_from(format!("customer-{i:05}")).expect("header value"))
+        .collect();
+    let orders = tower::service_fn(|_request: Request<()>| async {
+        Ok::<_, Infallible>(Response::new(Body::from("[]")))
+    });
+    let tollgate = |mode: HeaderMode| {
+        let limiter = Limiter::builder()
+            .backend(InMemoryBackend::new())
+            .policy(big_bucket())
+            .build();
+        ServiceBuilder::new()
+            .layer(
+                RateLimitLayer::new(limiter)
+                    .key(HeaderKey::new("x-customer-id"))
+                    .headers(mode),
+            )
+            .service(orders)
+    };
+    let governed = |builder: &mut GovernorConfigBuilder<_, _>| {
+        builder
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(CustomerHeader)
+    };
+
+    let mut group = c.benchmark_group(GROUP);
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("bare", |b| {
+        ran(GROUP, "bare");
+        drive(b, &runtime, &orders, &customers)
+    });
+    let service = tollgate(HeaderMode::Always);
+    group.bench_function("tollgate_headers", |b| {
+        ran(GROUP, "tollgate_headers");
+        drive(b, &runtime, &service, &customers)
+    });
+    let service = tollgate(HeaderMode::Never);
+    group.bench_function("tollgate_no_headers", |b| {
+        ran(GROUP, "tollgate_no_headers");
+        drive(b, &runtime, &service, &customers)
+    });
+    let config = governed(&mut GovernorConfigBuilder::default())
+        .use_headers()
+        .finish()
+        .expect("governor config");
+    let service = ServiceBuilder::new()
+        .layer(tower_governor::GovernorLayer::new(config))
+        .service(orders);
+    group.bench_function("tower_governor_headers", |b| {
+        ran(GROUP, "tower_governor_headers");
+        drive(b, &runtime, &service, &customers)
+    });
+    let config = governed(&mut GovernorConfigBuilder::default())
+        .finish()
+        .expect("governor config");
+    let service = ServiceBuilder::new()
+        .layer(tower_governor::GovernorLayer::new(config))
+        .service(orders);
+    group.bench_function("tower_governor_no_headers", |b| {
+        ran(GROUP, "tower_governor_no_headers");
+        drive(b, &runtime, &service, &customers)
+    });
+    group.finish();
+
+    let get = |id| median_ns(GROUP, id);
+    let mut rows = Vec::new();
+    if let (Some(ours), Some(peer)) = (get("tollgate_headers"), get("tower_governor_headers")) {
+        let ratio = ours / peer;
+        rows.push((
+            "layer/headers",
+            Row::new(
+                "Layer on an in-memory service, 10,000 callers, RateLimit headers on allowed responses (`HeaderMode::Always`)",
+                format!("{}/request", ns(ours)),
+            )
+            .peer(format!(
+                "tower_governor `.use_headers()`: {}/request",
+                ns(peer)
+            ))
+            .ratio(format!("{ratio:.2}x"))
+            .target("≤ 1.00x", ratio <= 1.0),
+        ));
+    }
+    if let (Some(ours), Some(peer)) = (get("tollgate_no_headers"), get("tower_governor_no_headers"))
+    {
+        let ratio = ours / peer;
+        rows.push((
+            "layer/no_headers",
+            Row::new(
+                "Layer on an in-memory service, 10,000 callers, no headers (`HeaderMode::Never`)",
+                format!("{}/request", ns(ours)),
+            )
+            .peer(format!(
+                "tower_governor without headers: {}/request",
+                ns(peer)
+            ))
+            .ratio(format!("{ratio:.2}x"))
+            .target("≤ 1.50x", ratio <= 1.5),
+        ));
+    }
+    if let (Some(ours), Some(bare)) = (get("tollgate_no_headers"), get("bare")) {
+        let added = ours - bare;
+        rows.push((
+            "layer/overhead",
+            Row::new(
+                "Layer, no headers: time added to the bare service",
+                format!("+{}/request", ns(added)),
+            )
+            .peer(format!("bare service: {}/request", ns(bare)))
+            .ratio(format!("+{}", ns(added)))
+            .target("≤ +300 ns", added <= 300.0),
+        ));
+    }
+    if let (Some(ours), Some(bare), Some(peer)) = (
+        get("tollgate_headers"),
+        get("bare"),
+        get("tower_governor_headers"),
+    ) {
+        rows.push((
+            "layer/overhead_headers",
+            Row::new(
+                "Layer, RateLimit headers on: time added to the bare service",
+                format!("+{}/request", ns(ours - bare)),
+            )
+            .peer(format!("tower_governor with headers: +{}", ns(peer - bare)))
+            .ratio(format!("{:.2}x", (ours - bare) / (peer - bare))),
+        ));
+    }
+    if !rows.is_empty() {
+        write_rows("layer.tsv", &rows);
+    }
+}

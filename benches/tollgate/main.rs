@@ -1,0 +1,121 @@
+//! tollgate beside its peers, measured in one run. `scripts/bench` runs this and rewrites
+//! BENCHMARKS.md from the rows it leaves in `target/tollgate-bench/`.
+//!
+//! One criterion entry point, one group per scenario:
+//!
+//! 1. `in_process`: `Limiter::check` and `Backend::check` on the in-process backend vs
+//!    governor's keyed `check_key`, at 1 key and at 100,000 keys, on one and two threads.
+//! 2. `layer`: the tower layer on an in-memory service vs tower_governor, and the bare service.
+//! 3. `redis`: Redis decisions per second at 64 tasks vs `redis-benchmark -P 16`.
+//! 4. `frozen_store`: redis-server under SIGSTOP: latency until the breaker opens, then
+//!    throughput with the breaker open vs the in-process backend.
+//! 5. `denial_cache`: acme at 2.4 times its limit, with and without the denial cache.
+//! 7. `memory`: bytes per tracked key at 1,000,000 keys (in a fresh child process, by RSS).
+//!
+//! Scenario 6 (HTTP end to end with wrk) runs in `scripts/bench` against
+//! `examples/bench_server.rs`. Criterion's filter applies to every group; the parts that
+//! are not criterion benchmarks (the latency rounds, the store-call counts, the memory
+//! children) run when the filter, taken as a plain substring, matches their group name.
+//!
+//! No metrics recorder is installed unless `TOLLGATE_BENCH_PROMETHEUS` is set, which
+//! installs the Prometheus one, as a served app has it (a diagnostic, not in the table).
+//!
+//! This file is the entry point: the criterion configuration, the group filter and the
+//! process setup. Each group is a module of its own; `report` turns criterion's estimates
+//! into the rows, `support` holds what several groups share.
+
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+
+mod denial_cache;
+mod frozen_store;
+mod in_process;
+mod layer;
+mod memory;
+mod redis;
+mod report;
+mod support;
+
+/// Set to run every scenario with a Prometheus recorder installed (diagnostics; the
+/// published figures run without one).
+const PROMETHEUS: &str = "TOLLGATE_BENCH_PROMETHEUS";
+
+/// Runs before any group. A memory child measures and exits here, running no group;
+/// otherwise the Prometheus recorder goes in when asked for.
+fn setup() {
+    if let Ok(which) = std::env::var(memory::CHILD) {
+        memory::measure(&which);
+        std::process::exit(0);
+    }
+    if std::env::var_os(PROMETHEUS).is_some() {
+        // The recorder a served app installs (orders_api does): decisions then pay for
+        // real metrics. Off by default, as in the library without a recorder.
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("install the Prometheus recorder");
+    }
+}
+
+/// Every group's settings; command-line options override them.
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(50)
+        .nresamples(20_000)
+        .output_directory(&report::criterion_dir())
+}
+
+/// Criterion's `--list` and `--test` modes measure nothing: skip the custom parts then.
+fn measuring() -> bool {
+    !std::env::args().any(|a| a == "--list" || a == "--test")
+}
+
+/// Whether the custom (non-criterion) parts of `group` should run: criterion's filter,
+/// read as a plain substring, matches the group's name, or there is no filter.
+pub(crate) fn wanted(group: &str) -> bool {
+    const WITH_VALUE: &[&str] = &[
+        "--color",
+        "-c",
+        "--save-baseline",
+        "-s",
+        "--baseline",
+        "-b",
+        "--baseline-lenient",
+        "--format",
+        "--profile-time",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+    ];
+    let mut args = std::env::args().skip(1);
+    let mut filter = None;
+    while let Some(arg) = args.next() {
+        if WITH_VALUE.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            filter = Some(arg);
+        }
+    }
+    measuring() && filter.is_none_or(|f| group.contains(f.as_str()) || f.contains(group))
+}
+
+criterion_group! {
+    name = scenarios;
+    config = config();
+    targets = in_process::bench,
+        layer::bench,
+        redis::bench,
+        frozen_store::bench,
+        denial_cache::bench,
+        memory::bench,
+}
+criterion_main!(setup, scenarios);

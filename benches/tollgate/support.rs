@@ -1,0 +1,58 @@
+//! Helpers more than one scenario uses: the callers, the policies no caller reaches, the
+//! runtimes, and the sizes the scenarios share.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use tollgate::{Caller, Policy, Quota};
+
+/// A quota no caller reaches in a benchmark: every decision admits and writes.
+pub(crate) const BIG: u64 = 1_000_000_000;
+
+/// The Redis benches measure the store, not fallbacks: a store timeout no healthy server
+/// reaches, so every request is decided by Redis.
+pub(crate) const SLOW_TEST_MACHINE: Duration = Duration::from_secs(5);
+
+/// Concurrent tasks in the Redis and frozen-store scenarios.
+pub(crate) const TASKS: u64 = 64;
+
+/// Callers named in turn by the layer, Redis and frozen-store scenarios.
+pub(crate) const CALLERS: usize = 10_000;
+
+/// Takes the output of a future that is ready at once (every in-process decision is).
+pub(crate) fn ready_now<F: Future + Unpin>(mut future: F) -> F::Output {
+    match Pin::new(&mut future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => output,
+        Poll::Pending => panic!("a decision that should be ready at once was pending"),
+    }
+}
+
+/// `n` callers, `customer-0000000` on.
+pub(crate) fn callers(n: usize) -> Arc<[Caller]> {
+    (0..n)
+        .map(|i| Caller::new(format!("customer-{i:07}")))
+        .collect()
+}
+
+/// A token bucket no caller empties: tollgate's counterpart of governor's GCRA.
+pub(crate) fn big_bucket() -> Policy {
+    Policy::token_bucket("per-second", Quota::per_second(BIG), BIG)
+}
+
+/// A sliding window no caller fills (the algorithm of the orders example).
+pub(crate) fn big_window() -> Policy {
+    Policy::sliding_window("per-second", Quota::per_second(BIG))
+}
+
+/// A multi-thread Tokio runtime with `workers` worker threads and every driver on.
+pub(crate) fn multi_thread_runtime(workers: usize) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
