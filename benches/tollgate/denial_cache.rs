@@ -6,25 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, Throughput};
-use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock};
+use tollgate::store::ManualClock;
 use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::remote::Remote;
 
 use crate::report::{Row, median_ns, per_sec, ran, write_rows};
 use crate::support::{SLOW_TEST_MACHINE, multi_thread_runtime, ready_now};
 use crate::wanted;
-
-/// The in-process store dressed as a remote one, so the limiter puts its denial cache in
-/// front of it (as tests/it/denial_cache.rs does).
-#[derive(Clone, Debug)]
-struct Remote(InMemoryBackend);
-
-impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        self.0.check(caller, limits)
-    }
-}
 
 const ACME_REQUESTS: u64 = 1_200;
 const EPOCH_MS: u64 = 1_800_000_000_000;
@@ -39,7 +29,7 @@ struct VirtualRun {
 impl VirtualRun {
     fn new(cache: bool) -> Self {
         let clock = ManualClock::new(EPOCH_MS);
-        let store = Counting::new(Remote(
+        let store = Counting::new(Remote::new(
             InMemoryBackend::builder().clock(clock.clone()).build(),
         ));
         let calls = store.counter();

@@ -12,3 +12,4 @@ pub mod proxy;
 pub mod rates;
 pub mod recorder;
 pub mod redis;
+pub mod remote;

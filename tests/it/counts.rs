@@ -5,54 +5,26 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::decision::DecisionSource;
 use tollgate::store::{
     Algorithm, Backend, CallerKey, CheckFuture, CheckOutcome, ManualClock, PolicyOutcome,
-    StoreError, StoreErrorKind,
 };
 use tollgate::{
     BuildError, Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy,
     Quota, RedisBackend,
 };
 use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::remote::Remote;
 
 const EPOCH_MS: u64 = 1_800_000_000_000;
 
-/// The in-process store dressed as a remote one that can be taken down: the limiter puts
-/// its breaker, denial cache and failure policy in front of it.
-#[derive(Clone, Debug)]
-struct Flaky {
-    store: InMemoryBackend,
-    down: Arc<AtomicBool>,
-}
-
-impl Flaky {
-    fn new(clock: &ManualClock) -> Self {
-        Self {
-            store: InMemoryBackend::builder().clock(clock.clone()).build(),
-            down: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    fn set_down(&self, down: bool) {
-        self.down.store(down, Ordering::SeqCst);
-    }
-}
-
-impl Backend for Flaky {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        if self.down.load(Ordering::SeqCst) {
-            return CheckFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "taken down by the test",
-            )));
-        }
-        self.store.check(caller, limits)
-    }
+/// A remote-looking in-process store on `clock`, which the test can take down.
+fn flaky(clock: &ManualClock) -> Remote {
+    Remote::new(InMemoryBackend::builder().clock(clock.clone()).build())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -144,7 +116,7 @@ async fn one_a_minute_over_ten_instances_admits_at_most_the_limit() {
         Policy::token_bucket("per-minute", Quota::per_minute(1), 1),
     ] {
         let clock = ManualClock::new(EPOCH_MS);
-        let store = Flaky::new(&clock);
+        let store = flaky(&clock);
         store.set_down(true);
         let instances: Vec<Limiter> = (0..10)
             .map(|_| {
@@ -187,7 +159,7 @@ async fn one_a_minute_over_ten_instances_admits_at_most_the_limit() {
 #[tokio::test]
 async fn a_refusal_cached_for_one_tier_does_not_follow_the_caller_into_another() {
     let clock = ManualClock::new(EPOCH_MS);
-    let store = Flaky::new(&clock);
+    let store = flaky(&clock);
     let limiter = Limiter::builder()
         .backend(store.clone())
         .clock(clock.clone())

@@ -1,30 +1,19 @@
 //! The denial cache: refusals served locally until their exact retry time save store calls
 //! without changing a single decision.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::{Backend, CallerKey, CheckFuture, ManualClock};
+use tollgate::store::ManualClock;
 use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::redis::RedisServer;
-
-/// The in-process store dressed as a remote one, so the limiter puts its denial cache in
-/// front of it; with a manual clock the runs are exact.
-#[derive(Clone, Debug)]
-struct Remote(InMemoryBackend);
-
-impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        self.0.check(caller, limits)
-    }
-}
+use tollgate_testkit::remote::Remote;
 
 /// acme at 2.4 times its limit (120 requests a second against 50) for 10 virtual seconds,
 /// through `instances` limiters round-robin; returns (admitted, store calls, requests).
 async fn acme_at_2_4x(instances: usize, cache: bool) -> (u64, u64, u64) {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Counting::new(Remote(
+    let store = Counting::new(Remote::new(
         InMemoryBackend::builder().clock(clock.clone()).build(),
     ));
     let limiters: Vec<Limiter> = (0..instances)
@@ -89,7 +78,7 @@ async fn four_instances_decide_the_same_with_fewer_calls() {
 #[tokio::test]
 async fn a_cached_refusal_reports_the_time_left() {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Counting::new(Remote(
+    let store = Counting::new(Remote::new(
         InMemoryBackend::builder().clock(clock.clone()).build(),
     ));
     let limiter = Limiter::builder()

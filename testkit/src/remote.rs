@@ -1,0 +1,45 @@
+//! The in-process store dressed as a remote one, so that a limiter puts its breaker, store
+//! timeout, denial cache and failure policy in front of it; it can be taken down at will.
+//! With a `ManualClock` the runs are exact.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tollgate::Policy;
+use tollgate::store::{
+    Backend, CallerKey, CheckFuture, InMemoryBackend, StoreError, StoreErrorKind,
+};
+
+/// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.
+#[derive(Clone, Debug)]
+pub struct Remote {
+    store: InMemoryBackend,
+    down: Arc<AtomicBool>,
+}
+
+impl Remote {
+    /// `store`, up.
+    pub fn new(store: InMemoryBackend) -> Self {
+        Self {
+            store,
+            down: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Takes the store down (every call fails as a refused connection) or brings it back.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+}
+
+impl Backend for Remote {
+    fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>) -> CheckFuture {
+        if self.down.load(Ordering::SeqCst) {
+            return CheckFuture::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "taken down by the test",
+            )));
+        }
+        self.store.check(caller, policies)
+    }
+}
