@@ -259,7 +259,9 @@ impl Scenario {
     /// use std::pin::Pin;
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicBool, Ordering};
-    /// use tollgate::simulator::{FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError};
+    /// use tollgate::simulator::{
+    ///     FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError,
+    /// };
     /// use tollgate::store::{Backend, CallerKey, CheckFuture, StoreError, StoreErrorKind};
     /// use tollgate::{InMemoryBackend, Policy};
     ///
@@ -270,7 +272,8 @@ impl Scenario {
     /// impl Backend for Switchable {
     ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
     ///         if self.1.load(Ordering::SeqCst) {
-    ///             return CheckFuture::ready(Err(StoreError::new(StoreErrorKind::Unavailable, "down")));
+    ///             let down = StoreError::new(StoreErrorKind::Unavailable, "down");
+    ///             return CheckFuture::ready(Err(down));
     ///         }
     ///         self.0.check(caller, limits)
     ///     }

@@ -558,7 +558,8 @@ impl Scenario {
     /// Adds a group of your own, run after the [`policies`](Self::policies) ones: each of
     /// its [`instances`](Self::instances) runs the [`Limiter`] that `factory` builds from
     /// the instance's [`InstanceContext`] (its store and clock). A configuration error
-    /// the factory returns ends the run with [`SimulationError::Build`](super::SimulationError::Build).
+    /// the factory returns ends the run with
+    /// [`SimulationError::Build`](super::SimulationError::Build).
     ///
     /// ```
     /// use tollgate::simulator::Scenario;

@@ -180,6 +180,35 @@ impl Backend for SharedStore {
 /// reproducible breaker jitter); add your policies, failure policy, store timeout and
 /// breaker. A limiter built without this store and clock does not take part in the
 /// outage.
+///
+/// ```
+/// use tollgate::simulator::{Customer, Scenario};
+/// use tollgate::{FailurePolicy, Policy, Quota};
+///
+/// let report = Scenario::new()
+///     .policies([])
+///     .instances(3)
+///     .traffic([Customer::new("acme", 10.0)])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .group("mine", |instance| {
+///         assert_eq!((instance.group(), instance.instances()), ("mine", 3));
+///         assert!(instance.instance() < 3);
+///         let jitter = instance.jitter();
+///         assert!((0.0..1.0).contains(&jitter()));
+///         // By hand, what `limiter_builder` does for you:
+///         tollgate::Limiter::builder()
+///             .name(instance.group())
+///             .backend(instance.store())
+///             .clock(instance.clock())
+///             .breaker_jitter(jitter)
+///             .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
+///             .on_store_failure(FailurePolicy::open())
+///             .try_build()
+///     })
+///     .run_blocking()
+///     .unwrap();
+/// assert_eq!(report.groups()[0].name(), "mine");
+/// ```
 #[derive(Clone, Debug)]
 pub struct InstanceContext {
     pub(crate) group: String,
