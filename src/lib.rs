@@ -89,6 +89,9 @@ mod limiter;
 
 pub mod client;
 pub mod shed;
+/// Replays a store outage on virtual time against the real layer, limiter and breaker.
+#[cfg(feature = "simulator")]
+pub mod simulator;
 pub mod store;
 
 pub use http::headers::HeaderMode;

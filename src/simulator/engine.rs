@@ -1,0 +1,551 @@
+//! The engine: builds each group's instances (the real layer around a tiny service),
+//! sends every customer's requests on schedule, switches the fault at the phase
+//! boundaries and tallies the answers.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::{Future, Ready};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::http::key::HeaderKey;
+use crate::http::layer::RateLimitLayer;
+use crate::http::service::RateLimit;
+use crate::limiter::breaker::BreakerState;
+use crate::limiter::builder::BuildError;
+use crate::limiter::check::Limiter;
+use crate::store::backend::Backend;
+use crate::store::memory::InMemoryBackend;
+
+use super::report::{Counts, GroupReport, Report};
+use super::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
+use super::store::{
+    FaultCell, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
+};
+
+/// The header each request carries its customer's name in.
+const CUSTOMER_HEADER: &str = "x-customer-id";
+
+/// Why a run failed.
+///
+/// ```
+/// use tollgate::simulator::{Scenario, SimulationError};
+/// let error = Scenario::new().instances(0).run_blocking().unwrap_err();
+/// assert!(matches!(error, SimulationError::Scenario(_)));
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum SimulationError {
+    /// The scenario's numbers cannot run.
+    Scenario(ScenarioError),
+    /// A group's factory refused its configuration.
+    Build {
+        /// The group.
+        group: String,
+        /// Why.
+        error: BuildError,
+    },
+    /// The fault switch of a real-time run failed.
+    FaultSwitch(String),
+    /// A request task failed, or no runtime could be started.
+    Runtime(String),
+}
+
+impl fmt::Display for SimulationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimulationError::Scenario(e) => write!(f, "{e}"),
+            SimulationError::Build { group, error } => write!(f, "group {group}: {error}"),
+            SimulationError::FaultSwitch(m) => write!(f, "the fault switch failed: {m}"),
+            SimulationError::Runtime(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for SimulationError {}
+
+impl From<ScenarioError> for SimulationError {
+    fn from(error: ScenarioError) -> Self {
+        SimulationError::Scenario(error)
+    }
+}
+
+/// Turns the real store's fault on and off in a real-time run
+/// ([`Scenario::run_against`]): `Some(fault)` at the start of the outage, `None` at its end.
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::Pin;
+/// use tollgate::simulator::{FaultKind, FaultSwitch, SimulationError};
+///
+/// #[derive(Debug)]
+/// struct Log;
+///
+/// impl FaultSwitch for Log {
+///     fn set(
+///         &self,
+///         fault: Option<FaultKind>,
+///     ) -> Pin<Box<dyn Future<Output = Result<(), SimulationError>> + Send + '_>> {
+///         Box::pin(async move {
+///             eprintln!("fault now {fault:?}");
+///             Ok(())
+///         })
+///     }
+/// }
+/// # let _ = Log;
+/// ```
+pub trait FaultSwitch: Send + Sync + fmt::Debug {
+    /// Puts `fault` in force (`None`: the store answers again).
+    fn set(
+        &self,
+        fault: Option<FaultKind>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), SimulationError>> + Send + '_>>;
+}
+
+impl FaultSwitch for FaultCell {
+    fn set(
+        &self,
+        fault: Option<FaultKind>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), SimulationError>> + Send + '_>> {
+        FaultCell::set(self, fault);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// A body with nothing in it, for the requests and the inner service's answers.
+#[derive(Clone, Copy, Debug, Default)]
+struct NoBody;
+
+impl http_body::Body for NoBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+}
+
+/// The inner service: answers every request 200.
+#[derive(Clone, Copy, Debug)]
+struct Orders;
+
+impl Service<Request<NoBody>> for Orders {
+    type Response = Response<NoBody>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<NoBody>) -> Self::Future {
+        std::future::ready(Ok(Response::new(NoBody)))
+    }
+}
+
+/// One instance: the rate-limit layer (keyed on the customer header) around the service.
+type Instance = RateLimit<Orders, HeaderKey>;
+
+/// One group's deployment.
+struct Group {
+    pin_first: bool,
+    instances: Vec<Instance>,
+    limiters: Vec<Limiter>,
+}
+
+impl Scenario {
+    /// Runs the scenario on virtual time on a runtime of its own (current-thread, clock
+    /// paused), so the whole timeline takes seconds, not its length. For tests and
+    /// programs that are not inside a tokio runtime; inside one, `.await`
+    /// [`run`](Self::run) on a paused clock instead.
+    ///
+    /// ```
+    /// use tollgate::simulator::{Phase, PolicyName, Scenario};
+    /// let report = Scenario::new()
+    ///     .policies([PolicyName::Closed])
+    ///     .normal_secs(2).outage_secs(2).recovery_secs(2)
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// assert_eq!(report.row("closed", Phase::Outage, "acme").unwrap().admitted_per_sec, 0.0);
+    /// ```
+    pub fn run_blocking(&self) -> Result<Report, SimulationError> {
+        self.validate()?;
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(SimulationError::Runtime(
+                "run_blocking inside a tokio runtime: await Scenario::run instead".to_owned(),
+            ));
+        }
+        // Virtual time: the clock stands still while anything can run and jumps to the next
+        // timer when nothing can, so the store timeout and the breaker run as they would.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .map_err(|e| SimulationError::Runtime(format!("cannot start a tokio runtime: {e}")))?;
+        runtime.block_on(self.run())
+    }
+
+    /// Runs the scenario on the in-process store shared by each group's instances, on
+    /// tokio's clock. Await it on a runtime whose clock is paused
+    /// (`#[tokio::test(start_paused = true)]`, or a current-thread runtime built with
+    /// `start_paused(true)`) and the timeline is virtual; on a running clock it takes the
+    /// scenario's length in real time.
+    ///
+    /// ```
+    /// use tollgate::simulator::{PolicyName, Scenario};
+    /// let runtime = tokio::runtime::Builder::new_current_thread()
+    ///     .enable_time()
+    ///     .start_paused(true)
+    ///     .build()
+    ///     .unwrap();
+    /// let scenario = Scenario::new()
+    ///     .policies([PolicyName::Open])
+    ///     .normal_secs(1).outage_secs(1).recovery_secs(1);
+    /// let report = runtime.block_on(scenario.run()).unwrap();
+    /// assert_eq!(report.groups().len(), 1);
+    /// ```
+    pub async fn run(&self) -> Result<Report, SimulationError> {
+        self.validate()?;
+        let start = Instant::now();
+        let window_ms = self.window_secs * 1_000;
+        let clock = SimClock::virtual_time(VIRTUAL_EPOCH_MS - VIRTUAL_EPOCH_MS % window_ms, start);
+        let slow_by = Duration::from_millis(self.store_timeout_ms * 2);
+        let fault = FaultCell::default();
+        let mut counters: Option<(usize, InMemoryBackend)> = None;
+        let groups = self.build_groups(clock, |g, _| {
+            // Each group has its own counters: the groups never share a store.
+            let shared = match &counters {
+                Some((group, shared)) if *group == g => shared.clone(),
+                _ => {
+                    let shared = InMemoryBackend::builder().clock(clock).build();
+                    counters = Some((g, shared.clone()));
+                    shared
+                }
+            };
+            SharedStore::new(FaultyStore {
+                counters: shared,
+                fault: fault.clone(),
+                slow_by,
+            })
+        })?;
+        self.drive(groups, &fault, start).await
+    }
+
+    /// Runs the scenario in real time against stores of the caller's own: `stores(g, i)`
+    /// gives the store of instance `i` of group `g` (the groups in the order of
+    /// [`group_names`](Self::group_names), each with the instances of
+    /// [`group_instances`](Self::group_instances); a group's instances should share their
+    /// counters, and the groups should not), and `switch` makes them fail during the
+    /// outage. The limiters run on the system clock.
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::Pin;
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use tollgate::simulator::{
+    ///     FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError,
+    /// };
+    /// use tollgate::store::{Backend, CallerKey, CheckFuture, StoreError, StoreErrorKind};
+    /// use tollgate::{InMemoryBackend, Policy};
+    ///
+    /// /// A store that fails while its switch is on.
+    /// #[derive(Clone, Debug)]
+    /// struct Switchable(InMemoryBackend, Arc<AtomicBool>);
+    ///
+    /// impl Backend for Switchable {
+    ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    ///         if self.1.load(Ordering::SeqCst) {
+    ///             let down = StoreError::new(StoreErrorKind::Unavailable, "down");
+    ///             return CheckFuture::ready(Err(down));
+    ///         }
+    ///         self.0.check(caller, limits)
+    ///     }
+    /// }
+    ///
+    /// #[derive(Debug)]
+    /// struct Switch(Arc<AtomicBool>);
+    ///
+    /// impl FaultSwitch for Switch {
+    ///     fn set(
+    ///         &self,
+    ///         fault: Option<FaultKind>,
+    ///     ) -> Pin<Box<dyn Future<Output = Result<(), SimulationError>> + Send + '_>> {
+    ///         self.0.store(fault.is_some(), Ordering::SeqCst);
+    ///         Box::pin(async { Ok(()) })
+    ///     }
+    /// }
+    ///
+    /// let down = Arc::new(AtomicBool::new(false));
+    /// let store = Switchable(InMemoryBackend::new(), down.clone());
+    /// let scenario = Scenario::new()
+    ///     .policies([PolicyName::Closed])
+    ///     .normal_secs(1).outage_secs(1).recovery_secs(1);
+    /// let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    /// let report = runtime
+    ///     .block_on(scenario.run_against(|_, _| store.clone(), &Switch(down)))
+    ///     .unwrap();
+    /// assert_eq!(report.row("closed", Phase::Outage, "initech").unwrap().admitted_per_sec, 0.0);
+    /// ```
+    pub async fn run_against<B: Backend>(
+        &self,
+        mut stores: impl FnMut(usize, usize) -> B,
+        switch: &dyn FaultSwitch,
+    ) -> Result<Report, SimulationError> {
+        self.validate()?;
+        let groups =
+            self.build_groups(SimClock::system(), |g, i| SharedStore::new(stores(g, i)))?;
+        self.drive(groups, switch, Instant::now()).await
+    }
+
+    fn build_groups(
+        &self,
+        clock: SimClock,
+        mut store: impl FnMut(usize, usize) -> SharedStore,
+    ) -> Result<Vec<Group>, SimulationError> {
+        let mut groups = Vec::new();
+        for (g, (name, kind)) in self.groups().enumerate() {
+            let running = self.running(&kind);
+            let mut limiters = Vec::with_capacity(running);
+            for i in 0..running {
+                let context = InstanceContext {
+                    group: name.clone(),
+                    group_index: g,
+                    instance: i,
+                    instances: running,
+                    store: store(g, i),
+                    clock,
+                };
+                let built = match &kind {
+                    GroupKind::Builtin(policy) => context
+                        .limiter_builder()
+                        .policy(self.policy())
+                        .on_store_failure(policy.failure_policy(self.instances as u64))
+                        .store_timeout(Duration::from_millis(self.store_timeout_ms))
+                        .breaker(self.breaker())
+                        .try_build(),
+                    GroupKind::Custom(custom) => (custom.factory)(&context),
+                };
+                let limiter = built.map_err(|error| SimulationError::Build {
+                    group: name.clone(),
+                    error,
+                })?;
+                limiters.push(limiter);
+            }
+            groups.push(Group {
+                pin_first: matches!(kind, GroupKind::Builtin(p) if p.pins_first_customer()),
+                instances: limiters
+                    .iter()
+                    .cloned()
+                    .map(|limiter| {
+                        RateLimitLayer::new(limiter)
+                            .key(HeaderKey::new(CUSTOMER_HEADER))
+                            .layer(Orders)
+                    })
+                    .collect(),
+                limiters,
+            });
+        }
+        Ok(groups)
+    }
+
+    /// The ends of the normal and outage phases, in milliseconds from the start.
+    fn boundaries_ms(&self) -> [f64; 2] {
+        [
+            (self.normal_secs * 1_000) as f64,
+            ((self.normal_secs + self.outage_secs) * 1_000) as f64,
+        ]
+    }
+
+    /// Sends every customer's requests on schedule (request `k` of a customer sending
+    /// `rate` per second at `k / rate` s) to the instances in turn, switches the fault at
+    /// the phase boundaries, and tallies the answers by the phase and second each request
+    /// was sent in.
+    async fn drive(
+        &self,
+        groups: Vec<Group>,
+        fault: &dyn FaultSwitch,
+        start: Instant,
+    ) -> Result<Report, SimulationError> {
+        let customers = &self.traffic;
+        let mut headers = Vec::with_capacity(customers.len());
+        for customer in customers {
+            let header = HeaderValue::from_str(customer.name())
+                .map_err(|_| ScenarioError::BadCustomerName(customer.name().to_owned()))?;
+            headers.push(header);
+        }
+        let total_ms = (self.total_secs() * 1_000) as f64;
+        let boundaries = self.boundaries_ms();
+        let names = self.group_names();
+        let tallies = Arc::new(Mutex::new(
+            names
+                .iter()
+                .map(|name| GroupReport {
+                    name: name.clone(),
+                    phases: vec![[Counts::default(); 3]; customers.len()],
+                    per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
+                    closed_after: None,
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let groups = Arc::new(groups);
+        let mut next = vec![vec![0u64; customers.len()]; groups.len()];
+        let mut back_on_store: Vec<Option<Duration>> = vec![None; groups.len()];
+        let mut restored_at: Option<Instant> = None;
+        let mut boundary = 0;
+        let mut tasks = JoinSet::new();
+
+        // Sends every request due by `until_ms`; returns when the next one is due.
+        let mut dispatch = |until_ms: f64, inclusive: bool, tasks: &mut JoinSet<()>| -> f64 {
+            let mut next_due = f64::INFINITY;
+            for (g, group) in groups.iter().enumerate() {
+                for (c, customer) in customers.iter().enumerate() {
+                    loop {
+                        let k = next[g][c];
+                        let t_ms = k as f64 * 1_000.0 / customer.rate();
+                        let due = if inclusive {
+                            t_ms <= until_ms
+                        } else {
+                            t_ms < until_ms
+                        };
+                        if t_ms >= total_ms {
+                            break;
+                        }
+                        if !due {
+                            next_due = next_due.min(t_ms);
+                            break;
+                        }
+                        next[g][c] += 1;
+                        let instance = if c == 0 && group.pin_first {
+                            0
+                        } else {
+                            (k % group.instances.len() as u64) as usize
+                        };
+                        let phase = phase_of(t_ms, boundaries);
+                        let second = (t_ms / 1_000.0) as usize;
+                        lock(&tallies)[g].phases[c][phase].sent += 1;
+                        let service = group.instances[instance].clone();
+                        let header = headers[c].clone();
+                        let tallies = tallies.clone();
+                        tasks.spawn(async move {
+                            let mut request = Request::new(NoBody);
+                            *request.uri_mut() = http::Uri::from_static("/orders");
+                            request.headers_mut().insert(CUSTOMER_HEADER, header);
+                            let status = match oneshot(service, request).await {
+                                Ok(response) => response.status(),
+                                Err(never) => match never {},
+                            };
+                            let mut tallies = lock(&tallies);
+                            let tally = &mut tallies[g];
+                            let counts = &mut tally.phases[c][phase];
+                            match status {
+                                StatusCode::OK => {
+                                    counts.admitted += 1;
+                                    if let Some(slot) = tally.per_second[c].get_mut(second) {
+                                        *slot += 1;
+                                    }
+                                }
+                                StatusCode::TOO_MANY_REQUESTS => counts.refused_429 += 1,
+                                StatusCode::SERVICE_UNAVAILABLE => counts.refused_503 += 1,
+                                _ => counts.other += 1,
+                            }
+                        });
+                    }
+                }
+            }
+            next_due
+        };
+
+        // Wake up when the next request or phase boundary is due: on virtual time the clock
+        // jumps straight there (through any timer that fires first, such as a store
+        // timeout). (Nothing is due before 0 ms: this only finds the first request.)
+        let mut next_due = dispatch(-1.0, false, &mut tasks);
+        loop {
+            let wake_ms = match boundaries.get(boundary) {
+                Some(&b) => next_due.min(b),
+                None => next_due,
+            };
+            if wake_ms.is_infinite() {
+                break;
+            }
+            tokio::time::sleep_until(start + Duration::from_secs_f64(wake_ms / 1_000.0)).await;
+            // Never behind the time slept to (a timer may round its deadline to the
+            // millisecond).
+            let now_ms = (start.elapsed().as_secs_f64() * 1_000.0).max(wake_ms);
+            while boundary < 2 && boundaries[boundary] <= now_ms {
+                // Everything sent before the boundary goes out before the fault changes.
+                dispatch(boundaries[boundary], false, &mut tasks);
+                if boundary == 0 {
+                    fault.set(Some(self.fault)).await?;
+                } else {
+                    fault.set(None).await?;
+                    restored_at = Some(Instant::now());
+                }
+                boundary += 1;
+            }
+            next_due = dispatch(now_ms, true, &mut tasks);
+            if let Some(restored_at) = restored_at {
+                for (g, group) in groups.iter().enumerate() {
+                    if back_on_store[g].is_none()
+                        && group
+                            .limiters
+                            .iter()
+                            .all(|l| l.breaker_state() == BreakerState::Closed)
+                    {
+                        back_on_store[g] = Some(restored_at.elapsed());
+                    }
+                }
+            }
+            while let Some(done) = tasks.try_join_next() {
+                done.map_err(|e| SimulationError::Runtime(format!("a request task failed: {e}")))?;
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.map_err(|e| SimulationError::Runtime(format!("a request task failed: {e}")))?;
+        }
+        let mut groups = lock(&tallies).clone();
+        for (group, closed_after) in groups.iter_mut().zip(back_on_store) {
+            group.closed_after = closed_after;
+        }
+        Ok(Report {
+            customers: customers.clone(),
+            phase_secs: [self.normal_secs, self.outage_secs, self.recovery_secs],
+            groups,
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn phase_of(t_ms: f64, boundaries: [f64; 2]) -> usize {
+    boundaries.iter().take_while(|&&b| t_ms >= b).count()
+}
+
+/// Waits for the service to be ready, then calls it once.
+async fn oneshot<S, R>(mut service: S, request: R) -> Result<S::Response, S::Error>
+where
+    S: Service<R>,
+{
+    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+    service.call(request).await
+}

@@ -1,0 +1,248 @@
+//! What a run found: per group, per customer and per phase, what was sent and how it was
+//! answered.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::scenario::Customer;
+
+/// A phase of the timeline.
+///
+/// ```
+/// use tollgate::simulator::Phase;
+/// assert_eq!(Phase::ALL.map(Phase::name), ["normal", "outage", "recovery"]);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Before the outage: the store answers.
+    Normal,
+    /// The store fails.
+    Outage,
+    /// The store is back.
+    Recovery,
+}
+
+impl Phase {
+    /// The three phases, in order.
+    pub const ALL: [Phase; 3] = [Phase::Normal, Phase::Outage, Phase::Recovery];
+
+    /// The phase's name: `normal`, `outage` or `recovery`.
+    ///
+    /// ```
+    /// use tollgate::simulator::Phase;
+    /// assert_eq!(Phase::Recovery.name(), "recovery");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Normal => "normal",
+            Phase::Outage => "outage",
+            Phase::Recovery => "recovery",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Phase::Normal => 0,
+            Phase::Outage => 1,
+            Phase::Recovery => 2,
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How one customer's requests of one phase were answered.
+///
+/// ```
+/// use tollgate::simulator::Counts;
+/// let counts = Counts::default();
+/// let answered = counts.admitted + counts.refused_429 + counts.refused_503 + counts.other;
+/// assert_eq!(counts.sent, answered);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Requests sent in the phase.
+    pub sent: u64,
+    /// Answered 200 by the service behind the layer.
+    pub admitted: u64,
+    /// Answered 429 by the layer.
+    pub refused_429: u64,
+    /// Answered 503 by the layer.
+    pub refused_503: u64,
+    /// Answered with any other status (never expected).
+    pub other: u64,
+}
+
+/// What one group's customers got.
+///
+/// ```
+/// use tollgate::simulator::{Phase, PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::Open])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .run_blocking()
+///     .unwrap();
+/// let open = &report.groups()[0];
+/// assert_eq!(open.name(), "open");
+/// // Fail open: acme's 120 requests of the outage second pass, but for a few still
+/// // answered 429 as the outage begins.
+/// let outage = open.counts(0, Phase::Outage);
+/// assert_eq!(outage.sent, 120);
+/// assert!(outage.admitted > 100 && outage.refused_503 == 0);
+/// assert_eq!(outage.admitted + outage.refused_429, 120);
+/// assert_eq!(open.admitted_each_second(0).len(), 3);
+/// assert!(open.all_breakers_closed_after().is_some());
+/// ```
+#[derive(Clone, Debug)]
+pub struct GroupReport {
+    pub(crate) name: String,
+    /// Per customer, per phase.
+    pub(crate) phases: Vec<[Counts; 3]>,
+    /// Per customer, admitted requests sent in each second.
+    pub(crate) per_second: Vec<Vec<u64>>,
+    pub(crate) closed_after: Option<Duration>,
+}
+
+impl GroupReport {
+    /// The group's name: the failure policy's, or the one given to
+    /// [`Scenario::group`](super::Scenario::group).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How the requests of the customer at index `customer` (in the scenario's traffic)
+    /// sent in `phase` were answered; all zero for an index out of range.
+    pub fn counts(&self, customer: usize, phase: Phase) -> Counts {
+        self.phases
+            .get(customer)
+            .map(|p| p[phase.index()])
+            .unwrap_or_default()
+    }
+
+    /// The customer's admitted requests by the second they were sent in, from the start
+    /// of the run; empty for an index out of range.
+    pub fn admitted_each_second(&self, customer: usize) -> &[u64] {
+        self.per_second.get(customer).map_or(&[], Vec::as_slice)
+    }
+
+    /// How long after the store came back every breaker of the group was closed again
+    /// (`None`: not within the recovery phase).
+    pub fn all_breakers_closed_after(&self) -> Option<Duration> {
+        self.closed_after
+    }
+}
+
+/// One line of the results: one group, one phase, one customer.
+///
+/// ```
+/// use tollgate::simulator::{Phase, PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::Closed])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .run_blocking()
+///     .unwrap();
+/// let row = report.row("closed", Phase::Outage, "globex").unwrap();
+/// assert_eq!((row.sent_per_sec, row.admitted_per_sec, row.refused_503), (20.0, 0.0, 20));
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Row {
+    /// The group's name.
+    pub policy: String,
+    /// The phase.
+    pub phase: Phase,
+    /// The customer's name.
+    pub customer: String,
+    /// Requests sent per second (whole-phase average).
+    pub sent_per_sec: f64,
+    /// Requests admitted per second (whole-phase average).
+    pub admitted_per_sec: f64,
+    /// Requests answered 429 in the phase.
+    pub refused_429: u64,
+    /// Requests answered 503 in the phase.
+    pub refused_503: u64,
+    /// On the recovery rows, how long after the store came back every breaker of the
+    /// group was closed again; `None` on the other rows, and when they did not close
+    /// within the phase.
+    pub all_breakers_closed_after: Option<Duration>,
+}
+
+/// The results of a run, group by group in the order of
+/// [`Scenario::group_names`](super::Scenario::group_names).
+///
+/// ```
+/// use tollgate::simulator::{PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::LocalShare])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .run_blocking()
+///     .unwrap();
+/// assert_eq!(report.rows().len(), 3 * 3);
+/// assert_eq!(report.unexpected_statuses(), 0);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub(crate) customers: Vec<Customer>,
+    pub(crate) phase_secs: [u64; 3],
+    pub(crate) groups: Vec<GroupReport>,
+}
+
+impl Report {
+    /// Each group's results.
+    pub fn groups(&self) -> &[GroupReport] {
+        &self.groups
+    }
+
+    /// The customers, in the order the counts use.
+    pub fn customers(&self) -> &[Customer] {
+        &self.customers
+    }
+
+    /// Every row: group by group, phase by phase, customer by customer.
+    pub fn rows(&self) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for group in &self.groups {
+            for phase in Phase::ALL {
+                let secs = self.phase_secs[phase.index()] as f64;
+                for (c, customer) in self.customers.iter().enumerate() {
+                    let counts = group.counts(c, phase);
+                    rows.push(Row {
+                        policy: group.name.clone(),
+                        phase,
+                        customer: customer.name().to_owned(),
+                        sent_per_sec: counts.sent as f64 / secs,
+                        admitted_per_sec: counts.admitted as f64 / secs,
+                        refused_429: counts.refused_429,
+                        refused_503: counts.refused_503,
+                        all_breakers_closed_after: match phase {
+                            Phase::Recovery => group.closed_after,
+                            _ => None,
+                        },
+                    });
+                }
+            }
+        }
+        rows
+    }
+
+    /// The row of one group, phase and customer, if there is one.
+    pub fn row(&self, policy: &str, phase: Phase, customer: &str) -> Option<Row> {
+        self.rows()
+            .into_iter()
+            .find(|r| r.policy == policy && r.phase == phase && r.customer == customer)
+    }
+
+    /// Requests answered with a status other than 200, 429 or 503 (never expected).
+    pub fn unexpected_statuses(&self) -> u64 {
+        self.groups
+            .iter()
+            .flat_map(|g| g.phases.iter().flatten())
+            .map(|c| c.other)
+            .sum()
+    }
+}

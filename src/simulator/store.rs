@@ -1,0 +1,276 @@
+//! The simulated store and clock, and what each instance's limiter is built from.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::limiter::builder::LimiterBuilder;
+use crate::limiter::check::Limiter;
+use crate::store::backend::{Backend, CheckFuture, StoreError, StoreErrorKind};
+use crate::store::caller::CallerKey;
+use crate::store::clock::{Clock, SystemClock};
+use crate::store::memory::InMemoryBackend;
+use crate::store::policy::Policy;
+
+use super::scenario::FaultKind;
+
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z (rounded down to the window, so
+/// that the phases start on window boundaries).
+pub(crate) const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;
+
+/// The clock of a run: on virtual time, milliseconds since the Unix epoch on tokio's
+/// (paused) clock, so the limiters, the breakers and the store all read the simulated
+/// time; in real time, the [`SystemClock`].
+///
+/// ```
+/// use tollgate::simulator::SimClock;
+/// use tollgate::store::Clock;
+/// assert!(SimClock::system().now_millis() > 1_700_000_000_000);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct SimClock {
+    virtual_start: Option<(u64, Instant)>,
+}
+
+impl SimClock {
+    /// The real clock, as a real-time run uses.
+    ///
+    /// ```
+    /// use tollgate::simulator::SimClock;
+    /// let _ = SimClock::system();
+    /// ```
+    pub fn system() -> Self {
+        Self {
+            virtual_start: None,
+        }
+    }
+
+    pub(crate) fn virtual_time(epoch_ms: u64, start: Instant) -> Self {
+        Self {
+            virtual_start: Some((epoch_ms, start)),
+        }
+    }
+}
+
+impl Clock for SimClock {
+    fn now_millis(&self) -> u64 {
+        match self.virtual_start {
+            Some((epoch_ms, start)) => {
+                let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                epoch_ms.saturating_add(elapsed)
+            }
+            None => SystemClock.now_millis(),
+        }
+    }
+}
+
+/// The fault in force, shared by every simulated store (0: none).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FaultCell(Arc<AtomicU8>);
+
+impl FaultCell {
+    fn get(&self) -> Option<FaultKind> {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Some(FaultKind::Refuse),
+            2 => Some(FaultKind::Blackhole),
+            3 => Some(FaultKind::Slow),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn set(&self, fault: Option<FaultKind>) {
+        let value = match fault {
+            None => 0,
+            Some(FaultKind::Refuse) => 1,
+            Some(FaultKind::Blackhole) => 2,
+            Some(FaultKind::Slow) => 3,
+        };
+        self.0.store(value, Ordering::SeqCst);
+    }
+}
+
+/// Stands in for Redis: one in-process store shared by every instance of a group,
+/// reporting itself remote (so the limiter puts the breaker, the store timeout and the
+/// denial cache in front of it) and failing on command.
+#[derive(Clone, Debug)]
+pub(crate) struct FaultyStore {
+    pub(crate) counters: InMemoryBackend,
+    pub(crate) fault: FaultCell,
+    pub(crate) slow_by: Duration,
+}
+
+impl Backend for FaultyStore {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+        match self.fault.get() {
+            None => self.counters.check(caller, limits),
+            Some(FaultKind::Refuse) => CheckFuture::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "connection refused (simulated)",
+            ))),
+            Some(FaultKind::Blackhole) => CheckFuture::boxed(std::future::pending()),
+            Some(FaultKind::Slow) => {
+                // The store does the work when the command reaches it, late, whether or not
+                // the limiter is still waiting, as a slow Redis would.
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                let counters = self.counters.clone();
+                let caller = caller.clone();
+                let limits = limits.clone();
+                let delay = self.slow_by;
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    let _ = answer.send(counters.check(&caller, &limits).await);
+                });
+                CheckFuture::boxed(async move {
+                    answered.await.unwrap_or_else(|_| {
+                        Err(StoreError::new(StoreErrorKind::Unavailable, "store gone"))
+                    })
+                })
+            }
+        }
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+}
+
+/// The store of one instance: on virtual time the in-process store shared by the
+/// instances of its group (remote as far as the limiter can tell, and failing during the
+/// outage); in real time the store the caller passed.
+///
+/// ```
+/// use tollgate::simulator::SharedStore;
+/// use tollgate::InMemoryBackend;
+/// use tollgate::store::Backend;
+/// let store = SharedStore::new(InMemoryBackend::new());
+/// assert!(!store.is_remote());
+/// ```
+#[derive(Clone, Debug)]
+pub struct SharedStore(Arc<dyn Backend>);
+
+impl SharedStore {
+    /// Wraps any store.
+    ///
+    /// ```
+    /// use tollgate::simulator::SharedStore;
+    /// let _ = SharedStore::new(tollgate::InMemoryBackend::new());
+    /// ```
+    pub fn new(store: impl Backend) -> Self {
+        Self(Arc::new(store))
+    }
+}
+
+impl Backend for SharedStore {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+        self.0.check(caller, limits)
+    }
+
+    fn is_remote(&self) -> bool {
+        self.0.is_remote()
+    }
+}
+
+/// What one instance's [`Limiter`] is built from: its group, its place in the group, the
+/// store its group shares and the clock of the run. A factory given to
+/// [`Scenario::group`](super::Scenario::group) receives one per instance.
+///
+/// [`limiter_builder`](Self::limiter_builder) starts a builder wired to both (and to a
+/// reproducible breaker jitter); add your policies, failure policy, store timeout and
+/// breaker. A limiter built without this store and clock does not take part in the
+/// outage.
+///
+/// ```
+/// use tollgate::simulator::{Customer, Scenario};
+/// use tollgate::{FailurePolicy, Policy, Quota};
+///
+/// let report = Scenario::new()
+///     .policies([])
+///     .instances(3)
+///     .traffic([Customer::new("acme", 10.0)])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .group("mine", |instance| {
+///         assert_eq!((instance.group(), instance.instances()), ("mine", 3));
+///         assert!(instance.instance() < 3);
+///         let jitter = instance.jitter();
+///         assert!((0.0..1.0).contains(&jitter()));
+///         // By hand, what `limiter_builder` does for you:
+///         tollgate::Limiter::builder()
+///             .name(instance.group())
+///             .backend(instance.store())
+///             .clock(instance.clock())
+///             .breaker_jitter(jitter)
+///             .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
+///             .on_store_failure(FailurePolicy::open())
+///             .try_build()
+///     })
+///     .run_blocking()
+///     .unwrap();
+/// assert_eq!(report.groups()[0].name(), "mine");
+/// ```
+#[derive(Clone, Debug)]
+pub struct InstanceContext {
+    pub(crate) group: String,
+    pub(crate) group_index: usize,
+    pub(crate) instance: usize,
+    pub(crate) instances: usize,
+    pub(crate) store: SharedStore,
+    pub(crate) clock: SimClock,
+}
+
+impl InstanceContext {
+    /// The group's name.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// This instance's index in its group, from 0.
+    pub fn instance(&self) -> usize {
+        self.instance
+    }
+
+    /// How many instances the group runs.
+    pub fn instances(&self) -> usize {
+        self.instances
+    }
+
+    /// The store the group's instances share.
+    pub fn store(&self) -> SharedStore {
+        self.store.clone()
+    }
+
+    /// The clock of the run.
+    pub fn clock(&self) -> SimClock {
+        self.clock
+    }
+
+    /// A reproducible breaker jitter for this instance, so that runs print the same
+    /// table.
+    pub fn jitter(&self) -> impl Fn() -> f64 + Send + Sync + 'static {
+        jitter((self.group_index * 1_000 + self.instance + 1) as u64)
+    }
+
+    /// A [`Limiter`] builder named after the group, on the group's store, the run's
+    /// clock and this instance's jitter.
+    pub fn limiter_builder(&self) -> LimiterBuilder {
+        Limiter::builder()
+            .name(self.group.clone())
+            .breaker_jitter(self.jitter())
+            .backend(self.store())
+            .clock(self.clock)
+    }
+}
+
+/// A reproducible jitter source seeded with `seed` (xorshift).
+fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
+    let state = AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    move || {
+        let mut x = state.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
