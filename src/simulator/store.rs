@@ -1,7 +1,7 @@
 //! The simulated store and clock, and what each instance's limiter is built from.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -13,6 +13,7 @@ use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
+use crate::store::random::RandomSource;
 
 use super::scenario::FaultKind;
 
@@ -262,15 +263,7 @@ impl InstanceContext {
     }
 }
 
-/// A reproducible jitter source seeded with `seed` (xorshift).
+/// A reproducible jitter source seeded with `seed`.
 fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
-    let state = AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    move || {
-        let mut x = state.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        state.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
-    }
+    RandomSource::seeded(seed).into_fn()
 }
