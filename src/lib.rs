@@ -21,8 +21,8 @@
 //! - Store (`src/store/`, public as [`store`] for backend authors): the
 //!   [`Backend`](store::Backend) trait, [`Policy`] and [`Quota`], the
 //!   [`Algorithm`](store::Algorithm) arithmetic and the all-or-nothing
-//!   [`evaluate`](store::evaluate), [`InMemoryBackend`], [`RedisBackend`] with its Lua and
-//!   [`InstanceRegistry`], the [`CallerKey`](store::CallerKey) and the
+//!   [`evaluate`](store::evaluate), [`InMemoryBackend`], `RedisBackend` with its Lua and
+//!   `InstanceRegistry`, the [`CallerKey`](store::CallerKey) and the
 //!   [`Clock`](store::Clock).
 //!
 //! Two middlewares of their own need no store: [`shed`] (load shedding by concurrency) and
@@ -75,7 +75,7 @@
 //! | `tollgate_breaker_state` | gauge | `layer` | state | 0 closed, 1 open, 2 half-open |
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
-//! | `tollgate_live_instances` | gauge | `registry` | instances | the count an [`InstanceRegistry`] divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
+//! | `tollgate_live_instances` | gauge | `registry` | instances | the count an `InstanceRegistry` divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |

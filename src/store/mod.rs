@@ -5,7 +5,7 @@
 //! arithmetic of [`Algorithm`], so a backend only keeps [`PolicyState`]s under one lock or
 //! transaction, keyed by the caller's [`CallerKey`] and each policy's
 //! [`counter`](crate::Policy::counter). The in-process [`InMemoryBackend`] and, with the
-//! `redis` feature, [`RedisBackend`] (with its Lua and its [`InstanceRegistry`]) are built
+//! `redis` feature, `RedisBackend` (with its Lua and its `InstanceRegistry`) are built
 //! this way.
 //!
 //! This floor knows nothing above it: no limiter, no HTTP type.
