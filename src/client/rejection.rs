@@ -42,6 +42,14 @@ impl Shared {
             .random
             .take()
             .unwrap_or_else(|| Arc::new(RandomSource::new().into_fn()));
+        // Described for each layer built, so a recorder installed after an earlier layer
+        // gets the description too.
+        metrics::describe_counter!(
+            THROTTLED_TOTAL,
+            metrics::Unit::Count,
+            "Outgoing requests an AdaptiveThrottleLayer refused locally, without sending them, \
+             by layer."
+        );
         let now = config.clock.now_millis();
         let window = Window::new(config.bucket_ms, config.buckets, now);
         Self {

@@ -8,6 +8,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tracing::{Instrument, Span};
+
 use crate::limiter::breaker::{Admission, Breaker, BreakerState, Permit};
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, UnlimitedReason};
@@ -17,7 +19,7 @@ use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
-use crate::limiter::telemetry::LimiterMetrics;
+use crate::limiter::telemetry::{self, LimiterMetrics};
 use crate::store::backend::{Backend, CheckResult, StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
 use crate::store::clock::Clock;
@@ -79,6 +81,10 @@ impl Limiter {
         if mode == Mode::Off {
             return DecisionFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
         }
+        // Span::none() unless a subscriber wants decision spans; entered for the part of
+        // the check done here, and carried by the future for the rest.
+        let span = telemetry::decision_span(&inner.name);
+        let _entered = span.enter();
         let set = inner.limits_for(caller);
         let limits = &set.limits;
         if !inner.remote {
@@ -86,9 +92,11 @@ impl Limiter {
             let mut check = inner.backend.check(caller.key(), limits);
             if let Some(result) = check.try_take_ready() {
                 let now = inner.clock.now_millis();
-                return DecisionFuture::ready(
-                    inner.conclude(inner.decided(caller, set, result, now), mode),
-                );
+                return DecisionFuture::ready(inner.conclude(
+                    inner.decided(caller, set, result, now),
+                    mode,
+                    &span,
+                ));
             }
         }
         let now = inner.clock.now_millis();
@@ -96,13 +104,13 @@ impl Limiter {
             && let Some(info) = denials.get(caller.key(), set.id, now)
         {
             inner.metrics.denial_cache_hit();
-            return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode));
+            return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
         }
         let permit = match inner.breaker.admit() {
             Admission::Call(permit) => permit,
             Admission::Reject => {
                 let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen);
-                return DecisionFuture::ready(inner.conclude(decision, mode));
+                return DecisionFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
         let started = Instant::now();
@@ -110,26 +118,31 @@ impl Limiter {
         if let Some(result) = check.try_take_ready() {
             inner.metrics.store_latency(started.elapsed());
             let decision = inner.finish(caller, set, result, permit, now);
-            return DecisionFuture::ready(inner.conclude(decision, mode));
+            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
         }
         let inner = self.inner.clone();
         let caller = caller.clone();
         let set = set.clone();
-        DecisionFuture::boxed(async move {
-            let result = match tokio::time::timeout(inner.store_timeout, check).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!(
-                        "no answer within the store timeout of {:?}",
-                        inner.store_timeout
-                    ),
-                )),
-            };
-            inner.metrics.store_latency(started.elapsed());
-            let decision = inner.finish(&caller, &set, result, permit, now);
-            inner.conclude(decision, mode)
-        })
+        let instrumented = span.clone();
+        let span = span.clone();
+        DecisionFuture::boxed(
+            async move {
+                let result = match tokio::time::timeout(inner.store_timeout, check).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::new(
+                        StoreErrorKind::Timeout,
+                        format!(
+                            "no answer within the store timeout of {:?}",
+                            inner.store_timeout
+                        ),
+                    )),
+                };
+                inner.metrics.store_latency(started.elapsed());
+                let decision = inner.finish(&caller, &set, result, permit, now);
+                inner.conclude(decision, mode, &span)
+            }
+            .instrument(instrumented),
+        )
     }
 
     /// The switch that moves this limiter between enforce, shadow and off.
@@ -154,13 +167,15 @@ impl Limiter {
 }
 
 impl Inner {
-    /// Counts the decision, and in shadow mode lets it through whatever it says.
-    fn conclude(&self, decision: Decision, mode: Mode) -> Decision {
+    /// Counts the decision and records it on its span, and in shadow mode lets it through
+    /// whatever it says.
+    fn conclude(&self, decision: Decision, mode: Mode, span: &Span) -> Decision {
         let decision = match mode {
             Mode::Shadow => Decision::Shadowed(Box::new(decision)),
             _ => decision,
         };
         self.metrics.decision(&decision);
+        telemetry::record_decision(span, &decision);
         if let Decision::Limited(info) = &decision {
             tracing::debug!(
                 layer = %self.name,

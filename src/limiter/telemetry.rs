@@ -3,13 +3,20 @@
 //! Label values are the layer's name, policy names, outcomes and reasons: never a caller
 //! key, which is untrusted input of unbounded cardinality. The handles are registered once,
 //! when a limiter is built, so recording a decision costs an atomic add, not a key lookup.
+//! Building a limiter also describes its metrics (help text and unit) to the recorder then
+//! installed, so a Prometheus scrape carries `# HELP` lines.
+//!
+//! Each decision also gets a `tracing` span, `tollgate.decision` at debug level: `layer`,
+//! then `outcome` and `policy` once known. With no subscriber interested in it the span is
+//! [`Span::none`], which costs no allocation and no field formatting.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, SharedString};
+use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
+use tracing::Span;
 
 use crate::limiter::decision::Decision;
 use crate::limiter::fallback::FallbackReason;
@@ -19,6 +26,92 @@ pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";
 pub(crate) const BREAKER_STATE: &str = "tollgate_breaker_state";
 pub(crate) const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub(crate) const DENIAL_CACHE_HITS: &str = "tollgate_denial_cache_hits_total";
+
+/// Describes the limiter's metrics (help text and unit) to the recorder installed now.
+/// Called each time a limiter is built rather than once per process, so a recorder
+/// installed after the first limiter, or a test's local one, gets the descriptions too;
+/// describing a metric again replaces its description with the same text.
+fn describe() {
+    metrics::describe_counter!(
+        DECISIONS,
+        Unit::Count,
+        "Rate-limit decisions, by layer, outcome (allowed, limited, unavailable, unlimited, \
+         or shadow_* in shadow mode) and, for refusals, the first refusing policy."
+    );
+    metrics::describe_counter!(
+        FALLBACKS,
+        Unit::Count,
+        "Decisions the store could not make, by layer, reason (timeout, refused, other_error, \
+         breaker_open) and the failure policy applied instead."
+    );
+    metrics::describe_gauge!(
+        BREAKER_STATE,
+        "State of the circuit breaker in front of the store, by layer: 0 closed, 1 open, \
+         2 half-open."
+    );
+    metrics::describe_histogram!(
+        STORE_LATENCY,
+        Unit::Seconds,
+        "Duration of each store call that was made, by layer, from start to answer, error \
+         or timeout."
+    );
+    metrics::describe_counter!(
+        DENIAL_CACHE_HITS,
+        Unit::Count,
+        "Refusals served from the denial cache without a store call, by layer."
+    );
+}
+
+/// The `outcome` of a decision, as the decisions counter and the decision span name it.
+pub(crate) fn outcome(decision: &Decision) -> &'static str {
+    match decision {
+        Decision::Allowed(_) => "allowed",
+        Decision::Limited(_) => "limited",
+        Decision::Unavailable { .. } => "unavailable",
+        Decision::Unlimited(_) => "unlimited",
+        Decision::Shadowed(inner) => match **inner {
+            Decision::Limited(_) => "shadow_limited",
+            Decision::Unavailable { .. } => "shadow_unavailable",
+            Decision::Unlimited(_) => "shadow_unlimited",
+            _ => "shadow_allowed",
+        },
+    }
+}
+
+/// The first policy that refused `decision` (or would have, in shadow mode).
+fn refusing_policy(decision: &Decision) -> Option<&str> {
+    let limited = match decision {
+        Decision::Shadowed(inner) => inner.as_ref(),
+        other => other,
+    };
+    match limited {
+        Decision::Limited(info) => info.violated().next().map(|policy| policy.name()),
+        _ => None,
+    }
+}
+
+/// A decision's span for limiter `layer`, its outcome and policy left to
+/// [`record_decision`]. [`Span::none`] unless a subscriber wants it; the fields are only
+/// evaluated if one does.
+pub(crate) fn decision_span(layer: &str) -> Span {
+    tracing::debug_span!(
+        "tollgate.decision",
+        layer,
+        outcome = tracing::field::Empty,
+        policy = tracing::field::Empty,
+    )
+}
+
+/// Records the outcome of `decision`, and the refusing policy if there is one, on `span`.
+pub(crate) fn record_decision(span: &Span, decision: &Decision) {
+    if span.is_disabled() {
+        return;
+    }
+    span.record("outcome", outcome(decision));
+    if let Some(policy) = refusing_policy(decision) {
+        span.record("policy", policy);
+    }
+}
 
 const REASONS: [FallbackReason; 4] = [
     FallbackReason::Timeout,
@@ -69,6 +162,7 @@ impl LimiterMetrics {
         policies: impl IntoIterator<Item = &'a Arc<str>>,
         failure_policy: &'static str,
     ) -> Self {
+        describe();
         let layer = SharedString::from_shared(name.clone());
         let limited = policies
             .into_iter()

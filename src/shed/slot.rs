@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::{Response, StatusCode};
-use metrics::{Key, Label, Level, Metadata};
+use metrics::{Key, Label, Level, Metadata, Unit};
 
 use crate::http::body::ResponseBody;
 use crate::http::response;
@@ -38,6 +38,19 @@ impl Shared {
         in_flight: Arc<AtomicUsize>,
         name: Arc<str>,
     ) -> Arc<Self> {
+        // Described for each layer built, so a recorder installed after an earlier layer
+        // gets the descriptions too.
+        metrics::describe_counter!(
+            SHED_TOTAL,
+            Unit::Count,
+            "Requests refused with 503 by a ConcurrencyShedLayer because too many were in \
+             flight, by layer."
+        );
+        metrics::describe_gauge!(
+            IN_FLIGHT,
+            Unit::Count,
+            "Requests in flight through a ConcurrencyShedLayer, by layer."
+        );
         let labels = vec![Label::new("layer", name.clone())];
         Arc::new(Self {
             max_in_flight,

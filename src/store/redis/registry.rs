@@ -11,6 +11,9 @@ use redis::Script;
 use super::backend::RedisBackend;
 use crate::store::instances::LiveInstances;
 
+/// The gauge of live instances, labelled `registry` (the registry's key).
+const LIVE_INSTANCES: &str = "tollgate_live_instances";
+
 const HEARTBEAT_SCRIPT: &str = include_str!("../../../lua/heartbeat.lua");
 static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRIPT));
 
@@ -194,6 +197,13 @@ impl InstanceRegistryBuilder {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RegistryError::NoRuntime)?;
         let key = format!("{}:instances", self.store.prefix());
+        // Described at each start, so a recorder installed after an earlier registry gets it.
+        metrics::describe_gauge!(
+            LIVE_INSTANCES,
+            metrics::Unit::Count,
+            "Live instances an InstanceRegistry counts and divides a local share by, by \
+             registry key; kept through a store outage."
+        );
         let count = Arc::new(AtomicU64::new(self.initial));
         let heartbeat = runtime.spawn(beat(
             self.store,
@@ -321,7 +331,7 @@ async fn beat(
                     }
                     None => {}
                 }
-                metrics::gauge!("tollgate_live_instances", "registry" => registry.clone())
+                metrics::gauge!(LIVE_INSTANCES, "registry" => registry.clone())
                     .set(count.load(Ordering::Relaxed) as f64);
                 reachable = true;
             }
