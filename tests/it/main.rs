@@ -8,6 +8,7 @@ mod client_throttle;
 mod conformance;
 mod counts;
 mod custom_backend;
+mod dashboard;
 mod denial_cache;
 mod failure_policies;
 mod fault_proxy;
