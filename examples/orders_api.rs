@@ -27,7 +27,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tollgate::{
     ClientIp, FailurePolicy, HeaderKey, InMemoryBackend, InstanceCount, InstanceRegistry, Limiter,
     MissingKey, Policy, Quota, RateLimitLayer, RedisBackend, TrustedProxies,
@@ -237,7 +237,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let metrics = match PrometheusBuilder::new().install_recorder() {
+    // Buckets make the store latency a histogram (`_bucket` series), which the dashboard in
+    // docs/ reads quantiles from; without them the exporter renders a summary.
+    let builder = PrometheusBuilder::new().set_buckets_for_metric(
+        Matcher::Full("tollgate_store_latency_seconds".into()),
+        &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5],
+    );
+    let metrics = match builder.and_then(PrometheusBuilder::install_recorder) {
         Ok(handle) => handle,
         Err(e) => {
             eprintln!("cannot install the metrics recorder: {e}");
