@@ -81,8 +81,21 @@
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
 //!
 //! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
-//! layers' own `name`). Breaker state changes and mode switches are logged through
-//! `tracing` at warn level; each refusal at debug level.
+//! layers' own `name`). Each metric is described (help text, and the unit where it has one)
+//! to the recorder installed when the limiter, layer or registry that records it is built,
+//! so a Prometheus `/metrics` carries `# HELP` lines. The exporter renders the store latency
+//! as a histogram (`_bucket` series) only if given buckets for it, as the `orders_api`
+//! example does. A Grafana dashboard on these metrics is in the repository at
+//! `docs/grafana-dashboard.json`.
+//!
+//! # Tracing
+//!
+//! Breaker state changes and mode switches are logged through `tracing` at warn level; each
+//! refusal at debug level. Each decision runs in a `tollgate.decision` span at debug level
+//! with the fields `layer`, then `outcome` (as in `tollgate_decisions_total`) and, for a
+//! refusal, `policy` once known; it nests under the caller's request span. Unless a
+//! subscriber enables it (e.g. `tollgate=debug`), the span is never built: no allocation
+//! and no field formatting per decision.
 
 mod http;
 mod limiter;

@@ -1,7 +1,8 @@
 //! The Grafana dashboard in docs/ queries only what tollgate records: every metric name in
 //! its PromQL is a series of a Prometheus scrape taken after a scripted run (see
 //! [`crate::metrics::prometheus_scrape`]), with the labels and label values it selects on,
-//! and it has a panel for each thing an operator watches.
+//! and it has a panel for each thing an operator watches. The README's alerting queries
+//! are held to the same check.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,6 +11,7 @@ use serde_json::Value;
 use crate::metrics::{FAMILIES, prometheus_scrape};
 
 const DASHBOARD: &str = include_str!("../../docs/grafana-dashboard.json");
+const README: &str = include_str!("../../README.md");
 
 /// Every PromQL text in the dashboard: panel targets and template variable queries.
 fn queries(value: &Value, out: &mut Vec<String>) {
@@ -159,14 +161,12 @@ fn family(name: &str) -> &str {
         .unwrap_or(name)
 }
 
-#[test]
-fn every_series_the_dashboard_queries_is_one_the_crate_records() {
-    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is not JSON");
-    let mut texts = Vec::new();
-    queries(&dashboard, &mut texts);
+/// Checks that every metric, label and literal label value `texts` use is recorded, and
+/// returns the families they query.
+fn check_queries(texts: &[String]) -> BTreeSet<String> {
     let recorded = series(prometheus_scrape());
     let mut queried = BTreeSet::new();
-    for text in &texts {
+    for text in texts {
         let uses = uses(text);
         assert!(uses.foreign.is_empty(), "{text}: {:?}", uses.foreign);
         for (name, matchers) in &uses.metrics {
@@ -204,6 +204,15 @@ fn every_series_the_dashboard_queries_is_one_the_crate_records() {
             );
         }
     }
+    queried
+}
+
+#[test]
+fn every_series_the_dashboard_queries_is_one_the_crate_records() {
+    let dashboard: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is not JSON");
+    let mut texts = Vec::new();
+    queries(&dashboard, &mut texts);
+    let queried = check_queries(&texts);
     // Decisions by outcome, fallbacks by reason, breaker state, store latency, live
     // instances and shed requests, at least.
     for family in [
@@ -264,5 +273,34 @@ fn every_panel_has_a_title_a_query_and_a_place() {
         }
         let place = &panel["gridPos"];
         assert!(place["w"].as_u64().unwrap() > 0 && place["h"].as_u64().unwrap() > 0);
+    }
+}
+
+#[test]
+fn the_readme_alerts_query_only_what_the_crate_records() {
+    // The lines of the README's `promql` blocks, comments aside.
+    let mut texts = Vec::new();
+    let mut inside = false;
+    for line in README.lines() {
+        match line.trim() {
+            "```promql" => inside = true,
+            "```" => inside = false,
+            query if inside && !query.is_empty() && !query.starts_with('#') => {
+                texts.push(query.to_owned())
+            }
+            _ => {}
+        }
+    }
+    let queried = check_queries(&texts);
+    for family in [
+        "tollgate_fallbacks_total",
+        "tollgate_breaker_state",
+        "tollgate_live_instances",
+        "tollgate_decisions_total",
+    ] {
+        assert!(
+            queried.contains(family),
+            "the README never queries {family}"
+        );
     }
 }
