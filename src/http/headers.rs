@@ -262,3 +262,28 @@ impl PolicyFieldCache {
         Some(value)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    // RFC 4231, test cases 2 and 6 (a key longer than the block), truncated to 128 bits.
+    #[test]
+    fn partition_keys_are_hmac_sha256() {
+        let pk = PartitionKey::new(b"Jefe").of(b"what do ya want for nothing?");
+        assert_eq!(hex(&pk), "5bdcc146bf60754e6a042426089575c7");
+        let pk = PartitionKey::new(&[0xaa; 131])
+            .of(b"Test Using Larger Than Block-Size Key - Hash Key First");
+        assert_eq!(hex(&pk), "60e431591ee0b67f0d8a26aacbf5b77f");
+    }
+
+    #[test]
+    fn partition_keys_stay_out_of_debug_output() {
+        let key = PartitionKey::new(b"hunter2");
+        assert_eq!(format!("{key:?}"), "PartitionKey(..)");
+    }
+}

@@ -118,15 +118,26 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// reaches a minute. A zero horizon caps `r / t` at exactly `q / w`.
     ///
     /// ```
+    /// use std::convert::Infallible;
     /// use std::time::Duration;
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
     ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A daily bucket refills a token every 86.4 ms: after one request t=1, r=999999.
     /// let limiter = Limiter::builder()
-    ///     .policy(Policy::sliding_window("per-day", Quota::per_day(1_000_000)))
+    ///     .policy(Policy::token_bucket("daily", Quota::per_day(1_000_000), 1_000_000))
     ///     .build();
-    /// // r never exceeds ten minutes' worth of the daily average (6,945) while t < 600.
-    /// let layer = RateLimitLayer::new(limiter).remaining_horizon(Duration::from_secs(600));
-    /// # drop(layer);
+    /// // r never exceeds ten minutes' worth of the daily average while t < 600 s.
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(GlobalKey)
+    ///     .remaining_horizon(Duration::from_secs(600));
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.headers()["ratelimit"], r#""daily";r=6945;t=1"#);
+    /// # }
     /// ```
     pub fn remaining_horizon(self, horizon: Duration) -> Self {
         let mut config = self.into_config();
@@ -163,15 +174,26 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// Without a partition key (the default) no `pk` is sent.
     ///
     /// ```
+    /// use std::convert::Infallible;
     /// use tollgate::{HeaderKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
     ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let limiter = Limiter::builder()
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
     ///     .key(HeaderKey::new("x-api-key"))
     ///     .partition_key(b"a secret shared by every instance");
-    /// # drop(layer);
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let request = http::Request::builder().header("x-api-key", "sk_live_1234").body(()).unwrap();
+    /// let response = service.oneshot(request).await.unwrap();
+    /// let state = response.headers()["ratelimit"].to_str().unwrap();
+    /// assert!(state.starts_with(r#""per-second";r=49;t=2;pk=:"#), "{state}");
+    /// assert!(!state.contains("sk_live"));
+    /// # }
     /// ```
     pub fn partition_key(self, secret: impl AsRef<[u8]>) -> Self {
         let mut config = self.into_config();
