@@ -2,7 +2,7 @@
 
 use http::StatusCode;
 
-use crate::http::headers::{HeaderMode, PolicyFieldCache};
+use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::MissingKey;
 use crate::limiter::check::Limiter;
 
@@ -15,4 +15,8 @@ pub(crate) struct Config<K> {
     /// The status of a fail-closed refusal: a 4xx or 5xx other than 500.
     pub(crate) unavailable_status: StatusCode,
     pub(crate) policy_fields: PolicyFieldCache,
+    /// How `r` is capped against `t`.
+    pub(crate) remaining_cap: RemainingCap,
+    /// The secret of the `pk` parameter, when the layer sends one.
+    pub(crate) partition_key: Option<PartitionKey>,
 }

@@ -12,8 +12,9 @@ use tower_service::Service;
 
 use crate::http::body::ResponseBody;
 use crate::http::config::Config;
+use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
-use crate::http::response;
+use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::future::DecisionFuture;
 use crate::store::caller::{Caller, CallerKey};
@@ -28,6 +29,8 @@ pin_project! {
         #[pin]
         state: State<K::Future, S::Future, S, ReqBody>,
         config: Arc<Config<K>>,
+        // The caller's partition key, when the layer sends one.
+        pk: Option<[u8; PARTITION_KEY_LEN]>,
     }
 }
 
@@ -72,6 +75,7 @@ where
                 inner: Some(inner),
             },
             config,
+            pk: None,
         }
     }
 }
@@ -138,6 +142,11 @@ where
                             return Poll::Ready(Ok(response::rejected(&rejection)));
                         }
                     };
+                    *this.pk = this
+                        .config
+                        .partition_key
+                        .as_ref()
+                        .map(|key| key.of(caller.key().encoded()));
                     let decision = this.config.limiter.check(&caller);
                     let (request, inner) = (request.take(), inner.take());
                     this.state.set(State::Deciding {
@@ -152,15 +161,18 @@ where
                     inner,
                 } => {
                     let decision = ready!(Pin::new(decision).poll(cx));
+                    let fields = fields(this.config, this.pk.as_ref());
                     let refusal = match &decision {
-                        Decision::Limited(info) => Some(response::limited(
-                            info,
-                            this.config.header_mode,
-                            &this.config.policy_fields,
-                        )),
-                        Decision::Unavailable { retry_after_secs } => Some(response::unavailable(
+                        Decision::Limited(info) => Some(response::limited(info, fields)),
+                        Decision::Unavailable {
+                            retry_after_secs,
+                            policies,
+                            ..
+                        } => Some(response::unavailable(
                             this.config.unavailable_status,
                             *retry_after_secs,
+                            policies,
+                            fields,
                         )),
                         Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => {
                             None
@@ -192,11 +204,12 @@ where
                     if let Some(decision) = decision.take()
                         && inner_decision != Some(false)
                     {
+                        let status = response.status();
                         response::decorate_allowed(
                             response.headers_mut(),
+                            status,
                             &decision,
-                            this.config.header_mode,
-                            &this.config.policy_fields,
+                            fields(this.config, this.pk.as_ref()),
                         );
                         if inner_decision.is_none() {
                             response.extensions_mut().insert(decision);
@@ -208,6 +221,15 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
         }
+    }
+}
+
+fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>) -> Fields<'a> {
+    Fields {
+        mode: config.header_mode,
+        cache: &config.policy_fields,
+        cap: config.remaining_cap,
+        pk: pk.map(|pk| &pk[..]),
     }
 }
 

@@ -2,26 +2,31 @@
 
 use std::sync::{Arc, RwLock};
 
-use http::HeaderValue;
+use http::{HeaderValue, StatusCode};
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+use sha2::{Digest, Sha256};
 
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::policy::Policy;
 
 /// Which responses carry `RateLimit-Policy` and `RateLimit`.
 ///
-/// Refusals always carry `Retry-After`.
+/// Refusals always carry `Retry-After`. The default leaves the fields off redirections:
+/// the draft warns that a low `r` on a 3xx may keep a client from following `Location`,
+/// although following it costs nothing here (the redirect was already counted).
 ///
 /// ```
 /// use tollgate::HeaderMode;
-/// assert_eq!(HeaderMode::default(), HeaderMode::Always);
+/// assert_eq!(HeaderMode::default(), HeaderMode::ExceptRedirects);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderMode {
-    /// On every response the limiter decided (allowed and refused).
-    #[default]
+    /// On every response the limiter decided (allowed and refused), redirections included.
     Always,
+    /// On every response the limiter decided except allowed 3xx responses.
+    #[default]
+    ExceptRedirects,
     /// Only on refusals.
     OnRefusal,
     /// Never.
@@ -29,8 +34,12 @@ pub enum HeaderMode {
 }
 
 impl HeaderMode {
-    pub(crate) fn on_allowed(self) -> bool {
-        self == HeaderMode::Always
+    pub(crate) fn on_allowed(self, status: StatusCode) -> bool {
+        match self {
+            HeaderMode::Always => true,
+            HeaderMode::ExceptRedirects => !status.is_redirection(),
+            HeaderMode::OnRefusal | HeaderMode::Never => false,
+        }
     }
 
     pub(crate) fn on_refused(self) -> bool {
@@ -38,37 +47,177 @@ impl HeaderMode {
     }
 }
 
+/// How `r` is capped against `t` (the layer's
+/// [`remaining_horizon`](crate::RateLimitLayer::remaining_horizon)).
+///
+/// `r` is advertised as at most `ceil(q * max(t, horizon) / w)`: what the policy's average
+/// rate admits over `t`, or over the horizon when `t` is shorter. A client that spends all
+/// of `r` at once then takes at most a horizon's worth of the average rate, and a client
+/// that paces `r` over `t` never goes faster than the average once `t` reaches the horizon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RemainingCap {
+    /// Whole seconds; `None` leaves `r` as the store computed it.
+    pub(crate) horizon_secs: Option<u64>,
+}
+
+/// The default horizon: a minute. Policies whose window is a minute or shorter are never
+/// capped (their whole quota fits), while a per-day policy no longer advertises its whole
+/// day's quota as available in the next second.
+pub(crate) const DEFAULT_HORIZON_SECS: u64 = 60;
+
+impl Default for RemainingCap {
+    fn default() -> Self {
+        Self {
+            horizon_secs: Some(DEFAULT_HORIZON_SECS),
+        }
+    }
+}
+
+impl RemainingCap {
+    /// `r` as advertised for `policy`: never more than the store's value, never below 1
+    /// while the policy still admits.
+    pub(crate) fn remaining(self, policy: &PolicyReport) -> u64 {
+        let r = policy.remaining();
+        let Some(horizon) = self.horizon_secs else {
+            return r;
+        };
+        let span = u128::from(policy.reset_secs().max(horizon));
+        let window = u128::from(policy.window_secs().max(1));
+        let cap = (u128::from(policy.quota()) * span).div_ceil(window).max(1);
+        if u128::from(r) > cap {
+            // cap < r <= u64::MAX
+            cap as u64
+        } else {
+            r
+        }
+    }
+}
+
+/// The `pk` parameter: a keyed digest of the caller key (HMAC-SHA-256 under the layer's
+/// secret, the first 16 bytes), never the key itself.
+#[derive(Clone)]
+pub(crate) struct PartitionKey {
+    // The HMAC key padded to the block size, XORed with ipad and opad.
+    inner_pad: [u8; 64],
+    outer_pad: [u8; 64],
+}
+
+impl std::fmt::Debug for PartitionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The secret stays out of logs.
+        f.write_str("PartitionKey(..)")
+    }
+}
+
+/// The length of `pk`, in bytes: 128 bits keep distinct callers apart.
+pub(crate) const PARTITION_KEY_LEN: usize = 16;
+
+impl PartitionKey {
+    pub(crate) fn new(secret: &[u8]) -> Self {
+        let mut key = [0u8; 64];
+        if secret.len() > 64 {
+            key[..32].copy_from_slice(&Sha256::digest(secret));
+        } else {
+            key[..secret.len()].copy_from_slice(secret);
+        }
+        let mut inner_pad = [0x36u8; 64];
+        let mut outer_pad = [0x5cu8; 64];
+        for i in 0..64 {
+            inner_pad[i] ^= key[i];
+            outer_pad[i] ^= key[i];
+        }
+        Self {
+            inner_pad,
+            outer_pad,
+        }
+    }
+
+    /// HMAC-SHA-256 (RFC 2104) of `caller`, truncated.
+    pub(crate) fn of(&self, caller: &[u8]) -> [u8; PARTITION_KEY_LEN] {
+        let inner = Sha256::new()
+            .chain_update(self.inner_pad)
+            .chain_update(caller)
+            .finalize();
+        let outer = Sha256::new()
+            .chain_update(self.outer_pad)
+            .chain_update(inner)
+            .finalize();
+        let mut pk = [0u8; PARTITION_KEY_LEN];
+        pk.copy_from_slice(&outer[..PARTITION_KEY_LEN]);
+        pk
+    }
+}
+
 const Q: &KeyRef = KeyRef::constant("q");
 const W: &KeyRef = KeyRef::constant("w");
 const R: &KeyRef = KeyRef::constant("r");
 const T: &KeyRef = KeyRef::constant("t");
+const PK: &KeyRef = KeyRef::constant("pk");
 
-/// `RateLimit-Policy: "per-second";q=50;w=1, "per-day";q=1000000;w=86400`: every policy.
-pub(crate) fn policy_field(info: &RateLimitInfo) -> Option<HeaderValue> {
+/// `RateLimit-Policy: "per-second";q=50;w=1, "per-day";q=1000000;w=86400`: every policy,
+/// with `pk` when given.
+pub(crate) fn policy_field(info: &RateLimitInfo, pk: Option<&[u8]>) -> Option<HeaderValue> {
+    policy_field_of(
+        info.policies()
+            .iter()
+            .map(|p| (p.name(), p.quota(), p.window_secs())),
+        pk,
+    )
+}
+
+/// `RateLimit-Policy` from `(name, q, w)` triples.
+pub(crate) fn policy_field_of<'a>(
+    policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
+    pk: Option<&[u8]>,
+) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
-    for policy in info.policies() {
-        let Ok(name) = StringRef::from_str(policy.name()) else {
+    for (name, quota, window_secs) in policies {
+        let Ok(name) = StringRef::from_str(name) else {
             continue;
         };
-        list.bare_item(name)
-            .parameter(Q, integer(policy.quota()))
-            .parameter(W, integer(policy.window_secs()));
+        let item = list
+            .bare_item(name)
+            .parameter(Q, integer(quota))
+            .parameter(W, integer(window_secs));
+        if let Some(pk) = pk {
+            item.parameter(PK, pk);
+        }
     }
     list.finish().and_then(|s| HeaderValue::try_from(s).ok())
 }
 
-/// `RateLimit: "per-second";r=0;t=1`: the given policies' current state.
+/// `RateLimit: "per-second";r=0;t=1`: the given policies' current state, `r` capped, with
+/// `pk` when given.
 pub(crate) fn state_field<'a>(
     policies: impl IntoIterator<Item = &'a PolicyReport>,
+    cap: RemainingCap,
+    pk: Option<&[u8]>,
+) -> Option<HeaderValue> {
+    state_field_of(
+        policies
+            .into_iter()
+            .map(|p| (p.name(), cap.remaining(p), p.reset_secs())),
+        pk,
+    )
+}
+
+/// `RateLimit` from `(name, r, t)` triples.
+pub(crate) fn state_field_of<'a>(
+    policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
+    pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
-    for policy in policies {
-        let Ok(name) = StringRef::from_str(policy.name()) else {
+    for (name, remaining, reset_secs) in policies {
+        let Ok(name) = StringRef::from_str(name) else {
             continue;
         };
-        list.bare_item(name)
-            .parameter(R, integer(policy.remaining()))
-            .parameter(T, integer(policy.reset_secs()));
+        let item = list
+            .bare_item(name)
+            .parameter(R, integer(remaining))
+            .parameter(T, integer(reset_secs));
+        if let Some(pk) = pk {
+            item.parameter(PK, pk);
+        }
     }
     list.finish().and_then(|s| HeaderValue::try_from(s).ok())
 }
@@ -89,7 +238,12 @@ pub(crate) struct PolicyFieldCache {
 const MAX_CACHED_SETS: usize = 64;
 
 impl PolicyFieldCache {
-    pub(crate) fn get(&self, info: &RateLimitInfo) -> Option<HeaderValue> {
+    /// The field for `info`'s set; with a partition key the field is the caller's own,
+    /// serialized for this response.
+    pub(crate) fn get(&self, info: &RateLimitInfo, pk: Option<&[u8]>) -> Option<HeaderValue> {
+        if pk.is_some() {
+            return policy_field(info, pk);
+        }
         let set = info.policy_set();
         let cached = |fields: &[(Arc<[Policy]>, HeaderValue)]| {
             fields
@@ -100,11 +254,36 @@ impl PolicyFieldCache {
         if let Some(value) = cached(&self.fields.read().unwrap_or_else(|e| e.into_inner())) {
             return Some(value);
         }
-        let value = policy_field(info)?;
+        let value = policy_field(info, None)?;
         let mut fields = self.fields.write().unwrap_or_else(|e| e.into_inner());
         if fields.len() < MAX_CACHED_SETS && cached(&fields).is_none() {
             fields.push((set.clone(), value.clone()));
         }
         Some(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    // RFC 4231, test cases 2 and 6 (a key longer than the block), truncated to 128 bits.
+    #[test]
+    fn partition_keys_are_hmac_sha256() {
+        let pk = PartitionKey::new(b"Jefe").of(b"what do ya want for nothing?");
+        assert_eq!(hex(&pk), "5bdcc146bf60754e6a042426089575c7");
+        let pk = PartitionKey::new(&[0xaa; 131])
+            .of(b"Test Using Larger Than Block-Size Key - Hash Key First");
+        assert_eq!(hex(&pk), "60e431591ee0b67f0d8a26aacbf5b77f");
+    }
+
+    #[test]
+    fn partition_keys_stay_out_of_debug_output() {
+        let key = PartitionKey::new(b"hunter2");
+        assert_eq!(format!("{key:?}"), "PartitionKey(..)");
     }
 }

@@ -1,12 +1,13 @@
 //! The tower layer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 use tower_layer::Layer;
 
 use crate::http::config::Config;
-use crate::http::headers::{HeaderMode, PolicyFieldCache};
+use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::http::service::RateLimit;
 use crate::limiter::check::Limiter;
@@ -59,6 +60,8 @@ impl RateLimitLayer<ClientIp> {
                 header_mode: HeaderMode::default(),
                 unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
                 policy_fields: PolicyFieldCache::default(),
+                remaining_cap: RemainingCap::default(),
+                partition_key: None,
             }),
         }
     }
@@ -76,6 +79,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 header_mode: config.header_mode,
                 unavailable_status: config.unavailable_status,
                 policy_fields: PolicyFieldCache::default(),
+                remaining_cap: config.remaining_cap,
+                partition_key: config.partition_key,
             }),
         }
     }
@@ -90,10 +95,109 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         }
     }
 
-    /// Which responses carry RateLimit-Policy and RateLimit (default: all).
+    /// Which responses carry RateLimit-Policy and RateLimit (default: every response the
+    /// limiter decided except allowed redirections, [`HeaderMode::ExceptRedirects`]).
     pub fn headers(self, mode: HeaderMode) -> Self {
         let mut config = self.into_config();
         config.header_mode = mode;
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Caps the `r` that RateLimit advertises against its `t`, as the draft asks of
+    /// servers: `r` is at most `ceil(q * max(t, horizon) / w)`, what the policy's average
+    /// rate admits over `t`, or over `horizon` (in whole seconds, rounded up) when `t` is
+    /// shorter. Only what is advertised changes; what is admitted does not.
+    ///
+    /// The default horizon is one minute. A policy whose window is a minute or shorter is
+    /// never capped (its whole quota fits in the horizon), while a fresh caller of a
+    /// 1,000,000-per-day policy sees `r=695;t=1` instead of `r=1000000;t=1`: a client that
+    /// spends all of `r` at once takes no more than a minute's worth of the daily average,
+    /// and a client that paces `r` over `t` never goes faster than that average once `t`
+    /// reaches a minute. A zero horizon caps `r / t` at exactly `q / w`.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use std::time::Duration;
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A daily bucket refills a token every 86.4 ms: after one request t=1, r=999999.
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::token_bucket("daily", Quota::per_day(1_000_000), 1_000_000))
+    ///     .build();
+    /// // r never exceeds ten minutes' worth of the daily average while t < 600 s.
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(GlobalKey)
+    ///     .remaining_horizon(Duration::from_secs(600));
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.headers()["ratelimit"], r#""daily";r=6945;t=1"#);
+    /// # }
+    /// ```
+    pub fn remaining_horizon(self, horizon: Duration) -> Self {
+        let mut config = self.into_config();
+        let secs = horizon
+            .as_secs()
+            .saturating_add(u64::from(horizon.subsec_nanos() > 0));
+        config.remaining_cap = RemainingCap {
+            horizon_secs: Some(secs),
+        };
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Advertises `r` exactly as the store computed it, uncapped (see
+    /// [`remaining_horizon`](Self::remaining_horizon)).
+    pub fn uncapped_remaining(self) -> Self {
+        let mut config = self.into_config();
+        config.remaining_cap = RemainingCap { horizon_secs: None };
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Adds the draft's partition key, `pk`, to every item of RateLimit-Policy and
+    /// RateLimit: a Byte Sequence that tells a client which of its quotas a response is
+    /// about (a client acting for several callers keeps their counts apart by it).
+    ///
+    /// The caller key is never sent: `pk` is a keyed digest of it (HMAC-SHA-256 under
+    /// `secret`, the first 128 bits), the same for one caller on every instance that has the
+    /// same secret, and not reversible or guessable without the secret. Give the layer a
+    /// secret of its own (at least 32 random bytes from the service's secret store), not the
+    /// one the Redis backend hashes key names with. Changing the secret changes every `pk`.
+    /// Without a partition key (the default) no `pk` is sent.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::{HeaderKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(HeaderKey::new("x-api-key"))
+    ///     .partition_key(b"a secret shared by every instance");
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let request = http::Request::builder().header("x-api-key", "sk_live_1234").body(()).unwrap();
+    /// let response = service.oneshot(request).await.unwrap();
+    /// let state = response.headers()["ratelimit"].to_str().unwrap();
+    /// assert!(state.starts_with(r#""per-second";r=49;t=2;pk=:"#), "{state}");
+    /// assert!(!state.contains("sk_live"));
+    /// # }
+    /// ```
+    pub fn partition_key(self, secret: impl AsRef<[u8]>) -> Self {
+        let mut config = self.into_config();
+        config.partition_key = Some(PartitionKey::new(secret.as_ref()));
         Self {
             config: Arc::new(config),
         }
@@ -141,6 +245,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             header_mode: shared.header_mode,
             unavailable_status: shared.unavailable_status,
             policy_fields: PolicyFieldCache::default(),
+            remaining_cap: shared.remaining_cap,
+            partition_key: shared.partition_key.clone(),
         })
     }
 }

@@ -6,9 +6,12 @@ use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::http::body::ResponseBody;
-use crate::http::headers::{HeaderMode, PolicyFieldCache, state_field};
+use crate::http::headers::{
+    HeaderMode, PolicyFieldCache, RemainingCap, policy_field_of, state_field, state_field_of,
+};
 use crate::http::key::KeyRejection;
-use crate::limiter::decision::{Decision, RateLimitInfo};
+use crate::limiter::decision::{Decision, PolicyReport, RateLimitInfo, whole_seconds};
+use crate::store::policy::Policy;
 
 /// The `RateLimit-Policy` field name.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -23,61 +26,109 @@ pub const TEMPORARY_REDUCED_CAPACITY: &str =
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+/// What the RateLimit fields of one response are made with: the layer's settings and the
+/// caller's partition key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fields<'a> {
+    pub(crate) mode: HeaderMode,
+    pub(crate) cache: &'a PolicyFieldCache,
+    pub(crate) cap: RemainingCap,
+    pub(crate) pk: Option<&'a [u8]>,
+}
+
+// Problem members are named as the draft names its own (`violated-policies`): lower case,
+// words joined by hyphens.
+
 /// 429 with RateLimit-Policy, RateLimit (the exhausted policies), Retry-After and a
 /// quota-exceeded problem naming the violated policies.
-pub(crate) fn limited<B>(
-    info: &RateLimitInfo,
-    mode: HeaderMode,
-    policy_fields: &PolicyFieldCache,
-) -> Response<ResponseBody<B>> {
+pub(crate) fn limited<B>(info: &RateLimitInfo, fields: Fields<'_>) -> Response<ResponseBody<B>> {
     let retry_after = info.retry_after_secs().max(1);
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
     let mut body = String::with_capacity(256);
     body.push_str("{\"type\":");
     json_string(&mut body, QUOTA_EXCEEDED);
-    body.push_str(",\"title\":\"Rate limit exceeded\",\"status\":429");
+    body.push_str(",\"title\":\"Quota exceeded\",\"status\":429");
     if let Some(first) = violated.first() {
         body.push_str(",\"policy\":");
         json_string(&mut body, first);
     }
-    body.push_str(",\"violated-policies\":[");
-    for (i, name) in violated.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
-        }
-        json_string(&mut body, name);
-    }
-    let _ = write!(body, "],\"retry_after_seconds\":{retry_after}}}");
+    violated_and_retry(&mut body, &violated, retry_after);
 
     let mut response = problem(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
-    if mode.on_refused() {
-        insert_policy_fields(headers, info, info.violated(), policy_fields);
+    if fields.mode.on_refused() {
+        insert_policy_fields(headers, info, info.violated(), fields);
     }
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
 }
 
 /// A fail-closed refusal: 503 (or the configured status, already mended by the layer),
-/// Retry-After, and the temporary-reduced-capacity problem.
+/// Retry-After, and the temporary-reduced-capacity problem naming every policy of the
+/// caller. RateLimit-Policy advertises the reduced quota, nothing (`q=0`) in each window,
+/// and RateLimit `r=0` until the retry time.
 pub(crate) fn unavailable<B>(
     status: StatusCode,
     retry_after_secs: u64,
+    policies: &[Policy],
+    fields: Fields<'_>,
 ) -> Response<ResponseBody<B>> {
     let retry_after = retry_after_secs.max(1);
+    let names: Vec<&str> = policies.iter().map(Policy::name).collect();
     let mut body = String::with_capacity(256);
     body.push_str("{\"type\":");
     json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
     let _ = write!(
         body,
-        ",\"title\":\"Temporarily reduced capacity\",\"status\":{},\"retry_after_seconds\":{retry_after}}}",
+        ",\"title\":\"Temporary reduced capacity\",\"status\":{}",
         status.as_u16()
     );
+    violated_and_retry(&mut body, &names, retry_after);
     let mut response = problem(status, body);
+    let headers = response.headers_mut();
+    if fields.mode.on_refused() {
+        let reduced = policies
+            .iter()
+            .map(|p| (p.name(), 0, whole_seconds(p.algorithm().window_ms())));
+        if let Some(value) = policy_field_of(reduced, fields.pk) {
+            headers.append(RATELIMIT_POLICY, value);
+        }
+        if let Some(value) = state_field_of(names.iter().map(|n| (*n, 0, retry_after)), fields.pk) {
+            headers.append(RATELIMIT, value);
+        }
+    }
+    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+/// A request shed by the concurrency limit: 503, Retry-After, and the
+/// temporary-reduced-capacity problem, which names no policy (no quota was exceeded).
+pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> {
+    let retry_after = retry_after_secs.max(1);
+    let mut body = String::with_capacity(192);
+    body.push_str("{\"type\":");
+    json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
+    let _ = write!(
+        body,
+        ",\"title\":\"Temporary reduced capacity\",\"status\":503,\"retry-after-seconds\":{retry_after}}}"
+    );
+    let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, body);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
+}
+
+/// `,"violated-policies":[...],"retry-after-seconds":N}`: the end of both refusals' bodies.
+fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: u64) {
+    body.push_str(",\"violated-policies\":[");
+    for (i, name) in violated.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        json_string(body, name);
+    }
+    let _ = write!(body, "],\"retry-after-seconds\":{retry_after}}}");
 }
 
 /// A request the key extractor refused, or one without a key when the layer rejects those.
@@ -95,32 +146,32 @@ pub(crate) fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>>
     problem(status, body)
 }
 
-/// Adds RateLimit-Policy and RateLimit (every policy) to an allowed response.
+/// Adds RateLimit-Policy and RateLimit (every policy) to an allowed response of `status`.
 pub(crate) fn decorate_allowed(
     headers: &mut HeaderMap,
+    status: StatusCode,
     decision: &Decision,
-    mode: HeaderMode,
-    policy_fields: &PolicyFieldCache,
+    fields: Fields<'_>,
 ) {
     if let Decision::Allowed(info) = decision
-        && mode.on_allowed()
+        && fields.mode.on_allowed(status)
     {
-        insert_policy_fields(headers, info, info.policies(), policy_fields);
+        insert_policy_fields(headers, info, info.policies(), fields);
     }
 }
 
 fn insert_policy_fields<'a>(
     headers: &mut HeaderMap,
     info: &RateLimitInfo,
-    reported: impl IntoIterator<Item = &'a crate::limiter::decision::PolicyReport>,
-    policy_fields: &PolicyFieldCache,
+    reported: impl IntoIterator<Item = &'a PolicyReport>,
+    fields: Fields<'_>,
 ) {
     // Appended, not inserted: Structured Field lists may span several field lines, so a
     // response that already lists an inner layer's policies lists both layers'.
-    if let Some(policy) = policy_fields.get(info) {
+    if let Some(policy) = fields.cache.get(info, fields.pk) {
         headers.append(RATELIMIT_POLICY, policy);
     }
-    if let Some(state) = state_field(reported) {
+    if let Some(state) = state_field(reported, fields.cap, fields.pk) {
         headers.append(RATELIMIT, state);
     }
 }

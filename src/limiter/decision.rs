@@ -32,9 +32,13 @@ pub enum Decision {
     Limited(RateLimitInfo),
     /// The store could not decide and the failure policy refuses (503 unless the layer
     /// says otherwise).
+    #[non_exhaustive]
     Unavailable {
         /// Whole seconds, at least 1.
         retry_after_secs: u64,
+        /// The caller's policies, every one refusing until the store is back: their
+        /// capacity is reduced to nothing for now.
+        policies: Arc<[Policy]>,
     },
     /// The request was let through without being counted.
     Unlimited(UnlimitedReason),

@@ -72,6 +72,7 @@ impl Inner {
             FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
             FailurePolicy::Closed => Decision::Unavailable {
                 retry_after_secs: whole_seconds(self.breaker.open_for_ms()),
+                policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
                 let share = self.share(limits, instances.get());

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use http::{Response, StatusCode};
+use http::Response;
 use metrics::{Key, Label, Level, Metadata, Unit};
 
 use crate::http::body::ResponseBody;
@@ -93,7 +93,7 @@ impl Shared {
             max_in_flight = self.max_in_flight,
             "shed a request: too many in flight"
         );
-        response::unavailable(StatusCode::SERVICE_UNAVAILABLE, self.retry_after_secs)
+        response::overloaded(self.retry_after_secs)
     }
 }
 

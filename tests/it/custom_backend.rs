@@ -426,7 +426,9 @@ async fn a_failing_store_with_fail_closed_answers_503() {
             assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
             assert_eq!(body["status"], 503);
             match decision(&reply) {
-                Decision::Unavailable { retry_after_secs } => {
+                Decision::Unavailable {
+                    retry_after_secs, ..
+                } => {
                     assert_eq!(*retry_after_secs, retry_after);
                 }
                 other => panic!("{other:?}"),

@@ -6,12 +6,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::response::{QUOTA_EXCEEDED, ResponseBody};
+use tollgate::response::{QUOTA_EXCEEDED, ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::ManualClock;
 use tollgate::{
-    Decision, GlobalKey, HeaderMode, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
+    Decision, FailurePolicy, GlobalKey, HeaderKey, HeaderMode, InMemoryBackend, InstanceCount,
+    Limiter, Mode, ModeSwitch, Policy, Quota, RateLimitLayer,
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
+use tollgate_testkit::remote::Remote;
 use tower::{Service, ServiceBuilder, service_fn};
 
 /// The start of a second (and of a minute): windows begin here.
@@ -35,8 +37,15 @@ fn service(
     Response = Response<ResponseBody<Full<Bytes>>>,
     Error = Infallible,
 > + Clone {
+    // Uncapped: these tests check the store's arithmetic as the fields carry it; the cap
+    // has tests of its own.
     ServiceBuilder::new()
-        .layer(RateLimitLayer::new(limiter).key(GlobalKey).headers(mode))
+        .layer(
+            RateLimitLayer::new(limiter)
+                .key(GlobalKey)
+                .headers(mode)
+                .uncapped_remaining(),
+        )
         .service(service_fn(ok_handler))
 }
 
@@ -136,7 +145,7 @@ fn check_refusal(reply: &Reply, violated: &[&str]) -> u64 {
     assert_eq!(body["status"], 429);
     assert_eq!(body["policy"], violated[0]);
     assert_eq!(body["violated-policies"], serde_json::json!(violated));
-    assert_eq!(body["retry_after_seconds"], retry_after);
+    assert_eq!(body["retry-after-seconds"], retry_after);
     retry_after
 }
 
@@ -302,7 +311,7 @@ async fn never_mode_omits_the_fields_but_keeps_retry_after() {
     assert_eq!(body["type"], QUOTA_EXCEEDED);
     assert_eq!(body["status"], 429);
     assert_eq!(body["violated-policies"], serde_json::json!(["per-second"]));
-    assert_eq!(body["retry_after_seconds"], retry_after);
+    assert_eq!(body["retry-after-seconds"], retry_after);
 }
 
 #[tokio::test]
@@ -489,4 +498,479 @@ async fn retry_after_matches_the_earliest_admission_on_a_ten_second_window() {
             );
         }
     }
+}
+
+// ---- The draft, point by point: every response shape parsed back as Structured Fields ----
+
+/// One list item: the policy name and its parameters, parsed by sfv.
+type Item = (String, Vec<(String, sfv::BareItem)>);
+
+/// A RateLimit or RateLimit-Policy field parsed strictly: a List of String items whose
+/// parameters are Integers except `pk`, a Byte Sequence; nothing else is allowed.
+fn items(reply: &Reply, name: &str, allowed: &[&str]) -> Vec<Item> {
+    let Some(list) = reply.sf_list(name) else {
+        return Vec::new();
+    };
+    list.iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{name}: inner list {entry:?}");
+            };
+            let sfv::BareItem::String(policy) = &item.bare_item else {
+                panic!("{name}: policy name is not a String: {item:?}");
+            };
+            let params: Vec<(String, sfv::BareItem)> = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let k = k.as_str();
+                    assert!(allowed.contains(&k), "{name}: unexpected parameter {k:?}");
+                    match (k, v) {
+                        ("pk", sfv::BareItem::ByteSequence(_)) => {}
+                        ("pk", other) => panic!("{name}: pk is not a Byte Sequence: {other:?}"),
+                        (_, sfv::BareItem::Integer(i)) => assert!(i64::from(*i) >= 0),
+                        (k, other) => panic!("{name}: {k} is not an Integer: {other:?}"),
+                    }
+                    (k.to_owned(), v.clone())
+                })
+                .collect();
+            (policy.as_str().to_owned(), params)
+        })
+        .collect()
+}
+
+fn int(item: &Item, key: &str) -> i64 {
+    let mut found = item.1.iter().filter(|(k, _)| k == key);
+    let value = match found.next() {
+        Some((_, sfv::BareItem::Integer(i))) => i64::from(*i),
+        other => panic!("{key} of {item:?}: {other:?}"),
+    };
+    assert!(found.next().is_none(), "{key} twice in {item:?}");
+    value
+}
+
+fn pk(item: &Item) -> Option<Vec<u8>> {
+    item.1.iter().find_map(|(k, v)| match v {
+        sfv::BareItem::ByteSequence(bytes) if k == "pk" => Some(bytes.clone()),
+        _ => None,
+    })
+}
+
+/// Every member name of a problem body is lower case with words joined by hyphens, as the
+/// draft's own `violated-policies`.
+fn assert_member_names(body: &serde_json::Value) {
+    let object = body.as_object().expect("a problem is a JSON object");
+    for name in object.keys() {
+        assert!(
+            !name.is_empty()
+                && name.split('-').all(|word| {
+                    !word.is_empty() && word.chars().all(|c| c.is_ascii_lowercase())
+                }),
+            "problem member {name:?} is not lower-case-hyphenated"
+        );
+    }
+    assert!(object.get("retry_after_seconds").is_none());
+}
+
+fn serve<K: tollgate::key::KeyExtractor>(
+    layer: RateLimitLayer<K>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+> + Clone {
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(ok_handler))
+}
+
+/// A limiter in front of a store that is down from the start.
+fn down_limiter(
+    clock: &ManualClock,
+    on_failure: FailurePolicy,
+    policies: impl IntoIterator<Item = Policy>,
+) -> Limiter {
+    let remote = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    remote.set_down(true);
+    policies
+        .into_iter()
+        .fold(
+            Limiter::builder()
+                .backend(remote)
+                .clock(clock.clone())
+                .on_store_failure(on_failure),
+            |builder, policy| builder.policy(policy),
+        )
+        .build()
+}
+
+fn daily_bucket(limit: u64) -> Policy {
+    Policy::token_bucket("daily", Quota::per_day(limit), limit)
+}
+
+#[tokio::test]
+async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
+    let clock = ManualClock::new(START_MS);
+    let policies = || [per_second(50), daily_bucket(1_000_000)];
+    let fresh = |layer: RateLimitLayer<GlobalKey>| {
+        let mut svc = serve(layer);
+        async move { send(&mut svc, get("/", &[])).await }
+    };
+
+    // A daily bucket refills a token every 86.4 ms, so t=1 while 999,999 remain: uncapped,
+    // a client dividing r by t would go at 999,999 per second. By default r is a minute's
+    // worth of the daily average, ceil(1e6 * 60 / 86400) = 695; the per-second policy (its
+    // quota fits in a minute) is reported as it is, its t=2 beside w=1.
+    let reply = fresh(RateLimitLayer::new(limiter_at(&clock, policies())).key(GlobalKey)).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let state = items(&reply, "ratelimit", &["r", "t"]);
+    assert_eq!(state[0].0, "per-second");
+    assert_eq!((int(&state[0], "r"), int(&state[0], "t")), (49, 2));
+    assert_eq!(state[1].0, "daily");
+    assert_eq!((int(&state[1], "r"), int(&state[1], "t")), (695, 1));
+    // The quota itself is advertised unchanged, and the decision keeps the exact count.
+    let policy = items(&reply, "ratelimit-policy", &["q", "w"]);
+    assert_eq!(
+        (int(&policy[1], "q"), int(&policy[1], "w")),
+        (1_000_000, 86_400)
+    );
+    let Some(Decision::Allowed(info)) = reply.extensions.get::<Decision>() else {
+        panic!("no decision");
+    };
+    assert_eq!(info.policies()[1].remaining(), 999_999);
+
+    // A zero horizon: r / t is at most q / w exactly, ceil(1e6 / 86400) = 12.
+    let reply = fresh(
+        RateLimitLayer::new(limiter_at(&clock, policies()))
+            .key(GlobalKey)
+            .remaining_horizon(Duration::ZERO),
+    )
+    .await;
+    let state = items(&reply, "ratelimit", &["r", "t"]);
+    assert_eq!(int(&state[0], "r"), 49);
+    assert_eq!(int(&state[1], "r"), 12);
+
+    // Ten minutes: 6,945.
+    let reply = fresh(
+        RateLimitLayer::new(limiter_at(&clock, policies()))
+            .key(GlobalKey)
+            .remaining_horizon(Duration::from_secs(600)),
+    )
+    .await;
+    assert_eq!(int(&items(&reply, "ratelimit", &["r", "t"])[1], "r"), 6_945);
+
+    // Uncapped: what the store computed.
+    let reply = fresh(
+        RateLimitLayer::new(limiter_at(&clock, policies()))
+            .key(GlobalKey)
+            .uncapped_remaining(),
+    )
+    .await;
+    assert_eq!(
+        int(&items(&reply, "ratelimit", &["r", "t"])[1], "r"),
+        999_999
+    );
+}
+
+#[tokio::test]
+async fn a_sliding_daily_window_keeps_r_over_t_at_the_daily_average() {
+    // Two requests at 16:40: they count until the window ends (26,400 s) and then fade, so
+    // r grows again after t = 69,600 s; r is capped at ceil(1e6 * 69600 / 86400).
+    let clock = ManualClock::new(START_MS);
+    let mut svc =
+        serve(RateLimitLayer::new(limiter_at(&clock, [per_day(1_000_000)])).key(GlobalKey));
+    let mut last = None;
+    for _ in 0..2 {
+        let reply = send(&mut svc, get("/", &[])).await;
+        let state = items(&reply, "ratelimit", &["r", "t"]);
+        let (r, t) = (int(&state[0], "r"), int(&state[0], "t"));
+        assert!(r * 86_400 <= 1_000_000 * t.max(60) + 86_400, "r={r};t={t}");
+        last = Some((r, t));
+    }
+    assert_eq!(last, Some((805_556, 69_600)));
+}
+
+#[tokio::test]
+async fn the_cap_never_hides_the_last_request_nor_raises_r() {
+    // 3 a day, a token every 8 hours: ceil(3 * 28800 / 86400) = 1 while 2 remain, then
+    // the last one is still advertised, then nothing.
+    let clock = ManualClock::new(START_MS);
+    let mut svc = serve(RateLimitLayer::new(limiter_at(&clock, [daily_bucket(3)])).key(GlobalKey));
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let reply = send(&mut svc, get("/", &[])).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        let state = items(&reply, "ratelimit", &["r", "t"]);
+        seen.push((int(&state[0], "r"), int(&state[0], "t")));
+    }
+    assert_eq!(seen, [(1, 28_800), (1, 28_800), (0, 28_800)]);
+    let reply = send(&mut svc, get("/", &[])).await;
+    check_refusal(&reply, &["daily"]);
+}
+
+fn redirect_service(
+    mode: Option<HeaderMode>,
+) -> impl Service<
+    Request<Full<Bytes>>,
+    Response = Response<ResponseBody<Full<Bytes>>>,
+    Error = Infallible,
+> + Clone {
+    let clock = ManualClock::new(START_MS);
+    let layer = RateLimitLayer::new(limiter_at(&clock, [per_second(1)])).key(GlobalKey);
+    let layer = match mode {
+        Some(mode) => layer.headers(mode),
+        None => layer,
+    };
+    ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_request: Request<Full<Bytes>>| async {
+            let mut response = Response::new(Full::new(Bytes::new()));
+            *response.status_mut() = StatusCode::FOUND;
+            response
+                .headers_mut()
+                .insert(http::header::LOCATION, "/elsewhere".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        }))
+}
+
+#[tokio::test]
+async fn redirects_carry_no_fields_by_default() {
+    assert_eq!(HeaderMode::default(), HeaderMode::ExceptRedirects);
+    let mut svc = redirect_service(None);
+    // The one request left r=0: a client must not wait t before following Location.
+    let reply = send(&mut svc, get("/", &[])).await;
+    assert_eq!(reply.status, StatusCode::FOUND);
+    assert!(reply.headers.get("ratelimit-policy").is_none());
+    assert!(reply.headers.get("ratelimit").is_none());
+    assert!(matches!(
+        reply.extensions.get::<Decision>(),
+        Some(Decision::Allowed(_))
+    ));
+    // A refusal still carries them.
+    let reply = send(&mut svc, get("/", &[])).await;
+    check_refusal(&reply, &["per-second"]);
+    assert_eq!(
+        items(&reply, "ratelimit-policy", &["q", "w"])[0].0,
+        "per-second"
+    );
+
+    // Always: redirections included.
+    let mut svc = redirect_service(Some(HeaderMode::Always));
+    let reply = send(&mut svc, get("/", &[])).await;
+    assert_eq!(reply.status, StatusCode::FOUND);
+    assert_eq!(policy_field(&reply), owned(&[("per-second", 1, 1)]));
+    let state = state_field(&reply);
+    assert_eq!((state[0].0.as_str(), state[0].1), ("per-second", 0));
+    assert!(state[0].2 >= 1);
+}
+
+#[tokio::test]
+async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota() {
+    let clock = ManualClock::new(START_MS);
+    let limiter = down_limiter(
+        &clock,
+        FailurePolicy::closed(),
+        [per_second(50), per_day(1_000_000)],
+    );
+    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    let reply = send(&mut svc, get("/", &[])).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        reply.headers[http::header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let retry_after = reply.retry_after().expect("Retry-After on a 503");
+    assert!(retry_after >= 1);
+
+    // The reduced quota: nothing in each window, until Retry-After.
+    let policy = items(&reply, "ratelimit-policy", &["q", "w"]);
+    let policy: Vec<(String, i64, i64)> = policy
+        .iter()
+        .map(|item| (item.0.clone(), int(item, "q"), int(item, "w")))
+        .collect();
+    assert_eq!(
+        policy,
+        owned(&[("per-second", 0, 1), ("per-day", 0, 86_400)])
+    );
+    let state = items(&reply, "ratelimit", &["r", "t"]);
+    for item in &state {
+        assert_eq!(int(item, "r"), 0);
+        assert_eq!(u64::try_from(int(item, "t")).unwrap(), retry_after);
+    }
+    assert_eq!(state.len(), 2);
+
+    let body = reply.json();
+    assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(body["title"], "Temporary reduced capacity");
+    assert_eq!(body["status"], 503);
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["per-second", "per-day"])
+    );
+    assert_eq!(body["retry-after-seconds"], retry_after);
+    assert_member_names(&body);
+
+    // Never mode: the fields go, Retry-After and the problem stay.
+    let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(50)]);
+    let mut svc = serve(
+        RateLimitLayer::new(limiter)
+            .key(GlobalKey)
+            .headers(HeaderMode::Never),
+    );
+    let reply = send(&mut svc, get("/", &[])).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(reply.headers.get("ratelimit-policy").is_none());
+    assert!(reply.headers.get("ratelimit").is_none());
+    assert!(reply.retry_after().is_some());
+    assert_eq!(reply.json()["type"], TEMPORARY_REDUCED_CAPACITY);
+}
+
+#[tokio::test]
+async fn a_local_share_advertises_the_share_on_allowed_and_refused_responses() {
+    let clock = ManualClock::new(START_MS);
+    let limiter = down_limiter(
+        &clock,
+        FailurePolicy::local_share(InstanceCount::fixed(4)),
+        [per_second(8)],
+    );
+    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    let mut admitted = 0;
+    loop {
+        let reply = send(&mut svc, get("/", &[])).await;
+        let policy = items(&reply, "ratelimit-policy", &["q", "w"]);
+        assert_eq!(policy.len(), 1);
+        let (q, w) = (int(&policy[0], "q"), int(&policy[0], "w"));
+        // The share, not the quota: four instances together stay within 8 per second.
+        assert!(q * 4 <= 8 * w, "q={q};w={w}");
+        let state = items(&reply, "ratelimit", &["r", "t"]);
+        assert_eq!(state.len(), 1);
+        assert!(int(&state[0], "r") <= q);
+        if reply.status == StatusCode::OK {
+            admitted += 1;
+            assert!(admitted <= 8, "the share never admits the whole quota");
+            continue;
+        }
+        check_refusal(&reply, &["per-second"]);
+        assert_member_names(&reply.json());
+        let Some(Decision::Limited(info)) = reply.extensions.get::<Decision>() else {
+            panic!("no decision");
+        };
+        assert_eq!(
+            info.source(),
+            tollgate::decision::DecisionSource::LocalShare
+        );
+        break;
+    }
+    assert_eq!(admitted, 2);
+}
+
+#[tokio::test]
+async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
+    let clock = ManualClock::new(START_MS);
+    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = Limiter::builder()
+        .backend(backend)
+        .clock(clock.clone())
+        .mode(ModeSwitch::new(Mode::Shadow))
+        .policy(per_second(1))
+        .build();
+    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    for _ in 0..3 {
+        let reply = send(&mut svc, get("/", &[])).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert!(reply.sf_list("ratelimit-policy").is_none());
+        assert!(reply.sf_list("ratelimit").is_none());
+        assert!(reply.retry_after().is_none());
+        assert!(matches!(
+            reply.extensions.get::<Decision>(),
+            Some(Decision::Shadowed(_))
+        ));
+    }
+}
+
+#[tokio::test]
+async fn a_partition_key_is_a_keyed_digest_of_the_caller_never_the_key() {
+    let clock = ManualClock::new(START_MS);
+    let layer = |secret: &[u8]| {
+        RateLimitLayer::new(limiter_at(&clock, [per_second(2), per_day(1_000_000)]))
+            .key(HeaderKey::new("x-api-key"))
+            .partition_key(secret)
+    };
+    let mut svc = serve(layer(b"secret one"));
+    let as_caller = |key: &'static str| get("/", &[("x-api-key", key)]);
+
+    // Every item of both fields carries one pk, 16 bytes, the same for one caller.
+    let pks = |reply: &Reply| -> Vec<Vec<u8>> {
+        let mut all = Vec::new();
+        for (field, allowed) in [
+            ("ratelimit-policy", &["q", "w", "pk"][..]),
+            ("ratelimit", &["r", "t", "pk"][..]),
+        ] {
+            for item in items(reply, field, allowed) {
+                all.push(pk(&item).unwrap_or_else(|| panic!("no pk in {field}: {item:?}")));
+            }
+        }
+        all
+    };
+    let first = send(&mut svc, as_caller("sk_live_alice")).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let alice = pks(&first);
+    assert_eq!(alice.len(), 4);
+    assert!(alice.iter().all(|pk| pk.len() == 16 && *pk == alice[0]));
+    let alice = alice[0].clone();
+    assert!(
+        !alice.windows(4).any(|w| w == b"sk_l" || w == b"alic"),
+        "pk carries the key"
+    );
+    for header in ["ratelimit-policy", "ratelimit"] {
+        let raw = first.headers[header].to_str().unwrap();
+        assert!(!raw.contains("sk_live"), "{raw}");
+    }
+
+    let bob = send(&mut svc, as_caller("sk_live_bob")).await;
+    assert!(pks(&bob).iter().all(|pk| *pk != alice && pk.len() == 16));
+
+    // Alice's 429 carries her pk too.
+    let _ = send(&mut svc, as_caller("sk_live_alice")).await;
+    let refused = send(&mut svc, as_caller("sk_live_alice")).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(pks(&refused).iter().all(|pk| *pk == alice));
+
+    // Another instance with the same secret sends the same pk; another secret, another.
+    let mut same = serve(layer(b"secret one"));
+    let reply = send(&mut same, as_caller("sk_live_alice")).await;
+    assert!(pks(&reply).iter().all(|pk| *pk == alice));
+    let mut other = serve(layer(b"secret two"));
+    let reply = send(&mut other, as_caller("sk_live_alice")).await;
+    assert!(pks(&reply).iter().all(|pk| *pk != alice));
+
+    // A fail-closed 503 names the partition as well.
+    let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(2)]);
+    let mut down = serve(
+        RateLimitLayer::new(limiter)
+            .key(HeaderKey::new("x-api-key"))
+            .partition_key(b"secret one"),
+    );
+    let reply = send(&mut down, as_caller("sk_live_alice")).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    let down_pks = pks(&reply);
+    assert_eq!(down_pks.len(), 2);
+    assert!(down_pks.iter().all(|pk| *pk == alice));
+}
+
+#[tokio::test]
+async fn problem_members_are_named_as_the_draft_names_them() {
+    let clock = ManualClock::new(START_MS);
+    let mut svc = service(limiter_at(&clock, [per_second(1)]), HeaderMode::default());
+    let _ = send(&mut svc, get("/", &[])).await;
+    let reply = send(&mut svc, get("/", &[])).await;
+    let retry_after = check_refusal(&reply, &["per-second"]);
+    let body = reply.json();
+    assert_member_names(&body);
+    assert_eq!(body["retry-after-seconds"], retry_after);
+    assert_eq!(body["title"], "Quota exceeded");
 }

@@ -159,7 +159,7 @@ async fn a_plain_hyper_server_answers_200_then_429_over_the_wire() {
     let body = reply.json();
     assert_eq!(body["status"], 429);
     assert_eq!(body["violated-policies"], serde_json::json!(["per-minute"]));
-    assert_eq!(body["retry_after_seconds"], retry_after);
+    assert_eq!(body["retry-after-seconds"], retry_after);
 }
 
 #[tokio::test]

@@ -171,7 +171,7 @@ fn assert_shed(reply: &Reply, retry_after: u64) {
     let problem = reply.json();
     assert_eq!(problem["type"], TEMPORARY_REDUCED_CAPACITY);
     assert_eq!(problem["status"], 503);
-    assert_eq!(problem["retry_after_seconds"], retry_after);
+    assert_eq!(problem["retry-after-seconds"], retry_after);
     assert!(problem["title"].is_string(), "{problem}");
 }
 
