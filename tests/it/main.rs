@@ -23,6 +23,7 @@ mod metrics;
 mod modes;
 mod orders_api_e2e;
 mod outage;
+mod quickstart;
 mod recovery;
 mod redis_backend;
 mod redis_cluster;
