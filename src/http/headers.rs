@@ -2,9 +2,10 @@
 
 use std::sync::{Arc, RwLock};
 
+use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::policy::Policy;
@@ -97,9 +98,7 @@ impl RemainingCap {
 /// secret, the first 16 bytes), never the key itself.
 #[derive(Clone)]
 pub(crate) struct PartitionKey {
-    // The HMAC key padded to the block size, XORed with ipad and opad.
-    inner_pad: [u8; 64],
-    outer_pad: [u8; 64],
+    mac: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for PartitionKey {
@@ -114,36 +113,18 @@ pub(crate) const PARTITION_KEY_LEN: usize = 16;
 
 impl PartitionKey {
     pub(crate) fn new(secret: &[u8]) -> Self {
-        let mut key = [0u8; 64];
-        if secret.len() > 64 {
-            key[..32].copy_from_slice(&Sha256::digest(secret));
-        } else {
-            key[..secret.len()].copy_from_slice(secret);
-        }
-        let mut inner_pad = [0x36u8; 64];
-        let mut outer_pad = [0x5cu8; 64];
-        for i in 0..64 {
-            inner_pad[i] ^= key[i];
-            outer_pad[i] ^= key[i];
-        }
         Self {
-            inner_pad,
-            outer_pad,
+            mac: Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
         }
     }
 
     /// HMAC-SHA-256 (RFC 2104) of `caller`, truncated.
     pub(crate) fn of(&self, caller: &[u8]) -> [u8; PARTITION_KEY_LEN] {
-        let inner = Sha256::new()
-            .chain_update(self.inner_pad)
-            .chain_update(caller)
-            .finalize();
-        let outer = Sha256::new()
-            .chain_update(self.outer_pad)
-            .chain_update(inner)
-            .finalize();
+        let mut mac = self.mac.clone();
+        mac.update(caller);
+        let digest = mac.finalize().into_bytes();
         let mut pk = [0u8; PARTITION_KEY_LEN];
-        pk.copy_from_slice(&outer[..PARTITION_KEY_LEN]);
+        pk.copy_from_slice(&digest[..PARTITION_KEY_LEN]);
         pk
     }
 }
