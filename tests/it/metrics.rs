@@ -356,6 +356,15 @@ impl Spans {
 }
 
 impl tracing::Subscriber for Spans {
+    // Tests run side by side, each with a subscriber of its own on its thread: a callsite's
+    // interest must not be cached from whichever subscriber saw it first, so every use asks
+    // `enabled` of the subscriber in scope.
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
     fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
         self.max >= *metadata.level()
     }
