@@ -2,9 +2,9 @@
 //! refusals, cached refusals, an outage and the recovery; their help text in a Prometheus
 //! scrape; and the `tracing` span each decision gets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -14,14 +14,13 @@ use tollgate::decision::BreakerState;
 use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::store::LiveInstances;
 use tollgate::{
-    BreakerConfig, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Mode,
-    ModeSwitch, Policy, Quota, RedisBackend,
+    BreakerConfig, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Policy, Quota,
+    RedisBackend,
 };
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, gauge, histogram_len, with_recorder};
 use tollgate_testkit::redis::RedisServer;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tracing::level_filters::LevelFilter;
 
 #[test]
 fn a_scripted_run_shows_every_documented_metric() {
@@ -300,206 +299,4 @@ fn every_tollgate_metric_in_a_prometheus_scrape_has_help_and_a_type() {
     assert_eq!(kind("tollgate_live_instances"), "gauge");
     assert_eq!(kind("tollgate_store_latency_seconds"), "histogram");
     assert!(scrape.contains("tollgate_store_latency_seconds_bucket{layer=\"orders\",le=\"0.5\"}"));
-}
-
-/// A `tracing` subscriber that keeps tollgate's decision spans (fields as recorded) and
-/// which span each "request refused" event happened in, up to a maximum level.
-#[derive(Clone)]
-struct Spans {
-    max: LevelFilter,
-    state: Arc<Mutex<SpanState>>,
-}
-
-#[derive(Default)]
-struct SpanState {
-    /// Every span created, in order: its name and fields.
-    spans: Vec<(&'static str, BTreeMap<String, String>)>,
-    /// The spans entered on this thread, innermost last (ids are indices + 1).
-    entered: Vec<u64>,
-    /// For each refusal event, the span it happened in.
-    refusals_in: Vec<Option<u64>>,
-}
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.insert(field.name().to_owned(), value.to_owned());
-    }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl Spans {
-    fn new(max: LevelFilter) -> Self {
-        Self {
-            max,
-            state: Arc::default(),
-        }
-    }
-
-    /// The decision spans' fields, in order of creation.
-    fn decisions(&self) -> Vec<BTreeMap<String, String>> {
-        let state = self.state.lock().unwrap();
-        state
-            .spans
-            .iter()
-            .filter(|(name, _)| *name == "tollgate.decision")
-            .map(|(_, fields)| fields.clone())
-            .collect()
-    }
-
-    fn refusals_in(&self) -> Vec<Option<u64>> {
-        self.state.lock().unwrap().refusals_in.clone()
-    }
-}
-
-impl tracing::Subscriber for Spans {
-    // Tests run side by side, each with a subscriber of its own on its thread: a callsite's
-    // interest must not be cached from whichever subscriber saw it first, so every use asks
-    // `enabled` of the subscriber in scope.
-    fn register_callsite(
-        &self,
-        _: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::sometimes()
-    }
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        self.max >= *metadata.level()
-    }
-    fn max_level_hint(&self) -> Option<LevelFilter> {
-        Some(self.max)
-    }
-    fn new_span(&self, attributes: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        let mut fields = BTreeMap::new();
-        attributes.record(&mut Fields(&mut fields));
-        let mut state = self.state.lock().unwrap();
-        state.spans.push((attributes.metadata().name(), fields));
-        tracing::span::Id::from_u64(state.spans.len() as u64)
-    }
-    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
-        let mut state = self.state.lock().unwrap();
-        let index = span.into_u64() as usize - 1;
-        values.record(&mut Fields(&mut state.spans[index].1));
-    }
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut fields = BTreeMap::new();
-        event.record(&mut Fields(&mut fields));
-        if fields.get("message").map(String::as_str) == Some("request refused") {
-            let mut state = self.state.lock().unwrap();
-            let current = state.entered.last().copied();
-            state.refusals_in.push(current);
-        }
-    }
-    fn enter(&self, span: &tracing::span::Id) {
-        self.state.lock().unwrap().entered.push(span.into_u64());
-    }
-    fn exit(&self, _: &tracing::span::Id) {
-        self.state.lock().unwrap().entered.pop();
-    }
-}
-
-fn fields(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect()
-}
-
-#[tokio::test]
-async fn each_decision_gets_a_span_with_its_outcome_and_refusing_policy() {
-    let spans = Spans::new(LevelFilter::DEBUG);
-    // A current-thread runtime: every check below runs on this thread, under this subscriber.
-    let _subscriber = tracing::subscriber::set_default(spans.clone());
-    let mode = ModeSwitch::new(Mode::Enforce);
-    let limiter = Limiter::builder()
-        .name("orders")
-        .mode(mode.clone())
-        .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
-        .build();
-    let acme = Caller::new("acme");
-    assert!(limiter.check(&acme).await.is_allowed());
-    assert!(!limiter.check(&acme).await.is_allowed());
-    mode.set(Mode::Shadow);
-    assert!(limiter.check(&acme).await.is_allowed());
-
-    let layer = ("layer", "orders");
-    assert_eq!(
-        spans.decisions(),
-        [
-            fields(&[layer, ("outcome", "allowed")]),
-            fields(&[layer, ("outcome", "limited"), ("policy", "per-minute")]),
-            fields(&[
-                layer,
-                ("outcome", "shadow_limited"),
-                ("policy", "per-minute")
-            ]),
-        ]
-    );
-    // The refusal's log line sits inside its decision's span (span ids count from 1).
-    assert_eq!(spans.refusals_in(), [Some(2)]);
-}
-
-#[test]
-fn a_decision_that_waits_on_redis_is_recorded_in_its_span() {
-    let server = RedisServer::start();
-    let spans = Spans::new(LevelFilter::DEBUG);
-    let _subscriber = tracing::subscriber::set_default(spans.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let store = RedisBackend::builder(server.url()).build().unwrap();
-        store.ping().await.unwrap();
-        let limiter = Limiter::builder()
-            .name("orders")
-            .backend(store)
-            .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
-            .denial_cache(0)
-            .build();
-        let acme = Caller::new("acme");
-        assert!(limiter.check(&acme).await.is_allowed());
-        assert!(!limiter.check(&acme).await.is_allowed());
-    });
-    let decisions = spans.decisions();
-    let layer = ("layer", "orders");
-    assert_eq!(
-        decisions,
-        [
-            fields(&[layer, ("outcome", "allowed")]),
-            fields(&[layer, ("outcome", "limited"), ("policy", "per-minute")]),
-        ]
-    );
-    // The refusal was concluded in the future the store call made, inside its span.
-    let refusal_span = spans.refusals_in()[0].expect("a refusal outside any span");
-    let state = spans.state.lock().unwrap();
-    assert_eq!(
-        state.spans[refusal_span as usize - 1].0,
-        "tollgate.decision"
-    );
-    assert_eq!(
-        state.spans[refusal_span as usize - 1]
-            .1
-            .get("outcome")
-            .map(String::as_str),
-        Some("limited")
-    );
-}
-
-#[tokio::test]
-async fn no_decision_span_when_the_subscriber_wants_nothing_below_info() {
-    let spans = Spans::new(LevelFilter::INFO);
-    let _subscriber = tracing::subscriber::set_default(spans.clone());
-    let limiter = Limiter::builder()
-        .name("orders")
-        .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
-        .build();
-    let acme = Caller::new("acme");
-    assert!(limiter.check(&acme).await.is_allowed());
-    assert!(!limiter.check(&acme).await.is_allowed());
-    assert_eq!(spans.decisions(), Vec::<BTreeMap<String, String>>::new());
-    assert!(spans.state.lock().unwrap().spans.is_empty());
 }
