@@ -82,7 +82,7 @@
 //!
 //! | name | type | labels | unit | what |
 //! |---|---|---|---|---|
-//! | `tollgate_decisions_total` | counter | `layer`, `outcome`, `policy` | requests | one per decision; `outcome` is `allowed`, `limited`, `unavailable` (failed closed), `unlimited` (passed uncounted: no key, failed open), or in shadow mode `shadow_allowed`, `shadow_limited`, `shadow_unavailable`, `shadow_unlimited`; `policy` names the first refusing policy of a `limited` outcome and is empty otherwise |
+//! | `tollgate_decisions_total` | counter | `layer`, `outcome`, `policy` | requests | one per decision; `outcome` is `allowed`, `limited`, `unavailable` (failed closed), `unlimited` (passed uncounted: no key, failed open), `skipped` (matched the layer's skip predicate), or in shadow mode `shadow_allowed`, `shadow_limited`, `shadow_unavailable`, `shadow_unlimited`; `policy` names the first refusing policy of a `limited` outcome and is empty otherwise |
 //! | `tollgate_fallbacks_total` | counter | `layer`, `reason`, `policy` | requests | decisions the store could not make; `reason` is `timeout`, `refused`, `other_error` or `breaker_open`; `policy` is the failure policy applied (`open`, `closed`, `local_share`, `static`, `static_then_…`) |
 //! | `tollgate_breaker_state` | gauge | `layer` | state | 0 closed, 1 open, 2 half-open |
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |

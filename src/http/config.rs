@@ -1,10 +1,17 @@
 //! What a layer is configured with, shared by its services and their futures.
 
-use http::StatusCode;
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+use metrics::Counter;
 
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::MissingKey;
 use crate::limiter::check::Limiter;
+use crate::limiter::decision::Decision;
 
 #[derive(Debug)]
 pub(crate) struct Config<K> {
@@ -19,4 +26,34 @@ pub(crate) struct Config<K> {
     pub(crate) remaining_cap: RemainingCap,
     /// The secret of the `pk` parameter, when the layer sends one.
     pub(crate) partition_key: Option<PartitionKey>,
+    /// Requests that pass uncounted, when the layer skips some.
+    pub(crate) skip: Option<Skip>,
+    /// What builds refusals, when not the layer's problem+json.
+    pub(crate) refusal: Option<RefusalHook>,
+}
+
+/// The predicate of requests that pass uncounted, and the counter that counts them.
+#[derive(Clone)]
+pub(crate) struct Skip {
+    pub(crate) predicate: Arc<dyn Fn(&Parts) -> bool + Send + Sync>,
+    pub(crate) counter: Counter,
+}
+
+impl fmt::Debug for Skip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Skip").finish_non_exhaustive()
+    }
+}
+
+/// The user's hook that turns the default refusal into the one sent.
+pub(crate) type RefusalFn = dyn Fn(&Decision, Response<Bytes>) -> Response<Bytes> + Send + Sync;
+
+/// [`RefusalFn`] behind an `Arc`, with a `Debug` that names it without calling it.
+#[derive(Clone)]
+pub(crate) struct RefusalHook(pub(crate) Arc<RefusalFn>);
+
+impl fmt::Debug for RefusalHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefusalHook").finish_non_exhaustive()
+    }
 }

@@ -78,6 +78,19 @@ where
             pk: None,
         }
     }
+
+    /// The future of a request the skip predicate let through: the inner service is
+    /// already called, and nothing is counted or added to its response.
+    pub(crate) fn skipped(future: S::Future, config: Arc<Config<K>>) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                decision: Some(Decision::Unlimited(UnlimitedReason::Skipped)),
+            },
+            config,
+            pk: None,
+        }
+    }
 }
 
 impl<S, K, ReqBody> std::fmt::Debug for ResponseFuture<S, K, ReqBody>
@@ -162,7 +175,7 @@ where
                 } => {
                     let decision = ready!(Pin::new(decision).poll(cx));
                     let fields = fields(this.config, this.pk.as_ref());
-                    let refusal = match &decision {
+                    let default = match &decision {
                         Decision::Limited(info) => Some(response::limited(info, fields)),
                         Decision::Unavailable {
                             retry_after_secs,
@@ -178,7 +191,12 @@ where
                             None
                         }
                     };
-                    if let Some(mut refusal) = refusal {
+                    if let Some(default) = default {
+                        let refusal = match &this.config.refusal {
+                            Some(hook) => (hook.0)(&decision, default),
+                            None => default,
+                        };
+                        let mut refusal = refusal.map(ResponseBody::full);
                         refusal.extensions_mut().insert(decision);
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(refusal));

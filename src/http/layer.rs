@@ -3,14 +3,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::StatusCode;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::http::config::Config;
+use crate::http::config::{Config, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::http::service::RateLimit;
 use crate::limiter::check::Limiter;
+use crate::limiter::decision::Decision;
+use crate::limiter::telemetry;
 
 /// Rate-limits each caller of the wrapped service.
 ///
@@ -62,6 +66,8 @@ impl RateLimitLayer<ClientIp> {
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: RemainingCap::default(),
                 partition_key: None,
+                skip: None,
+                refusal: None,
             }),
         }
     }
@@ -81,6 +87,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: config.remaining_cap,
                 partition_key: config.partition_key,
+                skip: config.skip,
+                refusal: config.refusal,
             }),
         }
     }
@@ -232,6 +240,127 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         }
     }
 
+    /// Lets the requests for which `predicate` returns `true` pass uncounted: no key is
+    /// extracted, the store is not asked, and the response carries no RateLimit fields.
+    /// Typical uses are health probes, internal networks (by peer address) and an
+    /// allow-list of keys (the predicate may read any header).
+    ///
+    /// The predicate sees the request's [`Parts`] (method, URI, headers, extensions), not
+    /// its body, so one predicate serves a layer whatever body type the service it wraps
+    /// takes. The peer address is in the extensions, as axum's
+    /// `ConnectInfo<SocketAddr>` or, for plain hyper services, a bare `SocketAddr`. Keep
+    /// the predicate cheap: it runs on every request before anything else.
+    ///
+    /// Each skipped request is counted in `tollgate_decisions_total` with outcome
+    /// `skipped`, and its response's extensions hold
+    /// `Decision::Unlimited(UnlimitedReason::Skipped)`. The counter is registered with the
+    /// metrics recorder installed when `skip` is called. A later `skip` replaces an
+    /// earlier one.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::decision::{Decision, UnlimitedReason};
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(GlobalKey)
+    ///     .skip(|request| request.uri.path() == "/healthz");
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// for _ in 0..3 {
+    ///     let probe = http::Request::get("/healthz").body(()).unwrap();
+    ///     let response = service.clone().oneshot(probe).await.unwrap();
+    ///     assert_eq!(response.status(), 200);
+    ///     assert!(!response.headers().contains_key("ratelimit"));
+    ///     assert_eq!(
+    ///         response.extensions().get::<Decision>(),
+    ///         Some(&Decision::Unlimited(UnlimitedReason::Skipped)),
+    ///     );
+    /// }
+    /// let order = http::Request::get("/orders").body(()).unwrap();
+    /// assert_eq!(service.oneshot(order).await.unwrap().status(), 200);
+    /// # }
+    /// ```
+    pub fn skip<F>(self, predicate: F) -> Self
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+    {
+        let mut config = self.into_config();
+        config.skip = Some(Skip {
+            predicate: Arc::new(predicate),
+            counter: telemetry::skipped_counter(config.limiter.name()),
+        });
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Builds the refusals (the 429 of a limited caller and the fail-closed 503, or the
+    /// status set by [`unavailable_status`](Self::unavailable_status)) with `hook`, for
+    /// services with an error format of their own.
+    ///
+    /// The hook receives the [`Decision`] (`Limited` or `Unavailable`) and the response the
+    /// layer would have sent: its status, the RateLimit-Policy, RateLimit and Retry-After
+    /// fields (as [`headers`](Self::headers) configures them) and a problem+json body. It
+    /// returns the response to send. The fields therefore stay unless the hook removes
+    /// them; a hook that replaces the body sets its Content-Type too. Whatever status the hook returns is
+    /// sent as it is, a 500 included: that is the hook's choice, not the layer's. The
+    /// decision is added to the extensions of the returned response. Key rejections (see
+    /// [`on_missing_key`](Self::on_missing_key)) are not refusals and do not go through
+    /// the hook. A later `on_refusal` replaces an earlier one.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use bytes::Bytes;
+    /// use http::header::CONTENT_TYPE;
+    /// use tollgate::decision::Decision;
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(GlobalKey)
+    ///     .on_refusal(|decision: &Decision, default: http::Response<Bytes>| {
+    ///         let code = match decision {
+    ///             Decision::Limited(_) => "rate_limited",
+    ///             _ => "unavailable",
+    ///         };
+    ///         let (mut parts, _problem) = default.into_parts();
+    ///         parts.headers.insert(CONTENT_TYPE, "application/json".parse().unwrap());
+    ///         let body = format!(r#"{{"error":{{"code":"{code}"}}}}"#);
+    ///         http::Response::from_parts(parts, Bytes::from(body))
+    ///     });
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// service.clone().oneshot(http::Request::new(())).await.unwrap();
+    /// let refused = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(refused.status(), 429);
+    /// assert_eq!(refused.headers()[CONTENT_TYPE], "application/json");
+    /// assert!(refused.headers().contains_key("retry-after"));
+    /// assert!(refused.headers().contains_key("ratelimit"));
+    /// # }
+    /// ```
+    pub fn on_refusal<F>(self, hook: F) -> Self
+    where
+        F: Fn(&Decision, Response<Bytes>) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        let mut config = self.into_config();
+        config.refusal = Some(RefusalHook(Arc::new(hook)));
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// The limiter this layer decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.config.limiter
@@ -247,6 +376,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             policy_fields: PolicyFieldCache::default(),
             remaining_cap: shared.remaining_cap,
             partition_key: shared.partition_key.clone(),
+            skip: shared.skip.clone(),
+            refusal: shared.refusal.clone(),
         })
     }
 }

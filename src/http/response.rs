@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use bytes::Bytes;
+
 use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
@@ -41,7 +43,7 @@ pub(crate) struct Fields<'a> {
 
 /// 429 with RateLimit-Policy, RateLimit (the exhausted policies), Retry-After and a
 /// quota-exceeded problem naming the violated policies.
-pub(crate) fn limited<B>(info: &RateLimitInfo, fields: Fields<'_>) -> Response<ResponseBody<B>> {
+pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Bytes> {
     let retry_after = info.retry_after_secs().max(1);
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
     let mut body = String::with_capacity(256);
@@ -54,7 +56,7 @@ pub(crate) fn limited<B>(info: &RateLimitInfo, fields: Fields<'_>) -> Response<R
     }
     violated_and_retry(&mut body, &violated, retry_after);
 
-    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, body);
+    let mut response = problem_bytes(StatusCode::TOO_MANY_REQUESTS, body);
     let headers = response.headers_mut();
     if fields.mode.on_refused() {
         insert_policy_fields(headers, info, info.violated(), fields);
@@ -67,12 +69,12 @@ pub(crate) fn limited<B>(info: &RateLimitInfo, fields: Fields<'_>) -> Response<R
 /// Retry-After, and the temporary-reduced-capacity problem naming every policy of the
 /// caller. RateLimit-Policy advertises the reduced quota, nothing (`q=0`) in each window,
 /// and RateLimit `r=0` until the retry time.
-pub(crate) fn unavailable<B>(
+pub(crate) fn unavailable(
     status: StatusCode,
     retry_after_secs: u64,
     policies: &[Policy],
     fields: Fields<'_>,
-) -> Response<ResponseBody<B>> {
+) -> Response<Bytes> {
     let retry_after = retry_after_secs.max(1);
     let names: Vec<&str> = policies.iter().map(Policy::name).collect();
     let mut body = String::with_capacity(256);
@@ -84,7 +86,7 @@ pub(crate) fn unavailable<B>(
         status.as_u16()
     );
     violated_and_retry(&mut body, &names, retry_after);
-    let mut response = problem(status, body);
+    let mut response = problem_bytes(status, body);
     let headers = response.headers_mut();
     if fields.mode.on_refused() {
         let reduced = policies
@@ -177,7 +179,11 @@ fn insert_policy_fields<'a>(
 }
 
 fn problem<B>(status: StatusCode, body: String) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(body));
+    problem_bytes(status, body).map(ResponseBody::full)
+}
+
+fn problem_bytes(status: StatusCode, body: String) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     response

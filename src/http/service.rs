@@ -87,11 +87,26 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let key = self.config.key.extract(&request);
         // The decision may take a while; hand the future the service that was driven to
         // readiness and keep a fresh clone here.
         let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let request = match &self.config.skip {
+            Some(skip) => {
+                // The predicate reads the parts only, whatever the body type.
+                let (parts, body) = request.into_parts();
+                let skipped = (skip.predicate)(&parts);
+                let request = Request::from_parts(parts, body);
+                if skipped {
+                    skip.counter.increment(1);
+                    let future = ready.call(request);
+                    return ResponseFuture::skipped(future, self.config.clone());
+                }
+                request
+            }
+            None => request,
+        };
+        let key = self.config.key.extract(&request);
         ResponseFuture::new(key, request, ready, self.config.clone())
     }
 }

@@ -82,6 +82,9 @@ pub enum UnlimitedReason {
     /// The store failed and the failure policy fails open (or fails static and the
     /// caller had no cached refusal).
     StoreFailedOpen,
+    /// The layer's skip predicate matched the request: no key was extracted and the
+    /// store was not asked.
+    Skipped,
 }
 
 impl UnlimitedReason {
@@ -91,6 +94,7 @@ impl UnlimitedReason {
             UnlimitedReason::NoKey => "no_key",
             UnlimitedReason::Off => "off",
             UnlimitedReason::StoreFailedOpen => "store_failed_open",
+            UnlimitedReason::Skipped => "skipped",
         }
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use tracing::Span;
 
-use crate::limiter::decision::Decision;
+use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::fallback::FallbackReason;
 
 pub(crate) const DECISIONS: &str = "tollgate_decisions_total";
@@ -36,7 +36,7 @@ fn describe() {
         DECISIONS,
         Unit::Count,
         "Rate-limit decisions, by layer, outcome (allowed, limited, unavailable, unlimited, \
-         or shadow_* in shadow mode) and, for refusals, the first refusing policy."
+         skipped, or shadow_* in shadow mode) and, for refusals, the first refusing policy."
     );
     metrics::describe_counter!(
         FALLBACKS,
@@ -68,6 +68,7 @@ pub(crate) fn outcome(decision: &Decision) -> &'static str {
         Decision::Allowed(_) => "allowed",
         Decision::Limited(_) => "limited",
         Decision::Unavailable { .. } => "unavailable",
+        Decision::Unlimited(UnlimitedReason::Skipped) => "skipped",
         Decision::Unlimited(_) => "unlimited",
         Decision::Shadowed(inner) => match **inner {
             Decision::Limited(_) => "shadow_limited",
@@ -237,6 +238,18 @@ impl fmt::Debug for LimiterMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimiterMetrics").finish_non_exhaustive()
     }
+}
+
+/// The decisions counter of requests that a layer's skip predicate let through, for
+/// limiter `layer`: outcome `skipped`, no policy. The limiter is never asked about those
+/// requests, so the layer holds this handle and counts them itself.
+pub(crate) fn skipped_counter(layer: &str) -> Counter {
+    metrics::counter!(
+        DECISIONS,
+        "layer" => layer.to_owned(),
+        "outcome" => outcome(&Decision::Unlimited(UnlimitedReason::Skipped)),
+        "policy" => "",
+    )
 }
 
 /// The breaker state gauge of limiter `name`.

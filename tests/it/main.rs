@@ -29,3 +29,4 @@ mod redis_backend;
 mod redis_cluster;
 mod shed;
 mod simulate;
+mod skip_and_refusal;
