@@ -7,6 +7,7 @@
 //! [`http`] sends raw HTTP/1.1 and parses the answer; [`rates`] measures admitted rates.
 
 pub mod counting;
+pub mod example;
 pub mod http;
 pub mod proxy;
 pub mod rates;

@@ -32,20 +32,8 @@ const RECOVERY: Duration = Duration::from_secs(4);
 const BREAKERS_CLOSE_WITHIN: Duration = Duration::from_secs(4);
 const TOLERANCE: f64 = 0.15;
 
-/// The example binary, built by `cargo test` next to this test's own binary.
 fn orders_api() -> PathBuf {
-    let mut dir = std::env::current_exe().expect("test binary path");
-    dir.pop();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let path = dir.join("examples").join("orders_api");
-    assert!(
-        path.exists(),
-        "{} is missing: run through cargo test, which builds examples",
-        path.display()
-    );
-    path
+    tollgate_testkit::example::binary("orders_api")
 }
 
 struct Server {

@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use tollgate_testkit::redis::RedisServer;
@@ -48,22 +47,6 @@ fn the_readme_shows_each_quickstart_example_verbatim() {
     }
 }
 
-/// An example binary, built by `cargo test` next to this test's own binary.
-fn example(name: &str) -> PathBuf {
-    let mut dir = std::env::current_exe().expect("test binary path");
-    dir.pop();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let path = dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run through cargo test, which builds examples",
-        path.display()
-    );
-    path
-}
-
 struct Server {
     child: Child,
     addr: String,
@@ -77,7 +60,7 @@ impl Drop for Server {
 }
 
 fn start(name: &str, args: &[&str]) -> Server {
-    let mut child = Command::new(example(name))
+    let mut child = Command::new(tollgate_testkit::example::binary(name))
         .arg("127.0.0.1:0")
         .args(args)
         .stdout(Stdio::piped())
