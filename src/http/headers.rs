@@ -2,12 +2,11 @@
 
 use std::sync::{Arc, RwLock};
 
-use hmac::{Hmac, Mac};
 use http::{HeaderValue, StatusCode};
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-use sha2::Sha256;
 
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
+use crate::store::digest::{DIGEST_LEN, KeyedDigest};
 use crate::store::policy::Policy;
 
 /// Which responses carry `RateLimit-Policy` and `RateLimit`.
@@ -96,38 +95,10 @@ impl RemainingCap {
 
 /// The `pk` parameter: a keyed digest of the caller key (HMAC-SHA-256 under the layer's
 /// secret, the first 16 bytes), never the key itself.
-#[derive(Clone)]
-pub(crate) struct PartitionKey {
-    mac: Hmac<Sha256>,
-}
+pub(crate) type PartitionKey = KeyedDigest;
 
-impl std::fmt::Debug for PartitionKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The secret stays out of logs.
-        f.write_str("PartitionKey(..)")
-    }
-}
-
-/// The length of `pk`, in bytes: 128 bits keep distinct callers apart.
-pub(crate) const PARTITION_KEY_LEN: usize = 16;
-
-impl PartitionKey {
-    pub(crate) fn new(secret: &[u8]) -> Self {
-        Self {
-            mac: Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
-        }
-    }
-
-    /// HMAC-SHA-256 (RFC 2104) of `caller`, truncated.
-    pub(crate) fn of(&self, caller: &[u8]) -> [u8; PARTITION_KEY_LEN] {
-        let mut mac = self.mac.clone();
-        mac.update(caller);
-        let digest = mac.finalize().into_bytes();
-        let mut pk = [0u8; PARTITION_KEY_LEN];
-        pk.copy_from_slice(&digest[..PARTITION_KEY_LEN]);
-        pk
-    }
-}
+/// The length of `pk`, in bytes.
+pub(crate) const PARTITION_KEY_LEN: usize = DIGEST_LEN;
 
 const Q: &KeyRef = KeyRef::constant("q");
 const W: &KeyRef = KeyRef::constant("w");
@@ -241,30 +212,5 @@ impl PolicyFieldCache {
             fields.push((set.clone(), value.clone()));
         }
         Some(value)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    // RFC 4231, test cases 2 and 6 (a key longer than the block), truncated to 128 bits.
-    #[test]
-    fn partition_keys_are_hmac_sha256() {
-        let pk = PartitionKey::new(b"Jefe").of(b"what do ya want for nothing?");
-        assert_eq!(hex(&pk), "5bdcc146bf60754e6a042426089575c7");
-        let pk = PartitionKey::new(&[0xaa; 131])
-            .of(b"Test Using Larger Than Block-Size Key - Hash Key First");
-        assert_eq!(hex(&pk), "60e431591ee0b67f0d8a26aacbf5b77f");
-    }
-
-    #[test]
-    fn partition_keys_stay_out_of_debug_output() {
-        let key = PartitionKey::new(b"hunter2");
-        assert_eq!(format!("{key:?}"), "PartitionKey(..)");
     }
 }

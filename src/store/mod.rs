@@ -14,6 +14,7 @@ pub(crate) mod algorithm;
 pub(crate) mod backend;
 pub(crate) mod caller;
 pub(crate) mod clock;
+pub(crate) mod digest;
 pub(crate) mod evaluate;
 pub(crate) mod instances;
 pub(crate) mod memory;

@@ -13,6 +13,7 @@ use tokio::sync::OnceCell;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{Backend, CheckFuture, CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::caller::CallerKey;
+use crate::store::digest::KeyedDigest;
 use crate::store::policy::Policy;
 
 /// The decision script: the shared helpers, both algorithms, then the entry point.
@@ -97,37 +98,16 @@ pub struct RedisBackend {
     connection: Connection,
     prefix: Arc<str>,
     response_timeout: Duration,
-    caller_digest: Option<CallerDigest>,
+    caller_digest: Option<KeyedDigest>,
 }
 
-/// HMAC-SHA-256 of a caller key under a secret shared by the service's instances.
-#[derive(Clone)]
-struct CallerDigest {
-    mac: hmac::Hmac<sha2::Sha256>,
-}
-
-/// Bytes of the digest kept in a key name: 128 bits, far from any chance collision.
-const CALLER_DIGEST_BYTES: usize = 16;
-
-impl CallerDigest {
-    fn new(secret: &[u8]) -> Self {
-        use hmac::Mac;
-        Self {
-            mac: hmac::Hmac::new_from_slice(secret).expect("HMAC takes a key of any length"),
-        }
-    }
-
-    fn push(&self, out: &mut Vec<u8>, caller: &CallerKey) {
-        use hmac::Mac;
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut mac = self.mac.clone();
-        // The encoded form keeps raw keys, long-key digests and the anonymous bucket apart.
-        mac.update(caller.encoded());
-        let digest = mac.finalize().into_bytes();
-        out.push(b'~');
-        for byte in &digest[..CALLER_DIGEST_BYTES] {
-            out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
-        }
+/// Writes `caller` into a key name as the keyed digest of its encoded form (which keeps
+/// raw keys, long-key digests and the anonymous bucket apart): `~` and 32 hex digits.
+fn push_digested_caller(out: &mut Vec<u8>, digest: &KeyedDigest, caller: &CallerKey) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'~');
+    for byte in digest.of(caller.encoded()) {
+        out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
     }
 }
 
@@ -189,7 +169,7 @@ impl RedisBackend {
         key.extend_from_slice(self.prefix.as_bytes());
         key.extend_from_slice(b":{");
         match &self.caller_digest {
-            Some(digest) => digest.push(&mut key, caller),
+            Some(digest) => push_digested_caller(&mut key, digest, caller),
             None => push_escaped_caller(&mut key, caller),
         }
         key.extend_from_slice(b"}:");
@@ -615,7 +595,7 @@ impl RedisBackendBuilder {
             connection,
             prefix: self.prefix.into(),
             response_timeout: self.response_timeout,
-            caller_digest: self.caller_secret.as_deref().map(CallerDigest::new),
+            caller_digest: self.caller_secret.as_deref().map(KeyedDigest::new),
         })
     }
 }
