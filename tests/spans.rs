@@ -67,15 +67,6 @@ impl Spans {
 }
 
 impl tracing::Subscriber for Spans {
-    // Tests run side by side, each with a subscriber of its own on its thread: a callsite's
-    // interest must not be cached from whichever subscriber saw it first, so every use asks
-    // `enabled` of the subscriber in scope.
-    fn register_callsite(
-        &self,
-        _: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::sometimes()
-    }
     fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
         self.max >= *metadata.level()
     }
@@ -124,9 +115,6 @@ async fn each_decision_gets_a_span_with_its_outcome_and_refusing_policy() {
     let spans = Spans::new(LevelFilter::DEBUG);
     // A current-thread runtime: every check below runs on this thread, under this subscriber.
     let _subscriber = tracing::subscriber::set_default(spans.clone());
-    // A callsite that another test's thread was registering while this subscriber was set
-    // can keep the interest it had before; ask every callsite again.
-    tracing::callsite::rebuild_interest_cache();
     let mode = ModeSwitch::new(Mode::Enforce);
     let limiter = Limiter::builder()
         .name("orders")
@@ -161,9 +149,6 @@ async fn a_decision_that_waits_on_redis_is_recorded_in_its_span() {
     let server = RedisServer::start();
     let spans = Spans::new(LevelFilter::DEBUG);
     let _subscriber = tracing::subscriber::set_default(spans.clone());
-    // A callsite that another test's thread was registering while this subscriber was set
-    // can keep the interest it had before; ask every callsite again.
-    tracing::callsite::rebuild_interest_cache();
     let store = RedisBackend::builder(server.url()).build().unwrap();
     store.ping().await.unwrap();
     let limiter = Limiter::builder()
@@ -204,9 +189,6 @@ async fn a_decision_that_waits_on_redis_is_recorded_in_its_span() {
 async fn no_decision_span_when_the_subscriber_wants_nothing_below_info() {
     let spans = Spans::new(LevelFilter::INFO);
     let _subscriber = tracing::subscriber::set_default(spans.clone());
-    // A callsite that another test's thread was registering while this subscriber was set
-    // can keep the interest it had before; ask every callsite again.
-    tracing::callsite::rebuild_interest_cache();
     let limiter = Limiter::builder()
         .name("orders")
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))

@@ -499,14 +499,6 @@ impl tracing::field::Visit for Message {
 }
 
 impl tracing::Subscriber for Warnings {
-    // Tests run side by side with subscribers of their own: never let the first one to see
-    // a callsite decide its cached interest for everybody.
-    fn register_callsite(
-        &self,
-        _: &'static tracing::Metadata<'static>,
-    ) -> tracing::subscriber::Interest {
-        tracing::subscriber::Interest::sometimes()
-    }
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
