@@ -1,7 +1,7 @@
 //! The circuit breaker: stop waiting on a store that keeps failing.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -183,14 +183,16 @@ struct Shared {
     /// Bumped (under the lock) each time the breaker opens from closed.
     epoch: AtomicU64,
     consecutive_failures: AtomicU32,
+    // The open breaker's deadline and its probe, written only under the lock but read
+    // without it, so that a refusal while open costs two atomic loads, not a lock.
+    open_until_ms: AtomicU64,
+    probe_in_flight: AtomicBool,
     transitions: Mutex<Transitions>,
 }
 
 #[derive(Default)]
 struct Transitions {
-    open_until_ms: u64,
     failed_probes: u32,
-    probe_in_flight: bool,
 }
 
 /// Permission to call the store, returned by [`Breaker::admit`]. Record the outcome with
@@ -226,6 +228,8 @@ impl Breaker {
                 state: AtomicU8::new(CLOSED),
                 epoch: AtomicU64::new(0),
                 consecutive_failures: AtomicU32::new(0),
+                open_until_ms: AtomicU64::new(0),
+                probe_in_flight: AtomicBool::new(false),
                 transitions: Mutex::new(Transitions::default()),
             }),
         }
@@ -241,24 +245,40 @@ impl Breaker {
             return 0;
         }
         let now = self.shared.clock.now_millis();
-        self.lock().open_until_ms.saturating_sub(now)
+        self.shared
+            .open_until_ms
+            .load(Ordering::Acquire)
+            .saturating_sub(now)
     }
 
     pub(crate) fn admit(&self) -> Admission {
         // The epoch is read before the state: a call that sees the breaker closed carries
         // the epoch of that closed spell, or an older one (then its outcome is ignored).
         let epoch = self.shared.epoch.load(Ordering::Acquire);
-        if self.shared.state.load(Ordering::Acquire) == CLOSED {
+        let state = self.shared.state.load(Ordering::Acquire);
+        if state == CLOSED {
             return Admission::Call(self.permit(false, epoch));
         }
         let now = self.shared.clock.now_millis();
-        let mut t = self.lock();
+        // The common answers while the store is down, without the lock: the deadline is
+        // stored before the state that it goes with, so an open state read here comes
+        // with its own deadline or a later one.
+        let probing = self.shared.probe_in_flight.load(Ordering::Acquire);
+        if (state == OPEN && now < self.shared.open_until_ms.load(Ordering::Acquire))
+            || (state == HALF_OPEN && probing)
+        {
+            return Admission::Reject;
+        }
+        let _t = self.lock();
         let epoch = self.shared.epoch.load(Ordering::Acquire);
+        let probing = self.shared.probe_in_flight.load(Ordering::Acquire);
         match self.state() {
             BreakerState::Closed => Admission::Call(self.permit(false, epoch)),
-            BreakerState::Open if now < t.open_until_ms => Admission::Reject,
-            BreakerState::Open | BreakerState::HalfOpen if !t.probe_in_flight => {
-                t.probe_in_flight = true;
+            BreakerState::Open if now < self.shared.open_until_ms.load(Ordering::Acquire) => {
+                Admission::Reject
+            }
+            BreakerState::Open | BreakerState::HalfOpen if !probing => {
+                self.shared.probe_in_flight.store(true, Ordering::Release);
                 self.set_state(BreakerState::HalfOpen);
                 Admission::Call(self.permit(true, epoch))
             }
@@ -292,7 +312,7 @@ impl Breaker {
             return;
         }
         let mut t = self.lock();
-        t.probe_in_flight = false;
+        self.shared.probe_in_flight.store(false, Ordering::Release);
         if self.state() != BreakerState::Closed {
             t.failed_probes = 0;
             self.shared.consecutive_failures.store(0, Ordering::Relaxed);
@@ -322,7 +342,7 @@ impl Breaker {
         let now = self.shared.clock.now_millis();
         let mut t = self.lock();
         if probe {
-            t.probe_in_flight = false;
+            self.shared.probe_in_flight.store(false, Ordering::Release);
             t.failed_probes = t.failed_probes.saturating_add(1);
         } else if self.state() != BreakerState::Closed || !self.current(epoch) {
             // Another failure opened it first.
@@ -333,7 +353,9 @@ impl Breaker {
         let (low, high) = self.shared.config.open_bounds(t.failed_probes);
         let jitter = (self.shared.jitter)().clamp(0.0, 1.0);
         let open_ms = (low + ((high - low) as f64 * jitter) as u64).min(high);
-        t.open_until_ms = now.saturating_add(open_ms);
+        self.shared
+            .open_until_ms
+            .store(now.saturating_add(open_ms), Ordering::Release);
         self.set_state(BreakerState::Open);
         tracing::warn!(
             layer = %self.shared.name,
@@ -344,7 +366,8 @@ impl Breaker {
     }
 
     fn release_probe(&self) {
-        self.lock().probe_in_flight = false;
+        let _t = self.lock();
+        self.shared.probe_in_flight.store(false, Ordering::Release);
     }
 
     fn set_state(&self, state: BreakerState) {

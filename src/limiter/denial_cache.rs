@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::limiter::decision::RateLimitInfo;
@@ -18,6 +19,10 @@ pub(crate) struct DenialCache {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     shard_capacity: usize,
+    /// Refusals held across the shards, kept under each shard's lock: most requests meet
+    /// an empty cache (callers under their limits), and then a lookup costs one load
+    /// instead of a hash and a lock.
+    entries: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -42,17 +47,22 @@ impl DenialCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            entries: AtomicUsize::new(0),
         }
     }
 
     /// The cached refusal of `caller` by the policy set `set`, with its waiting times
     /// brought to `now_ms`.
     pub(crate) fn get(&self, caller: &CallerKey, set: u64, now_ms: u64) -> Option<RateLimitInfo> {
+        if self.entries.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let mut shard = self.shard(caller);
         let key = (caller.clone(), set);
         let denial = shard.denials.get(&key)?;
         if denial.until_ms <= now_ms {
             shard.denials.remove(&key);
+            self.entries.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
         Some(denial.info.waiting(denial.until_ms - now_ms))
@@ -78,19 +88,22 @@ impl DenialCache {
             if now_ms.saturating_sub(shard.last_sweep_ms) < SWEEP_INTERVAL_MS {
                 return;
             }
+            let before = shard.denials.len();
             shard.denials.retain(|_, denial| denial.until_ms > now_ms);
+            self.entries
+                .fetch_sub(before - shard.denials.len(), Ordering::AcqRel);
             shard.last_sweep_ms = now_ms;
             if shard.denials.len() >= self.shard_capacity {
                 return;
             }
         }
-        shard.denials.insert(
-            key,
-            Denial {
-                until_ms: now_ms.saturating_add(retry_ms),
-                info: info.clone(),
-            },
-        );
+        let denial = Denial {
+            until_ms: now_ms.saturating_add(retry_ms),
+            info: info.clone(),
+        };
+        if shard.denials.insert(key, denial).is_none() {
+            self.entries.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     #[cfg(test)]
@@ -153,8 +166,14 @@ mod tests {
         let served = cache.get(&acme, 1, 1_500).expect("cached");
         assert_eq!(served.retry_after_ms(), 200);
         assert_eq!(served.retry_after_secs(), 1);
+        assert_eq!(cache.entries.load(Ordering::Acquire), 1);
         assert!(cache.get(&acme, 1, 1_700).is_none());
         assert_eq!(cache.len(), 0);
+        // The count that lets an empty cache skip the lookup follows the maps.
+        assert_eq!(cache.entries.load(Ordering::Acquire), 0);
+        cache.insert(&acme, 1, &refusal(), 2_000, 700);
+        cache.insert(&acme, 1, &refusal(), 2_100, 700);
+        assert_eq!(cache.entries.load(Ordering::Acquire), 1);
     }
 
     #[test]
@@ -164,8 +183,10 @@ mod tests {
             cache.insert(&CallerKey::new(format!("c{i}")), 1, &refusal(), 0, 10_000);
         }
         assert!(cache.len() <= 64);
+        assert_eq!(cache.entries.load(Ordering::Acquire), cache.len());
         // Expired entries make room again.
         cache.insert(&CallerKey::new("late"), 1, &refusal(), 20_000, 500);
         assert!(cache.get(&CallerKey::new("late"), 1, 20_100).is_some());
+        assert_eq!(cache.entries.load(Ordering::Acquire), cache.len());
     }
 }
