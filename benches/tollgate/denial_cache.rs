@@ -13,8 +13,8 @@ use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
 
 use crate::report::{Row, median_ns, per_sec, ran, write_rows};
+use crate::support::wanted;
 use crate::support::{SLOW_TEST_MACHINE, multi_thread_runtime, ready_now};
-use crate::wanted;
 
 const ACME_REQUESTS: u64 = 1_200;
 const EPOCH_MS: u64 = 1_800_000_000_000;

@@ -13,8 +13,8 @@ use tollgate::{
 use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, median_ns, ms, per_sec, ran, write_rows};
+use crate::support::wanted;
 use crate::support::{CALLERS, TASKS, big_window, callers, multi_thread_runtime};
-use crate::wanted;
 
 /// The store timeout of the frozen-store scenario (the limiter's default).
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
@@ -171,7 +171,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                 latencies.len()
             ),
         )
-        .peer("tower-rate-limiter: cannot be built on Rust 1.95")
+        .peer("tower-rate-limiter: see its frozen-store row")
         .target(format!("≤ {} (timeout + 5 ms)", ms(bound)), p99 <= bound),
     )];
     let get = |id| median_ns(GROUP, id);

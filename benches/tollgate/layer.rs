@@ -177,7 +177,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                 ns(peer)
             ))
             .ratio(format!("{ratio:.2}x"))
-            .target("≤ 1.50x", ratio <= 1.5),
+            .target("≤ 1.20x", ratio <= 1.2),
         ));
     }
     if let (Some(ours), Some(bare)) = (get("tollgate_no_headers"), get("bare")) {

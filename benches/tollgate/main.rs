@@ -20,9 +20,11 @@
 //! No metrics recorder is installed unless `TOLLGATE_BENCH_PROMETHEUS` is set, which
 //! installs the Prometheus one, as a served app has it (a diagnostic, not in the table).
 //!
-//! This file is the entry point: the criterion configuration, the group filter and the
-//! process setup. Each group is a module of its own; `report` turns criterion's estimates
-//! into the rows, `support` holds what several groups share.
+//! This file is the entry point: the criterion configuration and the process setup. Each
+//! group is a module of its own; `report` turns criterion's estimates into the rows,
+//! `support` holds what several groups share (the group filter among them). The peers
+//! that need a newer Rust than this crate's are measured by benches/peers, which reuses
+//! `report` and `support`.
 
 use std::time::Duration;
 
@@ -37,10 +39,6 @@ mod redis;
 mod report;
 mod support;
 
-/// Set to run every scenario with a Prometheus recorder installed (diagnostics; the
-/// published figures run without one).
-const PROMETHEUS: &str = "TOLLGATE_BENCH_PROMETHEUS";
-
 /// Runs before any group. A memory child measures and exits here, running no group;
 /// otherwise the Prometheus recorder goes in when asked for.
 fn setup() {
@@ -48,7 +46,7 @@ fn setup() {
         memory::measure(&which);
         std::process::exit(0);
     }
-    if std::env::var_os(PROMETHEUS).is_some() {
+    if std::env::var_os(report::PROMETHEUS).is_some() {
         // The recorder a served app installs (orders_api does): decisions then pay for
         // real metrics. Off by default, as in the library without a recorder.
         metrics_exporter_prometheus::PrometheusBuilder::new()
@@ -65,47 +63,6 @@ fn config() -> Criterion {
         .sample_size(50)
         .nresamples(20_000)
         .output_directory(&report::criterion_dir())
-}
-
-/// Criterion's `--list` and `--test` modes measure nothing: skip the custom parts then.
-fn measuring() -> bool {
-    !std::env::args().any(|a| a == "--list" || a == "--test")
-}
-
-/// Whether the custom (non-criterion) parts of `group` should run: criterion's filter,
-/// read as a plain substring, matches the group's name, or there is no filter.
-pub(crate) fn wanted(group: &str) -> bool {
-    const WITH_VALUE: &[&str] = &[
-        "--color",
-        "-c",
-        "--save-baseline",
-        "-s",
-        "--baseline",
-        "-b",
-        "--baseline-lenient",
-        "--format",
-        "--profile-time",
-        "--load-baseline",
-        "--sample-size",
-        "--warm-up-time",
-        "--measurement-time",
-        "--nresamples",
-        "--noise-threshold",
-        "--confidence-level",
-        "--significance-level",
-        "--plotting-backend",
-        "--output-format",
-    ];
-    let mut args = std::env::args().skip(1);
-    let mut filter = None;
-    while let Some(arg) = args.next() {
-        if WITH_VALUE.contains(&arg.as_str()) {
-            args.next();
-        } else if !arg.starts_with('-') {
-            filter = Some(arg);
-        }
-    }
-    measuring() && filter.is_none_or(|f| group.contains(f.as_str()) || f.contains(group))
 }
 
 criterion_group! {

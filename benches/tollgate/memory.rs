@@ -10,7 +10,7 @@ use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
 
 use crate::report::{Row, write_rows};
 use crate::support::ready_now;
-use crate::wanted;
+use crate::support::wanted;
 
 const MEMORY_KEYS: usize = 1_000_000;
 

@@ -9,7 +9,13 @@ use std::path::PathBuf;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-use crate::PROMETHEUS;
+/// Set to run every scenario with a Prometheus recorder installed (diagnostics; the
+/// published figures run without one).
+pub(crate) const PROMETHEUS: &str = "TOLLGATE_BENCH_PROMETHEUS";
+
+/// Where to leave the rows, when not in this crate's `target/` (the peers' benchmarks,
+/// a crate of their own, leave theirs beside tollgate's).
+const RESULTS: &str = "TOLLGATE_BENCH_RESULTS";
 
 /// One line of the table in BENCHMARKS.md.
 pub(crate) struct Row {
@@ -48,22 +54,20 @@ impl Row {
         self.met = if met { "yes" } else { "no" };
         self
     }
-
-    pub(crate) fn unmeasured_target(mut self, target: impl Into<String>) -> Self {
-        self.target = target.into();
-        self.met = "not measured";
-        self
-    }
 }
 
-/// Where the rows go: `target/tollgate-bench/` (`-prometheus` with a recorder installed).
+/// Where the rows go: `$TOLLGATE_BENCH_RESULTS`, or `target/tollgate-bench/`
+/// (`-prometheus` with a recorder installed).
 fn results_dir() -> PathBuf {
     // Diagnostic runs with a recorder keep their rows apart from the published ones.
     let name = match std::env::var_os(PROMETHEUS) {
         Some(_) => "target/tollgate-bench-prometheus",
         None => "target/tollgate-bench",
     };
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name);
+    let dir = match std::env::var_os(RESULTS) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(name),
+    };
     fs::create_dir_all(&dir).expect("results dir");
     dir
 }

@@ -56,3 +56,44 @@ pub(crate) fn multi_thread_runtime(workers: usize) -> Runtime {
         .build()
         .expect("tokio runtime")
 }
+
+/// Criterion's `--list` and `--test` modes measure nothing: skip the custom parts then.
+pub(crate) fn measuring() -> bool {
+    !std::env::args().any(|a| a == "--list" || a == "--test")
+}
+
+/// Whether the custom (non-criterion) parts of `group` should run: criterion's filter,
+/// read as a plain substring, matches the group's name, or there is no filter.
+pub(crate) fn wanted(group: &str) -> bool {
+    const WITH_VALUE: &[&str] = &[
+        "--color",
+        "-c",
+        "--save-baseline",
+        "-s",
+        "--baseline",
+        "-b",
+        "--baseline-lenient",
+        "--format",
+        "--profile-time",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+    ];
+    let mut args = std::env::args().skip(1);
+    let mut filter = None;
+    while let Some(arg) = args.next() {
+        if WITH_VALUE.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            filter = Some(arg);
+        }
+    }
+    measuring() && filter.is_none_or(|f| group.contains(f.as_str()) || f.contains(group))
+}
