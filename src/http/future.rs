@@ -12,6 +12,7 @@ use tower_service::Service;
 
 use crate::http::body::ResponseBody;
 use crate::http::config::Config;
+use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
 use crate::http::response::{self, Fields};
@@ -31,6 +32,8 @@ pin_project! {
         config: Arc<Config<K>>,
         // The caller's partition key, when the layer sends one.
         pk: Option<[u8; PARTITION_KEY_LEN]>,
+        // A gRPC request: refusals are gRPC statuses, not HTTP errors.
+        grpc: bool,
     }
 }
 
@@ -68,6 +71,7 @@ where
         inner: S,
         config: Arc<Config<K>>,
     ) -> Self {
+        let grpc = grpc::is_grpc(request.headers());
         Self {
             state: State::Extracting {
                 key,
@@ -76,6 +80,7 @@ where
             },
             config,
             pk: None,
+            grpc,
         }
     }
 
@@ -89,6 +94,8 @@ where
             },
             config,
             pk: None,
+            // Nothing is refused on this path.
+            grpc: false,
         }
     }
 }
@@ -137,7 +144,7 @@ where
                                     status,
                                     "the request does not say who is calling",
                                 );
-                                return Poll::Ready(Ok(response::rejected(&rejection)));
+                                return Poll::Ready(Ok(rejected(&rejection, *this.grpc)));
                             }
                             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
                             MissingKey::Pass => {
@@ -152,7 +159,7 @@ where
                         },
                         Err(rejection) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(response::rejected(&rejection)));
+                            return Poll::Ready(Ok(rejected(&rejection, *this.grpc)));
                         }
                     };
                     *this.pk = this
@@ -176,7 +183,15 @@ where
                     let decision = ready!(Pin::new(decision).poll(cx));
                     let fields = fields(this.config, this.pk.as_ref());
                     let default = match &decision {
+                        Decision::Limited(info) if *this.grpc => Some(grpc::limited(info, fields)),
                         Decision::Limited(info) => Some(response::limited(info, fields)),
+                        Decision::Unavailable {
+                            retry_after_secs,
+                            policies,
+                            ..
+                        } if *this.grpc => {
+                            Some(grpc::unavailable(*retry_after_secs, policies, fields))
+                        }
                         Decision::Unavailable {
                             retry_after_secs,
                             policies,
@@ -248,6 +263,15 @@ fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>)
         cache: &config.policy_fields,
         cap: config.remaining_cap,
         pk: pk.map(|pk| &pk[..]),
+    }
+}
+
+/// A key rejection in the request's protocol.
+fn rejected<B>(rejection: &KeyRejection, grpc: bool) -> Response<ResponseBody<B>> {
+    if grpc {
+        grpc::rejected(rejection)
+    } else {
+        response::rejected(rejection)
     }
 }
 

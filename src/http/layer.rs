@@ -20,10 +20,67 @@ use crate::limiter::telemetry;
 ///
 /// Works with axum's `Router::layer` and `route_layer`, on a `MethodRouter`, and on plain
 /// hyper or tower services whose response body yields [`bytes::Bytes`]. A refusal is an
-/// HTTP response (429, or 503 when the store fails closed), never an error; errors of the
-/// inner service pass through unchanged. Clones share one limiter.
+/// HTTP response (429, or 503 when the store fails closed), or a gRPC status to a gRPC
+/// request (see [below](#grpc)), never an error; errors of the inner service pass through
+/// unchanged. Clones share one limiter.
 ///
 /// The key extractor defaults to [`ClientIp`] without trusted proxies.
+///
+/// # gRPC
+///
+/// tonic services are tower services too: the layer goes on `Server::builder().layer(...)`
+/// or on an axum router made from tonic's routes. A gRPC request (content-type
+/// `application/grpc`, with or without a `+proto`-style suffix) is refused the way gRPC
+/// clients understand, with a status in a Trailers-Only response: HTTP 200,
+/// `content-type: application/grpc`, `grpc-status` and a percent-encoded `grpc-message`,
+/// and no body, so the response headers end the stream.
+///
+/// - A limited call is RESOURCE_EXHAUSTED (8), a fail-closed one UNAVAILABLE (14) whatever
+///   [`unavailable_status`](Self::unavailable_status) says. Both carry
+///   `grpc-retry-pushback-ms` (when the refusal ends, in milliseconds), which gRPC retry
+///   policies honour, and Retry-After, RateLimit-Policy and RateLimit as metadata, as
+///   [`headers`](Self::headers) configures them.
+/// - A key rejection is the gRPC code of its status: 401 UNAUTHENTICATED, 403
+///   PERMISSION_DENIED, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 400 and other 4xx
+///   INVALID_ARGUMENT; its detail is the message.
+/// - [`on_refusal`](Self::on_refusal) receives this gRPC response as its default.
+/// - Allowed calls carry RateLimit-Policy and RateLimit as response metadata.
+///
+/// gRPC-Web requests (`application/grpc-web`) get the HTTP refusals: put the layer inside
+/// the gRPC-Web translation so that it sees gRPC. Behind tonic's own server, [`ClientIp`]
+/// finds no peer address (tonic records it as its `TcpConnectInfo`): key on metadata with
+/// [`HeaderKey`](crate::HeaderKey), or read `TcpConnectInfo` in an
+/// [`FnKey`](crate::FnKey).
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limiter = Limiter::builder()
+///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+///     .build();
+/// let service = ServiceBuilder::new()
+///     .layer(RateLimitLayer::new(limiter).key(GlobalKey))
+///     .service_fn(|_req: http::Request<()>| async {
+///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+///     });
+/// let call = || {
+///     let path = "/grpc.health.v1.Health/Check";
+///     http::Request::post(path).header("content-type", "application/grpc").body(()).unwrap()
+/// };
+/// service.clone().oneshot(call()).await.unwrap();
+/// let refused = service.oneshot(call()).await.unwrap();
+/// assert_eq!(refused.status(), 200);
+/// assert_eq!(refused.headers()["grpc-status"], "8"); // RESOURCE_EXHAUSTED
+/// assert_eq!(refused.headers()["grpc-message"], "quota exceeded: per-second");
+/// assert!(refused.headers().contains_key("grpc-retry-pushback-ms"));
+/// assert!(http_body::Body::is_end_stream(refused.body()));
+/// # }
+/// ```
+///
+/// # Example
 ///
 /// ```
 /// use axum::{Router, routing::{get, post}};
@@ -93,7 +150,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         }
     }
 
-    /// What to do with requests for which the extractor finds no key (default: 400).
+    /// What to do with requests for which the extractor finds no key (default: 400; a gRPC
+    /// request gets the matching gRPC code, see [gRPC](#grpc)).
     pub fn on_missing_key(self, missing_key: MissingKey) -> Self {
         let mut config = self.into_config();
         // A non-4xx status becomes 400 where the rejection is made (`KeyRejection::new`).
@@ -213,7 +271,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
 
     /// The status of a refusal when the store cannot decide and the limiter fails closed
     /// (default 503 Service Unavailable, with Retry-After). Anything outside 4xx and 5xx,
-    /// and 500 itself, is taken as 503: clients retry a 500 at once.
+    /// and 500 itself, is taken as 503: clients retry a 500 at once. A gRPC request is
+    /// refused with UNAVAILABLE whatever the status.
     ///
     /// ```
     /// use http::StatusCode;
@@ -307,7 +366,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     ///
     /// The hook receives the [`Decision`] (`Limited` or `Unavailable`) and the response the
     /// layer would have sent: its status, the RateLimit-Policy, RateLimit and Retry-After
-    /// fields (as [`headers`](Self::headers) configures them) and a problem+json body. It
+    /// fields (as [`headers`](Self::headers) configures them) and a problem+json body (for
+    /// a gRPC request, the Trailers-Only gRPC status described [above](#grpc)). It
     /// returns the response to send. The fields therefore stay unless the hook removes
     /// them; a hook that replaces the body sets its Content-Type too. Whatever status the hook returns is
     /// sent as it is, a 500 included: that is the hook's choice, not the layer's. The

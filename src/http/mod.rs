@@ -9,6 +9,7 @@
 pub(crate) mod body;
 pub(crate) mod config;
 pub(crate) mod future;
+pub(crate) mod grpc;
 pub(crate) mod headers;
 pub(crate) mod key;
 pub(crate) mod layer;

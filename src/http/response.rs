@@ -89,18 +89,30 @@ pub(crate) fn unavailable(
     let mut response = problem_bytes(status, body);
     let headers = response.headers_mut();
     if fields.mode.on_refused() {
-        let reduced = policies
-            .iter()
-            .map(|p| (p.name(), 0, whole_seconds(p.algorithm().window_ms())));
-        if let Some(value) = policy_field_of(reduced, fields.pk) {
-            headers.append(RATELIMIT_POLICY, value);
-        }
-        if let Some(value) = state_field_of(names.iter().map(|n| (*n, 0, retry_after)), fields.pk) {
-            headers.append(RATELIMIT, value);
-        }
+        insert_reduced_fields(headers, policies, retry_after, fields);
     }
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     response
+}
+
+/// The fields of a fail-closed refusal: RateLimit-Policy advertises nothing (`q=0`) in
+/// each window, and RateLimit `r=0` until `retry_after` (whole seconds).
+pub(crate) fn insert_reduced_fields(
+    headers: &mut HeaderMap,
+    policies: &[Policy],
+    retry_after: u64,
+    fields: Fields<'_>,
+) {
+    let reduced = policies
+        .iter()
+        .map(|p| (p.name(), 0, whole_seconds(p.algorithm().window_ms())));
+    if let Some(value) = policy_field_of(reduced, fields.pk) {
+        headers.append(RATELIMIT_POLICY, value);
+    }
+    let states = policies.iter().map(|p| (p.name(), 0, retry_after));
+    if let Some(value) = state_field_of(states, fields.pk) {
+        headers.append(RATELIMIT, value);
+    }
 }
 
 /// A request shed by the concurrency limit: 503, Retry-After, and the
@@ -162,7 +174,8 @@ pub(crate) fn decorate_allowed(
     }
 }
 
-fn insert_policy_fields<'a>(
+/// Adds RateLimit-Policy (every policy) and RateLimit (the `reported` ones).
+pub(crate) fn insert_policy_fields<'a>(
     headers: &mut HeaderMap,
     info: &RateLimitInfo,
     reported: impl IntoIterator<Item = &'a PolicyReport>,

@@ -12,6 +12,7 @@ mod dashboard;
 mod denial_cache;
 mod failure_policies;
 mod fault_proxy;
+mod grpc;
 mod headers;
 mod hyper_service;
 mod instances;
