@@ -113,6 +113,9 @@ mod http;
 mod limiter;
 
 pub mod client;
+/// Limiter definitions read from a configuration file.
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod shed;
 /// Replays a store outage on virtual time against the real layer, limiter and breaker.
 #[cfg(feature = "simulator")]
@@ -121,8 +124,8 @@ pub mod store;
 
 pub use http::headers::HeaderMode;
 pub use http::key::{
-    AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
-    TrustedProxies,
+    AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor,
+    MissingKey, TrustedProxies,
 };
 pub use http::layer::RateLimitLayer;
 pub use http::service::RateLimit;
@@ -157,8 +160,8 @@ pub mod key {
     //! Who is calling: the key extractors, and what a rejected key answers.
 
     pub use crate::http::key::{
-        AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey,
-        InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
+        AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, ForwardedHeader, GlobalKey,
+        HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
     };
     pub use crate::store::caller::{Caller, CallerKey};
 }

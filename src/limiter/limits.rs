@@ -78,6 +78,12 @@ impl Limits {
             .map(|(tier, policies)| (&**tier, policies.as_slice()))
     }
 
+    /// Refuses what [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build) would.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn check(&self) -> Result<(), BuildError> {
+        ActiveLimits::new(self.clone(), &Arc::from(""), 0).map(drop)
+    }
+
     /// Every policy name, defaults first (repeated when several sets share one).
     pub(crate) fn policy_names(&self) -> impl Iterator<Item = &Arc<str>> {
         self.policies
@@ -250,5 +256,107 @@ impl fmt::Debug for LimitsHandle {
             .field("limiter", &self.inner.name)
             .field("limits", &self.inner.limits)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policy::Quota;
+    use crate::{Caller, Limiter};
+
+    fn per_minute(limit: u64) -> Policy {
+        Policy::sliding_window("per-minute", Quota::per_minute(limit))
+    }
+
+    async fn admitted(limiter: &Limiter, caller: &Caller, requests: usize) -> usize {
+        let mut admitted = 0;
+        for _ in 0..requests {
+            admitted += usize::from(limiter.check(caller).await.is_allowed());
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn tiers_are_swapped_with_the_defaults() {
+        let limiter = Limiter::builder()
+            .limits(Limits::new().policy(per_minute(1)).tier("gold", [per_minute(3)]))
+            .build();
+        let gold = Caller::new("acme").with_tier("gold");
+        assert_eq!(admitted(&limiter, &gold, 5).await, 3);
+        // Gold now gets 5 of the same counter; silver is new and counts from zero.
+        limiter
+            .limits_handle()
+            .set(
+                Limits::new()
+                    .policy(per_minute(1))
+                    .tier("gold", [per_minute(5)])
+                    .tier("silver", [Policy::sliding_window("per-hour", Quota::per_hour(2))]),
+            )
+            .unwrap();
+        assert_eq!(admitted(&limiter, &gold, 5).await, 2);
+        let silver = Caller::new("acme").with_tier("silver");
+        assert_eq!(admitted(&limiter, &silver, 5).await, 2);
+        // A tier dropped from the limits falls back to the defaults, whose count acme
+        // shares with every set that has this policy.
+        limiter
+            .limits_handle()
+            .set(Limits::new().policy(per_minute(10)))
+            .unwrap();
+        assert_eq!(admitted(&limiter, &gold, 10).await, 5);
+    }
+
+    #[test]
+    fn a_refused_set_leaves_the_limits_in_force() {
+        let limiter = Limiter::builder().policy(per_minute(1)).build();
+        let handle = limiter.limits_handle();
+        let before = handle.get();
+        let duplicate = Limits::new().policy(per_minute(1)).policy(per_minute(2));
+        assert_eq!(
+            handle.set(duplicate),
+            Err(BuildError::DuplicatePolicy {
+                tier: None,
+                name: "per-minute".into()
+            })
+        );
+        let empty_tier = Limits::new().policy(per_minute(1)).tier("gold", []);
+        assert_eq!(
+            handle.set(empty_tier),
+            Err(BuildError::NoPolicies {
+                tier: Some("gold".into())
+            })
+        );
+        assert_eq!(handle.get(), before);
+        assert_eq!(limiter.policies()[0].quota(), 1);
+    }
+
+    #[test]
+    fn every_swap_gives_the_sets_new_identities() {
+        // The denial cache keys refusals on the set's id: a refusal made under swapped-out
+        // limits must not be found under the new ones, even if they are equal.
+        let scope: Arc<str> = "orders".into();
+        let limits = Limits::new().policy(per_minute(1)).tier("gold", [per_minute(1)]);
+        let first = ActiveLimits::new(limits.clone(), &scope, 0).unwrap();
+        let second = ActiveLimits::new(limits, &scope, 1).unwrap();
+        let gold = Caller::new("acme").with_tier("gold");
+        let plain = Caller::new("acme");
+        assert_ne!(first.for_caller(&plain).id, second.for_caller(&plain).id);
+        assert_ne!(first.for_caller(&gold).id, second.for_caller(&gold).id);
+        // Within one generation equal sets share an id: they count the same, so a refusal
+        // by one holds for the other.
+        assert_eq!(first.for_caller(&plain).id, first.for_caller(&gold).id);
+        assert_eq!(
+            first.for_caller(&plain).limits[0].counter(),
+            second.for_caller(&plain).limits[0].counter()
+        );
+    }
+
+    #[test]
+    fn a_tier_named_twice_keeps_the_last_policies() {
+        let limits = Limits::new()
+            .tier("gold", [per_minute(1)])
+            .tier("gold", [per_minute(2)]);
+        assert_eq!(limits.tiers().count(), 1);
+        assert_eq!(limits.tiers().next().unwrap().1, [per_minute(2)]);
     }
 }
