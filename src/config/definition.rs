@@ -162,7 +162,13 @@ impl PolicyDefinition {
             missing,
         };
         let required = |value: Option<u64>, name| value.ok_or_else(|| field(name, true));
-        let unused = |present: bool, name| if present { Err(field(name, false)) } else { Ok(()) };
+        let unused = |present: bool, name| {
+            if present {
+                Err(field(name, false))
+            } else {
+                Ok(())
+            }
+        };
         let algorithm = match self.algorithm {
             AlgorithmName::SlidingWindow => {
                 unused(self.rate.is_some(), "rate")?;
@@ -252,19 +258,28 @@ mod tests {
         let limits = definition.limits().unwrap();
         assert_eq!(
             limits.policies(),
-            [Policy::sliding_window("per-second", crate::Quota::per_second(50))]
+            [Policy::sliding_window(
+                "per-second",
+                crate::Quota::per_second(50)
+            )]
         );
         let (tier, policies) = limits.tiers().next().unwrap();
         assert_eq!(tier, "enterprise");
         assert_eq!(
             policies,
-            [Policy::token_bucket("smooth", crate::Quota::per_second(120), 240)]
+            [Policy::token_bucket(
+                "smooth",
+                crate::Quota::per_second(120),
+                240
+            )]
         );
     }
 
     #[test]
     fn values_that_would_panic_a_constructor_are_typed_errors() {
-        let error = read(&WINDOW.replace("limit = 50", "limit = 0")).limits().unwrap_err();
+        let error = read(&WINDOW.replace("limit = 50", "limit = 0"))
+            .limits()
+            .unwrap_err();
         assert_eq!(
             error,
             DefinitionError::Policy {
@@ -276,11 +291,33 @@ mod tests {
         let error = read(&WINDOW.replace("limit = 50", "limit = 9007199254740992"))
             .limits()
             .unwrap_err();
-        assert!(matches!(error, DefinitionError::Policy { error: InvalidPolicy::Inexact, .. }));
-        let error = read(&WINDOW.replace("\"per-second\"", "\"\"")).limits().unwrap_err();
-        assert!(matches!(error, DefinitionError::Policy { error: InvalidPolicy::Name(_), .. }));
-        let error = read(&WINDOW.replace("\"1s\"", "\"0ms\"")).limits().unwrap_err();
-        assert!(matches!(error, DefinitionError::Policy { error: InvalidPolicy::ShortPeriod, .. }));
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::Inexact,
+                ..
+            }
+        ));
+        let error = read(&WINDOW.replace("\"per-second\"", "\"\""))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::Name(_),
+                ..
+            }
+        ));
+        let error = read(&WINDOW.replace("\"1s\"", "\"0ms\""))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::ShortPeriod,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -302,16 +339,34 @@ mod tests {
 
     #[test]
     fn each_algorithm_takes_its_own_fields() {
-        let missing = read(&WINDOW.replace("window = \"1s\"", "")).limits().unwrap_err();
-        assert_eq!(missing.to_string(), "policy \"per-second\" of the default policies needs `window`");
-        let foreign = read(&WINDOW.replace("limit = 50", "limit = 50\nburst = 3")).limits().unwrap_err();
-        assert!(matches!(foreign, DefinitionError::Field { field: "burst", missing: false, .. }));
+        let missing = read(&WINDOW.replace("window = \"1s\"", ""))
+            .limits()
+            .unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "policy \"per-second\" of the default policies needs `window`"
+        );
+        let foreign = read(&WINDOW.replace("limit = 50", "limit = 50\nburst = 3"))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            foreign,
+            DefinitionError::Field {
+                field: "burst",
+                missing: false,
+                ..
+            }
+        ));
         let bucket = read(
             "[[policies]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nrate = 1\nperiod = \"1s\"",
         );
         assert!(matches!(
             bucket.limits().unwrap_err(),
-            DefinitionError::Field { field: "burst", missing: true, .. }
+            DefinitionError::Field {
+                field: "burst",
+                missing: true,
+                ..
+            }
         ));
     }
 
@@ -324,10 +379,14 @@ mod tests {
         let duration = toml::from_str::<LimiterDefinition>(&WINDOW.replace("\"1s\"", "\"1 sec\""))
             .unwrap_err()
             .to_string();
-        assert!(duration.contains("line 6") && duration.contains("unknown unit"), "{duration}");
-        let algorithm = toml::from_str::<LimiterDefinition>(&WINDOW.replace("sliding_window", "leaky"))
-            .unwrap_err()
-            .to_string();
+        assert!(
+            duration.contains("line 6") && duration.contains("unknown unit"),
+            "{duration}"
+        );
+        let algorithm =
+            toml::from_str::<LimiterDefinition>(&WINDOW.replace("sliding_window", "leaky"))
+                .unwrap_err()
+                .to_string();
         assert!(algorithm.contains("line 4"), "{algorithm}");
     }
 
@@ -342,14 +401,22 @@ mod tests {
             format!("{limiter:?}"),
             debug if debug.contains("store_timeout: 50ms") && debug.contains("LocalShare")
         ));
-        assert!(matches!(definition.key(), Ok(Some(ConfiguredKey::ClientIp(_)))));
+        assert!(matches!(
+            definition.key(),
+            Ok(Some(ConfiguredKey::ClientIp(_)))
+        ));
         let bad_header = read(&format!("key = {{ header = \"x customer\" }}\n{WINDOW}"));
         assert_eq!(
             bad_header.key().unwrap_err(),
             DefinitionError::HeaderName("x customer".into())
         );
-        let zero = read(&format!("on_store_failure = {{ local_share = {{ instances = 0 }} }}\n{WINDOW}"));
+        let zero = read(&format!(
+            "on_store_failure = {{ local_share = {{ instances = 0 }} }}\n{WINDOW}"
+        ));
         assert_eq!(zero.builder().unwrap_err(), DefinitionError::ZeroInstances);
-        assert!(matches!(read(&format!("key = \"global\"\n{WINDOW}")).key(), Ok(Some(ConfiguredKey::Global(_)))));
+        assert!(matches!(
+            read(&format!("key = \"global\"\n{WINDOW}")).key(),
+            Ok(Some(ConfiguredKey::Global(_)))
+        ));
     }
 }

@@ -49,7 +49,9 @@ impl Visitor<'_> for HumanDuration {
 }
 
 /// For `#[serde(deserialize_with)]` on a `Duration`.
-pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Duration, D::Error> {
     deserializer.deserialize_str(HumanDuration)
 }
 
@@ -82,7 +84,15 @@ mod tests {
         assert!(parse("s").unwrap_err().contains("not a duration"));
         assert!(parse("-1s").unwrap_err().contains("not a duration"));
         assert!(parse("").unwrap_err().contains("not a duration"));
-        assert!(parse("99999999999999999999d").unwrap_err().contains("not a duration"));
-        assert!(parse("999999999999999999d").unwrap_err().contains("too long"));
+        assert!(
+            parse("99999999999999999999d")
+                .unwrap_err()
+                .contains("not a duration")
+        );
+        assert!(
+            parse("999999999999999999d")
+                .unwrap_err()
+                .contains("too long")
+        );
     }
 }

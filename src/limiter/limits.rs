@@ -238,7 +238,9 @@ impl LimitsHandle {
         let generation = inner.limits.next_generation();
         let active = ActiveLimits::new(limits, &inner.scope, generation)?;
         // Counters first, so that a refusal by a newly named policy is counted.
-        inner.metrics.register_policies(active.source.policy_names());
+        inner
+            .metrics
+            .register_policies(active.source.policy_names());
         inner.limits.store(active);
         tracing::warn!(layer = %inner.name, "rate limits replaced");
         Ok(())
@@ -280,7 +282,11 @@ mod tests {
     #[tokio::test]
     async fn tiers_are_swapped_with_the_defaults() {
         let limiter = Limiter::builder()
-            .limits(Limits::new().policy(per_minute(1)).tier("gold", [per_minute(3)]))
+            .limits(
+                Limits::new()
+                    .policy(per_minute(1))
+                    .tier("gold", [per_minute(3)]),
+            )
             .build();
         let gold = Caller::new("acme").with_tier("gold");
         assert_eq!(admitted(&limiter, &gold, 5).await, 3);
@@ -291,7 +297,10 @@ mod tests {
                 Limits::new()
                     .policy(per_minute(1))
                     .tier("gold", [per_minute(5)])
-                    .tier("silver", [Policy::sliding_window("per-hour", Quota::per_hour(2))]),
+                    .tier(
+                        "silver",
+                        [Policy::sliding_window("per-hour", Quota::per_hour(2))],
+                    ),
             )
             .unwrap();
         assert_eq!(admitted(&limiter, &gold, 5).await, 2);
@@ -335,7 +344,9 @@ mod tests {
         // The denial cache keys refusals on the set's id: a refusal made under swapped-out
         // limits must not be found under the new ones, even if they are equal.
         let scope: Arc<str> = "orders".into();
-        let limits = Limits::new().policy(per_minute(1)).tier("gold", [per_minute(1)]);
+        let limits = Limits::new()
+            .policy(per_minute(1))
+            .tier("gold", [per_minute(1)]);
         let first = ActiveLimits::new(limits.clone(), &scope, 0).unwrap();
         let second = ActiveLimits::new(limits, &scope, 1).unwrap();
         let gold = Caller::new("acme").with_tier("gold");

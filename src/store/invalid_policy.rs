@@ -46,9 +46,9 @@ impl fmt::Display for InvalidPolicy {
             InvalidPolicy::ShortPeriod => {
                 f.write_str("a window or refill period must be at least 1 ms")
             }
-            InvalidPolicy::Inexact => f.write_str(
-                "the count times the window or period (ms) must stay below 2^53",
-            ),
+            InvalidPolicy::Inexact => {
+                f.write_str("the count times the window or period (ms) must stay below 2^53")
+            }
         }
     }
 }

@@ -29,8 +29,8 @@ pub use backend::{Backend, CheckFuture, CheckOutcome, CheckResult, StoreError, S
 pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use evaluate::{Evaluated, evaluate};
-pub use invalid_policy::InvalidPolicy;
 pub use instances::LiveInstances;
+pub use invalid_policy::InvalidPolicy;
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 pub use random::RandomSource;
 #[cfg(feature = "redis")]

@@ -27,6 +27,7 @@ mod quickstart;
 mod recovery;
 mod redis_backend;
 mod redis_cluster;
+mod reload;
 mod shed;
 mod simulate;
 mod skip_and_refusal;

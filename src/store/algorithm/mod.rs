@@ -115,7 +115,11 @@ impl Algorithm {
     ///     Err(InvalidPolicy::ZeroBurst)
     /// );
     /// ```
-    pub fn try_token_bucket(rate: u64, period: Duration, burst: u64) -> Result<Self, InvalidPolicy> {
+    pub fn try_token_bucket(
+        rate: u64,
+        period: Duration,
+        burst: u64,
+    ) -> Result<Self, InvalidPolicy> {
         let period_ms = millis(period);
         if rate == 0 {
             return Err(InvalidPolicy::ZeroRate);
