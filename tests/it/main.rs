@@ -22,6 +22,7 @@ mod memory;
 mod metrics;
 mod modes;
 mod orders_api_e2e;
+mod orders_api_reload;
 mod outage;
 mod quickstart;
 mod recovery;
