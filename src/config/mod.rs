@@ -16,9 +16,9 @@
 //! let text = r#"
 //! name = "orders"
 //! store_timeout = "20ms"
-//! # "open", "closed", "static", or a local share:
+//! ## "open", "closed", "static", or a local share:
 //! on_store_failure = { local_share = { instances = 4 } }
-//! # { header = "..." }, "client_ip" or "global":
+//! ## { header = "..." }, "client_ip" or "global":
 //! key = { header = "x-customer-id" }
 //!
 //! [[policies]]
@@ -34,7 +34,7 @@
 //! period = "1s"
 //! burst = 30       # at most this many held
 //!
-//! # Callers on the enterprise plan (Caller::with_tier("enterprise")):
+//! ## Callers on the enterprise plan (Caller::with_tier("enterprise")):
 //! [[tiers.enterprise]]
 //! name = "per-second"
 //! algorithm = "sliding_window"
