@@ -113,7 +113,6 @@ mod http;
 mod limiter;
 
 pub mod client;
-/// Limiter definitions read from a configuration file.
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod shed;
