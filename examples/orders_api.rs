@@ -330,7 +330,7 @@ async fn app(
             Plans::new(),
         ),
     };
-    let orders_limits = match &options.config {
+    let described = match &options.config {
         Some(path) => format!("{} (from {})", describe(&limits), path.display()),
         None => format!("{} per {} s", options.limit, options.window_secs),
     };
@@ -351,7 +351,7 @@ async fn app(
         (None, None) => "this process".to_owned(),
     };
     eprintln!(
-        "/orders: {orders_limits} per customer, counters in {where_}, on store failure: {}",
+        "/orders: {described} per customer, counters in {where_}, on store failure: {}",
         options.on_store_failure
     );
     let handle = orders.limits_handle();

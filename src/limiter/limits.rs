@@ -180,7 +180,8 @@ impl fmt::Debug for SwappableLimits {
 /// A new set is checked as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
 /// checks one and swapped in whole, atomically: a decision is made entirely under the old
 /// limits or entirely under the new ones. An invalid set is refused with a [`BuildError`]
-/// and the limits in force stay as they were.
+/// and the limits in force stay as they were. Like a clone of the limiter, a handle keeps
+/// the limiter's shared state alive.
 ///
 /// # What happens to a caller's count
 ///
