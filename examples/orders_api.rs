@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
-//!            [--limit N] [--window-secs N]
+//!            [--limit N] [--window-secs N] [--config FILE]
 //!            [--on-store-failure open|closed|local-share|static] [--instances N]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //! ```
@@ -19,97 +19,196 @@
 //! when `--instances` is not given. `--redis-cluster` does the same on a Redis Cluster,
 //! reached through any of the comma-separated node URLs (the others are discovered); it
 //! and `--redis` exclude each other.
+//!
+//! With `--config FILE` (instead of `--limit` and `--window-secs`), the policies of
+//! `/orders`, its plan tiers and which customer is on which plan come from a TOML file
+//! (`tollgate::config`'s format under `[orders]`):
+//!
+//! ```toml
+//! [plans]
+//! acme = "enterprise"
+//!
+//! [[orders.policies]]
+//! name = "per-second"
+//! algorithm = "sliding_window"
+//! limit = 50
+//! window = "1s"
+//!
+//! [[orders.tiers.enterprise]]
+//! name = "per-second"
+//! algorithm = "sliding_window"
+//! limit = 120
+//! window = "1s"
+//! ```
+//!
+//! On SIGHUP the file is read again and its limits and plans replace those in force,
+//! without a restart; a file that cannot be read or does not make valid limits is refused
+//! (stderr says why, with the line) and the limits in force stay.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde::Deserialize;
+use tollgate::config::LimiterDefinition;
+use tollgate::key::KeyResult;
 use tollgate::{
-    ClientIp, FailurePolicy, HeaderKey, InMemoryBackend, InstanceCount, InstanceRegistry, Limiter,
-    MissingKey, Policy, Quota, RateLimitLayer, RedisBackend, TrustedProxies,
+    Caller, ClientIp, FailurePolicy, FnKey, InMemoryBackend, InstanceCount, InstanceRegistry,
+    Limiter, Limits, LimitsHandle, MissingKey, Policy, Quota, RateLimitLayer, RedisBackend,
+    TrustedProxies,
 };
 
-const USAGE: &str = "usage: orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
-                  [--limit N] [--window-secs N]
-                  [--on-store-failure open|closed|local-share|static] [--instances N]
-                  [--store-timeout-ms N] [--trusted-proxy CIDR]...";
-
+/// An orders API rate-limited per customer, a login form that fails closed, and Prometheus
+/// metrics.
+#[derive(Debug, Parser)]
+#[command(name = "orders_api")]
 struct Options {
+    /// The address to serve on
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
+    /// Keep the counters in the Redis at URL (default: in this process)
+    #[arg(long, value_name = "URL", conflicts_with = "redis_cluster")]
     redis: Option<String>,
-    redis_cluster: Option<Vec<String>>,
+    /// Keep the counters in the Redis Cluster reached through any of these node URLs
+    #[arg(long, value_name = "URL[,URL...]", value_parser = parse_nodes)]
+    redis_cluster: Option<Nodes>,
+    /// Requests per window per customer on /orders
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = at_least_one)]
     limit: u64,
+    /// The window of /orders, in seconds
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     window_secs: u64,
+    /// Read the policies, plan tiers and plans of /orders from this TOML file, again on
+    /// SIGHUP
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["limit", "window_secs"])]
+    config: Option<PathBuf>,
+    /// What /orders does when the store cannot decide: open, closed, local-share or static
+    #[arg(
+        long,
+        value_name = "POLICY",
+        default_value = "local-share",
+        value_parser = ["open", "closed", "local-share", "static"]
+    )]
     on_store_failure: String,
+    /// The instances a local share divides by (default: the live instances heartbeating
+    /// into Redis, or 1 without Redis)
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     instances: Option<u64>,
+    /// How long a decision waits for the store before its failure policy applies
+    #[arg(long, value_name = "N", default_value_t = 20)]
     store_timeout_ms: u64,
+    /// A proxy (address or CIDR block) whose X-Forwarded-For is trusted on /login; repeat it
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
     trusted_proxies: Vec<String>,
 }
 
-fn parse_options() -> Result<Options, String> {
-    let mut options = Options {
-        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
-        redis: None,
-        redis_cluster: None,
-        limit: 50,
-        window_secs: 1,
-        on_store_failure: "local-share".to_owned(),
-        instances: None,
-        store_timeout_ms: 20,
-        trusted_proxies: Vec::new(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        let number = |value: String| value.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--listen" => {
-                options.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?
-            }
-            "--redis" => options.redis = Some(value()?),
-            "--redis-cluster" => {
-                let nodes: Vec<String> = value()?
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|url| !url.is_empty())
-                    .map(str::to_owned)
-                    .collect();
-                if nodes.is_empty() {
-                    return Err(format!(
-                        "--redis-cluster needs at least one node URL\n{USAGE}"
-                    ));
-                }
-                options.redis_cluster = Some(nodes);
-            }
-            "--limit" => options.limit = number(value()?)?,
-            "--window-secs" => options.window_secs = number(value()?)?,
-            "--on-store-failure" => options.on_store_failure = value()?,
-            "--instances" => options.instances = Some(number(value()?)?),
-            "--store-timeout-ms" => options.store_timeout_ms = number(value()?)?,
-            "--trusted-proxy" => options.trusted_proxies.push(value()?),
-            "--help" | "-h" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown flag {other}\n{USAGE}")),
-        }
+/// The node URLs of `--redis-cluster`, at least one.
+#[derive(Clone, Debug)]
+struct Nodes(Vec<String>);
+
+fn parse_nodes(value: &str) -> Result<Nodes, String> {
+    let nodes: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if nodes.is_empty() {
+        return Err("needs at least one node URL".to_owned());
     }
-    if options.redis.is_some() && options.redis_cluster.is_some() {
+    Ok(Nodes(nodes))
+}
+
+fn at_least_one(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The `--config` file: the /orders limiter's definition (only its policies and tiers: the
+/// rest is set by flags), and each customer's plan tier.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OrdersConfig {
+    orders: LimiterDefinition,
+    /// Customer id (`x-customer-id`) to plan tier; customers not listed get the defaults.
+    #[serde(default)]
+    plans: HashMap<String, String>,
+}
+
+/// What a `--config` file sets: the limits of /orders and the plans.
+struct Loaded {
+    limits: Limits,
+    plans: Plans,
+}
+
+/// Customer id to plan tier, swapped whole on reload.
+type Plans = HashMap<String, Arc<str>>;
+
+fn load(path: &Path) -> Result<Loaded, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    let config: OrdersConfig = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let orders = &config.orders;
+    let set_by_flag = [
+        ("name", orders.name.is_some(), "the limiter is named orders"),
+        ("key", orders.key.is_some(), "the key is x-customer-id"),
+        (
+            "on_store_failure",
+            orders.on_store_failure.is_some(),
+            "use --on-store-failure",
+        ),
+        (
+            "store_timeout",
+            orders.store_timeout.is_some(),
+            "use --store-timeout-ms",
+        ),
+    ];
+    if let Some((field, _, instead)) = set_by_flag.iter().find(|(_, set, _)| *set) {
         return Err(format!(
-            "--redis and --redis-cluster exclude each other: give one Redis or one cluster\n{USAGE}"
+            "orders.{field} cannot be set in the file ({instead})"
         ));
     }
-    if options.limit == 0 || options.window_secs == 0 {
-        return Err("--limit and --window-secs must be at least 1".to_owned());
+    let limits = orders.limits().map_err(|e| format!("[orders]: {e}"))?;
+    let plans = config
+        .plans
+        .into_iter()
+        .map(|(customer, tier)| (customer, Arc::from(tier)))
+        .collect();
+    Ok(Loaded { limits, plans })
+}
+
+/// `per-second q=50 w=1s, ...; tier enterprise: ...`, for the log.
+fn describe(limits: &Limits) -> String {
+    let set = |policies: &[Policy]| {
+        policies
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} q={} w={}ms",
+                    p.name(),
+                    p.quota(),
+                    p.algorithm().window_ms()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = set(limits.policies());
+    for (tier, policies) in limits.tiers() {
+        text.push_str(&format!("; tier {tier}: {}", set(policies)));
     }
-    if options.instances == Some(0) {
-        return Err("--instances must be at least 1".to_owned());
-    }
-    Ok(options)
+    text
 }
 
 fn failure_policy(
@@ -121,14 +220,12 @@ fn failure_policy(
         (None, Some(registry)) => InstanceCount::live(registry),
         (None, None) => InstanceCount::fixed(1),
     };
+    // clap accepts only these four.
     match options.on_store_failure.as_str() {
         "open" => Ok(FailurePolicy::open()),
         "closed" => Ok(FailurePolicy::closed()),
-        "local-share" => Ok(FailurePolicy::local_share(instances)),
         "static" => Ok(FailurePolicy::fail_static()),
-        other => Err(format!(
-            "--on-store-failure: unknown policy {other:?}\n{USAGE}"
-        )),
+        _ => Ok(FailurePolicy::local_share(instances)),
     }
 }
 
@@ -139,7 +236,7 @@ fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String
             .build()
             .map(Some)
             .map_err(|e| format!("--redis: {e}")),
-        (None, Some(nodes)) => RedisBackend::cluster_builder(nodes.iter().cloned())
+        (None, Some(Nodes(nodes))) => RedisBackend::cluster_builder(nodes.iter().cloned())
             .prefix(prefix)
             .build()
             .map(Some)
@@ -169,7 +266,43 @@ fn policy_name(window_secs: u64) -> String {
     }
 }
 
-async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, String> {
+/// The caller of /orders: its `x-customer-id` (none without the header, which the layer
+/// answers with 401), on the plan tier `plans` gives it.
+fn customer_key(
+    plans: Arc<ArcSwap<Plans>>,
+) -> FnKey<impl Fn(&axum::http::Request<()>) -> KeyResult + Clone + Send + Sync + 'static> {
+    FnKey::new(move |request: &axum::http::Request<()>| {
+        let Some(id) = request
+            .headers()
+            .get("x-customer-id")
+            .map(|value| value.as_bytes())
+            .filter(|id| !id.is_empty())
+        else {
+            return Ok(None);
+        };
+        let caller = Caller::new(id);
+        let tier = std::str::from_utf8(id)
+            .ok()
+            .and_then(|id| plans.load().get(id).cloned());
+        Ok(Some(match tier {
+            Some(tier) => caller.with_tier(tier),
+            None => caller,
+        }))
+    })
+}
+
+/// The router, and what a reload of `--config` changes under it.
+struct App {
+    router: Router,
+    orders_limits: LimitsHandle,
+    plans: Arc<ArcSwap<Plans>>,
+}
+
+async fn app(
+    options: &Options,
+    config: Option<Loaded>,
+    metrics: PrometheusHandle,
+) -> Result<App, String> {
     let orders_store = store(options, "orders")?;
     let login_store = store(options, "login")?;
     for store in orders_store.iter().chain(&login_store) {
@@ -187,13 +320,26 @@ async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, Str
         ),
         _ => None,
     };
+    let (limits, plans) = match config {
+        Some(Loaded { limits, plans }) => (limits, plans),
+        None => (
+            Limits::new().policy(Policy::sliding_window(
+                policy_name(options.window_secs),
+                Quota::new(options.limit, Duration::from_secs(options.window_secs)),
+            )),
+            Plans::new(),
+        ),
+    };
+    let described = match &options.config {
+        Some(path) => format!("{} (from {})", describe(&limits), path.display()),
+        None => format!("{} per {} s", options.limit, options.window_secs),
+    };
     let orders = limiter("orders", orders_store, options)
-        .policy(Policy::sliding_window(
-            policy_name(options.window_secs),
-            Quota::new(options.limit, Duration::from_secs(options.window_secs)),
-        ))
+        .limits(limits)
         .on_store_failure(failure_policy(options, registry)?)
-        .build();
+        .try_build()
+        .map_err(|e| e.to_string())?;
+    let plans = Arc::new(ArcSwap::from_pointee(plans));
     let login = limiter("login", login_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
         .on_store_failure(FailurePolicy::closed())
@@ -201,19 +347,20 @@ async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, Str
     let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
     let where_ = match (&options.redis, &options.redis_cluster) {
         (Some(url), _) => url.clone(),
-        (None, Some(nodes)) => format!("the Redis Cluster at {}", nodes.join(",")),
+        (None, Some(Nodes(nodes))) => format!("the Redis Cluster at {}", nodes.join(",")),
         (None, None) => "this process".to_owned(),
     };
     eprintln!(
-        "/orders: {} per {} s per customer, counters in {where_}, on store failure: {}",
-        options.limit, options.window_secs, options.on_store_failure
+        "/orders: {described} per customer, counters in {where_}, on store failure: {}",
+        options.on_store_failure
     );
+    let handle = orders.limits_handle();
 
-    Ok(Router::new()
+    let router = Router::new()
         .route("/orders", get(|| async { "[]" }))
         .route_layer(
             RateLimitLayer::new(orders)
-                .key(HeaderKey::new("x-customer-id"))
+                .key(customer_key(plans.clone()))
                 .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
         )
         .route(
@@ -225,17 +372,56 @@ async fn app(options: &Options, metrics: PrometheusHandle) -> Result<Router, Str
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
-        ))
+        );
+    Ok(App {
+        router,
+        orders_limits: handle,
+        plans,
+    })
+}
+
+/// On SIGHUP, reads `path` again and swaps its limits and plans in; a file that does not
+/// load leaves those in force. The handler is installed before this returns, so a SIGHUP
+/// from then on never ends the process.
+#[cfg(unix)]
+fn reload_on_hangup(path: PathBuf, app: &App) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut hangups = signal(SignalKind::hangup())?;
+    let (limits, plans) = (app.orders_limits.clone(), app.plans.clone());
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let reloaded = load(&path).and_then(|loaded| {
+                let described = describe(&loaded.limits);
+                limits.set(loaded.limits).map_err(|e| e.to_string())?;
+                plans.store(Arc::new(loaded.plans));
+                Ok(described)
+            });
+            match reloaded {
+                Ok(described) => eprintln!("{}: reloaded: /orders: {described}", path.display()),
+                Err(message) => eprintln!(
+                    "{}: not reloaded, the limits in force stay: {message}",
+                    path.display()
+                ),
+            }
+        }
+    });
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let options = match parse_options() {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
+    // --help prints on stdout and succeeds; a bad flag exits with 2.
+    let options = Options::try_parse().unwrap_or_else(|error| error.exit());
+    let config = match &options.config {
+        Some(path) => match load(path) {
+            Ok(loaded) => Some(loaded),
+            Err(message) => {
+                eprintln!("--config {}: {message}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
     };
     // Buckets make the store latency a histogram (`_bucket` series), which the dashboard in
     // docs/ reads quantiles from; without them the exporter renders a summary.
@@ -250,7 +436,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let app = match app(&options, metrics).await {
+    let app = match app(&options, config, metrics).await {
         Ok(app) => app,
         Err(message) => {
             eprintln!("{message}");
@@ -264,11 +450,19 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    #[cfg(unix)]
+    if let Some(path) = &options.config
+        && let Err(e) = reload_on_hangup(path.clone(), &app)
+    {
+        eprintln!("cannot watch for SIGHUP: {e}");
+        return ExitCode::FAILURE;
+    }
     let address = listener.local_addr().unwrap_or(options.listen);
     println!("listening on http://{address}");
     let served = axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app.router
+            .into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await;
     match served {

@@ -113,6 +113,8 @@ mod http;
 mod limiter;
 
 pub mod client;
+#[cfg(feature = "serde")]
+pub mod config;
 pub mod shed;
 /// Replays a store outage on virtual time against the real layer, limiter and breaker.
 #[cfg(feature = "simulator")]
@@ -121,8 +123,8 @@ pub mod store;
 
 pub use http::headers::HeaderMode;
 pub use http::key::{
-    AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
-    TrustedProxies,
+    AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor,
+    MissingKey, TrustedProxies,
 };
 pub use http::layer::RateLimitLayer;
 pub use http::service::RateLimit;
@@ -132,6 +134,7 @@ pub use limiter::check::Limiter;
 pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
+pub use limiter::limits::{Limits, LimitsHandle};
 pub use limiter::mode::{Mode, ModeSwitch};
 pub use store::caller::Caller;
 pub use store::memory::InMemoryBackend;
@@ -156,8 +159,8 @@ pub mod key {
     //! Who is calling: the key extractors, and what a rejected key answers.
 
     pub use crate::http::key::{
-        AsyncFnKey, ClientIp, ExtensionKey, FnKey, ForwardedHeader, GlobalKey, HeaderKey,
-        InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
+        AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, ForwardedHeader, GlobalKey,
+        HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
     };
     pub use crate::store::caller::{Caller, CallerKey};
 }

@@ -180,13 +180,16 @@ fn integer(value: u64) -> Integer {
 }
 
 /// RateLimit-Policy values by policy set: the field depends on the set alone (names,
-/// quotas, windows), so it is serialized once per set, not per response.
+/// quotas, windows), so it is serialized once per set, not per response. A set is known by
+/// its allocation, which the cache holds: limits swapped in are new sets, so a response
+/// never advertises the policies of limits swapped out.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache {
     fields: RwLock<Vec<(Arc<[Policy]>, HeaderValue)>>,
 }
 
-// Default and tier sets, and the local shares of each for the instance counts seen.
+// Default and tier sets, and the local shares of each for the instance counts seen (of
+// the limits in force, and of a few swapped out).
 const MAX_CACHED_SETS: usize = 64;
 
 impl PolicyFieldCache {
@@ -208,7 +211,11 @@ impl PolicyFieldCache {
         }
         let value = policy_field(info, None)?;
         let mut fields = self.fields.write().unwrap_or_else(|e| e.into_inner());
-        if fields.len() < MAX_CACHED_SETS && cached(&fields).is_none() {
+        if cached(&fields).is_none() {
+            // Sets swapped out of a limiter are never asked for again: the oldest goes.
+            if fields.len() >= MAX_CACHED_SETS {
+                fields.remove(0);
+            }
             fields.push((set.clone(), value.clone()));
         }
         Some(value)

@@ -1,7 +1,6 @@
 //! Configuring a limiter: the builder, and the typed error for a configuration that cannot
 //! work.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -10,8 +9,8 @@ use crate::limiter::breaker::{Breaker, BreakerConfig, Jitter, default_jitter};
 use crate::limiter::check::{Inner, Limiter};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
+use crate::limiter::limits::{ActiveLimits, Limits, SwappableLimits};
 use crate::limiter::mode::ModeSwitch;
-use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::backend::Backend;
 use crate::store::clock::{Clock, SystemClock};
@@ -46,8 +45,7 @@ const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
 pub struct LimiterBuilder {
     name: Arc<str>,
     backend: Option<Arc<dyn Backend>>,
-    policies: Vec<Policy>,
-    tiers: Vec<(Arc<str>, Vec<Policy>)>,
+    limits: Limits,
     on_store_failure: FailurePolicy,
     store_timeout: Duration,
     breaker: BreakerConfig,
@@ -63,8 +61,7 @@ impl Default for LimiterBuilder {
         Self {
             name: "default".into(),
             backend: None,
-            policies: Vec::new(),
-            tiers: Vec::new(),
+            limits: Limits::new(),
             on_store_failure: FailurePolicy::default(),
             store_timeout: DEFAULT_STORE_TIMEOUT,
             breaker: BreakerConfig::default(),
@@ -82,7 +79,7 @@ impl fmt::Debug for LimiterBuilder {
         f.debug_struct("LimiterBuilder")
             .field("name", &self.name)
             .field("backend", &self.backend)
-            .field("policies", &self.policies)
+            .field("limits", &self.limits)
             .field("on_store_failure", &self.on_store_failure)
             .finish_non_exhaustive()
     }
@@ -104,7 +101,7 @@ impl LimiterBuilder {
     /// Adds a policy for callers without a tier. A request is admitted only if every
     /// policy admits it.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policies.push(policy);
+        self.limits = self.limits.policy(policy);
         self
     }
 
@@ -120,8 +117,22 @@ impl LimiterBuilder {
         tier: impl Into<Arc<str>>,
         policies: impl IntoIterator<Item = Policy>,
     ) -> Self {
-        self.tiers
-            .push((tier.into(), policies.into_iter().collect()));
+        self.limits = self.limits.tier(tier, policies);
+        self
+    }
+
+    /// Replaces the default policies and tiers given so far with `limits` (from a
+    /// configuration file, say). [`Limiter::limits_handle`] swaps them while the limiter
+    /// runs.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Limits, Policy, Quota};
+    /// let limits = Limits::new().policy(Policy::sliding_window("per-second", Quota::per_second(50)));
+    /// let limiter = Limiter::builder().limits(limits).build();
+    /// assert_eq!(limiter.policies()[0].quota(), 50);
+    /// ```
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -232,19 +243,12 @@ impl LimiterBuilder {
     /// ```
     pub fn try_build(self) -> Result<Limiter, BuildError> {
         let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
-        let default_limits = PolicySet::new(None, &self.policies, &scope)?;
-        let mut tiers = HashMap::with_capacity(self.tiers.len());
-        for (tier, limits) in &self.tiers {
-            tiers.insert(tier.clone(), PolicySet::new(Some(tier), limits, &scope)?);
-        }
         let metrics = LimiterMetrics::new(
             &self.name,
-            self.policies
-                .iter()
-                .chain(self.tiers.iter().flat_map(|(_, limits)| limits.iter()))
-                .map(Policy::name_arc),
+            self.limits.policy_names(),
             self.on_store_failure.as_str(),
         );
+        let limits = ActiveLimits::new(self.limits, &scope, 0)?;
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
@@ -262,8 +266,8 @@ impl LimiterBuilder {
                 name: self.name,
                 remote: backend.is_remote(),
                 backend,
-                default_limits,
-                tiers,
+                limits: SwappableLimits::new(limits),
+                scope,
                 on_store_failure: self.on_store_failure,
                 store_timeout: self.store_timeout,
                 mode: self.mode,

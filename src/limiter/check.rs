@@ -3,7 +3,6 @@
 //! mode -> denial cache -> breaker -> store under a timeout -> (on failure) the failure
 //! policy, in [`fallback`](super::fallback).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,6 +16,7 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
+use crate::limiter::limits::{ActiveLimits, LimitsHandle, SwappableLimits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::{self, LimiterMetrics};
@@ -52,8 +52,10 @@ pub(super) struct Inner {
     pub(super) name: Arc<str>,
     pub(super) backend: Arc<dyn Backend>,
     pub(super) remote: bool,
-    pub(super) default_limits: PolicySet,
-    pub(super) tiers: HashMap<Arc<str>, PolicySet>,
+    /// The policies in force, swapped whole by a [`LimitsHandle`].
+    pub(super) limits: SwappableLimits,
+    /// What policies' counters are scoped by.
+    pub(super) scope: Arc<str>,
     pub(super) on_store_failure: FailurePolicy,
     pub(super) store_timeout: Duration,
     pub(super) mode: ModeSwitch,
@@ -85,7 +87,8 @@ impl Limiter {
         // the check done here, and carried by the future for the rest.
         let span = telemetry::decision_span(&inner.name);
         let _entered = span.enter();
-        let set = inner.limits_for(caller);
+        let active = inner.limits_in_force();
+        let set = active.for_caller(caller);
         let limits = &set.limits;
         if !inner.remote {
             // An in-process store cannot be down: no breaker, timeout or denial cache.
@@ -150,9 +153,15 @@ impl Limiter {
         &self.inner.mode
     }
 
-    /// The policies applied to callers without a tier, in order.
-    pub fn policies(&self) -> &[Policy] {
-        &self.inner.default_limits.limits
+    /// The handle that replaces this limiter's policies and tiers while it runs.
+    pub fn limits_handle(&self) -> LimitsHandle {
+        LimitsHandle::new(self.inner.clone())
+    }
+
+    /// The policies in force for callers without a tier, in order, counted under this
+    /// limiter's scope.
+    pub fn policies(&self) -> Arc<[Policy]> {
+        self.inner.limits_in_force().default_set().limits.clone()
     }
 
     /// The limiter's name, used in metric labels and logs.
@@ -187,11 +196,9 @@ impl Inner {
         decision
     }
 
-    fn limits_for(&self, caller: &Caller) -> &PolicySet {
-        caller
-            .tier()
-            .and_then(|tier| self.tiers.get(tier))
-            .unwrap_or(&self.default_limits)
+    /// The limits in force now; a decision reads them once, so a swap never splits it.
+    fn limits_in_force(&self) -> arc_swap::Guard<Arc<ActiveLimits>> {
+        self.limits.load()
     }
 
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
@@ -265,8 +272,7 @@ impl fmt::Debug for Limiter {
         f.debug_struct("Limiter")
             .field("name", &self.inner.name)
             .field("backend", &self.inner.backend)
-            .field("policies", &self.inner.default_limits)
-            .field("tiers", &self.inner.tiers)
+            .field("limits", &self.inner.limits)
             .field("on_store_failure", &self.inner.on_store_failure)
             .field("store_timeout", &self.inner.store_timeout)
             .field("breaker", &self.inner.breaker)

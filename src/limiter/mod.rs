@@ -5,7 +5,8 @@
 //! [`breaker`], the store call under its timeout) and resolves a [`future`]; when the store
 //! cannot decide, [`fallback`] executes the route's [`failure`] policy, with the divisor
 //! of a local share from [`instances`]. [`decision`] is what comes out and [`telemetry`]
-//! counts it. [`builder`] assembles a limiter from [`policy`] sets.
+//! counts it. [`builder`] assembles a limiter from [`limits`], checked into [`policy_set`]s,
+//! which a [`limits::LimitsHandle`] can swap while the limiter runs.
 
 pub(crate) mod breaker;
 pub(crate) mod builder;
@@ -16,6 +17,7 @@ pub(crate) mod failure;
 pub(crate) mod fallback;
 pub(crate) mod future;
 pub(crate) mod instances;
+pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod policy_set;
 pub(crate) mod telemetry;

@@ -6,8 +6,9 @@ use crate::limiter::builder::BuildError;
 use crate::store::policy::Policy;
 
 /// One set of policies a caller is decided against (the defaults, or a tier's), with an
-/// identity that changes whenever any of its policies does: a refusal is remembered for
-/// the set that refused, so a caller moved to another tier is asked about afresh.
+/// identity that changes whenever any of its policies does, and at every swap of the
+/// limiter's limits: a refusal is remembered for the set that refused, so a caller moved
+/// to another tier, or decided under new limits, is asked about afresh.
 #[derive(Clone, Debug)]
 pub(crate) struct PolicySet {
     pub(crate) limits: Arc<[Policy]>,
@@ -19,6 +20,7 @@ impl PolicySet {
         tier: Option<&Arc<str>>,
         policies: &[Policy],
         scope: &Arc<str>,
+        generation: u64,
     ) -> Result<Self, BuildError> {
         let tier_name = || tier.map(|t| t.to_string());
         if policies.is_empty() {
@@ -39,7 +41,7 @@ impl PolicySet {
         // Within one process only: the cache that reads it is local.
         let id = std::hash::BuildHasher::hash_one(
             &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
-            &*limits,
+            (generation, &*limits),
         );
         Ok(Self { limits, id })
     }

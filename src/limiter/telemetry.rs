@@ -15,6 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use tracing::Span;
 
@@ -143,12 +144,24 @@ const PLAIN: [(Plain, &str); 6] = [
 
 /// One limiter's metric handles.
 pub(crate) struct LimiterMetrics {
+    layer: SharedString,
     plain: [Counter; 6],
-    /// `limited` and `shadow_limited` by refusing policy.
-    limited: HashMap<Arc<str>, [Counter; 2]>,
+    /// `limited` and `shadow_limited` by refusing policy: every name the limiter has
+    /// enforced, those of swapped-out limits included (a decision made under them may
+    /// still be counted after the swap).
+    limited: ArcSwap<HashMap<Arc<str>, [Counter; 2]>>,
     fallbacks: [Counter; 4],
     denial_cache_hits: Counter,
     store_latency: Histogram,
+}
+
+/// The `limited` and `shadow_limited` counters of refusals by `policy`.
+fn limited_counters(layer: &SharedString, policy: &Arc<str>) -> [Counter; 2] {
+    let label = || SharedString::from_shared(policy.clone());
+    [
+        decision_counter(layer, "limited", label()),
+        decision_counter(layer, "shadow_limited", label()),
+    ]
 }
 
 fn decision_counter(layer: &SharedString, outcome: &'static str, policy: SharedString) -> Counter {
@@ -167,19 +180,13 @@ impl LimiterMetrics {
         let layer = SharedString::from_shared(name.clone());
         let limited = policies
             .into_iter()
-            .map(|policy| {
-                let label = || SharedString::from_shared(policy.clone());
-                let counters = [
-                    decision_counter(&layer, "limited", label()),
-                    decision_counter(&layer, "shadow_limited", label()),
-                ];
-                (policy.clone(), counters)
-            })
+            .map(|policy| (policy.clone(), limited_counters(&layer, policy)))
             .collect();
         Self {
+            layer: layer.clone(),
             plain: PLAIN
                 .map(|(_, outcome)| decision_counter(&layer, outcome, SharedString::const_str(""))),
-            limited,
+            limited: ArcSwap::from_pointee(limited),
             fallbacks: REASONS.map(|reason| {
                 metrics::counter!(
                     FALLBACKS,
@@ -193,30 +200,48 @@ impl LimiterMetrics {
         }
     }
 
+    /// Registers the `limited` counters of policies named `policies` that have none yet:
+    /// the names of limits about to be swapped in.
+    pub(crate) fn register_policies<'a>(&self, policies: impl IntoIterator<Item = &'a Arc<str>>) {
+        let new: Vec<&Arc<str>> = policies
+            .into_iter()
+            .filter(|policy| !self.limited.load().contains_key(*policy))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        self.limited.rcu(|known| {
+            let mut known = HashMap::clone(known);
+            for policy in &new {
+                known
+                    .entry((*policy).clone())
+                    .or_insert_with(|| limited_counters(&self.layer, policy));
+            }
+            known
+        });
+    }
+
     /// One decision, by outcome and (for refusals) the first refusing policy.
     pub(crate) fn decision(&self, decision: &Decision) {
-        let plain = |which: Plain| &self.plain[which as usize];
+        let plain = |which: Plain| self.plain[which as usize].increment(1);
         let limited = |decision: &Decision, shadow: usize| {
-            decision
-                .info()
-                .and_then(|info| info.violated().next())
-                .and_then(|policy| self.limited.get(policy.name_arc()))
-                .map(|counters| &counters[shadow])
+            if let Some(policy) = decision.info().and_then(|info| info.violated().next())
+                && let Some(counters) = self.limited.load().get(policy.name_arc())
+            {
+                counters[shadow].increment(1);
+            }
         };
-        let counter = match decision {
-            Decision::Allowed(_) => Some(plain(Plain::Allowed)),
+        match decision {
+            Decision::Allowed(_) => plain(Plain::Allowed),
             Decision::Limited(_) => limited(decision, 0),
-            Decision::Unavailable { .. } => Some(plain(Plain::Unavailable)),
-            Decision::Unlimited(_) => Some(plain(Plain::Unlimited)),
+            Decision::Unavailable { .. } => plain(Plain::Unavailable),
+            Decision::Unlimited(_) => plain(Plain::Unlimited),
             Decision::Shadowed(inner) => match **inner {
                 Decision::Limited(_) => limited(inner, 1),
-                Decision::Unavailable { .. } => Some(plain(Plain::ShadowUnavailable)),
-                Decision::Unlimited(_) => Some(plain(Plain::ShadowUnlimited)),
-                _ => Some(plain(Plain::ShadowAllowed)),
+                Decision::Unavailable { .. } => plain(Plain::ShadowUnavailable),
+                Decision::Unlimited(_) => plain(Plain::ShadowUnlimited),
+                _ => plain(Plain::ShadowAllowed),
             },
-        };
-        if let Some(counter) = counter {
-            counter.increment(1);
         }
     }
 

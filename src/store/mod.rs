@@ -17,6 +17,7 @@ pub(crate) mod clock;
 pub(crate) mod digest;
 pub(crate) mod evaluate;
 pub(crate) mod instances;
+pub(crate) mod invalid_policy;
 pub(crate) mod memory;
 pub(crate) mod policy;
 pub(crate) mod random;
@@ -29,6 +30,7 @@ pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use evaluate::{Evaluated, evaluate};
 pub use instances::LiveInstances;
+pub use invalid_policy::InvalidPolicy;
 pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
 pub use random::RandomSource;
 #[cfg(feature = "redis")]

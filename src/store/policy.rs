@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::algorithm::Algorithm;
+use crate::store::invalid_policy::InvalidPolicy;
 
 /// A number of requests over a span of time, read the way people say it:
 /// `Quota::per_second(50)` is 50 requests in one second.
@@ -149,12 +150,27 @@ impl Policy {
     /// When the name is empty, longer than 64 bytes, or not printable ASCII (it appears in
     /// HTTP headers and store keys).
     pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Self {
+        Self::try_new(name, algorithm).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`new`](Self::new), or why the name cannot name a policy: for names read at run
+    /// time. With [`Algorithm::try_sliding_window`] and [`Algorithm::try_token_bucket`],
+    /// builds any policy without a panic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// let window = Algorithm::try_sliding_window(50, Duration::from_secs(1)).unwrap();
+    /// assert!(Policy::try_new("per-second", window).is_ok());
+    /// assert!(matches!(Policy::try_new("", window), Err(InvalidPolicy::Name(_))));
+    /// ```
+    pub fn try_new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Result<Self, InvalidPolicy> {
         let name = name.into();
-        assert!(
-            is_valid_name(&name),
-            "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
-        );
-        Self::assemble(name, algorithm, None)
+        if !is_valid_name(&name) {
+            return Err(InvalidPolicy::Name(name.to_string()));
+        }
+        Ok(Self::assemble(name, algorithm, None))
     }
 
     fn assemble(name: Arc<str>, algorithm: Algorithm, scope: Option<Arc<str>>) -> Self {

@@ -77,7 +77,7 @@ async fn all_or_nothing_on_every_master() {
                 );
             }
             // Both keys live on the master that owns the caller's slot.
-            for policy in limiter.policies() {
+            for policy in limiter.policies().iter() {
                 let key = store.key(&CallerKey::new(caller.as_str()), policy);
                 let key = std::str::from_utf8(&key).unwrap();
                 assert_eq!(

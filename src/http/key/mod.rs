@@ -3,9 +3,11 @@
 //! A [`KeyExtractor`] reads a request and names its [`Caller`]. The built-ins cover the
 //! usual sources: a request header ([`HeaderKey`]), a request extension set by earlier
 //! authentication middleware ([`ExtensionKey`]), the client IP behind trusted proxies
-//! ([`ClientIp`]), one key for everybody ([`GlobalKey`]) and a closure ([`FnKey`]).
+//! ([`ClientIp`]), one key for everybody ([`GlobalKey`]) and a closure ([`FnKey`]);
+//! [`ConfiguredKey`] is one of the first kinds chosen at run time.
 
 mod client_ip;
+mod configured;
 mod extension;
 mod header;
 
@@ -18,6 +20,7 @@ use http::{Request, StatusCode};
 use crate::store::caller::{Caller, CallerKey};
 
 pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies};
+pub use configured::ConfiguredKey;
 pub use extension::ExtensionKey;
 pub use header::HeaderKey;
 

@@ -9,6 +9,8 @@ mod token_bucket;
 
 use std::time::Duration;
 
+use crate::store::invalid_policy::InvalidPolicy;
+
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
 
@@ -60,45 +62,84 @@ impl Algorithm {
     /// # Panics
     ///
     /// When `limit` is zero, `window` is under one millisecond, or `limit` times the window
-    /// in milliseconds reaches 2^53 (beyond exact arithmetic in Redis's Lua).
+    /// in milliseconds reaches 2^53 (beyond exact arithmetic in Redis's Lua). Use
+    /// [`try_sliding_window`](Self::try_sliding_window) for values read at run time.
     pub fn sliding_window(limit: u64, window: Duration) -> Self {
+        Self::try_sliding_window(limit, window).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`sliding_window`](Self::sliding_window), or why its arguments cannot work.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// assert!(Algorithm::try_sliding_window(50, Duration::from_secs(1)).is_ok());
+    /// assert_eq!(
+    ///     Algorithm::try_sliding_window(u64::MAX, Duration::from_secs(1)),
+    ///     Err(InvalidPolicy::Inexact)
+    /// );
+    /// ```
+    pub fn try_sliding_window(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
         let window_ms = millis(window);
-        assert!(limit > 0, "a sliding window needs a limit of at least 1");
-        assert!(
-            window_ms > 0,
-            "a sliding window needs a window of at least 1 ms"
-        );
-        assert!(
-            u128::from(limit) * u128::from(window_ms) < MAX_EXACT,
-            "limit x window (ms) must stay below 2^53"
-        );
-        Algorithm::SlidingWindow { limit, window_ms }
+        if limit == 0 {
+            return Err(InvalidPolicy::ZeroLimit);
+        }
+        if window_ms == 0 {
+            return Err(InvalidPolicy::ShortPeriod);
+        }
+        if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
+            return Err(InvalidPolicy::Inexact);
+        }
+        Ok(Algorithm::SlidingWindow { limit, window_ms })
     }
 
     /// A bucket of `burst` tokens refilled at `rate` tokens per `period`.
     ///
     /// # Panics
     ///
-    /// When `rate` or `burst` is zero, `period` is under one millisecond, or `burst` times
-    /// the period in milliseconds reaches 2^53.
+    /// When `rate` or `burst` is zero, `period` is under one millisecond, or `burst` (or
+    /// `rate`) times the period in milliseconds reaches 2^53. Use
+    /// [`try_token_bucket`](Self::try_token_bucket) for values read at run time.
     pub fn token_bucket(rate: u64, period: Duration, burst: u64) -> Self {
+        Self::try_token_bucket(rate, period, burst).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`token_bucket`](Self::token_bucket), or why its arguments cannot work.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// assert!(Algorithm::try_token_bucket(10, Duration::from_secs(1), 20).is_ok());
+    /// assert_eq!(
+    ///     Algorithm::try_token_bucket(10, Duration::from_secs(1), 0),
+    ///     Err(InvalidPolicy::ZeroBurst)
+    /// );
+    /// ```
+    pub fn try_token_bucket(
+        rate: u64,
+        period: Duration,
+        burst: u64,
+    ) -> Result<Self, InvalidPolicy> {
         let period_ms = millis(period);
-        assert!(rate > 0, "a token bucket needs a rate of at least 1");
-        assert!(burst > 0, "a token bucket needs a burst of at least 1");
-        assert!(
-            period_ms > 0,
-            "a token bucket needs a period of at least 1 ms"
-        );
-        assert!(
-            u128::from(burst) * u128::from(period_ms) < MAX_EXACT
-                && u128::from(rate) * u128::from(period_ms) < MAX_EXACT,
-            "burst x period (ms) must stay below 2^53"
-        );
-        Algorithm::TokenBucket {
+        if rate == 0 {
+            return Err(InvalidPolicy::ZeroRate);
+        }
+        if burst == 0 {
+            return Err(InvalidPolicy::ZeroBurst);
+        }
+        if period_ms == 0 {
+            return Err(InvalidPolicy::ShortPeriod);
+        }
+        if u128::from(burst) * u128::from(period_ms) >= MAX_EXACT
+            || u128::from(rate) * u128::from(period_ms) >= MAX_EXACT
+        {
+            return Err(InvalidPolicy::Inexact);
+        }
+        Ok(Algorithm::TokenBucket {
             rate,
             period_ms,
             burst,
-        }
+        })
     }
 
     /// The quota advertised as `q`: the window's limit, or the bucket's burst.

@@ -1,0 +1,422 @@
+//! The shape of a limiter definition in a file, and its conversion into limits, a
+//! limiter builder and a key extractor, each checked without a panic.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::HeaderName;
+use serde::Deserialize;
+
+use crate::config::duration;
+use crate::config::error::DefinitionError;
+use crate::http::key::{ClientIp, ConfiguredKey, GlobalKey, HeaderKey};
+use crate::limiter::builder::LimiterBuilder;
+use crate::limiter::check::Limiter;
+use crate::limiter::failure::FailurePolicy;
+use crate::limiter::instances::InstanceCount;
+use crate::limiter::limits::Limits;
+use crate::store::algorithm::Algorithm;
+use crate::store::policy::Policy;
+
+/// One limiter as written in a configuration file; see the [module docs](super) for the
+/// format. Every field may be left out; [`limits`](Self::limits) needs at least one
+/// default policy.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct LimiterDefinition {
+    /// The limiter's name ([`LimiterBuilder::name`]).
+    pub name: Option<String>,
+    /// The policies of callers without a tier.
+    #[serde(default)]
+    pub policies: Vec<PolicyDefinition>,
+    /// Each tier's policies, by tier name.
+    #[serde(default)]
+    pub tiers: BTreeMap<String, Vec<PolicyDefinition>>,
+    /// What to do when the store cannot decide ([`LimiterBuilder::on_store_failure`]).
+    pub on_store_failure: Option<FailureDefinition>,
+    /// How long a decision waits for the store ([`LimiterBuilder::store_timeout`]).
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    pub store_timeout: Option<Duration>,
+    /// Who a request is counted as: a layer setting, see [`key`](Self::key).
+    pub key: Option<KeyDefinition>,
+}
+
+/// One policy: its name, its algorithm and that algorithm's numbers.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PolicyDefinition {
+    /// The name clients see in the `RateLimit-Policy` field.
+    pub name: String,
+    /// How it counts.
+    pub algorithm: AlgorithmName,
+    /// A sliding window's requests per window.
+    pub limit: Option<u64>,
+    /// A sliding window's length.
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    pub window: Option<Duration>,
+    /// A token bucket's tokens added per period.
+    pub rate: Option<u64>,
+    /// A token bucket's refill period.
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    pub period: Option<Duration>,
+    /// A token bucket's capacity.
+    pub burst: Option<u64>,
+}
+
+/// The two algorithms, as a file names them.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AlgorithmName {
+    /// [`Policy::sliding_window`]: `limit` requests in any `window`.
+    SlidingWindow,
+    /// [`Policy::token_bucket`]: `rate` tokens every `period`, at most `burst` held.
+    TokenBucket,
+}
+
+/// A failure policy, as a file names it: `"open"`, `"closed"`, `"static"`, or
+/// `{ local_share = { instances = 4 } }`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FailureDefinition {
+    /// [`FailurePolicy::open`].
+    Open,
+    /// [`FailurePolicy::closed`].
+    Closed,
+    /// [`FailurePolicy::fail_static`].
+    Static,
+    /// [`FailurePolicy::local_share`] among a fixed number of instances.
+    LocalShare {
+        /// How many instances share the limit.
+        instances: u64,
+    },
+}
+
+/// A key, as a file names it: `{ header = "x-customer-id" }`, `"client_ip"` (no proxy
+/// trusted; build a [`ClientIp`] in code to trust some) or `"global"`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum KeyDefinition {
+    /// [`HeaderKey`] on this header.
+    Header(String),
+    /// [`ClientIp`] with its defaults.
+    ClientIp,
+    /// [`GlobalKey`].
+    Global,
+}
+
+impl LimiterDefinition {
+    /// The default policies and tiers, checked as
+    /// [`LimiterBuilder::try_build`] checks them: ready for
+    /// [`LimitsHandle::set`](crate::LimitsHandle::set) or [`LimiterBuilder::limits`].
+    pub fn limits(&self) -> Result<Limits, DefinitionError> {
+        let mut limits = Limits::new();
+        for policy in &self.policies {
+            limits = limits.policy(policy.to_policy(None)?);
+        }
+        for (tier, policies) in &self.tiers {
+            let policies = policies
+                .iter()
+                .map(|policy| policy.to_policy(Some(tier)))
+                .collect::<Result<Vec<_>, _>>()?;
+            limits = limits.tier(tier.as_str(), policies);
+        }
+        limits.check()?;
+        Ok(limits)
+    }
+
+    /// A builder with the definition's name, limits, failure policy and store timeout (the
+    /// builder's defaults for those left out); add the backend and anything else, then
+    /// build.
+    pub fn builder(&self) -> Result<LimiterBuilder, DefinitionError> {
+        let mut builder = Limiter::builder().limits(self.limits()?);
+        if let Some(name) = &self.name {
+            builder = builder.name(name.as_str());
+        }
+        if let Some(failure) = &self.on_store_failure {
+            builder = builder.on_store_failure(failure.to_policy()?);
+        }
+        if let Some(timeout) = self.store_timeout {
+            builder = builder.store_timeout(timeout);
+        }
+        Ok(builder)
+    }
+
+    /// The key extractor the definition names, for
+    /// [`RateLimitLayer::key`](crate::RateLimitLayer::key); `None` when it names none.
+    pub fn key(&self) -> Result<Option<ConfiguredKey>, DefinitionError> {
+        self.key.as_ref().map(KeyDefinition::to_key).transpose()
+    }
+}
+
+impl PolicyDefinition {
+    fn to_policy(&self, tier: Option<&String>) -> Result<Policy, DefinitionError> {
+        let field = |field: &'static str, missing: bool| DefinitionError::Field {
+            tier: tier.cloned(),
+            name: self.name.clone(),
+            field,
+            missing,
+        };
+        let required = |value: Option<u64>, name| value.ok_or_else(|| field(name, true));
+        let unused = |present: bool, name| {
+            if present {
+                Err(field(name, false))
+            } else {
+                Ok(())
+            }
+        };
+        let algorithm = match self.algorithm {
+            AlgorithmName::SlidingWindow => {
+                unused(self.rate.is_some(), "rate")?;
+                unused(self.period.is_some(), "period")?;
+                unused(self.burst.is_some(), "burst")?;
+                let window = self.window.ok_or_else(|| field("window", true))?;
+                Algorithm::try_sliding_window(required(self.limit, "limit")?, window)
+            }
+            AlgorithmName::TokenBucket => {
+                unused(self.limit.is_some(), "limit")?;
+                unused(self.window.is_some(), "window")?;
+                let period = self.period.ok_or_else(|| field("period", true))?;
+                Algorithm::try_token_bucket(
+                    required(self.rate, "rate")?,
+                    period,
+                    required(self.burst, "burst")?,
+                )
+            }
+        };
+        algorithm
+            .and_then(|algorithm| Policy::try_new(self.name.as_str(), algorithm))
+            .map_err(|error| DefinitionError::Policy {
+                tier: tier.cloned(),
+                name: self.name.clone(),
+                error,
+            })
+    }
+}
+
+impl FailureDefinition {
+    fn to_policy(&self) -> Result<FailurePolicy, DefinitionError> {
+        Ok(match self {
+            FailureDefinition::Open => FailurePolicy::open(),
+            FailureDefinition::Closed => FailurePolicy::closed(),
+            FailureDefinition::Static => FailurePolicy::fail_static(),
+            FailureDefinition::LocalShare { instances: 0 } => {
+                return Err(DefinitionError::ZeroInstances);
+            }
+            FailureDefinition::LocalShare { instances } => {
+                FailurePolicy::local_share(InstanceCount::fixed(*instances))
+            }
+        })
+    }
+}
+
+impl KeyDefinition {
+    fn to_key(&self) -> Result<ConfiguredKey, DefinitionError> {
+        Ok(match self {
+            KeyDefinition::Header(name) => HeaderName::try_from(name.as_str())
+                .map(|header| ConfiguredKey::Header(HeaderKey::from_name(header)))
+                .map_err(|_| DefinitionError::HeaderName(name.clone()))?,
+            KeyDefinition::ClientIp => ConfiguredKey::ClientIp(ClientIp::new()),
+            KeyDefinition::Global => ConfiguredKey::Global(GlobalKey),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::builder::BuildError;
+    use crate::store::invalid_policy::InvalidPolicy;
+
+    fn read(text: &str) -> LimiterDefinition {
+        toml::from_str(text).expect("parses")
+    }
+
+    const WINDOW: &str = r#"
+        [[policies]]
+        name = "per-second"
+        algorithm = "sliding_window"
+        limit = 50
+        window = "1s"
+    "#;
+
+    #[test]
+    fn policies_and_tiers_become_limits() {
+        let definition = read(&format!(
+            "{WINDOW}
+            [[tiers.enterprise]]
+            name = \"smooth\"
+            algorithm = \"token_bucket\"
+            rate = 120
+            period = \"1s\"
+            burst = 240"
+        ));
+        let limits = definition.limits().unwrap();
+        assert_eq!(
+            limits.policies(),
+            [Policy::sliding_window(
+                "per-second",
+                crate::Quota::per_second(50)
+            )]
+        );
+        let (tier, policies) = limits.tiers().next().unwrap();
+        assert_eq!(tier, "enterprise");
+        assert_eq!(
+            policies,
+            [Policy::token_bucket(
+                "smooth",
+                crate::Quota::per_second(120),
+                240
+            )]
+        );
+    }
+
+    #[test]
+    fn values_that_would_panic_a_constructor_are_typed_errors() {
+        let error = read(&WINDOW.replace("limit = 50", "limit = 0"))
+            .limits()
+            .unwrap_err();
+        assert_eq!(
+            error,
+            DefinitionError::Policy {
+                tier: None,
+                name: "per-second".into(),
+                error: InvalidPolicy::ZeroLimit,
+            }
+        );
+        let error = read(&WINDOW.replace("limit = 50", "limit = 9007199254740992"))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::Inexact,
+                ..
+            }
+        ));
+        let error = read(&WINDOW.replace("\"per-second\"", "\"\""))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::Name(_),
+                ..
+            }
+        ));
+        let error = read(&WINDOW.replace("\"1s\"", "\"0ms\""))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            DefinitionError::Policy {
+                error: InvalidPolicy::ShortPeriod,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn sets_that_cannot_work_are_typed_errors() {
+        let twice = read(&format!("{WINDOW}{WINDOW}")).limits().unwrap_err();
+        assert_eq!(
+            twice,
+            DefinitionError::Limits(BuildError::DuplicatePolicy {
+                tier: None,
+                name: "per-second".into()
+            })
+        );
+        let empty = read("").limits().unwrap_err();
+        assert_eq!(
+            empty,
+            DefinitionError::Limits(BuildError::NoPolicies { tier: None })
+        );
+    }
+
+    #[test]
+    fn each_algorithm_takes_its_own_fields() {
+        let missing = read(&WINDOW.replace("window = \"1s\"", ""))
+            .limits()
+            .unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "policy \"per-second\" of the default policies needs `window`"
+        );
+        let foreign = read(&WINDOW.replace("limit = 50", "limit = 50\nburst = 3"))
+            .limits()
+            .unwrap_err();
+        assert!(matches!(
+            foreign,
+            DefinitionError::Field {
+                field: "burst",
+                missing: false,
+                ..
+            }
+        ));
+        let bucket = read(
+            "[[policies]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nrate = 1\nperiod = \"1s\"",
+        );
+        assert!(matches!(
+            bucket.limits().unwrap_err(),
+            DefinitionError::Field {
+                field: "burst",
+                missing: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn malformed_files_fail_to_parse_with_the_line() {
+        let unknown = toml::from_str::<LimiterDefinition>(&WINDOW.replace("limit", "limmit"))
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("line 5"), "{unknown}");
+        let duration = toml::from_str::<LimiterDefinition>(&WINDOW.replace("\"1s\"", "\"1 sec\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            duration.contains("line 6") && duration.contains("unknown unit"),
+            "{duration}"
+        );
+        let algorithm =
+            toml::from_str::<LimiterDefinition>(&WINDOW.replace("sliding_window", "leaky"))
+                .unwrap_err()
+                .to_string();
+        assert!(algorithm.contains("line 4"), "{algorithm}");
+    }
+
+    #[test]
+    fn the_rest_of_the_definition_configures_the_builder_and_the_key() {
+        let definition = read(&format!(
+            "name = \"orders\"\nstore_timeout = \"50ms\"\non_store_failure = {{ local_share = {{ instances = 3 }} }}\nkey = \"client_ip\"\n{WINDOW}"
+        ));
+        let limiter = definition.builder().unwrap().build();
+        assert_eq!(limiter.name(), "orders");
+        assert!(matches!(
+            format!("{limiter:?}"),
+            debug if debug.contains("store_timeout: 50ms") && debug.contains("LocalShare")
+        ));
+        assert!(matches!(
+            definition.key(),
+            Ok(Some(ConfiguredKey::ClientIp(_)))
+        ));
+        let bad_header = read(&format!("key = {{ header = \"x customer\" }}\n{WINDOW}"));
+        assert_eq!(
+            bad_header.key().unwrap_err(),
+            DefinitionError::HeaderName("x customer".into())
+        );
+        let zero = read(&format!(
+            "on_store_failure = {{ local_share = {{ instances = 0 }} }}\n{WINDOW}"
+        ));
+        assert_eq!(zero.builder().unwrap_err(), DefinitionError::ZeroInstances);
+        assert!(matches!(
+            read(&format!("key = \"global\"\n{WINDOW}")).key(),
+            Ok(Some(ConfiguredKey::Global(_)))
+        ));
+    }
+}

@@ -1,0 +1,374 @@
+//! The policies a limiter enforces, and the handle that replaces them while it runs.
+//!
+//! The limits in force are one immutable snapshot behind an atomic pointer: a decision
+//! reads the pointer once (no lock), and a swap publishes a whole new snapshot, so no
+//! decision ever sees the defaults of one set and the tiers of another.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+
+use crate::limiter::builder::BuildError;
+use crate::limiter::check::Inner;
+use crate::limiter::policy_set::PolicySet;
+use crate::store::caller::Caller;
+use crate::store::policy::Policy;
+
+/// The policies of a limiter: the defaults, and each plan tier's. What
+/// [`LimiterBuilder::limits`](crate::LimiterBuilder::limits) starts a limiter with and
+/// [`LimitsHandle::set`] swaps in while it runs.
+///
+/// ```
+/// use tollgate::{Limits, Policy, Quota};
+///
+/// let limits = Limits::new()
+///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+///     .tier("enterprise", [Policy::sliding_window("per-second", Quota::per_second(120))]);
+/// assert_eq!(limits.policies().len(), 1);
+/// assert_eq!(limits.tiers().count(), 1);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    policies: Vec<Policy>,
+    tiers: Vec<(Arc<str>, Vec<Policy>)>,
+}
+
+impl Limits {
+    /// No policy yet: add at least one with [`policy`](Self::policy).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a policy for callers without a tier. A request is admitted only if every
+    /// policy admits it.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Gives callers of plan tier `tier` (see [`Caller::with_tier`]) their own policies
+    /// instead of the default ones. Callers naming an unknown tier get the defaults. Naming
+    /// a tier again replaces its policies.
+    pub fn tier(
+        mut self,
+        tier: impl Into<Arc<str>>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        let tier = tier.into();
+        let policies = policies.into_iter().collect();
+        match self.tiers.iter_mut().find(|(name, _)| *name == tier) {
+            Some((_, existing)) => *existing = policies,
+            None => self.tiers.push((tier, policies)),
+        }
+        self
+    }
+
+    /// The policies of callers without a tier, in order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
+    }
+
+    /// Each tier with its policies, in the order they were added.
+    pub fn tiers(&self) -> impl Iterator<Item = (&str, &[Policy])> {
+        self.tiers
+            .iter()
+            .map(|(tier, policies)| (&**tier, policies.as_slice()))
+    }
+
+    /// Refuses what [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build) would.
+    #[cfg_attr(not(feature = "serde"), allow(dead_code))]
+    pub(crate) fn check(&self) -> Result<(), BuildError> {
+        ActiveLimits::new(self.clone(), &Arc::from(""), 0).map(drop)
+    }
+
+    /// Every policy name, defaults first (repeated when several sets share one).
+    pub(crate) fn policy_names(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.policies
+            .iter()
+            .chain(self.tiers.iter().flat_map(|(_, policies)| policies.iter()))
+            .map(Policy::name_arc)
+    }
+}
+
+/// The limits in force, checked and scoped: what a decision reads.
+#[derive(Debug)]
+pub(crate) struct ActiveLimits {
+    default: PolicySet,
+    tiers: HashMap<Arc<str>, PolicySet>,
+    /// As given, for [`LimitsHandle::get`].
+    source: Limits,
+}
+
+impl ActiveLimits {
+    /// Checks `limits` as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
+    /// does and scopes their counters. `generation` tells apart the sets of successive
+    /// swaps (see [`PolicySet::new`]).
+    pub(crate) fn new(
+        limits: Limits,
+        scope: &Arc<str>,
+        generation: u64,
+    ) -> Result<Self, BuildError> {
+        let default = PolicySet::new(None, &limits.policies, scope, generation)?;
+        let mut tiers = HashMap::with_capacity(limits.tiers.len());
+        for (tier, policies) in &limits.tiers {
+            tiers.insert(
+                tier.clone(),
+                PolicySet::new(Some(tier), policies, scope, generation)?,
+            );
+        }
+        Ok(Self {
+            default,
+            tiers,
+            source: limits,
+        })
+    }
+
+    /// The set `caller` is decided against: its tier's, or the defaults.
+    pub(crate) fn for_caller(&self, caller: &Caller) -> &PolicySet {
+        caller
+            .tier()
+            .and_then(|tier| self.tiers.get(tier))
+            .unwrap_or(&self.default)
+    }
+
+    pub(crate) fn default_set(&self) -> &PolicySet {
+        &self.default
+    }
+}
+
+/// The limits of one running limiter, swappable: the snapshot in force and the count of
+/// swaps so far.
+pub(crate) struct SwappableLimits {
+    active: ArcSwap<ActiveLimits>,
+    generation: AtomicU64,
+}
+
+impl SwappableLimits {
+    pub(crate) fn new(active: ActiveLimits) -> Self {
+        Self {
+            active: ArcSwap::from_pointee(active),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The snapshot in force. Hold it only for the part of a decision that reads it.
+    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<ActiveLimits>> {
+        self.active.load()
+    }
+
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn store(&self, active: ActiveLimits) {
+        self.active.store(Arc::new(active));
+    }
+}
+
+impl fmt::Debug for SwappableLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self.active.load(), f)
+    }
+}
+
+/// Replaces the policies of a running limiter (and of its clones, and of every layer built
+/// on it) without rebuilding the router; from [`Limiter::limits_handle`](crate::Limiter::limits_handle).
+///
+/// A new set is checked as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
+/// checks one and swapped in whole, atomically: a decision is made entirely under the old
+/// limits or entirely under the new ones. An invalid set is refused with a [`BuildError`]
+/// and the limits in force stay as they were. Like a clone of the limiter, a handle keeps
+/// the limiter's shared state alive.
+///
+/// # What happens to a caller's count
+///
+/// A count belongs to a policy's [`counter`](Policy::counter): the limiter's scope, the
+/// policy's name and the unit it counts in (the sliding window's length, or the token
+/// bucket's refill period). A policy that keeps its name, algorithm and unit keeps every
+/// caller's count, and the new quota applies to it: raising `per-second` from 50 to 100
+/// lets a caller that already used 50 this second take 50 more, not 100; lowering it to
+/// 30 refuses that caller until its count falls below 30. A policy with a new name, or
+/// another window, period or algorithm, is a new counter: callers start it from zero.
+/// Refusals the limiter remembered (its denial cache) are forgotten at the swap, so none
+/// made under the old limits outlives them.
+///
+/// ```
+/// use tollgate::{Caller, Limiter, Limits, Policy, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limiter = Limiter::builder()
+///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
+///     .build();
+/// let handle = limiter.limits_handle();
+/// let acme = Caller::new("acme");
+/// assert!(limiter.check(&acme).await.is_allowed());
+/// assert!(limiter.check(&acme).await.is_allowed());
+/// assert!(!limiter.check(&acme).await.is_allowed());
+///
+/// // Same name, same window: acme keeps the 2 it used and gets 1 more.
+/// handle
+///     .set(Limits::new().policy(Policy::sliding_window("per-minute", Quota::per_minute(3))))
+///     .unwrap();
+/// assert!(limiter.check(&acme).await.is_allowed());
+/// assert!(!limiter.check(&acme).await.is_allowed());
+/// assert_eq!(limiter.policies()[0].quota(), 3);
+///
+/// // A set that cannot work is refused, and the limits in force stay.
+/// assert!(handle.set(Limits::new()).is_err());
+/// assert_eq!(handle.get().policies()[0].quota(), 3);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LimitsHandle {
+    inner: Arc<Inner>,
+}
+
+impl LimitsHandle {
+    pub(super) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+
+    /// Swaps `limits` in, or says why they cannot work and leaves the limits in force.
+    /// Takes effect on the next decision; decisions already past reading the limits finish
+    /// under the old ones.
+    pub fn set(&self, limits: Limits) -> Result<(), BuildError> {
+        let inner = &self.inner;
+        let generation = inner.limits.next_generation();
+        let active = ActiveLimits::new(limits, &inner.scope, generation)?;
+        // Counters first, so that a refusal by a newly named policy is counted.
+        inner
+            .metrics
+            .register_policies(active.source.policy_names());
+        inner.limits.store(active);
+        tracing::warn!(layer = %inner.name, "rate limits replaced");
+        Ok(())
+    }
+
+    /// The limits in force, as they were given.
+    pub fn get(&self) -> Limits {
+        self.inner.limits.load().source.clone()
+    }
+}
+
+impl fmt::Debug for LimitsHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitsHandle")
+            .field("limiter", &self.inner.name)
+            .field("limits", &self.inner.limits)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policy::Quota;
+    use crate::{Caller, Limiter};
+
+    fn per_minute(limit: u64) -> Policy {
+        Policy::sliding_window("per-minute", Quota::per_minute(limit))
+    }
+
+    async fn admitted(limiter: &Limiter, caller: &Caller, requests: usize) -> usize {
+        let mut admitted = 0;
+        for _ in 0..requests {
+            admitted += usize::from(limiter.check(caller).await.is_allowed());
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn tiers_are_swapped_with_the_defaults() {
+        let limiter = Limiter::builder()
+            .limits(
+                Limits::new()
+                    .policy(per_minute(1))
+                    .tier("gold", [per_minute(3)]),
+            )
+            .build();
+        let gold = Caller::new("acme").with_tier("gold");
+        assert_eq!(admitted(&limiter, &gold, 5).await, 3);
+        // Gold now gets 5 of the same counter; silver is new and counts from zero.
+        limiter
+            .limits_handle()
+            .set(
+                Limits::new()
+                    .policy(per_minute(1))
+                    .tier("gold", [per_minute(5)])
+                    .tier(
+                        "silver",
+                        [Policy::sliding_window("per-hour", Quota::per_hour(2))],
+                    ),
+            )
+            .unwrap();
+        assert_eq!(admitted(&limiter, &gold, 5).await, 2);
+        let silver = Caller::new("acme").with_tier("silver");
+        assert_eq!(admitted(&limiter, &silver, 5).await, 2);
+        // A tier dropped from the limits falls back to the defaults, whose count acme
+        // shares with every set that has this policy.
+        limiter
+            .limits_handle()
+            .set(Limits::new().policy(per_minute(10)))
+            .unwrap();
+        assert_eq!(admitted(&limiter, &gold, 10).await, 5);
+    }
+
+    #[test]
+    fn a_refused_set_leaves_the_limits_in_force() {
+        let limiter = Limiter::builder().policy(per_minute(1)).build();
+        let handle = limiter.limits_handle();
+        let before = handle.get();
+        let duplicate = Limits::new().policy(per_minute(1)).policy(per_minute(2));
+        assert_eq!(
+            handle.set(duplicate),
+            Err(BuildError::DuplicatePolicy {
+                tier: None,
+                name: "per-minute".into()
+            })
+        );
+        let empty_tier = Limits::new().policy(per_minute(1)).tier("gold", []);
+        assert_eq!(
+            handle.set(empty_tier),
+            Err(BuildError::NoPolicies {
+                tier: Some("gold".into())
+            })
+        );
+        assert_eq!(handle.get(), before);
+        assert_eq!(limiter.policies()[0].quota(), 1);
+    }
+
+    #[test]
+    fn every_swap_gives_the_sets_new_identities() {
+        // The denial cache keys refusals on the set's id: a refusal made under swapped-out
+        // limits must not be found under the new ones, even if they are equal.
+        let scope: Arc<str> = "orders".into();
+        let limits = Limits::new()
+            .policy(per_minute(1))
+            .tier("gold", [per_minute(1)]);
+        let first = ActiveLimits::new(limits.clone(), &scope, 0).unwrap();
+        let second = ActiveLimits::new(limits, &scope, 1).unwrap();
+        let gold = Caller::new("acme").with_tier("gold");
+        let plain = Caller::new("acme");
+        assert_ne!(first.for_caller(&plain).id, second.for_caller(&plain).id);
+        assert_ne!(first.for_caller(&gold).id, second.for_caller(&gold).id);
+        // Within one generation equal sets share an id: they count the same, so a refusal
+        // by one holds for the other.
+        assert_eq!(first.for_caller(&plain).id, first.for_caller(&gold).id);
+        assert_eq!(
+            first.for_caller(&plain).limits[0].counter(),
+            second.for_caller(&plain).limits[0].counter()
+        );
+    }
+
+    #[test]
+    fn a_tier_named_twice_keeps_the_last_policies() {
+        let limits = Limits::new()
+            .tier("gold", [per_minute(1)])
+            .tier("gold", [per_minute(2)]);
+        assert_eq!(limits.tiers().count(), 1);
+        assert_eq!(limits.tiers().next().unwrap().1, [per_minute(2)]);
+    }
+}

@@ -1,0 +1,268 @@
+//! End to end: `orders_api --config FILE`, its limits rewritten and reloaded on SIGHUP
+//! under traffic, and a broken file refused with the limits in force kept.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::MissedTickBehavior;
+
+/// acme's traffic: between the limit before the reload and the one after.
+const RATE: f64 = 80.0;
+/// How long each side of the reload is measured.
+const PHASE: Duration = Duration::from_secs(3);
+/// How long after the SIGHUP a refusal under the old limits may still come.
+const GRACE: Duration = Duration::from_secs(1);
+
+fn config(enterprise_per_second: &str) -> String {
+    format!(
+        r#"# acme is on the enterprise plan
+[plans]
+acme = "enterprise"
+
+[[orders.policies]]
+name = "per-second"
+algorithm = "sliding_window"
+limit = 20
+window = "1s"
+
+[[orders.tiers.enterprise]]
+name = "per-second"
+algorithm = "sliding_window"
+limit = {enterprise_per_second}
+window = "1s"
+"#
+    )
+}
+
+/// The enterprise limit's line in [`config`].
+const LIMIT_LINE: usize = 14;
+
+struct Server {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<Vec<String>>>,
+    file: PathBuf,
+}
+
+impl Server {
+    fn start(file: PathBuf) -> Self {
+        let mut child = Command::new(tollgate_testkit::example::binary("orders_api"))
+            .args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start orders_api");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let collected = stderr.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                collected.lock().unwrap().push(line);
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the listening line");
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+            .to_owned();
+        Server {
+            child,
+            base,
+            stderr,
+            file,
+        }
+    }
+
+    /// Rewrites the file and sends SIGHUP; returns when the server has logged the
+    /// outcome, with that line and the ones after it.
+    fn reload(&self, text: &str) -> (Instant, Vec<String>) {
+        std::fs::write(&self.file, text).unwrap();
+        let logged = self.stderr.lock().unwrap().len();
+        let hangup = Instant::now();
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = hangup + Duration::from_secs(10);
+        loop {
+            // Let the error's lines after the first arrive too.
+            std::thread::sleep(Duration::from_millis(50));
+            let lines = self.stderr.lock().unwrap()[logged..].to_vec();
+            if lines.iter().any(|l| l.contains("reloaded")) {
+                return (hangup, lines);
+            }
+            assert!(Instant::now() < deadline, "no reload logged: {lines:?}");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.file);
+    }
+}
+
+fn temp_file() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "tollgate-orders-reload-{}-{:?}.toml",
+        std::process::id(),
+        std::thread::current().id()
+    ))
+}
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// One request as acme: the status, or the error that stood for it, and the quota of the
+/// RateLimit-Policy field.
+async fn order(client: &HttpClient, base: &str) -> Result<(u16, Option<String>), String> {
+    let request = hyper::Request::get(format!("{base}/orders"))
+        .header("x-customer-id", "acme")
+        .body(Empty::new())
+        .unwrap();
+    let response = client.request(request).await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let policy = response
+        .headers()
+        .get("ratelimit-policy")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, policy))
+}
+
+/// acme's requests at [`RATE`] for `span`, each sent on time whatever the others take:
+/// when each was sent, and its outcome.
+async fn traffic(
+    client: &HttpClient,
+    base: &str,
+    span: Duration,
+) -> Vec<(Instant, Result<(u16, Option<String>), String>)> {
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / RATE));
+    // A late tick is not made up for with a burst.
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let start = Instant::now();
+    let mut sent = Vec::new();
+    while start.elapsed() < span {
+        ticks.tick().await;
+        let (client, base) = (client.clone(), base.to_owned());
+        let at = Instant::now();
+        sent.push((at, tokio::spawn(async move { order(&client, &base).await })));
+    }
+    let mut outcomes = Vec::new();
+    for (at, request) in sent {
+        outcomes.push((at, request.await.unwrap()));
+    }
+    outcomes
+}
+
+fn quota_of(policy: &Option<String>) -> Option<&str> {
+    policy
+        .as_deref()?
+        .split(';')
+        .find_map(|p| p.strip_prefix("q="))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_reload_on_sighup_under_traffic() {
+    let server = Server::start(temp_file_with(&config("50")));
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(64)
+        .build_http();
+    let base = server.base.clone();
+
+    // Traffic on both sides of the reload, without a pause: the SIGHUP lands mid-stream.
+    let sender = {
+        let (client, base) = (client.clone(), base.clone());
+        tokio::spawn(async move { traffic(&client, &base, PHASE * 2).await })
+    };
+    tokio::time::sleep(PHASE).await;
+    let (hangup, logged) = tokio::task::block_in_place(|| server.reload(&config("100")));
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.contains("reloaded: /orders") && l.contains("q=100")),
+        "{logged:?}"
+    );
+    let outcomes = sender.await.unwrap();
+
+    let mut refused_before = 0;
+    for (at, outcome) in &outcomes {
+        let (status, policy) = outcome
+            .as_ref()
+            .unwrap_or_else(|e| panic!("a request failed: {e}"));
+        assert!(
+            *status == 200 || *status == 429,
+            "status {status} at {:?} from the start",
+            at.duration_since(outcomes[0].0)
+        );
+        if *at < hangup {
+            refused_before += usize::from(*status == 429);
+        } else if *at > hangup + GRACE {
+            assert_eq!(
+                *status,
+                200,
+                "refused {:?} after the SIGHUP",
+                at.duration_since(hangup)
+            );
+            assert_eq!(quota_of(policy), Some("100"), "{policy:?}");
+        }
+    }
+    // 80 a second against 50: about 30 of each second's requests were refused.
+    assert!(
+        refused_before >= 10,
+        "only {refused_before} refused before the reload"
+    );
+    let after = outcomes
+        .iter()
+        .filter(|(at, _)| *at > hangup + GRACE)
+        .count();
+    assert!(
+        after >= 40,
+        "only {after} requests measured after the reload"
+    );
+
+    // A file that does not parse: refused with its line, the limits in force kept.
+    let broken = config("100").replace("limit = 100", "limit = \"a hundred\" x");
+    let (_, logged) = tokio::task::block_in_place(|| server.reload(&broken));
+    let refusal = logged.join("\n");
+    assert!(refusal.contains("not reloaded"), "{refusal}");
+    assert!(refusal.contains(&format!("line {LIMIT_LINE}")), "{refusal}");
+    let (status, policy) = order(&client, &base).await.unwrap();
+    assert_eq!((status, quota_of(&policy)), (200, Some("100")));
+
+    // One that parses but cannot make limits: refused, naming the policy.
+    let (_, logged) = tokio::task::block_in_place(|| server.reload(&config("0")));
+    let refusal = logged.join("\n");
+    assert!(
+        refusal.contains("not reloaded") && refusal.contains("tier \"enterprise\""),
+        "{refusal}"
+    );
+    let (status, policy) = order(&client, &base).await.unwrap();
+    assert_eq!((status, quota_of(&policy)), (200, Some("100")));
+}
+
+fn temp_file_with(text: &str) -> PathBuf {
+    let file = temp_file();
+    std::fs::write(&file, text).unwrap();
+    file
+}
