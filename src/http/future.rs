@@ -17,6 +17,7 @@ use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::future::DecisionFuture;
+use crate::store::backend::RefundFuture;
 use crate::store::caller::{Caller, CallerKey};
 
 pin_project! {
@@ -31,6 +32,13 @@ pin_project! {
         config: Arc<Config<K>>,
         // The caller's partition key, when the layer sends one.
         pk: Option<[u8; PARTITION_KEY_LEN]>,
+        // The units the request costs.
+        cost: u64,
+        // Who is calling, once known: a refund names the caller.
+        caller: Option<Caller>,
+        // The inner service's response while the units of a request that did not count
+        // are given back.
+        refunding: Option<(RefundFuture, S::Response, Option<Decision>)>,
     }
 }
 
@@ -53,6 +61,7 @@ pin_project! {
             future: InnerFuture,
             decision: Option<Decision>,
         },
+        Refunding,
         Done,
     }
 }
@@ -67,6 +76,7 @@ where
         request: Request<ReqBody>,
         inner: S,
         config: Arc<Config<K>>,
+        cost: u64,
     ) -> Self {
         Self {
             state: State::Extracting {
@@ -76,6 +86,9 @@ where
             },
             config,
             pk: None,
+            cost,
+            caller: None,
+            refunding: None,
         }
     }
 
@@ -89,6 +102,9 @@ where
             },
             config,
             pk: None,
+            cost: 1,
+            caller: None,
+            refunding: None,
         }
     }
 }
@@ -103,6 +119,7 @@ where
             State::Extracting { .. } => "extracting key",
             State::Deciding { .. } => "deciding",
             State::Calling { .. } => "calling inner service",
+            State::Refunding => "giving back the units of a request that did not count",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -160,7 +177,10 @@ where
                         .partition_key
                         .as_ref()
                         .map(|key| key.of(caller.key().encoded()));
-                    let decision = this.config.limiter.check(&caller);
+                    let decision = this.config.limiter.check_cost(&caller, *this.cost);
+                    if this.config.count_only.is_some() {
+                        *this.caller = Some(caller);
+                    }
                     let (request, inner) = (request.take(), inner.take());
                     this.state.set(State::Deciding {
                         decision,
@@ -176,7 +196,10 @@ where
                     let decision = ready!(Pin::new(decision).poll(cx));
                     let fields = fields(this.config, this.pk.as_ref());
                     let default = match &decision {
-                        Decision::Limited(info) => Some(response::limited(info, fields)),
+                        Decision::Limited(info) => Some(match info.unaffordable() {
+                            Some(policy) => response::cost_exceeds_quota(info, policy, fields),
+                            None => response::limited(info, fields),
+                        }),
                         Decision::Unavailable {
                             retry_after_secs,
                             policies,
@@ -210,36 +233,96 @@ where
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(ResponseBody::inner);
-                    // An inner tollgate layer may have decided too (a per-route limit
-                    // inside a router-wide one): its refusal stands as it is, and on an
-                    // allowed response both layers' policies are listed, the inner
-                    // layer's decision kept in the extensions.
-                    let inner_decision = response
-                        .extensions()
-                        .get::<Decision>()
-                        .map(Decision::is_allowed);
-                    if let Some(decision) = decision.take()
-                        && inner_decision != Some(false)
+                    let decision = decision.take();
+                    if let (Some(count_only), Some(caller), Some(decided)) =
+                        (&this.config.count_only, this.caller.as_ref(), &decision)
                     {
-                        let status = response.status();
-                        response::decorate_allowed(
-                            response.headers_mut(),
-                            status,
-                            &decision,
-                            fields(this.config, this.pk.as_ref()),
-                        );
-                        if inner_decision.is_none() {
-                            response.extensions_mut().insert(decision);
+                        let (parts, body) = response.into_parts();
+                        let counts = (count_only.0)(&parts);
+                        let response = Response::from_parts(parts, body);
+                        if !counts {
+                            let mut refund = this.config.limiter.refund(caller, decided);
+                            // Ready at once for an in-process store, or when nothing was
+                            // counted; otherwise the response waits for the store.
+                            if refund.try_take_ready().is_none() {
+                                *this.refunding = Some((refund, response, decision));
+                                this.state.set(State::Refunding);
+                                continue;
+                            }
                         }
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(finish(
+                            response,
+                            decision,
+                            this.config,
+                            this.pk.as_ref(),
+                        )));
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(finish(
+                        response,
+                        decision,
+                        this.config,
+                        this.pk.as_ref(),
+                    )));
+                }
+                StateProj::Refunding => {
+                    let Some((refund, _, _)) = this.refunding.as_mut() else {
+                        unreachable!("a refunding response is stored before the state is set");
+                    };
+                    // A failed refund was logged and counted; the response goes out as it is.
+                    let _ = ready!(Pin::new(refund).poll(cx));
+                    let Some((_, response, decision)) = this.refunding.take() else {
+                        unreachable!("the refunding response is taken exactly once");
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(finish(
+                        response,
+                        decision,
+                        this.config,
+                        this.pk.as_ref(),
+                    )));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
         }
     }
+}
+
+/// The inner service's response, with the RateLimit fields of `decision` and the decision
+/// in its extensions.
+fn finish<K, ResBody>(
+    response: Response<ResBody>,
+    decision: Option<Decision>,
+    config: &Config<K>,
+    pk: Option<&[u8; PARTITION_KEY_LEN]>,
+) -> Response<ResponseBody<ResBody>>
+where
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    let mut response = response.map(ResponseBody::inner);
+    // An inner tollgate layer may have decided too (a per-route limit inside a router-wide
+    // one): its refusal stands as it is, and on an allowed response both layers' policies
+    // are listed, the inner layer's decision kept in the extensions.
+    let inner_decision = response
+        .extensions()
+        .get::<Decision>()
+        .map(Decision::is_allowed);
+    if let Some(decision) = decision
+        && inner_decision != Some(false)
+    {
+        let status = response.status();
+        response::decorate_allowed(
+            response.headers_mut(),
+            status,
+            &decision,
+            fields(config, pk),
+        );
+        if inner_decision.is_none() {
+            response.extensions_mut().insert(decision);
+        }
+    }
+    response
 }
 
 fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>) -> Fields<'a> {
