@@ -6,6 +6,7 @@ mod axum_router;
 mod bad_input;
 mod client_throttle;
 mod conformance;
+mod counting;
 mod counts;
 mod custom_backend;
 mod dashboard;
