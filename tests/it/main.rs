@@ -28,6 +28,7 @@ mod quickstart;
 mod recovery;
 mod redis_backend;
 mod redis_cluster;
+mod request_cost;
 mod shed;
 mod simulate;
 mod skip_and_refusal;
