@@ -199,8 +199,11 @@ impl RateLimitInfo {
         self.cost
     }
 
-    /// The first policy whose quota is below the request's cost: one no wait would ever
-    /// make admit the request.
+    /// For a refusal because the request's cost exceeds a quota
+    /// ([`DecisionSource::Cost`]), the first policy whose quota is below the cost: one no
+    /// wait would ever make admit the request. (While a local share decides, a cost above
+    /// the share's smaller quota is an ordinary refusal: it fits again once the store is
+    /// back.)
     ///
     /// ```
     /// use tollgate::{Caller, Decision, Limiter, Policy, Quota};
@@ -215,6 +218,9 @@ impl RateLimitInfo {
     /// # }
     /// ```
     pub fn unaffordable(&self) -> Option<&PolicyReport> {
+        if self.source != DecisionSource::Cost {
+            return None;
+        }
         self.policies.iter().find(|p| p.quota < self.cost)
     }
 

@@ -219,8 +219,9 @@ impl Algorithm {
     /// assert_eq!(batch.outcome.remaining, 20);
     /// let too_big = per_second.evaluate_cost(Some(batch.admitted_state), 1_000, 21);
     /// assert!(!too_big.admitted);
-    /// // 21 units fit again once the window has moved on.
-    /// assert_eq!(too_big.outcome.reset_ms, 1_000);
+    /// // 21 units fit once the next window has begun and enough of this one's 30 have
+    /// // slid out (30 x 966/1000 + 21 <= 50): 1,034 ms from now.
+    /// assert_eq!(too_big.outcome.reset_ms, 1_034);
     /// ```
     pub fn evaluate_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> Evaluation {
         let current = self.normalize(state, now_ms);
@@ -481,6 +482,63 @@ mod tests {
         assert!(first.admitted && second.admitted && !third.admitted);
         assert_eq!(third.outcome.reset_ms, 500);
         assert!(a.evaluate(Some(second.admitted_state), 500).admitted);
+    }
+
+    #[test]
+    fn a_refund_goes_to_the_window_it_was_counted_in() {
+        let a = window(5, 10);
+        let counted = a.evaluate_cost(None, 12_000, 3).admitted_state;
+        // Still the current window: its count goes down, never below 0.
+        let back = a
+            .refund(Some(counted), 12_000, 2, 15_000)
+            .expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow { current: 1, .. }
+        ));
+        let back = a.refund(Some(back), 12_000, 2, 15_000).expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow { current: 0, .. }
+        ));
+        assert_eq!(a.refund(Some(back), 12_000, 2, 15_000), None);
+        // In the next window the units still weigh as the previous window's count.
+        let back = a
+            .refund(Some(counted), 12_000, 3, 21_000)
+            .expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow {
+                previous: 0,
+                current: 0,
+                ..
+            }
+        ));
+        // Two windows on they weigh nothing: nothing to give back.
+        assert_eq!(a.refund(Some(counted), 12_000, 3, 31_000), None);
+        assert_eq!(a.refund(None, 12_000, 3, 12_000), None);
+    }
+
+    #[test]
+    fn a_refund_never_overfills_the_bucket() {
+        let a = Algorithm::token_bucket(1, Duration::from_secs(1), 4);
+        let counted = a.evaluate_cost(None, 0, 3).admitted_state;
+        // One token refilled since: giving back 3 would make 5; the bucket holds 4.
+        let back = a.refund(Some(counted), 0, 3, 1_000).expect("given back");
+        assert_eq!(a.peek(Some(back), 1_000).remaining, 4);
+        assert_eq!(a.refund(Some(back), 0, 1, 1_000), None);
+    }
+
+    #[test]
+    fn a_cost_above_the_quota_never_fits_and_reports_no_wait() {
+        let a = window(5, 1);
+        let e = a.evaluate_cost(None, 0, 6);
+        assert!(!e.admitted);
+        assert_eq!((e.outcome.remaining, e.outcome.reset_ms), (5, 0));
+        let b = Algorithm::token_bucket(1, Duration::from_secs(1), 4);
+        let e = b.evaluate_cost(None, 0, 5);
+        assert!(!e.admitted);
+        assert_eq!((e.outcome.remaining, e.outcome.reset_ms), (4, 0));
     }
 
     #[test]
