@@ -234,37 +234,31 @@ where
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
                     let decision = decision.take();
-                    if let (Some(count_only), Some(caller), Some(decided)) =
-                        (&this.config.count_only, this.caller.as_ref(), &decision)
-                    {
-                        let (parts, body) = response.into_parts();
-                        let counts = (count_only.0)(&parts);
-                        let response = Response::from_parts(parts, body);
-                        if !counts {
-                            let mut refund = this.config.limiter.refund(caller, decided);
-                            // Ready at once for an in-process store, or when nothing was
-                            // counted; otherwise the response waits for the store.
-                            if refund.try_take_ready().is_none() {
-                                *this.refunding = Some((refund, response, decision));
-                                this.state.set(State::Refunding);
-                                continue;
+                    // Under `count_only`, a response that does not count gives its units back.
+                    let (response, refund) =
+                        match (&this.config.count_only, this.caller.as_ref(), &decision) {
+                            (Some(count_only), Some(caller), Some(decided)) => {
+                                let (parts, body) = response.into_parts();
+                                let counts = (count_only.0)(&parts);
+                                let response = Response::from_parts(parts, body);
+                                let refund =
+                                    (!counts).then(|| this.config.limiter.refund(caller, decided));
+                                (response, refund)
                             }
-                        }
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(finish(
-                            response,
-                            decision,
-                            this.config,
-                            this.pk.as_ref(),
-                        )));
+                            _ => (response, None),
+                        };
+                    // Ready at once for an in-process store, or when nothing was counted;
+                    // otherwise the response waits for the store.
+                    if let Some(mut refund) = refund
+                        && refund.try_take_ready().is_none()
+                    {
+                        *this.refunding = Some((refund, response, decision));
+                        this.state.set(State::Refunding);
+                        continue;
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(finish(
-                        response,
-                        decision,
-                        this.config,
-                        this.pk.as_ref(),
-                    )));
+                    let response = finish(response, decision, this.config, this.pk.as_ref());
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
                     let Some((refund, _, _)) = this.refunding.as_mut() else {
@@ -276,12 +270,8 @@ where
                         unreachable!("the refunding response is taken exactly once");
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(finish(
-                        response,
-                        decision,
-                        this.config,
-                        this.pk.as_ref(),
-                    )));
+                    let response = finish(response, decision, this.config, this.pk.as_ref());
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
