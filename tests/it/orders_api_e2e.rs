@@ -1,6 +1,7 @@
 //! End to end: four `orders_api` processes against one real redis-server behind the fault
 //! proxy, the running example's traffic over HTTP, the store cut and restored. Local share
 //! (with the instance count from the Redis registry) and fail closed, side by side.
+//! And `/otp/verify`, which counts only wrong codes, against a real redis-server.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
