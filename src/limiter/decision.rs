@@ -195,6 +195,17 @@ impl RateLimitInfo {
 
     /// The units the request cost (1 unless the layer or the caller of
     /// [`Limiter::check_cost`](crate::Limiter::check_cost) said otherwise).
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("items", Quota::per_second(50)))
+    ///     .build();
+    /// let decision = limiter.check_cost(&Caller::new("acme"), 30).await;
+    /// assert_eq!(decision.info().map(|info| info.cost()), Some(30));
+    /// # }
+    /// ```
     pub fn cost(&self) -> u64 {
         self.cost
     }

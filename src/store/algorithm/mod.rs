@@ -246,7 +246,21 @@ impl Algorithm {
         self.peek_cost(state, now_ms, 1)
     }
 
-    /// [`peek`](Self::peek) for a request of `cost` units.
+    /// [`peek`](Self::peek) for a request of `cost` units: whether they would fit, what
+    /// remains, and for a cost that does not fit, how long until it does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::Algorithm;
+    ///
+    /// let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 20);
+    /// let state = bucket.evaluate_cost(None, 0, 15).admitted_state;
+    /// let ten_more = bucket.peek_cost(Some(state), 0, 10);
+    /// assert!(!ten_more.admitted);
+    /// assert_eq!(ten_more.remaining, 5);
+    /// // 5 more tokens at 10 a second.
+    /// assert_eq!(ten_more.reset_ms, 500);
+    /// ```
     pub fn peek_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
         let admits = self.consume(current, now_ms, cost).is_some();
