@@ -26,6 +26,9 @@ impl Limiter {
     /// In shadow mode the store counted the request as in enforce mode, so its units are
     /// given back too: shadow mode keeps predicting what enforcement would do.
     ///
+    /// Give each decision back at most once: a second refund of the same decision would
+    /// give back units that other requests consumed.
+    ///
     /// ```
     /// use tollgate::{Caller, Limiter, Policy, Quota};
     ///

@@ -12,8 +12,8 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::DecisionSource;
 use tollgate::{
-    Caller, Decision, FailurePolicy, GlobalKey, InMemoryBackend, InstanceCount, Limiter, Policy,
-    Quota, RateLimitLayer, RedisBackend,
+    Caller, Decision, FailurePolicy, GlobalKey, InMemoryBackend, InstanceCount, Limiter, Mode,
+    ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
 };
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
@@ -273,4 +273,37 @@ fn a_failed_refund_is_counted_never_an_error() {
     assert_eq!(counter(&snapshot, "tollgate_refunds_total", &failed), 1);
     let given_back = [("layer", "login-down"), ("result", "given_back")];
     assert_eq!(counter(&snapshot, "tollgate_refunds_total", &given_back), 0);
+}
+
+/// Shadow mode counts as enforce mode does, so it gives back as enforce mode does: switched to
+/// enforce after many successful logins in shadow mode, the caller still has every attempt.
+#[tokio::test]
+async fn shadow_mode_gives_back_as_enforce_mode_would() {
+    let server = RedisServer::start();
+    let switch = ModeSwitch::new(Mode::Shadow);
+    let limiter = Limiter::builder()
+        .name("login")
+        .backend(
+            RedisBackend::builder(server.url())
+                .build()
+                .expect("valid URL"),
+        )
+        .store_timeout(SLOW_TEST_MACHINE)
+        .policy(attempts())
+        .mode(switch.clone())
+        .build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut service = login(limiter, calls.clone());
+    for _ in 0..10 {
+        assert_eq!(attempt(&mut service, true).await.status, 200);
+    }
+    switch.set(Mode::Enforce);
+    for i in 0..5 {
+        assert_eq!(
+            attempt(&mut service, false).await.status,
+            401,
+            "failure {i}"
+        );
+    }
+    assert_eq!(attempt(&mut service, false).await.status, 429);
 }
