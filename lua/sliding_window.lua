@@ -1,6 +1,6 @@
 -- tollgate: the sliding window counter. A policy's key holds a hash:
 --   s = start of the current fixed window (ms), p = previous window's count, c = current count.
--- A request fits when p * (w - elapsed) + (c + 1) * w <= limit * w.
+-- A request of `cost` units (at most limit) fits when p * (w - elapsed) + c * w <= (limit - cost) * w.
 
 local sliding_window = {}
 
@@ -23,12 +23,29 @@ function sliding_window.load(key, now, limit, window)
   return { s = s, p = p, c = c, elapsed = elapsed }
 end
 
-function sliding_window.fits(st, limit, window)
-  return st.p * (window - st.elapsed) + (st.c + 1) * window <= limit * window
+function sliding_window.fits(st, cost, limit, window)
+  if cost > limit then
+    return false
+  end
+  return st.p * (window - st.elapsed) + st.c * window <= (limit - cost) * window
 end
 
-function sliding_window.consume(st)
-  st.c = st.c + 1
+function sliding_window.consume(st, cost)
+  st.c = st.c + cost
+end
+
+-- Takes `cost` units off the window they were counted in (at `counted_at`) while it still
+-- weighs, never below 0. Returns whether anything changed.
+function sliding_window.refund(st, counted_at, cost, limit, window)
+  local counted_in = counted_at - (counted_at % window)
+  if counted_in == st.s and st.c > 0 then
+    st.c = math.max(st.c - cost, 0)
+    return true
+  elseif counted_in + window == st.s and st.p > 0 then
+    st.p = math.max(st.p - cost, 0)
+    return true
+  end
+  return false
 end
 
 function sliding_window.store(key, st, now, limit, window)
@@ -55,16 +72,21 @@ local function sliding_wait(st, limit, window, units)
   return 9007199254740991
 end
 
-function sliding_window.report(st, limit, window)
+-- What remains, and the wait until one more unit fits (for a refusal, until `cost` do).
+function sliding_window.report(st, fits, cost, limit, window)
   local used = st.p * (window - st.elapsed) + st.c * window
   local budget = limit * window
   local remaining = 0
   if budget > used then
     remaining = floor_div(budget - used, window)
   end
+  local units = cost
+  if fits then
+    units = remaining + 1
+  end
   local reset = 0
-  if remaining < limit then
-    reset = sliding_wait(st, limit, window, remaining + 1)
+  if not ((fits and remaining >= limit) or units > limit) then
+    reset = sliding_wait(st, limit, window, units)
   end
   return remaining, reset
 end

@@ -22,12 +22,25 @@ function token_bucket.load(key, now, rate, period, burst)
   return { level = level, now = now }
 end
 
-function token_bucket.fits(st, rate, period, burst)
-  return st.level >= period
+function token_bucket.fits(st, cost, rate, period, burst)
+  if cost > burst then
+    return false
+  end
+  return st.level >= cost * period
 end
 
-function token_bucket.consume(st, rate, period, burst)
-  st.level = st.level - period
+function token_bucket.consume(st, cost, rate, period, burst)
+  st.level = st.level - cost * period
+end
+
+-- Puts `cost` tokens back, capped at the capacity. Returns whether anything changed.
+function token_bucket.refund(st, counted_at, cost, rate, period, burst)
+  local capacity = burst * period
+  if st.level >= capacity then
+    return false
+  end
+  st.level = math.min(capacity, st.level + math.min(cost, burst) * period)
+  return true
 end
 
 function token_bucket.store(key, st, now, rate, period, burst)
@@ -36,11 +49,16 @@ function token_bucket.store(key, st, now, rate, period, burst)
   redis.call('PEXPIRE', key, ceil_div(burst * period, rate))
 end
 
-function token_bucket.report(st, rate, period, burst)
+-- The whole tokens left, and the wait until one more is (for a refusal, until `cost` are).
+function token_bucket.report(st, fits, cost, rate, period, burst)
   local remaining = floor_div(st.level, period)
+  local units = cost
+  if fits then
+    units = remaining + 1
+  end
   local reset = 0
-  if remaining < burst then
-    reset = ceil_div((remaining + 1) * period - st.level, rate)
+  if not ((fits and remaining >= burst) or units > burst) then
+    reset = ceil_div(math.max(units * period - st.level, 0), rate)
   end
   return remaining, reset
 end

@@ -87,6 +87,7 @@
 //! | `tollgate_breaker_state` | gauge | `layer` | state | 0 closed, 1 open, 2 half-open |
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
+//! | `tollgate_refunds_total` | counter | `layer`, `result` | requests | admitted requests whose units were given back because they did not count (a layer's [`count_only`](RateLimitLayer::count_only), or [`Limiter::refund`]); `result` is `given_back` or `failed` (the store could not take them back: the units stay consumed) |
 //! | `tollgate_live_instances` | gauge | `registry` | instances | the count an `InstanceRegistry` divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
@@ -171,7 +172,7 @@ pub mod response {
 
     pub use crate::http::body::ResponseBody;
     pub use crate::http::response::{
-        QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY,
+        COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY,
     };
 }
 

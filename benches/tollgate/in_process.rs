@@ -92,7 +92,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             let backend = InMemoryBackend::new();
             let limits: Arc<[Policy]> = vec![big_bucket().clone()].into();
             let store = |caller: &Caller| {
-                black_box(backend.check(caller.key(), &limits).try_take_ready());
+                black_box(backend.check(caller.key(), &limits, 1).try_take_ready());
             };
             group.bench_function(&backend_id, |b| {
                 ran(GROUP, &backend_id);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Response, StatusCode};
+use http::{Response, StatusCode, response};
 use metrics::Counter;
 
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
@@ -30,6 +30,30 @@ pub(crate) struct Config<K> {
     pub(crate) skip: Option<Skip>,
     /// What builds refusals, when not the layer's problem+json.
     pub(crate) refusal: Option<RefusalHook>,
+    /// What a request costs, when not one unit.
+    pub(crate) cost: Option<CostFn>,
+    /// Which responses count, when not all of them: the others are refunded.
+    pub(crate) count_only: Option<CountOnly>,
+}
+
+/// The layer's cost function: the units a request consumes.
+#[derive(Clone)]
+pub(crate) struct CostFn(pub(crate) Arc<dyn Fn(&Parts) -> u64 + Send + Sync>);
+
+impl fmt::Debug for CostFn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CostFn").finish_non_exhaustive()
+    }
+}
+
+/// The layer's predicate of the responses that count.
+#[derive(Clone)]
+pub(crate) struct CountOnly(pub(crate) Arc<dyn Fn(&response::Parts) -> bool + Send + Sync>);
+
+impl fmt::Debug for CountOnly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountOnly").finish_non_exhaustive()
+    }
 }
 
 /// The predicate of requests that pass uncounted, and the counter that counts them.

@@ -18,6 +18,7 @@ use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::future::DecisionFuture;
+use crate::store::backend::RefundFuture;
 use crate::store::caller::{Caller, CallerKey};
 
 pin_project! {
@@ -34,6 +35,13 @@ pin_project! {
         pk: Option<[u8; PARTITION_KEY_LEN]>,
         // A gRPC request: refusals are gRPC statuses, not HTTP errors.
         grpc: bool,
+        // The units the request costs.
+        cost: u64,
+        // Who is calling, once known: a refund names the caller.
+        caller: Option<Caller>,
+        // The inner service's response while the units of a request that did not count
+        // are given back.
+        refunding: Option<(RefundFuture, S::Response, Option<Decision>)>,
     }
 }
 
@@ -56,6 +64,7 @@ pin_project! {
             future: InnerFuture,
             decision: Option<Decision>,
         },
+        Refunding,
         Done,
     }
 }
@@ -70,6 +79,7 @@ where
         request: Request<ReqBody>,
         inner: S,
         config: Arc<Config<K>>,
+        cost: u64,
     ) -> Self {
         let grpc = grpc::is_grpc(request.headers());
         Self {
@@ -81,6 +91,9 @@ where
             config,
             pk: None,
             grpc,
+            cost,
+            caller: None,
+            refunding: None,
         }
     }
 
@@ -96,6 +109,9 @@ where
             pk: None,
             // Nothing is refused on this path.
             grpc: false,
+            cost: 1,
+            caller: None,
+            refunding: None,
         }
     }
 }
@@ -110,6 +126,7 @@ where
             State::Extracting { .. } => "extracting key",
             State::Deciding { .. } => "deciding",
             State::Calling { .. } => "calling inner service",
+            State::Refunding => "giving back the units of a request that did not count",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -167,7 +184,10 @@ where
                         .partition_key
                         .as_ref()
                         .map(|key| key.of(caller.key().encoded()));
-                    let decision = this.config.limiter.check(&caller);
+                    let decision = this.config.limiter.check_cost(&caller, *this.cost);
+                    if this.config.count_only.is_some() {
+                        *this.caller = Some(caller);
+                    }
                     let (request, inner) = (request.take(), inner.take());
                     this.state.set(State::Deciding {
                         decision,
@@ -183,8 +203,14 @@ where
                     let decision = ready!(Pin::new(decision).poll(cx));
                     let fields = fields(this.config, this.pk.as_ref());
                     let default = match &decision {
-                        Decision::Limited(info) if *this.grpc => Some(grpc::limited(info, fields)),
-                        Decision::Limited(info) => Some(response::limited(info, fields)),
+                        Decision::Limited(info) => Some(match (info.unaffordable(), *this.grpc) {
+                            (Some(policy), false) => {
+                                response::cost_exceeds_quota(info, policy, fields)
+                            }
+                            (Some(policy), true) => grpc::cost_exceeds_quota(info, policy, fields),
+                            (None, false) => response::limited(info, fields),
+                            (None, true) => grpc::limited(info, fields),
+                        }),
                         Decision::Unavailable {
                             retry_after_secs,
                             policies,
@@ -225,36 +251,86 @@ where
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
-                    let mut response = response.map(ResponseBody::inner);
-                    // An inner tollgate layer may have decided too (a per-route limit
-                    // inside a router-wide one): its refusal stands as it is, and on an
-                    // allowed response both layers' policies are listed, the inner
-                    // layer's decision kept in the extensions.
-                    let inner_decision = response
-                        .extensions()
-                        .get::<Decision>()
-                        .map(Decision::is_allowed);
-                    if let Some(decision) = decision.take()
-                        && inner_decision != Some(false)
+                    let decision = decision.take();
+                    // Under `count_only`, a response that does not count gives its units back.
+                    let (response, refund) =
+                        match (&this.config.count_only, this.caller.as_ref(), &decision) {
+                            (Some(count_only), Some(caller), Some(decided)) => {
+                                let (parts, body) = response.into_parts();
+                                let counts = (count_only.0)(&parts);
+                                let response = Response::from_parts(parts, body);
+                                let refund =
+                                    (!counts).then(|| this.config.limiter.refund(caller, decided));
+                                (response, refund)
+                            }
+                            _ => (response, None),
+                        };
+                    // Ready at once for an in-process store, or when nothing was counted;
+                    // otherwise the response waits for the store.
+                    if let Some(mut refund) = refund
+                        && refund.try_take_ready().is_none()
                     {
-                        let status = response.status();
-                        response::decorate_allowed(
-                            response.headers_mut(),
-                            status,
-                            &decision,
-                            fields(this.config, this.pk.as_ref()),
-                        );
-                        if inner_decision.is_none() {
-                            response.extensions_mut().insert(decision);
-                        }
+                        *this.refunding = Some((refund, response, decision));
+                        this.state.set(State::Refunding);
+                        continue;
                     }
                     this.state.set(State::Done);
+                    let response = finish(response, decision, this.config, this.pk.as_ref());
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Refunding => {
+                    let Some((refund, _, _)) = this.refunding.as_mut() else {
+                        unreachable!("a refunding response is stored before the state is set");
+                    };
+                    // A failed refund was logged and counted; the response goes out as it is.
+                    let _ = ready!(Pin::new(refund).poll(cx));
+                    let Some((_, response, decision)) = this.refunding.take() else {
+                        unreachable!("the refunding response is taken exactly once");
+                    };
+                    this.state.set(State::Done);
+                    let response = finish(response, decision, this.config, this.pk.as_ref());
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
         }
     }
+}
+
+/// The inner service's response, with the RateLimit fields of `decision` and the decision
+/// in its extensions.
+fn finish<K, ResBody>(
+    response: Response<ResBody>,
+    decision: Option<Decision>,
+    config: &Config<K>,
+    pk: Option<&[u8; PARTITION_KEY_LEN]>,
+) -> Response<ResponseBody<ResBody>>
+where
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    let mut response = response.map(ResponseBody::inner);
+    // An inner tollgate layer may have decided too (a per-route limit inside a router-wide
+    // one): its refusal stands as it is, and on an allowed response both layers' policies
+    // are listed, the inner layer's decision kept in the extensions.
+    let inner_decision = response
+        .extensions()
+        .get::<Decision>()
+        .map(Decision::is_allowed);
+    if let Some(decision) = decision
+        && inner_decision != Some(false)
+    {
+        let status = response.status();
+        response::decorate_allowed(
+            response.headers_mut(),
+            status,
+            &decision,
+            fields(config, pk),
+        );
+        if inner_decision.is_none() {
+            response.extensions_mut().insert(decision);
+        }
+    }
+    response
 }
 
 fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>) -> Fields<'a> {

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use crate::http::body::ResponseBody;
 use crate::http::key::KeyRejection;
 use crate::http::response::{self, Fields};
-use crate::limiter::decision::RateLimitInfo;
+use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::policy::Policy;
 
 /// The `grpc-status` field name.
@@ -105,6 +105,31 @@ pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Byte
         GRPC_RETRY_PUSHBACK_MS,
         HeaderValue::from(info.retry_after_ms().max(1)),
     );
+    response
+}
+
+/// A request that costs more than a policy's quota: RESOURCE_EXHAUSTED with RateLimit-Policy
+/// but no Retry-After and no pushback, since waiting never makes it fit (and a gRPC client
+/// whose retry policy requires a pushback then does not retry).
+pub(crate) fn cost_exceeds_quota(
+    info: &RateLimitInfo,
+    policy: &PolicyReport,
+    fields: Fields<'_>,
+) -> Response<Bytes> {
+    let message = format!(
+        "the request costs {} units, more than the {} that policy {} admits in a window",
+        info.cost(),
+        policy.quota(),
+        policy.name()
+    );
+    let mut response = trailers_only(Code::RESOURCE_EXHAUSTED, &message);
+    if fields.mode.on_refused()
+        && let Some(field) = fields.cache.get(info, fields.pk)
+    {
+        response
+            .headers_mut()
+            .append(response::RATELIMIT_POLICY, field);
+    }
     response
 }
 

@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::http::config::{Config, RefusalHook, Skip};
+use crate::http::config::{Config, CostFn, CountOnly, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::http::service::RateLimit;
@@ -125,6 +125,8 @@ impl RateLimitLayer<ClientIp> {
                 partition_key: None,
                 skip: None,
                 refusal: None,
+                cost: None,
+                count_only: None,
             }),
         }
     }
@@ -146,6 +148,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 partition_key: config.partition_key,
                 skip: config.skip,
                 refusal: config.refusal,
+                cost: config.cost,
+                count_only: config.count_only,
             }),
         }
     }
@@ -421,6 +425,127 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
         }
     }
 
+    /// Makes each request consume the units `cost` computes from its [`Parts`] (default
+    /// 1), for endpoints whose requests are not all alike: a batch endpoint taking its item
+    /// count from the query string or a header.
+    ///
+    /// The cost is checked against every policy at once, all or nothing. A request that
+    /// costs more than a policy's quota is never admitted, however long it waits: it is
+    /// refused with 429 and the
+    /// [`COST_EXCEEDS_QUOTA`](crate::response::COST_EXCEEDS_QUOTA) problem naming the
+    /// policy, the cost and the quota, without Retry-After and without asking the store.
+    /// A cost of 0 consumes nothing and is admitted unless the caller is already over a
+    /// limit. Compute the cost from what the handler will actually do (the batch it will
+    /// process), so that a caller cannot declare a smaller cost than it spends.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("items", Quota::per_second(50)))
+    ///     .build();
+    /// // `?items=30` costs 30 units; no query, one.
+    /// let layer = RateLimitLayer::new(limiter).key(GlobalKey).cost(|request| {
+    ///     request
+    ///         .uri
+    ///         .query()
+    ///         .and_then(|q| q.strip_prefix("items="))
+    ///         .and_then(|n| n.parse().ok())
+    ///         .unwrap_or(1)
+    /// });
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let batch = http::Request::post("/batch?items=30").body(()).unwrap();
+    /// let response = service.clone().oneshot(batch).await.unwrap();
+    /// assert_eq!(response.headers()["ratelimit"], r#""items";r=20;t=1"#);
+    /// let too_big = http::Request::post("/batch?items=60").body(()).unwrap();
+    /// let refused = service.oneshot(too_big).await.unwrap();
+    /// assert_eq!(refused.status(), 429);
+    /// assert!(!refused.headers().contains_key("retry-after"));
+    /// # }
+    /// ```
+    pub fn cost<F>(self, cost: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        let mut config = self.into_config();
+        config.cost = Some(CostFn(Arc::new(cost)));
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Counts only the requests whose response `counts` says count, for credential and
+    /// one-time-code routes where failed attempts are what a limit is for: a successful
+    /// login should not bring a user closer to a lockout.
+    ///
+    /// Every request is still counted when it is decided, so a caller who has used up the
+    /// quota is refused before the handler runs, and concurrent attempts are never
+    /// over-admitted (50 concurrent wrong passwords against 5 a minute reach the handler
+    /// exactly 5 times). When the response does not count, its units are given back
+    /// ([`Limiter::refund`]) before the response is sent: to the store that counted them,
+    /// or to the local share when that decided; nothing when the store was not asked
+    /// (failed open, cached refusal). The price is that a request that will not count
+    /// holds its units while its handler runs, and waits for the refund (one store call,
+    /// under the store timeout) before its response goes out. A refund that fails is
+    /// logged and counted in `tollgate_refunds_total`, and the response is sent as it is;
+    /// the units stay consumed. The RateLimit fields of the response report the state
+    /// when the request was admitted, before the refund.
+    ///
+    /// The predicate sees the response's [`Parts`](http::response::Parts): its status,
+    /// headers and extensions (a handler may mark the outcome there). A response of an
+    /// inner service that failed (an `Err`, not a response) counts. A later `count_only`
+    /// replaces an earlier one.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::StatusCode;
+    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("attempts", Quota::per_minute(2)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(GlobalKey)
+    ///     .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
+    /// let login = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<()>| async move {
+    ///     let status = if req.uri().query() == Some("password=right") { 200 } else { 401 };
+    ///     let mut response = http::Response::new(http_body_util::Empty::<bytes::Bytes>::new());
+    ///     *response.status_mut() = StatusCode::from_u16(status).unwrap();
+    ///     Ok::<_, Infallible>(response)
+    /// });
+    /// let attempt = |query: &str| http::Request::post(format!("/login?{query}")).body(()).unwrap();
+    /// // Successful logins do not count...
+    /// for _ in 0..5 {
+    ///     let response = login.clone().oneshot(attempt("password=right")).await.unwrap();
+    ///     assert_eq!(response.status(), 200);
+    /// }
+    /// // ...two failed ones use the quota up.
+    /// for _ in 0..2 {
+    ///     let response = login.clone().oneshot(attempt("password=wrong")).await.unwrap();
+    ///     assert_eq!(response.status(), 401);
+    /// }
+    /// let response = login.oneshot(attempt("password=right")).await.unwrap();
+    /// assert_eq!(response.status(), 429);
+    /// # }
+    /// ```
+    pub fn count_only<F>(self, counts: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
+    {
+        let mut config = self.into_config();
+        config.count_only = Some(CountOnly(Arc::new(counts)));
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// The limiter this layer decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.config.limiter
@@ -438,6 +563,8 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             partition_key: shared.partition_key.clone(),
             skip: shared.skip.clone(),
             refusal: shared.refusal.clone(),
+            cost: shared.cost.clone(),
+            count_only: shared.count_only.clone(),
         })
     }
 }

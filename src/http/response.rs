@@ -26,6 +26,12 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 pub const TEMPORARY_REDUCED_CAPACITY: &str =
     "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
 
+/// The problem type of a request whose cost exceeds a policy's quota: no wait would ever
+/// admit it, so the 429 that carries it has no Retry-After. Its members: `policy` (the
+/// first such policy), `cost`, `quota` and `violated-policies`.
+pub const COST_EXCEEDS_QUOTA: &str =
+    "https://docs.rs/tollgate/latest/tollgate/response/constant.COST_EXCEEDS_QUOTA.html";
+
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
 /// What the RateLimit fields of one response are made with: the layer's settings and the
@@ -62,6 +68,54 @@ pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Byte
         insert_policy_fields(headers, info, info.violated(), fields);
     }
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    response
+}
+
+/// 429 for a request that costs more than a policy's quota: RateLimit-Policy, the
+/// cost-exceeds-quota problem naming the policy, the cost and the quota, and no
+/// Retry-After (waiting never helps) nor RateLimit (the store was not asked, so `r` is not
+/// known).
+pub(crate) fn cost_exceeds_quota(
+    info: &RateLimitInfo,
+    policy: &PolicyReport,
+    fields: Fields<'_>,
+) -> Response<Bytes> {
+    let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+    let mut body = String::with_capacity(320);
+    body.push_str("{\"type\":");
+    json_string(&mut body, COST_EXCEEDS_QUOTA);
+    body.push_str(",\"title\":\"Cost exceeds quota\",\"status\":429,\"detail\":");
+    json_string(
+        &mut body,
+        &format!(
+            "the request costs {} units, more than the {} that policy {:?} admits in a \
+             window: waiting does not help, a smaller request may",
+            info.cost(),
+            policy.quota(),
+            policy.name()
+        ),
+    );
+    body.push_str(",\"policy\":");
+    json_string(&mut body, policy.name());
+    let _ = write!(
+        body,
+        ",\"cost\":{},\"quota\":{},\"violated-policies\":[",
+        info.cost(),
+        policy.quota()
+    );
+    for (i, name) in violated.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        json_string(&mut body, name);
+    }
+    body.push_str("]}");
+    let mut response = problem_bytes(StatusCode::TOO_MANY_REQUESTS, body);
+    if fields.mode.on_refused()
+        && let Some(policy) = fields.cache.get(info, fields.pk)
+    {
+        response.headers_mut().append(RATELIMIT_POLICY, policy);
+    }
     response
 }
 

@@ -91,7 +91,7 @@ where
         // readiness and keep a fresh clone here.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
-        let request = match &self.config.skip {
+        let mut request = match &self.config.skip {
             Some(skip) => {
                 // The predicate reads the parts only, whatever the body type.
                 let (parts, body) = request.into_parts();
@@ -106,7 +106,16 @@ where
             }
             None => request,
         };
+        let cost = match &self.config.cost {
+            Some(cost) => {
+                let (parts, body) = request.into_parts();
+                let units = (cost.0)(&parts);
+                request = Request::from_parts(parts, body);
+                units
+            }
+            None => 1,
+        };
         let key = self.config.key.extract(&request);
-        ResponseFuture::new(key, request, ready, self.config.clone())
+        ResponseFuture::new(key, request, ready, self.config.clone(), cost)
     }
 }

@@ -11,7 +11,7 @@ use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::{Admission, Breaker, BreakerState, Permit};
 use crate::limiter::builder::LimiterBuilder;
-use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, UnlimitedReason};
+use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt, UnlimitedReason};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
@@ -76,8 +76,32 @@ impl Limiter {
         LimiterBuilder::default()
     }
 
-    /// Decides one request of `caller`.
+    /// Decides one request of `caller`, costing one unit.
     pub fn check(&self, caller: &Caller) -> DecisionFuture {
+        self.check_cost(caller, 1)
+    }
+
+    /// Decides one request of `caller` that consumes `cost` units from every policy, all
+    /// or nothing.
+    ///
+    /// A cost above a policy's quota can never be admitted: it is refused at once, without
+    /// asking the store ([`RateLimitInfo::unaffordable`] names the policy). A cost of 0
+    /// consumes nothing and reports what remains (a peek).
+    ///
+    /// ```
+    /// use tollgate::{Caller, Decision, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let acme = Caller::new("acme");
+    /// let Decision::Allowed(info) = limiter.check_cost(&acme, 30).await else { panic!() };
+    /// assert_eq!(info.min_remaining(), Some(20));
+    /// assert!(!limiter.check_cost(&acme, 21).await.is_allowed());
+    /// # }
+    /// ```
+    pub fn check_cost(&self, caller: &Caller, cost: u64) -> DecisionFuture {
         let inner = &self.inner;
         let mode = inner.mode.get();
         if mode == Mode::Off {
@@ -89,14 +113,17 @@ impl Limiter {
         let _entered = span.enter();
         let active = inner.limits_in_force();
         let set = active.for_caller(caller);
+        if let Some(refusal) = set.unaffordable(cost) {
+            return DecisionFuture::ready(inner.conclude(refusal, mode, &span));
+        }
         let limits = &set.limits;
         if !inner.remote {
             // An in-process store cannot be down: no breaker, timeout or denial cache.
-            let mut check = inner.backend.check(caller.key(), limits);
+            let mut check = inner.backend.check(caller.key(), limits, cost);
             if let Some(result) = check.try_take_ready() {
                 let now = inner.clock.now_millis();
                 return DecisionFuture::ready(inner.conclude(
-                    inner.decided(caller, set, result, now),
+                    inner.decided(caller, set, result, now, cost),
                     mode,
                     &span,
                 ));
@@ -104,7 +131,7 @@ impl Limiter {
         }
         let now = inner.clock.now_millis();
         if let Some(denials) = &inner.denials
-            && let Some(info) = denials.get(caller.key(), set.id, now)
+            && let Some(info) = denials.get(caller.key(), set.id, now, cost)
         {
             inner.metrics.denial_cache_hit();
             return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
@@ -112,15 +139,15 @@ impl Limiter {
         let permit = match inner.breaker.admit() {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen);
+                let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost);
                 return DecisionFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
         let started = Instant::now();
-        let mut check = inner.backend.check(caller.key(), limits);
+        let mut check = inner.backend.check(caller.key(), limits, cost);
         if let Some(result) = check.try_take_ready() {
             inner.metrics.store_latency(started.elapsed());
-            let decision = inner.finish(caller, set, result, permit, now);
+            let decision = inner.finish(caller, set, result, permit, now, cost);
             return DecisionFuture::ready(inner.conclude(decision, mode, &span));
         }
         let inner = self.inner.clone();
@@ -141,7 +168,7 @@ impl Limiter {
                     )),
                 };
                 inner.metrics.store_latency(started.elapsed());
-                let decision = inner.finish(&caller, &set, result, permit, now);
+                let decision = inner.finish(&caller, &set, result, permit, now, cost);
                 inner.conclude(decision, mode, &span)
             }
             .instrument(instrumented),
@@ -210,16 +237,17 @@ impl Inner {
         result: CheckResult,
         permit: Permit,
         asked_ms: u64,
+        cost: u64,
     ) -> Decision {
         match result {
             Ok(outcome) => {
                 permit.success();
-                self.decided(caller, set, Ok(outcome), asked_ms)
+                self.decided(caller, set, Ok(outcome), asked_ms, cost)
             }
             Err(error) => {
                 permit.failure();
                 tracing::debug!(layer = %self.name, %error, "store call failed");
-                self.fall_back(caller, set, FallbackReason::of(&error))
+                self.fall_back(caller, set, FallbackReason::of(&error), cost)
             }
         }
     }
@@ -233,12 +261,20 @@ impl Inner {
         set: &PolicySet,
         result: CheckResult,
         asked_ms: u64,
+        cost: u64,
     ) -> Decision {
         let limits = &set.limits;
         match result {
             Ok(outcome) => {
-                let info =
-                    RateLimitInfo::from_outcomes(limits, outcome.limits(), DecisionSource::Store);
+                let mut info =
+                    RateLimitInfo::from_outcomes(limits, outcome.limits(), DecisionSource::Store)
+                        .for_cost(cost);
+                if outcome.admitted() {
+                    info = info.with_receipt(Receipt {
+                        counted_at_ms: outcome.counted_at_ms(),
+                        set_id: set.id,
+                    });
+                }
                 if let Some(denials) = &self.denials {
                     // A refusal holds until its retry time; so does the refusal that an
                     // admission leaving a policy at r=0 announces for the next request.
@@ -262,7 +298,7 @@ impl Inner {
             }
             // Only an in-process store's answer comes here unguarded; it does not fail, but
             // if a custom one does, it gets the failure policy too.
-            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error)),
+            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error), cost),
         }
     }
 }

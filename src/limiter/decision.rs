@@ -107,6 +107,18 @@ pub struct RateLimitInfo {
     // The policy set reported on, shared: what the headers advertise depends on it alone,
     // so the HTTP floor can cache that part per set.
     set: Arc<[Policy]>,
+    cost: u64,
+    // What an admission consumed and where, so that it can be given back.
+    receipt: Option<Receipt>,
+}
+
+/// What an admitted request consumed: enough to give it back to the store that counted it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Receipt {
+    /// When the store counted it, on the store's clock.
+    pub(crate) counted_at_ms: u64,
+    /// The identity of the policy set that counted it (for the denial cache).
+    pub(crate) set_id: u64,
 }
 
 /// Who made a decision.
@@ -119,6 +131,9 @@ pub enum DecisionSource {
     DenialCache,
     /// This instance's share of the limit, while the store is down.
     LocalShare,
+    /// The request's cost exceeds a policy's quota, so no wait would ever admit it: refused
+    /// without asking the store. `r` and `t` are not known and reported as 0.
+    Cost,
 }
 
 impl DecisionSource {
@@ -128,6 +143,7 @@ impl DecisionSource {
             DecisionSource::Store => "store",
             DecisionSource::DenialCache => "denial_cache",
             DecisionSource::LocalShare => "local_share",
+            DecisionSource::Cost => "cost",
         }
     }
 }
@@ -156,7 +172,67 @@ impl RateLimitInfo {
             policies,
             source,
             set: limits.clone(),
+            cost: 1,
+            receipt: None,
         }
+    }
+
+    /// The same report, about a request of `cost` units.
+    pub(crate) fn for_cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The same report, of an admission that `receipt` can give back.
+    pub(crate) fn with_receipt(mut self, receipt: Receipt) -> Self {
+        self.receipt = Some(receipt);
+        self
+    }
+
+    pub(crate) fn receipt(&self) -> Option<Receipt> {
+        self.receipt
+    }
+
+    /// The units the request cost (1 unless the layer or the caller of
+    /// [`Limiter::check_cost`](crate::Limiter::check_cost) said otherwise).
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("items", Quota::per_second(50)))
+    ///     .build();
+    /// let decision = limiter.check_cost(&Caller::new("acme"), 30).await;
+    /// assert_eq!(decision.info().map(|info| info.cost()), Some(30));
+    /// # }
+    /// ```
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// For a refusal because the request's cost exceeds a quota
+    /// ([`DecisionSource::Cost`]), the first policy whose quota is below the cost: one no
+    /// wait would ever make admit the request. (While a local share decides, a cost above
+    /// the share's smaller quota is an ordinary refusal: it fits again once the store is
+    /// back.)
+    ///
+    /// ```
+    /// use tollgate::{Caller, Decision, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let Decision::Limited(info) = limiter.check_cost(&Caller::new("acme"), 60).await else {
+    ///     panic!("60 units never fit in 50");
+    /// };
+    /// assert_eq!(info.unaffordable().map(|p| p.name()), Some("per-second"));
+    /// # }
+    /// ```
+    pub fn unaffordable(&self) -> Option<&PolicyReport> {
+        if self.source != DecisionSource::Cost {
+            return None;
+        }
+        self.policies.iter().find(|p| p.quota < self.cost)
     }
 
     /// The policy set this report is about.
@@ -214,6 +290,8 @@ impl RateLimitInfo {
             policies,
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
+            cost: 1,
+            receipt: None,
         })
     }
 
@@ -236,6 +314,8 @@ impl RateLimitInfo {
             policies,
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
+            cost: self.cost,
+            receipt: None,
         }
     }
 }

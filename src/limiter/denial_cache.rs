@@ -15,6 +15,10 @@ const SHARDS: usize = 16;
 /// until the exact time the store would admit the caller again. Keying on the set keeps a
 /// refusal from following a caller into another tier. Requests for such a caller are refused without a
 /// store call, and while the store is down the cached refusals keep refusing (fail static).
+///
+/// A refusal of a request of `c` units says only that fewer than `c` remain: it is served to
+/// requests costing `c` or more, and the store is asked about cheaper ones. A refund removes
+/// the caller's refusal, since the store may admit again at once.
 pub(crate) struct DenialCache {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -51,9 +55,15 @@ impl DenialCache {
         }
     }
 
-    /// The cached refusal of `caller` by the policy set `set`, with its waiting times
-    /// brought to `now_ms`.
-    pub(crate) fn get(&self, caller: &CallerKey, set: u64, now_ms: u64) -> Option<RateLimitInfo> {
+    /// The cached refusal of `caller` by the policy set `set` that holds for a request of
+    /// `cost` units, with its waiting times brought to `now_ms`.
+    pub(crate) fn get(
+        &self,
+        caller: &CallerKey,
+        set: u64,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<RateLimitInfo> {
         if self.entries.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -65,10 +75,28 @@ impl DenialCache {
             self.entries.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        Some(denial.info.waiting(denial.until_ms - now_ms))
+        if cost < denial.info.cost() {
+            return None;
+        }
+        Some(denial.info.waiting(denial.until_ms - now_ms).for_cost(cost))
     }
 
-    /// Remembers a refusal until `now_ms + retry_ms`. When full, expired entries are
+    /// Forgets the refusal of `caller` by the policy set `set`: units were given back.
+    pub(crate) fn remove(&self, caller: &CallerKey, set: u64) {
+        if self.entries.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        if self
+            .shard(caller)
+            .denials
+            .remove(&(caller.clone(), set))
+            .is_some()
+        {
+            self.entries.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Remembers a refusal (of a request of `info.cost()` units) until `now_ms + retry_ms`. When full, expired entries are
     /// dropped; if none has expired the refusal is simply not cached (the cache only saves
     /// store calls, so skipping it is always safe).
     pub(crate) fn insert(
@@ -162,18 +190,31 @@ mod tests {
         let acme = CallerKey::new("acme");
         cache.insert(&acme, 1, &refusal(), 1_000, 700);
         // Another policy set (a tier) never sees it.
-        assert!(cache.get(&acme, 2, 1_500).is_none());
-        let served = cache.get(&acme, 1, 1_500).expect("cached");
+        assert!(cache.get(&acme, 2, 1_500, 1).is_none());
+        let served = cache.get(&acme, 1, 1_500, 1).expect("cached");
         assert_eq!(served.retry_after_ms(), 200);
         assert_eq!(served.retry_after_secs(), 1);
         assert_eq!(cache.entries.load(Ordering::Acquire), 1);
-        assert!(cache.get(&acme, 1, 1_700).is_none());
+        assert!(cache.get(&acme, 1, 1_700, 1).is_none());
         assert_eq!(cache.len(), 0);
         // The count that lets an empty cache skip the lookup follows the maps.
         assert_eq!(cache.entries.load(Ordering::Acquire), 0);
         cache.insert(&acme, 1, &refusal(), 2_000, 700);
         cache.insert(&acme, 1, &refusal(), 2_100, 700);
         assert_eq!(cache.entries.load(Ordering::Acquire), 1);
+    }
+
+    #[test]
+    fn a_refusal_holds_for_the_cost_refused_and_above() {
+        let cache = DenialCache::new(100);
+        let acme = CallerKey::new("acme");
+        cache.insert(&acme, 1, &refusal().for_cost(10), 1_000, 700);
+        // Fewer than 10 units remain: 9 may still fit, 10 or more do not.
+        assert!(cache.get(&acme, 1, 1_100, 9).is_none());
+        assert_eq!(cache.get(&acme, 1, 1_100, 10).map(|r| r.cost()), Some(10));
+        assert_eq!(cache.get(&acme, 1, 1_100, 25).map(|r| r.cost()), Some(25));
+        cache.remove(&acme, 1);
+        assert!(cache.get(&acme, 1, 1_100, 25).is_none());
     }
 
     #[test]
@@ -186,7 +227,7 @@ mod tests {
         assert_eq!(cache.entries.load(Ordering::Acquire), cache.len());
         // Expired entries make room again.
         cache.insert(&CallerKey::new("late"), 1, &refusal(), 20_000, 500);
-        assert!(cache.get(&CallerKey::new("late"), 1, 20_100).is_some());
+        assert!(cache.get(&CallerKey::new("late"), 1, 20_100, 1).is_some());
         assert_eq!(cache.entries.load(Ordering::Acquire), cache.len());
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::limiter::check::Inner;
 use crate::limiter::decision::{
-    Decision, DecisionSource, RateLimitInfo, UnlimitedReason, whole_seconds,
+    Decision, DecisionSource, RateLimitInfo, Receipt, UnlimitedReason, whole_seconds,
 };
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::policy_set::PolicySet;
@@ -56,16 +56,19 @@ impl Inner {
         caller: &Caller,
         set: &PolicySet,
         reason: FallbackReason,
+        cost: u64,
     ) -> Decision {
         self.metrics.fallback(reason);
-        self.apply(&self.on_store_failure, caller, set)
+        self.apply(&self.on_store_failure, caller, set, cost)
     }
 
+    /// Decides a request of `cost` units by the failure policy `policy`.
     pub(super) fn apply(
         &self,
         policy: &FailurePolicy,
         caller: &Caller,
         set: &PolicySet,
+        cost: u64,
     ) -> Decision {
         let limits = &set.limits;
         match policy {
@@ -76,16 +79,21 @@ impl Inner {
             },
             FailurePolicy::LocalShare(instances) => {
                 let share = self.share(limits, instances.get());
-                let mut check = self.local.check(caller.key(), &share);
+                let mut check = self.local.check(caller.key(), &share, cost);
                 match check.try_take_ready() {
                     Some(Ok(outcome)) => {
                         let info = RateLimitInfo::from_outcomes(
                             &share,
                             outcome.limits(),
                             DecisionSource::LocalShare,
-                        );
+                        )
+                        .for_cost(cost);
                         if outcome.admitted() {
-                            Decision::Allowed(info)
+                            // The local counters took it: a refund goes back to them.
+                            Decision::Allowed(info.with_receipt(Receipt {
+                                counted_at_ms: outcome.counted_at_ms(),
+                                set_id: set.id,
+                            }))
                         } else {
                             Decision::Limited(info)
                         }
@@ -95,18 +103,23 @@ impl Inner {
                 }
             }
             FailurePolicy::Static => self
-                .cached_refusal(caller, set)
+                .cached_refusal(caller, set, cost)
                 .unwrap_or(Decision::Unlimited(UnlimitedReason::StoreFailedOpen)),
             FailurePolicy::StaticThen(rest) => self
-                .cached_refusal(caller, set)
-                .unwrap_or_else(|| self.apply(rest, caller, set)),
+                .cached_refusal(caller, set, cost)
+                .unwrap_or_else(|| self.apply(rest, caller, set, cost)),
         }
     }
 
-    pub(super) fn cached_refusal(&self, caller: &Caller, set: &PolicySet) -> Option<Decision> {
+    pub(super) fn cached_refusal(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Option<Decision> {
         let denials = self.denials.as_ref()?;
         denials
-            .get(caller.key(), set.id, self.clock.now_millis())
+            .get(caller.key(), set.id, self.clock.now_millis(), cost)
             .map(Decision::Limited)
     }
 

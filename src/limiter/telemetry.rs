@@ -27,6 +27,7 @@ pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";
 pub(crate) const BREAKER_STATE: &str = "tollgate_breaker_state";
 pub(crate) const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub(crate) const DENIAL_CACHE_HITS: &str = "tollgate_denial_cache_hits_total";
+pub(crate) const REFUNDS: &str = "tollgate_refunds_total";
 
 /// Describes the limiter's metrics (help text and unit) to the recorder installed now.
 /// Called each time a limiter is built rather than once per process, so a recorder
@@ -60,6 +61,12 @@ fn describe() {
         DENIAL_CACHE_HITS,
         Unit::Count,
         "Refusals served from the denial cache without a store call, by layer."
+    );
+    metrics::describe_counter!(
+        REFUNDS,
+        Unit::Count,
+        "Admitted requests whose units were given back because they did not count, by layer \
+         and result (given_back, or failed when the store could not take them back)."
     );
 }
 
@@ -153,6 +160,8 @@ pub(crate) struct LimiterMetrics {
     fallbacks: [Counter; 4],
     denial_cache_hits: Counter,
     store_latency: Histogram,
+    /// Refunds given back, and refunds that failed.
+    refunds: [Counter; 2],
 }
 
 /// The `limited` and `shadow_limited` counters of refusals by `policy`.
@@ -196,6 +205,9 @@ impl LimiterMetrics {
                 )
             }),
             denial_cache_hits: metrics::counter!(DENIAL_CACHE_HITS, "layer" => layer.clone()),
+            refunds: ["given_back", "failed"].map(
+                |result| metrics::counter!(REFUNDS, "layer" => layer.clone(), "result" => result),
+            ),
             store_latency: metrics::histogram!(STORE_LATENCY, "layer" => layer),
         }
     }
@@ -256,6 +268,11 @@ impl LimiterMetrics {
 
     pub(crate) fn denial_cache_hit(&self) {
         self.denial_cache_hits.increment(1);
+    }
+
+    /// One refund, given back or failed.
+    pub(crate) fn refund(&self, given_back: bool) {
+        self.refunds[usize::from(!given_back)].increment(1);
     }
 }
 

@@ -270,12 +270,12 @@ impl Scenario {
     /// struct Switchable(InMemoryBackend, Arc<AtomicBool>);
     ///
     /// impl Backend for Switchable {
-    ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
     ///         if self.1.load(Ordering::SeqCst) {
     ///             let down = StoreError::new(StoreErrorKind::Unavailable, "down");
     ///             return CheckFuture::ready(Err(down));
     ///         }
-    ///         self.0.check(caller, limits)
+    ///         self.0.check(caller, limits, cost)
     ///     }
     /// }
     ///

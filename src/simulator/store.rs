@@ -8,7 +8,9 @@ use tokio::time::Instant;
 
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::check::Limiter;
-use crate::store::backend::{Backend, CheckFuture, StoreError, StoreErrorKind};
+use crate::store::backend::{
+    Backend, CheckFuture, Refund, RefundFuture, StoreError, StoreErrorKind,
+};
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::memory::InMemoryBackend;
@@ -103,9 +105,9 @@ pub(crate) struct FaultyStore {
 }
 
 impl Backend for FaultyStore {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         match self.fault.get() {
-            None => self.counters.check(caller, limits),
+            None => self.counters.check(caller, limits, cost),
             Some(FaultKind::Refuse) => CheckFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "connection refused (simulated)",
@@ -121,7 +123,7 @@ impl Backend for FaultyStore {
                 let delay = self.slow_by;
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let _ = answer.send(counters.check(&caller, &limits).await);
+                    let _ = answer.send(counters.check(&caller, &limits, cost).await);
                 });
                 CheckFuture::boxed(async move {
                     answered.await.unwrap_or_else(|_| {
@@ -129,6 +131,16 @@ impl Backend for FaultyStore {
                     })
                 })
             }
+        }
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        match self.fault.get() {
+            None => self.counters.refund(caller, limits, refund),
+            Some(_) => RefundFuture::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "store down (simulated)",
+            ))),
         }
     }
 
@@ -164,8 +176,12 @@ impl SharedStore {
 }
 
 impl Backend for SharedStore {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        self.0.check(caller, limits)
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        self.0.check(caller, limits, cost)
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        self.0.refund(caller, limits, refund)
     }
 
     fn is_remote(&self) -> bool {

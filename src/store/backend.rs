@@ -13,7 +13,8 @@ use crate::store::policy::Policy;
 /// A store that decides requests against a caller's counters.
 ///
 /// One call decides every policy of one request atomically: the request is admitted only
-/// if every limit admits it, and a refused request consumes nothing from any limit.
+/// if every limit admits it, consuming the request's cost (in units) from each, and a
+/// refused request consumes nothing from any limit.
 /// [`Algorithm::evaluate`](crate::store::Algorithm::evaluate) and
 /// [`Algorithm::peek`](crate::store::Algorithm::peek) carry the arithmetic, so a backend only
 /// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
@@ -24,20 +25,23 @@ use crate::store::policy::Policy;
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
 /// use tollgate::Policy;
-/// use tollgate::store::{Backend, CallerKey, CheckFuture, CheckOutcome, Clock, PolicyState, SystemClock};
+/// use tollgate::store::{
+///     Backend, CallerKey, CheckFuture, CheckOutcome, Clock, PolicyState, Refund, RefundFuture,
+///     SystemClock,
+/// };
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
 /// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
 ///
 /// impl Backend for LockedMap {
-///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         let evaluations: Vec<_> = limits
 ///             .iter()
-///             .map(|l| l.algorithm().evaluate(map.get(&key(l)).copied(), now))
+///             .map(|l| l.algorithm().evaluate_cost(map.get(&key(l)).copied(), now, cost))
 ///             .collect();
 ///         let admitted = evaluations.iter().all(|e| e.admitted);
 ///         let outcomes = limits.iter().zip(&evaluations).map(|(l, e)| {
@@ -45,17 +49,51 @@ use crate::store::policy::Policy;
 ///                 map.insert(key(l), e.admitted_state);
 ///                 e.outcome
 ///             } else {
-///                 l.algorithm().peek(map.get(&key(l)).copied(), now)
+///                 l.algorithm().peek_cost(map.get(&key(l)).copied(), now, cost)
 ///             }
 ///         }).collect();
-///         CheckFuture::ready(Ok(CheckOutcome::new(outcomes)))
+///         CheckFuture::ready(Ok(CheckOutcome::new(outcomes).counted_at(now)))
+///     }
+///
+///     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+///         let now = SystemClock.now_millis();
+///         let mut map = self.0.lock().unwrap();
+///         for limit in limits.iter() {
+///             let key = (caller.clone(), limit.counter().to_owned());
+///             let given_back = limit.algorithm().refund(
+///                 map.get(&key).copied(),
+///                 refund.counted_at_ms(),
+///                 refund.cost(),
+///                 now,
+///             );
+///             if let Some(state) = given_back {
+///                 map.insert(key, state);
+///             }
+///         }
+///         RefundFuture::ready(Ok(()))
 ///     }
 /// }
 /// ```
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
-    /// Decides one request of `caller` against `limits`, consuming one unit from each
-    /// limit only if all of them admit it. Outcomes come back in the order of `limits`.
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture;
+    /// Decides one request of `caller` against `limits`, consuming `cost` units from each
+    /// limit only if all of them admit it. Outcomes come back in the order of `limits`,
+    /// with the store's time of the decision
+    /// ([`CheckOutcome::counted_at`]) for a later [`refund`](Self::refund).
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture;
+
+    /// Gives back what an admitted request consumed from `limits`, when it turned out not
+    /// to count (see [`Algorithm::refund`](crate::store::Algorithm::refund) for the exact
+    /// rule, which never admits more than not counting the request at all would have).
+    ///
+    /// The default answers an error: a store that does not implement refunds keeps every
+    /// unit it counted, and the limiter logs and counts each refund it could not make.
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        let _ = (caller, limits, refund);
+        RefundFuture::ready(Err(StoreError::new(
+            StoreErrorKind::Other,
+            "this store does not give units back",
+        )))
+    }
 
     /// Whether decisions cross a network and can be slow or fail (default `true`). A
     /// remote store's calls go through the limiter's circuit breaker, store timeout and
@@ -66,8 +104,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        (**self).check(caller, limits)
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        (**self).check(caller, limits, cost)
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        (**self).refund(caller, limits, refund)
     }
 
     fn is_remote(&self) -> bool {
@@ -75,22 +117,43 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
 }
 
-/// A store's answer for one request: one outcome per limit, in order.
+/// A store's answer for one request: one outcome per limit, in order, and when the store
+/// decided.
 ///
 /// ```
 /// use tollgate::store::{CheckOutcome, PolicyOutcome};
-/// let outcome = CheckOutcome::new(vec![PolicyOutcome { admitted: true, remaining: 4, reset_ms: 200 }]);
+/// let outcome = CheckOutcome::new(vec![PolicyOutcome { admitted: true, remaining: 4, reset_ms: 200 }])
+///     .counted_at(1_700_000_000_000);
 /// assert!(outcome.admitted());
+/// assert_eq!(outcome.counted_at_ms(), 1_700_000_000_000);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckOutcome {
     limits: Vec<PolicyOutcome>,
+    counted_at_ms: u64,
 }
 
 impl CheckOutcome {
-    /// An answer from the per-limit outcomes.
+    /// An answer from the per-limit outcomes, decided at time 0 unless
+    /// [`counted_at`](Self::counted_at) says otherwise.
     pub fn new(limits: Vec<PolicyOutcome>) -> Self {
-        Self { limits }
+        Self {
+            limits,
+            counted_at_ms: 0,
+        }
+    }
+
+    /// The same answer, decided at `now_ms` on the store's clock (ms since the epoch): the
+    /// instant a [`Refund`] of this request names, so the store gives back to the window
+    /// it counted in.
+    pub fn counted_at(mut self, now_ms: u64) -> Self {
+        self.counted_at_ms = now_ms;
+        self
+    }
+
+    /// When the store decided, on its own clock.
+    pub fn counted_at_ms(&self) -> u64 {
+        self.counted_at_ms
     }
 
     /// Whether every limit admitted the request.
@@ -170,6 +233,110 @@ impl std::error::Error for StoreError {}
 
 /// The result type of a store call.
 pub type CheckResult = Result<CheckOutcome, StoreError>;
+
+/// What an admitted request consumed, to give back: its cost, and when the store counted
+/// it ([`CheckOutcome::counted_at_ms`]).
+///
+/// ```
+/// use tollgate::store::Refund;
+/// let refund = Refund::new(1, 1_700_000_000_000);
+/// assert_eq!((refund.cost(), refund.counted_at_ms()), (1, 1_700_000_000_000));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Refund {
+    cost: u64,
+    counted_at_ms: u64,
+}
+
+impl Refund {
+    /// `cost` units counted at `counted_at_ms` on the store's clock.
+    pub fn new(cost: u64, counted_at_ms: u64) -> Self {
+        Self {
+            cost,
+            counted_at_ms,
+        }
+    }
+
+    /// The units to give back.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// When the store counted them.
+    pub fn counted_at_ms(&self) -> u64 {
+        self.counted_at_ms
+    }
+}
+
+/// The future of [`Backend::refund`]: ready at once for in-process stores, boxed for
+/// stores that do I/O.
+///
+/// ```
+/// use tollgate::store::RefundFuture;
+/// let ready = RefundFuture::ready(Ok(()));
+/// let boxed = RefundFuture::boxed(async { Ok(()) });
+/// # drop((ready, boxed));
+/// ```
+pub struct RefundFuture {
+    inner: RefundFutureInner,
+}
+
+enum RefundFutureInner {
+    Ready(Option<Result<(), StoreError>>),
+    Boxed(Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>),
+}
+
+impl RefundFuture {
+    /// A refund already made (or refused).
+    pub fn ready(result: Result<(), StoreError>) -> Self {
+        Self {
+            inner: RefundFutureInner::Ready(Some(result)),
+        }
+    }
+
+    /// A refund that needs I/O.
+    pub fn boxed(future: impl Future<Output = Result<(), StoreError>> + Send + 'static) -> Self {
+        Self {
+            inner: RefundFutureInner::Boxed(Box::pin(future)),
+        }
+    }
+
+    /// Takes the result out without polling when it is already known.
+    pub fn try_take_ready(&mut self) -> Option<Result<(), StoreError>> {
+        match &mut self.inner {
+            RefundFutureInner::Ready(result) => result.take(),
+            RefundFutureInner::Boxed(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for RefundFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.inner {
+            RefundFutureInner::Ready(Some(_)) => "ready",
+            RefundFutureInner::Ready(None) => "taken",
+            RefundFutureInner::Boxed(_) => "pending",
+        };
+        f.debug_struct("RefundFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl Future for RefundFuture {
+    type Output = Result<(), StoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.inner {
+            RefundFutureInner::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("RefundFuture polled after it completed"),
+            ),
+            RefundFutureInner::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
 
 /// The future a [`Backend`] returns: ready at once for in-process stores (no allocation),
 /// boxed for stores that do I/O.

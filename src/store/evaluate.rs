@@ -31,8 +31,8 @@ impl Evaluated {
     }
 }
 
-/// Decides one request against `policies`, given each policy's stored state
-/// (`stored(policy)`, `None` for a caller never seen) at `now_ms`.
+/// Decides one request of `cost` units against `policies`, given each policy's stored
+/// state (`stored(policy)`, `None` for a caller never seen) at `now_ms`.
 ///
 /// The request is admitted only if every policy admits it; a refused request consumes
 /// nothing, and each policy reports its state as it stands (a policy that would have
@@ -52,11 +52,12 @@ impl Evaluated {
 /// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
 ///
 /// impl Backend for LockedMap {
-///     fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>) -> CheckFuture {
+///     fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>, cost: u64) -> CheckFuture {
 ///         let mut map = self.0.lock().unwrap();
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
-///         let evaluated = evaluate(policies, |p| map.get(&key(p)).copied(), SystemClock.now_millis());
+///         let now = SystemClock.now_millis();
+///         let evaluated = evaluate(policies, |p| map.get(&key(p)).copied(), now, cost);
 ///         let (outcome, admitted) = evaluated.into_parts();
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);
@@ -69,16 +70,18 @@ pub fn evaluate(
     policies: &[Policy],
     mut stored: impl FnMut(&Policy) -> Option<PolicyState>,
     now_ms: u64,
+    cost: u64,
 ) -> Evaluated {
     let states: Vec<Option<PolicyState>> = policies.iter().map(&mut stored).collect();
     let evaluations: Vec<_> = policies
         .iter()
         .zip(&states)
-        .map(|(policy, state)| policy.algorithm().evaluate(*state, now_ms))
+        .map(|(policy, state)| policy.algorithm().evaluate_cost(*state, now_ms, cost))
         .collect();
     if evaluations.iter().all(|e| e.admitted) {
         return Evaluated {
-            outcome: CheckOutcome::new(evaluations.iter().map(|e| e.outcome).collect()),
+            outcome: CheckOutcome::new(evaluations.iter().map(|e| e.outcome).collect())
+                .counted_at(now_ms),
             admitted_states: Some(evaluations.iter().map(|e| e.admitted_state).collect()),
         };
     }
@@ -88,14 +91,14 @@ pub fn evaluate(
         .zip(&evaluations)
         .map(|((policy, state), evaluation)| {
             if evaluation.admitted {
-                policy.algorithm().peek(*state, now_ms)
+                policy.algorithm().peek_cost(*state, now_ms, cost)
             } else {
                 evaluation.outcome
             }
         })
         .collect();
     Evaluated {
-        outcome: CheckOutcome::new(outcomes),
+        outcome: CheckOutcome::new(outcomes).counted_at(now_ms),
         admitted_states: None,
     }
 }
@@ -111,7 +114,7 @@ mod tests {
             Policy::sliding_window("per-second", Quota::per_second(5)),
             Policy::sliding_window("per-day", Quota::per_day(1)),
         ];
-        let first = evaluate(&policies, |_| None, 1_000);
+        let first = evaluate(&policies, |_| None, 1_000, 1);
         assert!(first.admitted());
         let (_, states) = first.into_parts();
         let states = states.expect("admitted");
@@ -119,6 +122,7 @@ mod tests {
             &policies,
             |p| Some(states[usize::from(p.name() == "per-day")]),
             1_000,
+            1,
         );
         assert!(!second.admitted());
         let outcomes = second.outcome().limits();

@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::backend::{Backend, CheckFuture, CheckOutcome};
+use super::backend::{Backend, CheckFuture, CheckOutcome, Refund, RefundFuture};
 use super::evaluate::evaluate;
 use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
@@ -129,10 +129,35 @@ impl InMemoryBackend {
             .sum()
     }
 
-    fn decide(&self, caller: &CallerKey, limits: &[Policy]) -> CheckOutcome {
-        let now = self.shared.clock.now_millis();
+    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, Shard> {
         let shard_index = (self.shared.hasher.hash_one(caller) as usize) % self.shared.shards.len();
-        let mut guard = lock(&self.shared.shards[shard_index]);
+        lock(&self.shared.shards[shard_index])
+    }
+
+    /// Gives `refund` back to `caller`'s counters of `limits`; a caller no longer tracked
+    /// has nothing to give back.
+    fn give_back(&self, caller: &CallerKey, limits: &[Policy], refund: Refund) {
+        let now = self.shared.clock.now_millis();
+        let mut shard = self.shard(caller);
+        let Some(entry) = shard.callers.get_mut(caller) else {
+            return;
+        };
+        for limit in limits {
+            let name = limit.counter_arc();
+            let stored = entry.slot(name).map(|slot| slot.state);
+            let given_back =
+                limit
+                    .algorithm()
+                    .refund(stored, refund.counted_at_ms(), refund.cost(), now);
+            if let Some(state) = given_back {
+                entry.store(name, state);
+            }
+        }
+    }
+
+    fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
+        let now = self.shared.clock.now_millis();
+        let mut guard = self.shard(caller);
         let shard = &mut *guard;
         if now.saturating_sub(shard.last_sweep_ms) >= self.shared.sweep_interval_ms {
             shard.sweep(now);
@@ -153,6 +178,7 @@ impl InMemoryBackend {
                     .map(|slot| slot.state)
             },
             now,
+            cost,
         );
         let (outcome, admitted) = evaluated.into_parts();
         let Some(states) = admitted else {
@@ -262,8 +288,13 @@ impl fmt::Debug for InMemoryBackend {
 }
 
 impl Backend for InMemoryBackend {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        CheckFuture::ready(Ok(self.decide(caller, limits)))
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.decide(caller, limits, cost)))
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        self.give_back(caller, limits, refund);
+        RefundFuture::ready(Ok(()))
     }
 
     fn is_remote(&self) -> bool {
@@ -365,13 +396,13 @@ mod tests {
             .build();
         let limits = per_second(5);
         for i in 0..100 {
-            backend.decide(&CallerKey::new(format!("c{i}")), &limits);
+            backend.decide(&CallerKey::new(format!("c{i}")), &limits, 1);
         }
         assert_eq!(backend.tracked_keys(), 100);
         clock.advance(Duration::from_secs(3));
         // Sweeps run on the shards that see traffic; touch them all.
         for i in 0..1_000 {
-            backend.decide(&CallerKey::new(format!("late{i}")), &limits);
+            backend.decide(&CallerKey::new(format!("late{i}")), &limits, 1);
         }
         assert_eq!(backend.tracked_keys(), 1_000);
     }
@@ -388,12 +419,12 @@ mod tests {
         let acme = CallerKey::new("acme");
         for i in 0..10_000 {
             clock.advance(Duration::from_millis(1));
-            backend.decide(&acme, &limits);
-            backend.decide(&CallerKey::new(format!("flood{i}")), &limits);
+            backend.decide(&acme, &limits, 1);
+            backend.decide(&CallerKey::new(format!("flood{i}")), &limits, 1);
             assert!(backend.tracked_keys() <= 64);
         }
         // acme, busy throughout, is still limited.
-        let outcome = backend.decide(&acme, &limits);
+        let outcome = backend.decide(&acme, &limits, 1);
         assert!(!outcome.admitted());
     }
 }

@@ -25,7 +25,10 @@ pub(crate) mod random;
 pub(crate) mod redis;
 
 pub use algorithm::{Algorithm, Evaluation, MAX_SHARE_STRETCH, PolicyOutcome, PolicyState};
-pub use backend::{Backend, CheckFuture, CheckOutcome, CheckResult, StoreError, StoreErrorKind};
+pub use backend::{
+    Backend, CheckFuture, CheckOutcome, CheckResult, Refund, RefundFuture, StoreError,
+    StoreErrorKind,
+};
 pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use evaluate::{Evaluated, evaluate};

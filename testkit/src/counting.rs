@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::Policy;
-use tollgate::store::{Backend, CallerKey, CheckFuture};
+use tollgate::store::{Backend, CallerKey, CheckFuture, Refund, RefundFuture};
 
 /// Wraps a store and counts every call made to it.
 #[derive(Clone, Debug)]
@@ -33,9 +33,13 @@ impl<B> Counting<B> {
 }
 
 impl<B: Backend> Backend for Counting<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.check(caller, limits)
+        self.inner.check(caller, limits, cost)
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        self.inner.refund(caller, limits, refund)
     }
 
     fn is_remote(&self) -> bool {

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tollgate::Policy;
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, InMemoryBackend, StoreError, StoreErrorKind,
+    Backend, CallerKey, CheckFuture, InMemoryBackend, Refund, RefundFuture, StoreError,
+    StoreErrorKind,
 };
 
 /// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.
@@ -33,13 +34,23 @@ impl Remote {
 }
 
 impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         if self.down.load(Ordering::SeqCst) {
             return CheckFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "taken down by the test",
             )));
         }
-        self.store.check(caller, policies)
+        self.store.check(caller, policies, cost)
+    }
+
+    fn refund(&self, caller: &CallerKey, policies: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        if self.down.load(Ordering::SeqCst) {
+            return RefundFuture::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "taken down by the test",
+            )));
+        }
+        self.store.refund(caller, policies, refund)
     }
 }

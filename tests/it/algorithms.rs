@@ -436,7 +436,7 @@ proptest! {
                 let window_admits = m.window.admits(now);
                 let bucket_admits = m.bucket.admits(now);
                 let outcome = backend
-                    .check(&callers[step.caller], &limits)
+                    .check(&callers[step.caller], &limits, 1)
                     .try_take_ready()
                     .expect("the in-process backend answers at once")
                     .expect("the in-process backend never fails");
@@ -743,7 +743,7 @@ async fn token_bucket_burst_then_steady_rate() {
     let limits: Arc<[Policy]> = limiter.policies().to_vec().into();
     let exact = |backend: &InMemoryBackend| {
         backend
-            .check(acme.key(), &limits)
+            .check(acme.key(), &limits, 1)
             .try_take_ready()
             .expect("ready")
             .expect("ok")

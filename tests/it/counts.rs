@@ -385,7 +385,7 @@ struct SlowRefusal {
 }
 
 impl Backend for SlowRefusal {
-    fn check(&self, _: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, _: &CallerKey, limits: &Arc<[Policy]>, _cost: u64) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.clock.advance(Duration::from_millis(300));
         let outcomes = limits

@@ -14,8 +14,8 @@ use http_body_util::Full;
 use tollgate::decision::{BreakerState, UnlimitedReason};
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, CheckOutcome, Clock, ManualClock, PolicyState, StoreError,
-    StoreErrorKind, evaluate,
+    Backend, CallerKey, CheckFuture, CheckOutcome, Clock, ManualClock, PolicyState, Refund,
+    RefundFuture, StoreError, StoreErrorKind, evaluate,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
@@ -57,24 +57,51 @@ impl LockedMap {
 
     /// Every policy evaluated under one lock by the crate's shared all-or-nothing
     /// evaluation; stored only if all of them admit.
-    fn decide(&self, caller: &CallerKey, policies: &[Policy]) -> CheckOutcome {
+    fn decide(&self, caller: &CallerKey, policies: &[Policy], cost: u64) -> CheckOutcome {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let now = self.clock.now_millis();
         let mut states = self.states.lock().unwrap();
         // Keyed on the counter, never on the name alone.
         let key = |policy: &Policy| (caller.clone(), policy.counter().to_owned());
-        let (outcome, admitted) =
-            evaluate(policies, |policy| states.get(&key(policy)).copied(), now).into_parts();
+        let (outcome, admitted) = evaluate(
+            policies,
+            |policy| states.get(&key(policy)).copied(),
+            now,
+            cost,
+        )
+        .into_parts();
         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
             states.insert(key(policy), state);
         }
         outcome
     }
+
+    /// Each policy's state with the units given back by the crate's refund arithmetic.
+    fn give_back(&self, caller: &CallerKey, policies: &[Policy], refund: Refund) {
+        let now = self.clock.now_millis();
+        let mut states = self.states.lock().unwrap();
+        for policy in policies {
+            let key = (caller.clone(), policy.counter().to_owned());
+            let stored = states.get(&key).copied();
+            let given_back =
+                policy
+                    .algorithm()
+                    .refund(stored, refund.counted_at_ms(), refund.cost(), now);
+            if let Some(state) = given_back {
+                states.insert(key, state);
+            }
+        }
+    }
 }
 
 impl Backend for LockedMap {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        CheckFuture::ready(Ok(self.decide(caller, limits)))
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        CheckFuture::ready(Ok(self.decide(caller, limits, cost)))
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        self.give_back(caller, limits, refund);
+        RefundFuture::ready(Ok(()))
     }
 }
 
@@ -83,8 +110,12 @@ impl Backend for LockedMap {
 struct Local(Arc<LockedMap>);
 
 impl Backend for Local {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
-        self.0.check(caller, limits)
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        self.0.check(caller, limits, cost)
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        self.0.refund(caller, limits, refund)
     }
 
     fn is_remote(&self) -> bool {
@@ -100,12 +131,22 @@ struct Slow {
 }
 
 impl Backend for Slow {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         let (map, caller, limits, delay) =
             (self.map.clone(), caller.clone(), limits.clone(), self.delay);
         CheckFuture::boxed(async move {
             tokio::time::sleep(delay).await;
-            Ok(map.decide(&caller, &limits))
+            Ok(map.decide(&caller, &limits, cost))
+        })
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        let (map, caller, limits, delay) =
+            (self.map.clone(), caller.clone(), limits.clone(), self.delay);
+        RefundFuture::boxed(async move {
+            tokio::time::sleep(delay).await;
+            map.give_back(&caller, &limits, refund);
+            Ok(())
         })
     }
 }
@@ -129,7 +170,7 @@ impl Down {
 }
 
 impl Backend for Down {
-    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Policy]>, _cost: u64) -> CheckFuture {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let error = StoreError::new(self.kind, "connection refused");
         match self.delay {

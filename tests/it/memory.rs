@@ -28,7 +28,7 @@ fn now<F: std::future::Future>(future: F) -> F::Output {
 }
 
 fn check(backend: &InMemoryBackend, key: &CallerKey, limits: &Arc<[Policy]>) -> CheckOutcome {
-    now(backend.check(key, limits)).expect("the in-process backend never fails")
+    now(backend.check(key, limits, 1)).expect("the in-process backend never fails")
 }
 
 fn per_second(limit: u64) -> Arc<[Policy]> {

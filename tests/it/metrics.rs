@@ -160,12 +160,13 @@ fn a_scripted_run_shows_every_documented_metric() {
 }
 
 /// Every metric family tollgate records, as the crate docs' table lists them.
-pub(crate) const FAMILIES: [&str; 9] = [
+pub(crate) const FAMILIES: [&str; 10] = [
     "tollgate_decisions_total",
     "tollgate_fallbacks_total",
     "tollgate_breaker_state",
     "tollgate_store_latency_seconds",
     "tollgate_denial_cache_hits_total",
+    "tollgate_refunds_total",
     "tollgate_live_instances",
     "tollgate_shed_total",
     "tollgate_in_flight",

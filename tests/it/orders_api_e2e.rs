@@ -1,6 +1,7 @@
 //! End to end: four `orders_api` processes against one real redis-server behind the fault
 //! proxy, the running example's traffic over HTTP, the store cut and restored. Local share
 //! (with the instance count from the Redis registry) and fail closed, side by side.
+//! And `/otp/verify`, which counts only wrong codes, against a real redis-server.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -297,4 +298,47 @@ async fn four_processes_through_an_outage() {
             "{policy}: no fallback counted in /metrics:\n{text}"
         );
     }
+}
+
+/// `/otp/verify` on a real redis-server: right codes never count, the fifth wrong code
+/// within a minute is the last one let through, and then even the right code waits.
+#[tokio::test]
+async fn otp_verify_counts_only_wrong_codes() {
+    let redis = RedisServer::start();
+    let server = start(&redis.url(), "local-share");
+    let client: Client<_, http_body_util::Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let verify = |body: &'static str| {
+        let request = hyper::Request::post(format!("{}/otp/verify", server.base))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(Bytes::from_static(
+                body.as_bytes(),
+            )))
+            .expect("a request");
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.expect("an HTTP answer");
+            let status = response.status().as_u16();
+            let has_policy = response.headers().contains_key("ratelimit-policy");
+            (status, has_policy)
+        }
+    };
+    const RIGHT: &str = r#"{"code": "424242"}"#;
+    const WRONG: &str = r#"{"code": "000000"}"#;
+    for _ in 0..10 {
+        assert_eq!(verify(RIGHT).await, (200, true), "a right code");
+    }
+    assert_eq!(verify(r#"{"code": 424242}"#).await.0, 400, "not a string");
+    for i in 0..5 {
+        assert_eq!(verify(WRONG).await, (401, true), "wrong code {i}");
+    }
+    assert_eq!(verify(WRONG).await, (429, true), "a sixth wrong code");
+    assert_eq!(
+        verify(RIGHT).await.0,
+        429,
+        "no attempt left, even for the right code"
+    );
+    // The counters are the "otp" limiter's own, in Redis, apart from /login's.
+    let keys = redis.must(&["KEYS", "otp:*"]);
+    assert!(keys.contains("otp:{127.0.0.1}:otp:per-minute"), "{keys}");
 }

@@ -47,14 +47,14 @@ struct Switchable {
 }
 
 impl Backend for Switchable {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         if self.down.load(Ordering::SeqCst) {
             return CheckFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the store is down",
             )));
         }
-        self.inner.check(caller, limits)
+        self.inner.check(caller, limits, cost)
     }
 }
 

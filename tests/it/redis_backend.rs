@@ -118,7 +118,7 @@ async fn keys_follow_the_documented_layout_and_expire() {
     ]
     .into();
     store
-        .check(&CallerKey::new("acme}"), &limits)
+        .check(&CallerKey::new("acme}"), &limits, 1)
         .await
         .expect("decided");
 

@@ -222,7 +222,8 @@ impl Algorithm {
     /// Decides one request against `state` (`None` for a caller never seen) at `now_ms`.
     ///
     /// The returned [`Evaluation`] says whether this policy alone admits the request, the
-    /// state to store if the request is admitted by every policy, and what to report.
+    /// state to store if the request is admitted by every policy, and what to report. The
+    /// request costs one unit; [`evaluate_cost`](Self::evaluate_cost) takes any cost.
     ///
     /// ```
     /// use std::time::Duration;
@@ -240,18 +241,42 @@ impl Algorithm {
     /// assert_eq!(third.outcome.reset_ms, 1_500);
     /// ```
     pub fn evaluate(&self, state: Option<PolicyState>, now_ms: u64) -> Evaluation {
+        self.evaluate_cost(state, now_ms, 1)
+    }
+
+    /// Decides one request that consumes `cost` units, all of them or none.
+    ///
+    /// A refused request reports how long until `cost` units fit (0 when the cost exceeds
+    /// the [`quota`](Self::quota): no wait ever admits it). A cost of 0 consumes nothing
+    /// and is admitted unless the caller is already over the limit (a peek).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::Algorithm;
+    ///
+    /// let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
+    /// let batch = per_second.evaluate_cost(None, 1_000, 30);
+    /// assert!(batch.admitted);
+    /// assert_eq!(batch.outcome.remaining, 20);
+    /// let too_big = per_second.evaluate_cost(Some(batch.admitted_state), 1_000, 21);
+    /// assert!(!too_big.admitted);
+    /// // 21 units fit once the next window has begun and enough of this one's 30 have
+    /// // slid out (30 x 966/1000 + 21 <= 50): 1,034 ms from now.
+    /// assert_eq!(too_big.outcome.reset_ms, 1_034);
+    /// ```
+    pub fn evaluate_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> Evaluation {
         let current = self.normalize(state, now_ms);
-        let consumed = self.consume(current, now_ms);
+        let consumed = self.consume(current, now_ms, cost);
         match consumed {
             Some(next) => Evaluation {
                 admitted: true,
                 admitted_state: next,
-                outcome: self.report(next, now_ms, true),
+                outcome: self.report(next, now_ms, true, cost),
             },
             None => Evaluation {
                 admitted: false,
                 admitted_state: current,
-                outcome: self.report(current, now_ms, false),
+                outcome: self.report(current, now_ms, false, cost),
             },
         }
     }
@@ -259,9 +284,68 @@ impl Algorithm {
     /// What this policy reports for `state` without consuming anything: used for the
     /// policies that would have admitted a request that another policy refused.
     pub fn peek(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyOutcome {
+        self.peek_cost(state, now_ms, 1)
+    }
+
+    /// [`peek`](Self::peek) for a request of `cost` units: whether they would fit, what
+    /// remains, and for a cost that does not fit, how long until it does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::Algorithm;
+    ///
+    /// let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 20);
+    /// let state = bucket.evaluate_cost(None, 0, 15).admitted_state;
+    /// let ten_more = bucket.peek_cost(Some(state), 0, 10);
+    /// assert!(!ten_more.admitted);
+    /// assert_eq!(ten_more.remaining, 5);
+    /// // 5 more tokens at 10 a second.
+    /// assert_eq!(ten_more.reset_ms, 500);
+    /// ```
+    pub fn peek_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
-        let admits = self.consume(current, now_ms).is_some();
-        self.report(current, now_ms, admits)
+        let admits = self.consume(current, now_ms, cost).is_some();
+        self.report(current, now_ms, admits, cost)
+    }
+
+    /// Gives back `cost` units consumed at `counted_at_ms`: the state to store at `now_ms`,
+    /// or `None` when there is nothing to give back.
+    ///
+    /// A refund never admits more than the request had not been counted at all: a sliding
+    /// window takes the units off the window they were counted in while it is the current
+    /// window or the previous one (where they still weigh), never below 0, and does nothing
+    /// once that window has slid out; a token bucket puts the tokens back, capped at its
+    /// capacity.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::Algorithm;
+    ///
+    /// let per_minute = Algorithm::sliding_window(5, Duration::from_secs(60));
+    /// let counted = per_minute.evaluate(None, 1_000);
+    /// assert_eq!(counted.outcome.remaining, 4);
+    /// let refunded = per_minute.refund(Some(counted.admitted_state), 1_000, 1, 2_000).unwrap();
+    /// assert_eq!(per_minute.peek(Some(refunded), 2_000).remaining, 5);
+    /// ```
+    pub fn refund(
+        &self,
+        state: Option<PolicyState>,
+        counted_at_ms: u64,
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<PolicyState> {
+        // A caller with no state has nothing to give back (it expired: the units no longer
+        // weigh).
+        state?;
+        let current = self.normalize(state, now_ms);
+        match *self {
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                sliding_window::refund(window_ms, current, counted_at_ms, cost)
+            }
+            Algorithm::TokenBucket {
+                period_ms, burst, ..
+            } => token_bucket::refund(period_ms, burst, current, cost),
+        }
     }
 
     /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be
@@ -291,25 +375,33 @@ impl Algorithm {
         }
     }
 
-    fn consume(&self, state: PolicyState, now_ms: u64) -> Option<PolicyState> {
+    fn consume(&self, state: PolicyState, now_ms: u64, cost: u64) -> Option<PolicyState> {
+        // Checked first, so the products below stay within the bounds the constructors set.
+        if cost > self.quota() {
+            return None;
+        }
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                sliding_window::consume(limit, window_ms, state, now_ms)
+                sliding_window::consume(limit, window_ms, state, now_ms, cost)
             }
-            Algorithm::TokenBucket { period_ms, .. } => token_bucket::consume(period_ms, state),
+            Algorithm::TokenBucket { period_ms, .. } => {
+                token_bucket::consume(period_ms, state, cost)
+            }
         }
     }
 
-    fn report(&self, state: PolicyState, now_ms: u64, admitted: bool) -> PolicyOutcome {
+    /// What to report for `state`; `admitted` says whether `cost` units fit (a refusal
+    /// reports the wait until they do).
+    fn report(&self, state: PolicyState, now_ms: u64, admitted: bool, cost: u64) -> PolicyOutcome {
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                sliding_window::report(limit, window_ms, state, now_ms, admitted)
+                sliding_window::report(limit, window_ms, state, now_ms, admitted, cost)
             }
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
-            } => token_bucket::report(rate, period_ms, burst, state, admitted),
+            } => token_bucket::report(rate, period_ms, burst, state, admitted, cost),
         }
     }
 }
@@ -406,8 +498,9 @@ pub struct PolicyOutcome {
     pub admitted: bool,
     /// Requests that would still be admitted now (`r`).
     pub remaining: u64,
-    /// Milliseconds until `remaining` grows by one; for a refused policy, until the next
-    /// request would be admitted. Zero when nothing is consumed.
+    /// Milliseconds until `remaining` grows by one; for a refused policy, until the
+    /// request's cost would fit (0 when it never can: it exceeds the quota). Zero when
+    /// nothing is consumed.
     pub reset_ms: u64,
 }
 
@@ -444,6 +537,63 @@ mod tests {
         assert!(first.admitted && second.admitted && !third.admitted);
         assert_eq!(third.outcome.reset_ms, 500);
         assert!(a.evaluate(Some(second.admitted_state), 500).admitted);
+    }
+
+    #[test]
+    fn a_refund_goes_to_the_window_it_was_counted_in() {
+        let a = window(5, 10);
+        let counted = a.evaluate_cost(None, 12_000, 3).admitted_state;
+        // Still the current window: its count goes down, never below 0.
+        let back = a
+            .refund(Some(counted), 12_000, 2, 15_000)
+            .expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow { current: 1, .. }
+        ));
+        let back = a.refund(Some(back), 12_000, 2, 15_000).expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow { current: 0, .. }
+        ));
+        assert_eq!(a.refund(Some(back), 12_000, 2, 15_000), None);
+        // In the next window the units still weigh as the previous window's count.
+        let back = a
+            .refund(Some(counted), 12_000, 3, 21_000)
+            .expect("given back");
+        assert!(matches!(
+            back,
+            PolicyState::SlidingWindow {
+                previous: 0,
+                current: 0,
+                ..
+            }
+        ));
+        // Two windows on they weigh nothing: nothing to give back.
+        assert_eq!(a.refund(Some(counted), 12_000, 3, 31_000), None);
+        assert_eq!(a.refund(None, 12_000, 3, 12_000), None);
+    }
+
+    #[test]
+    fn a_refund_never_overfills_the_bucket() {
+        let a = Algorithm::token_bucket(1, Duration::from_secs(1), 4);
+        let counted = a.evaluate_cost(None, 0, 3).admitted_state;
+        // One token refilled since: giving back 3 would make 5; the bucket holds 4.
+        let back = a.refund(Some(counted), 0, 3, 1_000).expect("given back");
+        assert_eq!(a.peek(Some(back), 1_000).remaining, 4);
+        assert_eq!(a.refund(Some(back), 0, 1, 1_000), None);
+    }
+
+    #[test]
+    fn a_cost_above_the_quota_never_fits_and_reports_no_wait() {
+        let a = window(5, 1);
+        let e = a.evaluate_cost(None, 0, 6);
+        assert!(!e.admitted);
+        assert_eq!((e.outcome.remaining, e.outcome.reset_ms), (5, 0));
+        let b = Algorithm::token_bucket(1, Duration::from_secs(1), 4);
+        let e = b.evaluate_cost(None, 0, 5);
+        assert!(!e.admitted);
+        assert_eq!((e.outcome.remaining, e.outcome.reset_ms), (4, 0));
     }
 
     #[test]

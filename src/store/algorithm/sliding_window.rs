@@ -39,12 +39,13 @@ pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64)
     }
 }
 
-/// The state after admitting one more request, if it fits.
+/// The state after admitting a request of `cost` units (at most `limit`), if it fits.
 pub(super) fn consume(
     limit: u64,
     window_ms: u64,
     state: PolicyState,
     now_ms: u64,
+    cost: u64,
 ) -> Option<PolicyState> {
     let PolicyState::SlidingWindow {
         window_start,
@@ -55,20 +56,55 @@ pub(super) fn consume(
         return None;
     };
     let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
-    fits(limit, window_ms, previous, current + 1, elapsed).then_some(PolicyState::SlidingWindow {
+    fits(limit, window_ms, previous, current, elapsed, cost).then_some(PolicyState::SlidingWindow {
         window_start,
         previous,
-        current: current + 1,
+        current: current + cost,
     })
 }
 
-/// What remains, and how long until one more request fits.
+/// The state with `cost` units taken off the window they were counted in (at
+/// `counted_at_ms`), if that window still weighs: the current one or the previous one.
+pub(super) fn refund(
+    window_ms: u64,
+    state: PolicyState,
+    counted_at_ms: u64,
+    cost: u64,
+) -> Option<PolicyState> {
+    let PolicyState::SlidingWindow {
+        window_start,
+        previous,
+        current,
+    } = state
+    else {
+        return None;
+    };
+    let counted_in = counted_at_ms - counted_at_ms % window_ms;
+    if counted_in == window_start {
+        (current > 0).then(|| PolicyState::SlidingWindow {
+            window_start,
+            previous,
+            current: current.saturating_sub(cost),
+        })
+    } else if counted_in.checked_add(window_ms) == Some(window_start) {
+        (previous > 0).then(|| PolicyState::SlidingWindow {
+            window_start,
+            previous: previous.saturating_sub(cost),
+            current,
+        })
+    } else {
+        None
+    }
+}
+
+/// What remains, and how long until one more unit fits (for a refusal, until `cost` do).
 pub(super) fn report(
     limit: u64,
     window_ms: u64,
     state: PolicyState,
     now_ms: u64,
     admitted: bool,
+    cost: u64,
 ) -> PolicyOutcome {
     let PolicyState::SlidingWindow {
         window_start,
@@ -83,17 +119,11 @@ pub(super) fn report(
     let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
     let budget = u128::from(limit) * w;
     let remaining = (budget.saturating_sub(used) / w) as u64;
-    let reset_ms = if remaining >= limit {
+    let units = if admitted { remaining + 1 } else { cost };
+    let reset_ms = if (admitted && remaining >= limit) || units > limit {
         0
     } else {
-        wait(
-            limit,
-            window_ms,
-            previous,
-            current,
-            elapsed as u64,
-            remaining + 1,
-        )
+        wait(limit, window_ms, previous, current, elapsed as u64, units)
     };
     PolicyOutcome {
         admitted,
@@ -114,11 +144,13 @@ pub(super) fn is_idle(state: PolicyState) -> bool {
     )
 }
 
-/// Whether `previous` weighted by its overlap plus `current` stays within `limit`.
-fn fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64) -> bool {
+/// Whether `cost` more units (at most `limit`) fit beside `previous`, weighted by its
+/// overlap, and `current`. Written as `used <= (limit - cost) * w` so that, in Lua too,
+/// neither side exceeds `limit * w`.
+fn fits(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, cost: u64) -> bool {
     let w = u128::from(window_ms);
     u128::from(previous) * (w - u128::from(elapsed)) + u128::from(current) * w
-        <= u128::from(limit) * w
+        <= u128::from(limit - cost) * w
 }
 
 /// Milliseconds from `elapsed` (into the current window) until `units` more requests fit.

@@ -28,33 +28,56 @@ pub(super) fn normalize(
     }
 }
 
-/// The state after taking one token, if there is one.
-pub(super) fn consume(period_ms: u64, state: PolicyState) -> Option<PolicyState> {
+/// The state after taking `cost` tokens (at most the burst), if there are that many.
+pub(super) fn consume(period_ms: u64, state: PolicyState, cost: u64) -> Option<PolicyState> {
     let PolicyState::TokenBucket { level, updated_ms } = state else {
         return None;
     };
-    (level >= period_ms).then(|| PolicyState::TokenBucket {
-        level: level - period_ms,
+    let needed = cost * period_ms;
+    (level >= needed).then(|| PolicyState::TokenBucket {
+        level: level - needed,
         updated_ms,
     })
 }
 
-/// The whole tokens left, and how long until one more is.
+/// The state with `cost` tokens put back, capped at the bucket's capacity; `None` when
+/// the bucket is already full.
+pub(super) fn refund(
+    period_ms: u64,
+    burst: u64,
+    state: PolicyState,
+    cost: u64,
+) -> Option<PolicyState> {
+    let PolicyState::TokenBucket { level, updated_ms } = state else {
+        return None;
+    };
+    let capacity = u128::from(burst) * u128::from(period_ms);
+    let refilled = (u128::from(level) + u128::from(cost) * u128::from(period_ms)).min(capacity);
+    (refilled > u128::from(level)).then_some(PolicyState::TokenBucket {
+        level: refilled as u64,
+        updated_ms,
+    })
+}
+
+/// The whole tokens left, and how long until one more is (for a refusal, until `cost`
+/// are).
 pub(super) fn report(
     rate: u64,
     period_ms: u64,
     burst: u64,
     state: PolicyState,
     admitted: bool,
+    cost: u64,
 ) -> PolicyOutcome {
     let PolicyState::TokenBucket { level, .. } = state else {
         return PolicyOutcome::nothing(admitted);
     };
     let remaining = level / period_ms;
-    let reset_ms = if remaining >= burst {
+    let units = if admitted { remaining + 1 } else { cost };
+    let reset_ms = if (admitted && remaining >= burst) || units > burst {
         0
     } else {
-        let needed = u128::from(remaining + 1) * u128::from(period_ms) - u128::from(level);
+        let needed = (u128::from(units) * u128::from(period_ms)).saturating_sub(u128::from(level));
         ceil_div(needed, u128::from(rate))
     };
     PolicyOutcome {

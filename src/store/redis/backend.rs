@@ -11,7 +11,9 @@ use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::OnceCell;
 
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{Backend, CheckFuture, CheckOutcome, StoreError, StoreErrorKind};
+use crate::store::backend::{
+    Backend, CheckFuture, CheckOutcome, Refund, RefundFuture, StoreError, StoreErrorKind,
+};
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
 use crate::store::policy::Policy;
@@ -25,6 +27,16 @@ const CHECK_SCRIPT: &str = concat!(
 );
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SCRIPT));
+
+/// The refund script: the same helpers and algorithms, then the refund entry point.
+const REFUND_SCRIPT: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/refund.lua"),
+);
+
+static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND_SCRIPT));
 
 // A script without keys runs on any node, so a ping also warms a cluster connection.
 const PING_SCRIPT: &str = "return 1";
@@ -236,7 +248,8 @@ impl RedisBackend {
     }
 }
 
-/// The script's arguments for `limits`: four numbers per policy (see lua/check.lua).
+/// The script's arguments for `limits`: four numbers per policy (see lua/check.lua); the
+/// cost (and for a refund, the time) follow.
 pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
     let mut args = Vec::with_capacity(limits.len() * 4);
     for limit in limits {
@@ -369,7 +382,7 @@ fn store_error(error: &RedisError) -> StoreError {
 }
 
 fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError> {
-    if reply.len() != 1 + 3 * limits {
+    if reply.len() != 2 + 3 * limits {
         return Err(StoreError::new(
             StoreErrorKind::Other,
             format!(
@@ -378,7 +391,8 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
             ),
         ));
     }
-    let outcomes = reply[1..]
+    let counted_at = u64::try_from(reply[reply.len() - 1]).unwrap_or(0);
+    let outcomes = reply[1..reply.len() - 1]
         .chunks_exact(3)
         .map(|chunk| PolicyOutcome {
             admitted: chunk[0] == 1,
@@ -386,13 +400,14 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
             reset_ms: u64::try_from(chunk[2]).unwrap_or(0),
         })
         .collect();
-    Ok(CheckOutcome::new(outcomes))
+    Ok(CheckOutcome::new(outcomes).counted_at(counted_at))
 }
 
 impl Backend for RedisBackend {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>) -> CheckFuture {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
-        let args = script_args(limits);
+        let mut args = script_args(limits);
+        args.push(cost);
         let count = limits.len();
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
@@ -401,6 +416,20 @@ impl Backend for RedisBackend {
                 .run(&SCRIPT, CHECK_SCRIPT, &keys, &args, timeout)
                 .await?;
             parse_reply(&reply, count)
+        })
+    }
+
+    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        let mut args = script_args(limits);
+        args.extend_from_slice(&[refund.cost(), refund.counted_at_ms()]);
+        let connection = self.connection.clone();
+        let timeout = self.response_timeout;
+        RefundFuture::boxed(async move {
+            let _changed: i64 = connection
+                .run(&REFUND, REFUND_SCRIPT, &keys, &args, timeout)
+                .await?;
+            Ok(())
         })
     }
 }
@@ -628,9 +657,10 @@ mod tests {
 
     #[test]
     fn replies_of_the_wrong_shape_are_errors() {
-        assert!(parse_reply(&[1, 1, 4], 2).is_err());
-        let outcome = parse_reply(&[0, 1, 4, 100, 0, 0, 900], 2).unwrap();
+        assert!(parse_reply(&[1, 1, 4, 7], 2).is_err());
+        let outcome = parse_reply(&[0, 1, 4, 100, 0, 0, 900, 1_234], 2).unwrap();
         assert!(!outcome.admitted());
         assert_eq!(outcome.limits()[1].reset_ms, 900);
+        assert_eq!(outcome.counted_at_ms(), 1_234);
     }
 }
