@@ -535,7 +535,7 @@ impl Scenario {
             group.closed_after = closed_after;
             // The answers came in the order they were decided; a blackholed or slow store
             // decides late.
-            group.trace.sort_by(|a, b| a.sent_at.cmp(&b.sent_at));
+            group.trace.sort_by_key(|t| t.sent_at);
         }
         Ok(Report {
             customers: customers.clone(),

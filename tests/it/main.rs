@@ -29,4 +29,5 @@ mod redis_backend;
 mod redis_cluster;
 mod shed;
 mod simulate;
+mod simulator_page;
 mod skip_and_refusal;

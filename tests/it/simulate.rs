@@ -586,7 +586,7 @@ fn a_real_redis_behind_the_fault_proxy() {
 
 /// Builds the example once, with this test's profile and features, and returns its path.
 /// (`cargo test --test it simulate::` alone does not build examples.)
-fn simulator() -> &'static Path {
+pub(crate) fn simulator() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let mut features = vec!["simulator"];
