@@ -139,11 +139,16 @@ async fn simulate(State(page): State<Page>, body: Bytes) -> Response {
         return failed("the server is shutting down");
     };
     let (answer, answered) = tokio::sync::oneshot::channel();
-    let traced_policy = posted.traced_policy().map(str::to_owned);
+    let traced = posted
+        .traced()
+        .map(|(policy, from)| (policy.to_owned(), from));
     std::thread::spawn(move || {
-        let result = scenario
-            .run_blocking()
-            .map(|report| Answer::new(&scenario, &report, traced_policy.as_deref()));
+        let result = scenario.run_blocking().map(|report| {
+            let traced = traced
+                .as_ref()
+                .map(|(policy, from)| (policy.as_str(), *from));
+            Answer::new(&scenario, &report, traced)
+        });
         let _ = answer.send(result);
     });
     match answered.await {

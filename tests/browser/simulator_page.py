@@ -120,6 +120,13 @@ def main():
         marks = driver.find_elements(By.CSS_SELECTOR, "#trace-chart circle.admitted, #trace-chart path.limited")
         check(len(marks) > 100, f"the single-caller view marks {len(marks)} requests")
         check(not driver.find_element(By.ID, "error").is_displayed(), "no error shown")
+        # Moving the view outside the traced minute fetches that stretch, then back.
+        start = driver.find_element(By.ID, "trace-from")
+        for second in ["0", "28"]:
+            start.send_keys(Keys.CONTROL, "a")
+            start.send_keys(second)
+            wait.until(lambda d: f"acme under local-share, {second} to {int(second) + 5} s: 600 requests" in d.find_element(By.ID, "trace-caption").text)
+        check(True, "the single-caller view moves to 0-5 s and back to 28-33 s")
 
         # 7. The screenshot: the whole page, from the top.
         height = driver.execute_script("return document.documentElement.scrollHeight")

@@ -186,16 +186,22 @@ fn the_page_answers_the_rows_of_the_command_line() {
     let shared = admitted(&expected, "local-share", "outage", "acme");
     assert!((40.0..=52.0).contains(&shared), "local share: {shared}");
 
-    // The traced caller: every request of acme under the local share, in order, with the
-    // bucket's tokens after each decision; during the outage the local share decides.
+    // The traced caller: acme's requests of the first minute under the local share, in
+    // order, with the bucket's tokens after each decision; during the outage the local
+    // share decides.
     let trace = &answer["trace"];
     assert_eq!(
         (&trace["customer"], &trace["policy"]),
         (&json!("acme"), &json!("local-share"))
     );
     assert_eq!(trace["algorithm"], "token-bucket");
+    assert_eq!(
+        (&trace["from_ms"], &trace["to_ms"]),
+        (&json!(0.0), &json!(60_000.0))
+    );
+    assert_eq!(trace["truncated"], false);
     let points = trace["points"].as_array().expect("points");
-    assert_eq!(points.len(), 120 * 140);
+    assert_eq!(points.len(), 120 * 60);
     let sent_at = |p: &Value| p[0].as_f64().expect("sent at");
     assert!(points.windows(2).all(|w| sent_at(&w[0]) < sent_at(&w[1])));
     let first = &points[0];
@@ -207,7 +213,7 @@ fn the_page_answers_the_rows_of_the_command_line() {
     assert_eq!(first[5], "store");
     let in_outage: Vec<&Value> = points
         .iter()
-        .filter(|p| (20_000.0..120_000.0).contains(&sent_at(p)))
+        .filter(|p| (20_000.0..60_000.0).contains(&sent_at(p)))
         .collect();
     assert!(
         in_outage.iter().all(|p| p[5] == "local_share"),
@@ -218,6 +224,20 @@ fn the_page_answers_the_rows_of_the_command_line() {
     let refused_in_outage = in_outage.iter().filter(|p| p[2] == 429).count();
     assert_eq!(admitted_in_outage + refused_in_outage, in_outage.len());
     assert!(refused_in_outage > 0 && admitted_in_outage > 0);
+
+    // Another stretch: the last 40 s, where the store is back from 130 s on.
+    let mut later = scenario.clone();
+    later["trace"]["from_secs"] = json!(100);
+    let trace = page_answer(&page, &later)["trace"].clone();
+    assert_eq!(
+        (&trace["from_ms"], &trace["to_ms"]),
+        (&json!(100_000.0), &json!(140_000.0))
+    );
+    let points = trace["points"].as_array().expect("points");
+    assert_eq!(points.len(), 120 * 40);
+    assert!(sent_at(&points[0]) >= 100_000.0);
+    let last = points.last().expect("a last point");
+    assert_eq!(last[5], "store", "{last}");
 }
 
 /// Every bound names its field, and nothing runs: too many callers, instances or
@@ -293,6 +313,10 @@ fn bad_scenarios_get_a_400_naming_the_field() {
                 .to_string(),
             "trace.policy",
         ),
+        (
+            json!({"trace": {"customer": "acme", "policy": "closed", "from_secs": 90}}).to_string(),
+            "trace.from_secs",
+        ),
         (json!({"instances": "four"}).to_string(), "instances"),
         (json!({"instances": -1}).to_string(), "instances"),
         (
@@ -317,17 +341,16 @@ fn bad_scenarios_get_a_400_naming_the_field() {
             "{body} -> {text}"
         );
     }
-    // At the cap a run is accepted: 250,000 requests (500 req/s, 500 s, one policy) is
-    // checked, 250,500 is not (only the refusal is sent here: the run takes a while in a
-    // debug build).
+    // Just over the cap of 150,000 simulated requests (301 req/s for 500 s under one
+    // policy) is refused before anything runs.
     let over = json!({
-        "traffic": [{"name": "acme", "rate": 501}],
+        "traffic": [{"name": "acme", "rate": 301}],
         "normal_secs": 300, "outage_secs": 100, "recovery_secs": 100,
         "policies": ["closed"],
     });
     let reply = post(&page, &over);
     assert_eq!(reply.status, 400);
-    assert!(reply.json()["error"].as_str().unwrap().contains("250500"));
+    assert!(reply.json()["error"].as_str().unwrap().contains("150500"));
     // The server still answers after all that.
     let small =
         json!({"normal_secs": 1, "outage_secs": 1, "recovery_secs": 1, "policies": ["open"]});

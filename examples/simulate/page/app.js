@@ -123,8 +123,18 @@ function readScenario() {
   const names = callers.map((c) => c.name);
   const customer = names.includes($("trace-customer").value) ? $("trace-customer").value : names[0];
   const policy = policies.includes($("trace-policy").value) ? $("trace-policy").value : policies[0];
-  if (customer && policy) scenario.trace = { customer, policy };
+  // The stretch drawTrace shows, so that the answer covers it.
+  const total = (scenario.normal_secs || 0) + (scenario.outage_secs || 0) + (scenario.recovery_secs || 0);
+  const span = Number($("trace-span").value);
+  const from_secs = Math.floor(Math.max(Math.min(traceFrom(scenario.normal_secs), total - span), 0));
+  if (customer && policy) scenario.trace = { customer, policy, from_secs };
   return scenario;
+}
+
+// Where the single-caller view starts: where the person put it, or 2 s before the outage.
+function traceFrom(normalSecs) {
+  if (traceFromTouched) return Math.max(Number($("trace-from").value) || 0, 0);
+  return Math.max((normalSecs || 0) - 2, 0);
 }
 
 // The control a server-side complaint is about: "traffic[1].rate", "outage_secs", ...
@@ -259,7 +269,8 @@ function drawRates() {
   const yMax = peak * 1.1;
   const outage = outageSecs();
   for (const group of answer.groups) {
-    const W = 460, H = 210;
+    // A single policy gets the whole width; several share it.
+    const W = answer.groups.length === 1 ? 640 : 400, H = answer.groups.length === 1 ? 240 : 210;
     const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, class: "panel", role: "img" });
     const outageRates = answer.customers.map((c, i) => {
       const series = group.admitted_each_second[i].slice(outage[0], outage[1]);
@@ -321,7 +332,7 @@ function syncTraceControls() {
   }
   const total = answer.phases.reduce((sum, p) => sum + p.secs, 0);
   $("trace-from").max = String(Math.max(total - 1, 0));
-  if (!traceFromTouched) $("trace-from").value = String(Math.max(answer.phases[0].secs - 2, 0));
+  if (!traceFromTouched) $("trace-from").value = String(traceFrom(answer.phases[0].secs));
 }
 
 function drawTrace() {
@@ -336,6 +347,12 @@ function drawTrace() {
   const span = Number($("trace-span").value);
   const from = Math.min(Math.max(Number($("trace-from").value) || 0, 0), Math.max(total - span, 0));
   const to = Math.min(from + span, total);
+  // An answer traces a minute of the run: outside it, ask for the stretch shown.
+  if (from * 1000 < trace.from_ms || (to * 1000 > trace.to_ms && !trace.truncated)) {
+    $("trace-caption").textContent = "Loading that stretch…";
+    scheduleRun(200);
+    return;
+  }
   const bucket = trace.algorithm === "token-bucket";
   // [sent at ms, instance, status, quota, remaining, source]
   const shown = trace.points.filter((p) => p[0] >= from * 1000 && p[0] < to * 1000);
@@ -346,7 +363,7 @@ function drawTrace() {
   const W = 940, H = 300, STRIP = 36;
   const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, class: "trace", role: "img" });
   const yLabel = bucket ? "tokens left" : "count in window";
-  const box = { left: 56, top: 12, width: W - 72, height: H - 62 - STRIP };
+  const box = { left: 76, top: 12, width: W - 92, height: H - 62 - STRIP };
   const { sx, sy } = frame(svg, { ...box }, from, to, yMax, outageSecs(), yLabel);
   // The quota in force (a local share's is smaller), then the state after each decision,
   // held until the next: a step line, broken where no counter decided.
@@ -390,7 +407,7 @@ function drawTrace() {
   }
   const sourceText = Object.entries(sources).map(([s, n]) => `${s.replace("_", " ")} ${n}`).join(", ");
   const caption = `${trace.customer} under ${trace.policy}, ${rateText(from)} to ${rateText(to)} s: ` +
-    `${shown.length} requests, ${counts[200]} admitted, ${counts[429]} refused 429, ${counts[503]} refused 503` +
+    `${shown.length} requests${trace.truncated ? " (the first traced)" : ""}, ${counts[200]} admitted, ${counts[429]} refused 429, ${counts[503]} refused 503` +
     (sourceText ? `; decided by ${sourceText}` : "") +
     `. Line: ${yLabel} after each decision; dashed: the quota in force; dots admitted, crosses 429, squares 503.`;
   svg.setAttribute("aria-label", caption);
