@@ -135,7 +135,9 @@ async fn simulate(State(page): State<Page>, body: Bytes) -> Response {
         Ok(scenario) => scenario,
         Err(bad) => return bad_request(&bad),
     };
-    let Ok(_permit) = page.runs.acquire().await else {
+    // The permit goes with the run, not the request: a page that gives up on an answer
+    // (the next change supersedes it) does not free a core the run still uses.
+    let Ok(permit) = page.runs.clone().acquire_owned().await else {
         return failed("the server is shutting down");
     };
     let (answer, answered) = tokio::sync::oneshot::channel();
@@ -149,6 +151,7 @@ async fn simulate(State(page): State<Page>, body: Bytes) -> Response {
                 .map(|(policy, from)| (policy.as_str(), *from));
             Answer::new(&scenario, &report, traced)
         });
+        drop(permit);
         let _ = answer.send(result);
     });
     match answered.await {

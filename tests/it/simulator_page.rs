@@ -399,6 +399,25 @@ fn the_page_is_served_from_the_binary_and_starts_at_the_flags() {
     assert_eq!(request(&page, "GET", "/nothing-here", "").status, 404);
 }
 
+/// `--serve` takes an address, and cannot be combined with what only a single run prints.
+#[test]
+fn serve_flags_that_cannot_work_exit_with_2() {
+    for flags in [
+        &["--serve", "localhost"][..],
+        &["--serve", "127.0.0.1:0", "--json"],
+        &["--serve", "127.0.0.1:0", "--chart", "out.svg"],
+        &["--serve", "127.0.0.1:0", "--instances", "0"],
+    ] {
+        let output = Command::new(simulator())
+            .args(flags)
+            .output()
+            .expect("run simulate");
+        assert_eq!(output.status.code(), Some(2), "{flags:?}");
+        assert!(output.stdout.is_empty(), "{flags:?}");
+        assert!(!output.stderr.is_empty(), "{flags:?}");
+    }
+}
+
 /// The page in headless Chromium, as a person uses it: pick "fail closed", set a 10 s
 /// outage, read acme's rates from the table, switch to the local share, and save a
 /// screenshot (`tests/browser/simulator_page.py` says how).
