@@ -231,11 +231,16 @@ impl ScenarioJson {
             return Err(BadScenario::new(
                 "traffic",
                 format!(
-                    "{} req/s for {total_secs} s under {} policies is {requests:.0} requests \
+                    "{} req/s for {total_secs} s under {} {} is {requests:.0} requests \
                      to simulate, more than {MAX_REQUESTS:.0}: lower the rates, the phases or \
                      the policies",
                     rate_text(self.traffic.iter().map(|c| c.rate).sum()),
                     policies.len(),
+                    if policies.len() == 1 {
+                        "policy"
+                    } else {
+                        "policies"
+                    },
                 ),
             ));
         }
