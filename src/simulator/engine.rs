@@ -23,10 +23,11 @@ use crate::http::service::RateLimit;
 use crate::limiter::breaker::BreakerState;
 use crate::limiter::builder::BuildError;
 use crate::limiter::check::Limiter;
+use crate::limiter::decision::Decision;
 use crate::store::backend::Backend;
 use crate::store::memory::InMemoryBackend;
 
-use super::report::{Counts, GroupReport, Report};
+use super::report::{Counts, GroupReport, Report, Traced};
 use super::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
 use super::store::{
     FaultCell, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
@@ -401,9 +402,14 @@ impl Scenario {
                     phases: vec![[Counts::default(); 3]; customers.len()],
                     per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
                     closed_after: None,
+                    trace: Vec::new(),
                 })
                 .collect::<Vec<_>>(),
         ));
+        let traced = self
+            .traced
+            .as_ref()
+            .and_then(|name| customers.iter().position(|c| c.name() == name));
         let groups = Arc::new(groups);
         let mut next = vec![vec![0u64; customers.len()]; groups.len()];
         let mut back_on_store: Vec<Option<Duration>> = vec![None; groups.len()];
@@ -443,16 +449,21 @@ impl Scenario {
                         let service = group.instances[instance].clone();
                         let header = headers[c].clone();
                         let tallies = tallies.clone();
+                        let is_traced = traced == Some(c);
                         tasks.spawn(async move {
                             let mut request = Request::new(NoBody);
                             *request.uri_mut() = http::Uri::from_static("/orders");
                             request.headers_mut().insert(CUSTOMER_HEADER, header);
-                            let status = match oneshot(service, request).await {
-                                Ok(response) => response.status(),
+                            let response = match oneshot(service, request).await {
+                                Ok(response) => response,
                                 Err(never) => match never {},
                             };
+                            let status = response.status();
                             let mut tallies = lock(&tallies);
                             let tally = &mut tallies[g];
+                            if is_traced {
+                                tally.trace.push(traced_request(t_ms, instance, &response));
+                            }
                             let counts = &mut tally.phases[c][phase];
                             match status {
                                 StatusCode::OK => {
@@ -522,12 +533,33 @@ impl Scenario {
         let mut groups = lock(&tallies).clone();
         for (group, closed_after) in groups.iter_mut().zip(back_on_store) {
             group.closed_after = closed_after;
+            // The answers came in the order they were decided; a blackholed or slow store
+            // decides late.
+            group.trace.sort_by_key(|t| t.sent_at);
         }
         Ok(Report {
             customers: customers.clone(),
             phase_secs: [self.normal_secs, self.outage_secs, self.recovery_secs],
             groups,
         })
+    }
+}
+
+/// What the layer decided for one request of the traced customer, from the decision it
+/// leaves in the response's extensions.
+fn traced_request(t_ms: f64, instance: usize, response: &Response<impl Sized>) -> Traced {
+    let info = response
+        .extensions()
+        .get::<Decision>()
+        .and_then(Decision::info);
+    let policy = info.and_then(|info| info.policies().first());
+    Traced {
+        sent_at: Duration::from_secs_f64(t_ms / 1_000.0),
+        instance,
+        status: response.status().as_u16(),
+        source: info.map(|info| info.source()),
+        quota: policy.map(|p| p.quota()),
+        remaining: policy.map(|p| p.remaining()),
     }
 }
 

@@ -68,6 +68,6 @@ mod scenario;
 mod store;
 
 pub use engine::{FaultSwitch, SimulationError};
-pub use report::{Counts, GroupReport, Phase, Report, Row};
+pub use report::{Counts, GroupReport, Phase, Report, Row, Traced};
 pub use scenario::{AlgorithmKind, Customer, FaultKind, PolicyName, Scenario, ScenarioError};
 pub use store::{InstanceContext, SharedStore, SimClock};

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::limiter::decision::DecisionSource;
+
 use super::scenario::Customer;
 
 /// A phase of the timeline.
@@ -106,6 +108,8 @@ pub struct GroupReport {
     /// Per customer, admitted requests sent in each second.
     pub(crate) per_second: Vec<Vec<u64>>,
     pub(crate) closed_after: Option<Duration>,
+    /// The traced customer's requests, in the order they were sent.
+    pub(crate) trace: Vec<Traced>,
 }
 
 impl GroupReport {
@@ -135,6 +139,53 @@ impl GroupReport {
     pub fn all_breakers_closed_after(&self) -> Option<Duration> {
         self.closed_after
     }
+
+    /// Every request of the customer named by [`Scenario::trace`](super::Scenario::trace),
+    /// in the order they were sent; empty when the scenario traces no one.
+    pub fn trace(&self) -> &[Traced] {
+        &self.trace
+    }
+}
+
+/// One request of the traced customer (see [`Scenario::trace`](super::Scenario::trace)):
+/// when it went out, how it was answered, and the state of the scenario's quota right
+/// after the decision, as the limiter that decided reported it. That state is what the
+/// algorithm looks like from outside: a token bucket's tokens left, a sliding window's
+/// quota minus its weighted count.
+///
+/// ```
+/// use tollgate::simulator::{PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::Closed])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .trace("globex")
+///     .run_blocking()
+///     .unwrap();
+/// let trace = report.groups()[0].trace();
+/// assert_eq!(trace.len(), 3 * 20);
+/// // The first request of the run finds the whole quota: 49 of 50 left after it.
+/// assert_eq!((trace[0].status, trace[0].quota, trace[0].remaining), (200, Some(50), Some(49)));
+/// // Failing closed, the outage's requests are refused without a count.
+/// let outage = &trace[20];
+/// assert_eq!((outage.status, outage.remaining), (503, None));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Traced {
+    /// When the request was sent, from the start of the run.
+    pub sent_at: Duration,
+    /// The instance it went to, from 0.
+    pub instance: usize,
+    /// The status it was answered with: 200 admitted, 429 or 503 refused.
+    pub status: u16,
+    /// Who decided: the shared store, the denial cache or this instance's local share;
+    /// `None` when no counter took part (failing open or closed while the store is down).
+    pub source: Option<DecisionSource>,
+    /// The quota the decision enforced: the scenario's, or an instance's local share of
+    /// it; `None` when no counter took part.
+    pub quota: Option<u64>,
+    /// What the quota had left after the decision; `None` when no counter took part.
+    pub remaining: Option<u64>,
 }
 
 /// One line of the results: one group, one phase, one customer.

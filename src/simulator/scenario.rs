@@ -397,6 +397,7 @@ pub struct Scenario {
     pub(crate) store_timeout_ms: u64,
     pub(crate) breaker_base_open_ms: Option<u64>,
     pub(crate) breaker_max_open_ms: Option<u64>,
+    pub(crate) traced: Option<String>,
 }
 
 impl Default for Scenario {
@@ -421,6 +422,7 @@ impl Default for Scenario {
             store_timeout_ms: 20,
             breaker_base_open_ms: None,
             breaker_max_open_ms: None,
+            traced: None,
         }
     }
 }
@@ -636,6 +638,24 @@ impl Scenario {
         self
     }
 
+    /// Records every request of the customer called `name` (one of the traffic's), in
+    /// every group: when it was sent, its answer and its quota's state after the decision
+    /// (see [`GroupReport::trace`](super::GroupReport::trace)). One entry per request, so
+    /// trace a customer of a scenario of moderate size.
+    ///
+    /// ```
+    /// use tollgate::simulator::{Scenario, ScenarioError};
+    /// assert_eq!(Scenario::new().trace("acme").traced_value(), Some("acme"));
+    /// assert!(matches!(
+    ///     Scenario::new().trace("umbrella").validate(),
+    ///     Err(ScenarioError::UnknownTraced(_))
+    /// ));
+    /// ```
+    pub fn trace(mut self, name: impl Into<String>) -> Self {
+        self.traced = Some(name.into());
+        self
+    }
+
     /// The limit per window.
     ///
     /// ```
@@ -724,6 +744,16 @@ impl Scenario {
     /// ```
     pub fn store_timeout_ms_value(&self) -> u64 {
         self.store_timeout_ms
+    }
+
+    /// The customer whose requests are traced, if any.
+    ///
+    /// ```
+    /// use tollgate::simulator::Scenario;
+    /// assert_eq!(Scenario::new().traced_value(), None);
+    /// ```
+    pub fn traced_value(&self) -> Option<&str> {
+        self.traced.as_deref()
     }
 
     /// Whether either breaker setting overrides the library's default.
@@ -880,6 +910,11 @@ impl Scenario {
                 return Err(ScenarioError::DuplicateCustomer(customer.name.clone()));
             }
         }
+        if let Some(traced) = &self.traced
+            && !self.traffic.iter().any(|c| &c.name == traced)
+        {
+            return Err(ScenarioError::UnknownTraced(traced.clone()));
+        }
         let names = self.group_names();
         if names.is_empty() {
             return Err(ScenarioError::NoGroups);
@@ -989,6 +1024,8 @@ pub enum ScenarioError {
     DuplicateCustomer(String),
     /// A customer that is not `NAME=RATE`.
     NotNameRate(String),
+    /// The traced customer is not in the traffic.
+    UnknownTraced(String),
     /// An unknown failure policy name.
     UnknownPolicy(String),
     /// An unknown fault name.
@@ -1038,6 +1075,9 @@ impl fmt::Display for ScenarioError {
             ),
             ScenarioError::DuplicateCustomer(name) => write!(f, "customer {name:?} given twice"),
             ScenarioError::NotNameRate(value) => write!(f, "{value:?} is not NAME=RATE"),
+            ScenarioError::UnknownTraced(name) => {
+                write!(f, "the traced customer {name:?} is not in the traffic")
+            }
             ScenarioError::UnknownPolicy(name) => {
                 let known: Vec<&str> = PolicyName::ALL.iter().map(|p| p.name()).collect();
                 write!(f, "unknown policy {name:?} (one of {})", known.join(", "))

@@ -34,4 +34,5 @@ mod reload;
 mod request_cost;
 mod shed;
 mod simulate;
+mod simulator_page;
 mod skip_and_refusal;

@@ -4,7 +4,7 @@
 //! caller's own replays the same outage, and bad numbers are typed errors. It runs the
 //! library's default breaker unless the scenario overrides it, so its recovery is what a
 //! user gets: every group back on the store within about a second. A few tests run the
-//! command line (examples/simulate.rs) for what only it does: flags, tables and JSON.
+//! command line (examples/simulate/) for what only it does: flags, tables and JSON.
 //!
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
@@ -582,11 +582,11 @@ fn a_real_redis_behind_the_fault_proxy() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The command line: examples/simulate.rs
+// The command line: examples/simulate/
 
 /// Builds the example once, with this test's profile and features, and returns its path.
 /// (`cargo test --test it simulate::` alone does not build examples.)
-fn simulator() -> &'static Path {
+pub(crate) fn simulator() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         let mut features = vec!["simulator"];
