@@ -461,7 +461,9 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     /// });
     /// let batch = http::Request::post("/batch?items=30").body(()).unwrap();
     /// let response = service.clone().oneshot(batch).await.unwrap();
-    /// assert_eq!(response.headers()["ratelimit"], r#""items";r=20;t=1"#);
+    /// // 20 left; `t` (when the next unit frees up) depends on where in the second it ran.
+    /// let field = response.headers()["ratelimit"].to_str().unwrap();
+    /// assert!(field.starts_with(r#""items";r=20;t="#), "{field}");
     /// let too_big = http::Request::post("/batch?items=60").body(()).unwrap();
     /// let refused = service.oneshot(too_big).await.unwrap();
     /// assert_eq!(refused.status(), 429);
