@@ -135,6 +135,7 @@ pub use limiter::check::Limiter;
 pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
+pub use limiter::lease::config::Leases;
 pub use limiter::limits::{Limits, LimitsHandle};
 pub use limiter::mode::{Mode, ModeSwitch};
 pub use store::caller::Caller;
