@@ -16,6 +16,7 @@ use tollgate::{
     Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, RedisBackend,
 };
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::recorder::{counter, with_recorder};
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
 
@@ -377,4 +378,62 @@ async fn in_an_outage_the_lease_held_is_spent_then_the_failure_policy_applies() 
     }
     assert!(from_lease > 0, "the lease held was not spent in the outage");
     assert!(unavailable > 0, "the failure policy never applied");
+}
+
+#[test]
+fn leases_taken_spent_expired_and_returned_are_counted() {
+    let (served, snapshot) = with_recorder(|_| async move {
+        let clock = ManualClock::new(5_000);
+        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let limiter = Limiter::builder()
+            .name("leased")
+            .backend(shared.clone())
+            .clock(clock.clone())
+            .policy(Policy::new(
+                "window",
+                Algorithm::sliding_window(1_000, Duration::from_secs(60)),
+            ))
+            .leases(
+                Leases::new()
+                    .threshold_per_sec(10)
+                    .period(Duration::from_secs(1)),
+            )
+            .build();
+        let acme = Caller::new("acme");
+        let mut served = 0;
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(5));
+            let decision = limiter.check(&acme).await;
+            served += u64::from(decision.info().map(|i| i.source()) == Some(DecisionSource::Lease));
+        }
+        // The lease outlives its period with units left: they go back to the store, and
+        // the caller's remaining says so.
+        clock.advance(Duration::from_secs(2));
+        let after = limiter.check(&acme).await;
+        assert_eq!(
+            after.info().and_then(|i| i.min_remaining()),
+            Some(1_000 - 201)
+        );
+        served
+    });
+    let leases = |event| {
+        counter(
+            &snapshot,
+            "tollgate_leases_total",
+            &[("layer", "leased"), ("event", event)],
+        )
+    };
+    assert!(leases("taken") >= 2, "taken: {}", leases("taken"));
+    assert!(leases("spent") >= 1, "spent: {}", leases("spent"));
+    assert_eq!(leases("expired"), 1);
+    assert_eq!(leases("returned"), 1);
+    assert_eq!(
+        counter(
+            &snapshot,
+            "tollgate_leased_decisions_total",
+            &[("layer", "leased")]
+        ),
+        served
+    );
+    assert!(served > 150, "{served} decisions from a lease");
 }

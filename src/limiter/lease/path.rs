@@ -211,6 +211,7 @@ fn granted(
         return inner.decided(caller, set, Ok(outcome), asked_ms, cost);
     }
     leasing.metrics.taken();
+    leasing.metrics.served();
     let counted_at_ms = grant.outcome().counted_at_ms();
     let left = grant.granted() - cost;
     let shared = grant.outcome().limits().to_vec();
