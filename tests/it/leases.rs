@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tollgate::decision::DecisionSource;
+use tollgate::simulator::{Phase, Scenario};
 use tollgate::store::{Algorithm, Clock, InMemoryBackend, ManualClock};
 use tollgate::{
-    Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, RedisBackend,
+    Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota, RedisBackend,
 };
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};
@@ -436,4 +437,50 @@ fn leases_taken_spent_expired_and_returned_are_counted() {
         served
     );
     assert!(served > 150, "{served} decisions from a lease");
+}
+
+/// The simulator's running example (4 instances, 50 a second per customer; acme sends
+/// 120/s, globex 20/s, initech 5/s; the store down for the middle phase) on leases, with a
+/// local share as the failure policy: every phase holds acme to its limit, the others get
+/// what they send, and nothing is ever a 503.
+#[tokio::test(start_paused = true)]
+async fn the_running_example_on_leases_in_every_phase() {
+    let scenario = Scenario::default()
+        .policies([])
+        .normal_secs(10)
+        .outage_secs(10)
+        .recovery_secs(10)
+        .group("leased", |instance| {
+            instance
+                .limiter_builder()
+                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+                .leases(
+                    Leases::new()
+                        .threshold_per_sec(20)
+                        .instances(InstanceCount::fixed(4)),
+                )
+                .try_build()
+        });
+    let report = scenario.run().await.expect("the simulation runs");
+    assert_eq!(report.unexpected_statuses(), 0);
+    for phase in [Phase::Normal, Phase::Outage, Phase::Recovery] {
+        let row = |customer| report.row("leased", phase, customer).expect("a row");
+        let acme = row("acme");
+        // Up to 5% over in a phase: the second in which the store comes back counts both
+        // the local share's admissions and the store's (its window was empty).
+        assert!(
+            (45.0..=52.5).contains(&acme.admitted_per_sec),
+            "{phase:?}: acme {acme:?}"
+        );
+        assert_eq!(acme.refused_503, 0, "{phase:?}: {acme:?}");
+        for (customer, rate) in [("globex", 20.0), ("initech", 5.0)] {
+            let row = row(customer);
+            assert!(
+                (row.admitted_per_sec - rate).abs() <= rate * 0.1,
+                "{phase:?}: {row:?}"
+            );
+            assert_eq!(row.refused_503, 0);
+        }
+    }
 }

@@ -159,8 +159,16 @@ fn take(
     let caller = caller.clone();
     let set = set.clone();
     let concluding = span.clone();
+    let taking = Taking {
+        inner: inner.clone(),
+        caller: caller.clone(),
+        set_id: set.id,
+        settled: false,
+    };
     Some(DecisionFuture::boxed(
         async move {
+            // The whole guard moves in, so it lives (and settles) with the future.
+            let mut taking = taking;
             let result = match tokio::time::timeout(inner.store_timeout, lease).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::new(
@@ -186,10 +194,31 @@ fn take(
                     inner.fall_back(&caller, &set, FallbackReason::of(&error), cost)
                 }
             };
+            taking.settled = true;
             inner.conclude(decision, mode, &concluding)
         }
         .instrument(span.clone()),
     ))
+}
+
+/// A lease being taken for a request that may be dropped (its client went away) before
+/// the store answers: the caller is then free to take another, instead of waiting forever
+/// for this one. Units the store granted to the dropped request stay consumed.
+struct Taking {
+    inner: Arc<Inner>,
+    caller: Caller,
+    set_id: u64,
+    settled: bool,
+}
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Some(leasing) = &self.inner.leases
+        {
+            leasing.table.granted(self.caller.key(), self.set_id, None);
+        }
+    }
 }
 
 /// The store answered a lease: the request is admitted from it (and the rest kept), or
