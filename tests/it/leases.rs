@@ -484,3 +484,47 @@ async fn the_running_example_on_leases_in_every_phase() {
         }
     }
 }
+
+/// The lease script and the in-process lease grant the same: the most every policy admits
+/// at once, all or nothing, and a refusal writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_the_in_process_store_grant_the_same_leases() {
+    use tollgate::store::{Backend, CallerKey};
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder(server.url()).build().unwrap();
+    let memory = InMemoryBackend::new();
+    let limits: Arc<[Policy]> = vec![
+        Policy::new(
+            "window",
+            Algorithm::sliding_window(10, Duration::from_secs(60)),
+        ),
+        Policy::new(
+            "bucket",
+            Algorithm::token_bucket(1, Duration::from_secs(60), 6),
+        ),
+    ]
+    .into();
+    let acme = CallerKey::new("acme");
+    for store in [&redis as &dyn Backend, &memory as &dyn Backend] {
+        let grant = |cost, units| store.lease(&acme, &limits, cost, units).expect("leases");
+        let first = grant(2, 100).await.unwrap();
+        assert_eq!(
+            first.granted(),
+            6,
+            "{store:?}: the bucket's burst is the smaller room"
+        );
+        let remaining: Vec<u64> = first
+            .outcome()
+            .limits()
+            .iter()
+            .map(|l| l.remaining)
+            .collect();
+        assert_eq!(remaining, [4, 0], "{store:?}");
+        let refused = grant(1, 100).await.unwrap();
+        assert_eq!(refused.granted(), 0, "{store:?}");
+        assert!(!refused.outcome().admitted(), "{store:?}");
+        // The refusal consumed nothing: a peek still sees 4 in the window.
+        let peek = store.check(&acme, &limits, 0).await.unwrap();
+        assert_eq!(peek.limits()[0].remaining, 4, "{store:?}");
+    }
+}
