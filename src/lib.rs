@@ -88,6 +88,8 @@
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
 //! | `tollgate_refunds_total` | counter | `layer`, `result` | requests | admitted requests whose units were given back because they did not count (a layer's [`count_only`](RateLimitLayer::count_only), or [`Limiter::refund`]); `result` is `given_back` or `failed` (the store could not take them back: the units stay consumed) |
+//! | `tollgate_leases_total` | counter | `layer`, `event` | leases | leases of quota of a limiter with [`leases`](LimiterBuilder::leases); `event` is `taken` (from the store), `spent` (to the last unit), `expired` (ended with units left) or `returned` (those units given back to the store) |
+//! | `tollgate_leased_decisions_total` | counter | `layer` | requests | decisions made locally from a lease, without a store call |
 //! | `tollgate_live_instances` | gauge | `registry` | instances | the count an `InstanceRegistry` divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
@@ -135,6 +137,7 @@ pub use limiter::check::Limiter;
 pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
+pub use limiter::lease::config::Leases;
 pub use limiter::limits::{Limits, LimitsHandle};
 pub use limiter::mode::{Mode, ModeSwitch};
 pub use store::caller::Caller;

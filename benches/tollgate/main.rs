@@ -10,6 +10,9 @@
 //! 4. `frozen_store`: redis-server under SIGSTOP: latency until the breaker opens, then
 //!    throughput with the breaker open vs the in-process backend.
 //! 5. `denial_cache`: acme at 2.4 times its limit, with and without the denial cache.
+//! 8. `leases`: a hot caller decided from leases over 4 instances on one redis-server vs
+//!    the per-request path: throughput, store calls, p99 beside the in-process backend,
+//!    accuracy and fairness under overload.
 //! 7. `memory`: bytes per tracked key at 1,000,000 keys (in a fresh child process, by RSS).
 //!
 //! Scenario 6 (HTTP end to end with wrk) runs in `scripts/bench` against
@@ -34,6 +37,7 @@ mod denial_cache;
 mod frozen_store;
 mod in_process;
 mod layer;
+mod leases;
 mod memory;
 mod redis;
 mod report;
@@ -73,6 +77,7 @@ criterion_group! {
         redis::bench,
         frozen_store::bench,
         denial_cache::bench,
+        leases::bench,
         memory::bench,
 }
 criterion_main!(setup, scenarios);

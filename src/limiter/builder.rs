@@ -9,6 +9,8 @@ use crate::limiter::breaker::{Breaker, BreakerConfig, Jitter, default_jitter};
 use crate::limiter::check::{Inner, Limiter};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
+use crate::limiter::lease::config::Leases;
+use crate::limiter::lease::path::Leasing;
 use crate::limiter::limits::{ActiveLimits, Limits, SwappableLimits};
 use crate::limiter::mode::ModeSwitch;
 use crate::limiter::telemetry::LimiterMetrics;
@@ -54,6 +56,7 @@ pub struct LimiterBuilder {
     clock: Arc<dyn Clock>,
     mode: ModeSwitch,
     counter_scope: Option<Arc<str>>,
+    leases: Option<Leases>,
 }
 
 impl Default for LimiterBuilder {
@@ -70,6 +73,7 @@ impl Default for LimiterBuilder {
             clock: Arc::new(SystemClock),
             mode: ModeSwitch::default(),
             counter_scope: None,
+            leases: None,
         }
     }
 }
@@ -218,6 +222,25 @@ impl LimiterBuilder {
         self
     }
 
+    /// Decides hot callers locally from leases of their quota taken from a remote store,
+    /// instead of asking the store about each of their requests (default: every request
+    /// asks). See [`Leases`] for what a lease holds and how long; an in-process store is
+    /// never leased from, and a store that does not lease is asked about every request.
+    ///
+    /// ```
+    /// use tollgate::{InstanceCount, Leases, Limiter, Policy, Quota};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(10_000)))
+    ///     .leases(Leases::new().threshold_per_sec(500).instances(InstanceCount::fixed(4)))
+    ///     .build();
+    /// # drop(limiter);
+    /// ```
+    pub fn leases(mut self, leases: Leases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     /// Builds the limiter from a configuration written in the code.
     ///
     /// # Panics
@@ -261,9 +284,11 @@ impl LimiterBuilder {
         let local = InMemoryBackend::builder()
             .clock(SharedClock(self.clock.clone()))
             .build();
+        let backend_is_remote = backend.is_remote();
+        let name = self.name;
         Ok(Limiter {
             inner: Arc::new(Inner {
-                name: self.name,
+                name: name.clone(),
                 remote: backend.is_remote(),
                 backend,
                 limits: SwappableLimits::new(limits),
@@ -277,6 +302,10 @@ impl LimiterBuilder {
                 clock: self.clock,
                 local,
                 shares: Mutex::new(Vec::new()),
+                leases: self
+                    .leases
+                    .filter(|_| backend_is_remote)
+                    .map(|leases| Leasing::new(leases, &name)),
             }),
         })
     }

@@ -16,6 +16,7 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
+use crate::limiter::lease::path::{Leasing, leased};
 use crate::limiter::limits::{ActiveLimits, LimitsHandle, SwappableLimits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
@@ -68,6 +69,8 @@ pub(super) struct Inner {
     /// Divided policy sets by (original set, divisor), so a share costs no allocation per
     /// request.
     pub(super) shares: Mutex<Vec<Share>>,
+    /// Hot callers' leases of quota, when the limiter leases.
+    pub(super) leases: Option<Leasing>,
 }
 
 impl Limiter {
@@ -135,6 +138,11 @@ impl Limiter {
         {
             inner.metrics.denial_cache_hit();
             return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
+        }
+        if let Some(leasing) = &inner.leases
+            && let Some(decision) = leased(&self.inner, leasing, caller, set, cost, mode, &span)
+        {
+            return decision;
         }
         let permit = match inner.breaker.admit() {
             Admission::Call(permit) => permit,
@@ -205,7 +213,7 @@ impl Limiter {
 impl Inner {
     /// Counts the decision and records it on its span, and in shadow mode lets it through
     /// whatever it says.
-    fn conclude(&self, decision: Decision, mode: Mode, span: &Span) -> Decision {
+    pub(super) fn conclude(&self, decision: Decision, mode: Mode, span: &Span) -> Decision {
         let decision = match mode {
             Mode::Shadow => Decision::Shadowed(Box::new(decision)),
             _ => decision,
@@ -255,7 +263,7 @@ impl Inner {
     /// The store's answer as a decision. A refusal is cached until its retry time counted
     /// from `asked_ms`: the store decided at some instant between the question and the
     /// answer, so counting from the question never outlives the store's own refusal.
-    fn decided(
+    pub(super) fn decided(
         &self,
         caller: &Caller,
         set: &PolicySet,

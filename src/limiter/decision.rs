@@ -131,6 +131,9 @@ pub enum DecisionSource {
     DenialCache,
     /// This instance's share of the limit, while the store is down.
     LocalShare,
+    /// A lease of the caller's quota taken from the store earlier (see
+    /// [`LimiterBuilder::leases`](crate::LimiterBuilder::leases)).
+    Lease,
     /// The request's cost exceeds a policy's quota, so no wait would ever admit it: refused
     /// without asking the store. `r` and `t` are not known and reported as 0.
     Cost,
@@ -143,6 +146,7 @@ impl DecisionSource {
             DecisionSource::Store => "store",
             DecisionSource::DenialCache => "denial_cache",
             DecisionSource::LocalShare => "local_share",
+            DecisionSource::Lease => "lease",
             DecisionSource::Cost => "cost",
         }
     }
@@ -191,6 +195,28 @@ impl RateLimitInfo {
 
     pub(crate) fn receipt(&self) -> Option<Receipt> {
         self.receipt
+    }
+
+    /// When the store counted what this admission consumed, on the store's clock (ms
+    /// since the epoch): for a decision made from a lease, when the lease was taken.
+    /// `None` for a decision that counted nothing (a refusal, a request let through
+    /// while the store was down).
+    ///
+    /// ```
+    /// use tollgate::{Caller, Decision, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+    ///     .build();
+    /// let acme = Caller::new("acme");
+    /// let Decision::Allowed(info) = limiter.check(&acme).await else { panic!() };
+    /// assert!(info.counted_at_ms().is_some());
+    /// let Decision::Limited(info) = limiter.check(&acme).await else { panic!() };
+    /// assert_eq!(info.counted_at_ms(), None);
+    /// # }
+    /// ```
+    pub fn counted_at_ms(&self) -> Option<u64> {
+        self.receipt.map(|receipt| receipt.counted_at_ms)
     }
 
     /// The units the request cost (1 unless the layer or the caller of

@@ -8,7 +8,8 @@
 //! quota, and [`refund`] gives back what a request that did not count consumed.
 //! [`decision`] is what comes out and [`telemetry`] counts it. [`builder`] assembles a
 //! limiter from [`limits`], checked into [`policy_set`]s, which a
-//! [`limits::LimitsHandle`] can swap while the limiter runs.
+//! [`limits::LimitsHandle`] can swap while the limiter runs. A hot caller's decisions can
+//! be made locally from a [`lease`] of its quota.
 
 pub(crate) mod breaker;
 pub(crate) mod builder;
@@ -20,6 +21,7 @@ pub(crate) mod failure;
 pub(crate) mod fallback;
 pub(crate) mod future;
 pub(crate) mod instances;
+pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod policy_set;

@@ -71,7 +71,8 @@ impl Limiter {
                 inner.refunded(caller.key(), receipt, &result);
                 RefundFuture::ready(result)
             }
-            DecisionSource::Store => {
+            // A lease's units were counted by the store: they go back there.
+            DecisionSource::Store | DecisionSource::Lease => {
                 if inner.remote && inner.breaker.state() == BreakerState::Open {
                     let result = Err(StoreError::new(
                         StoreErrorKind::Unavailable,

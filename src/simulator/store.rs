@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::check::Limiter;
 use crate::store::backend::{
-    Backend, CheckFuture, Refund, RefundFuture, StoreError, StoreErrorKind,
+    Backend, CheckFuture, LeaseFuture, Refund, RefundFuture, StoreError, StoreErrorKind,
 };
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
@@ -134,6 +134,42 @@ impl Backend for FaultyStore {
         }
     }
 
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        Some(match self.fault.get() {
+            None => self.counters.lease(caller, limits, cost, units)?,
+            Some(FaultKind::Refuse) => Box::pin(std::future::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "connection refused (simulated)",
+            )))),
+            Some(FaultKind::Blackhole) => Box::pin(std::future::pending()),
+            Some(FaultKind::Slow) => {
+                // Granted when the command reaches the store, late, as `check` is.
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                let counters = self.counters.clone();
+                let caller = caller.clone();
+                let limits = limits.clone();
+                let delay = self.slow_by;
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    if let Some(lease) = counters.lease(&caller, &limits, cost, units) {
+                        let _ = answer.send(lease.await);
+                    }
+                });
+                Box::pin(async move {
+                    answered.await.unwrap_or_else(|_| {
+                        Err(StoreError::new(StoreErrorKind::Unavailable, "store gone"))
+                    })
+                })
+            }
+        })
+    }
+
     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
         match self.fault.get() {
             None => self.counters.refund(caller, limits, refund),
@@ -182,6 +218,16 @@ impl Backend for SharedStore {
 
     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
         self.0.refund(caller, limits, refund)
+    }
+
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        self.0.lease(caller, limits, cost, units)
     }
 
     fn is_remote(&self) -> bool {

@@ -95,6 +95,26 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// Takes a lease of up to `units` units of `caller`'s quota in one atomic step, for a
+    /// limiter that decides a hot caller locally (see
+    /// [`LimiterBuilder::leases`](crate::LimiterBuilder::leases)).
+    ///
+    /// The grant is the largest count up to `units` that every limit admits at once, and
+    /// is consumed from every limit before the answer; a grant below `cost` (the request
+    /// that asked) is no grant at all, and the request is refused as [`check`](Self::check)
+    /// would refuse it. `None` (the default) means the store does not lease: the limiter
+    /// then asks it about every request.
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        let _ = (caller, limits, cost, units);
+        None
+    }
+
     /// Whether decisions cross a network and can be slow or fail (default `true`). A
     /// remote store's calls go through the limiter's circuit breaker, store timeout and
     /// denial cache; a local one is called directly.
@@ -112,10 +132,59 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         (**self).refund(caller, limits, refund)
     }
 
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        (**self).lease(caller, limits, cost, units)
+    }
+
     fn is_remote(&self) -> bool {
         (**self).is_remote()
     }
 }
+
+/// A store's answer to [`Backend::lease`]: how many units it granted (0, or at least the
+/// asking request's cost), and per limit what remains in the shared counter after the
+/// grant, with the store's time of the grant.
+///
+/// ```
+/// use tollgate::store::{CheckOutcome, LeaseGrant, PolicyOutcome};
+/// let outcome = CheckOutcome::new(vec![PolicyOutcome { admitted: true, remaining: 60, reset_ms: 5 }])
+///     .counted_at(1_700_000_000_000);
+/// let grant = LeaseGrant::new(40, outcome);
+/// assert_eq!(grant.granted(), 40);
+/// assert_eq!(grant.outcome().limits()[0].remaining, 60);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    granted: u64,
+    outcome: CheckOutcome,
+}
+
+impl LeaseGrant {
+    /// `granted` units, with `outcome` as the store reports the caller after the grant
+    /// (or, for no grant, the refusal of the asking request).
+    pub fn new(granted: u64, outcome: CheckOutcome) -> Self {
+        Self { granted, outcome }
+    }
+
+    /// The units granted and already consumed from every limit; 0 for a refusal.
+    pub fn granted(&self) -> u64 {
+        self.granted
+    }
+
+    /// What remains per limit after the grant, and when the store granted it.
+    pub fn outcome(&self) -> &CheckOutcome {
+        &self.outcome
+    }
+}
+
+/// The future of [`Backend::lease`].
+pub type LeaseFuture = Pin<Box<dyn Future<Output = Result<LeaseGrant, StoreError>> + Send>>;
 
 /// A store's answer for one request: one outcome per limit, in order, and when the store
 /// decided.

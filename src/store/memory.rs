@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::backend::{Backend, CheckFuture, CheckOutcome, Refund, RefundFuture};
+use super::backend::{Backend, CheckFuture, CheckOutcome, LeaseFuture, Refund, RefundFuture};
 use super::evaluate::evaluate;
 use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
@@ -295,6 +295,17 @@ impl Backend for InMemoryBackend {
     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
         self.give_back(caller, limits, refund);
         RefundFuture::ready(Ok(()))
+    }
+
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        let grant = super::lease::lease_by_checks(self, caller, limits, cost, units);
+        Some(Box::pin(std::future::ready(grant)))
     }
 
     fn is_remote(&self) -> bool {

@@ -18,6 +18,7 @@ pub(crate) mod digest;
 pub(crate) mod evaluate;
 pub(crate) mod instances;
 pub(crate) mod invalid_policy;
+pub(crate) mod lease;
 pub(crate) mod memory;
 pub(crate) mod policy;
 pub(crate) mod random;
@@ -26,8 +27,8 @@ pub(crate) mod redis;
 
 pub use algorithm::{Algorithm, Evaluation, MAX_SHARE_STRETCH, PolicyOutcome, PolicyState};
 pub use backend::{
-    Backend, CheckFuture, CheckOutcome, CheckResult, Refund, RefundFuture, StoreError,
-    StoreErrorKind,
+    Backend, CheckFuture, CheckOutcome, CheckResult, LeaseFuture, LeaseGrant, Refund, RefundFuture,
+    StoreError, StoreErrorKind,
 };
 pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};

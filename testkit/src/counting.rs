@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::Policy;
-use tollgate::store::{Backend, CallerKey, CheckFuture, Refund, RefundFuture};
+use tollgate::store::{Backend, CallerKey, CheckFuture, LeaseFuture, Refund, RefundFuture};
 
 /// Wraps a store and counts every call made to it.
 #[derive(Clone, Debug)]
@@ -40,6 +40,18 @@ impl<B: Backend> Backend for Counting<B> {
 
     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
         self.inner.refund(caller, limits, refund)
+    }
+
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        let lease = self.inner.lease(caller, limits, cost, units)?;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Some(lease)
     }
 
     fn is_remote(&self) -> bool {

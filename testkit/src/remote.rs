@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tollgate::Policy;
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, InMemoryBackend, Refund, RefundFuture, StoreError,
-    StoreErrorKind,
+    Backend, CallerKey, CheckFuture, InMemoryBackend, LeaseFuture, Refund, RefundFuture,
+    StoreError, StoreErrorKind,
 };
 
 /// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.
@@ -52,5 +52,21 @@ impl Backend for Remote {
             )));
         }
         self.store.refund(caller, policies, refund)
+    }
+
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        policies: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        if self.down.load(Ordering::SeqCst) {
+            return Some(Box::pin(std::future::ready(Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "taken down by the test",
+            )))));
+        }
+        self.store.lease(caller, policies, cost, units)
     }
 }

@@ -18,6 +18,7 @@ mod headers;
 mod hyper_service;
 mod instances;
 mod keys;
+mod leases;
 mod local_and_global;
 mod lua_arithmetic;
 mod memory;

@@ -12,7 +12,8 @@ use tokio::sync::OnceCell;
 
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{
-    Backend, CheckFuture, CheckOutcome, Refund, RefundFuture, StoreError, StoreErrorKind,
+    Backend, CheckFuture, CheckOutcome, LeaseFuture, LeaseGrant, Refund, RefundFuture, StoreError,
+    StoreErrorKind,
 };
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
@@ -37,6 +38,16 @@ const REFUND_SCRIPT: &str = concat!(
 );
 
 static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND_SCRIPT));
+
+/// The lease script: the same helpers and algorithms, then the lease entry point.
+const LEASE_SCRIPT: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/lease.lua"),
+);
+
+static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_SCRIPT));
 
 // A script without keys runs on any node, so a ping also warms a cluster connection.
 const PING_SCRIPT: &str = "return 1";
@@ -431,6 +442,30 @@ impl Backend for RedisBackend {
                 .await?;
             Ok(())
         })
+    }
+
+    fn lease(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+        units: u64,
+    ) -> Option<LeaseFuture> {
+        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        let mut args = script_args(limits);
+        args.extend_from_slice(&[cost, units.max(cost)]);
+        let count = limits.len();
+        let connection = self.connection.clone();
+        let timeout = self.response_timeout;
+        Some(Box::pin(async move {
+            let reply: Vec<i64> = connection
+                .run(&LEASE, LEASE_SCRIPT, &keys, &args, timeout)
+                .await?;
+            // The reply has check.lua's shape, with the grant in place of the verdict.
+            let outcome = parse_reply(&reply, count)?;
+            let granted = u64::try_from(reply[0]).unwrap_or(0);
+            Ok(LeaseGrant::new(granted, outcome))
+        }))
     }
 }
 

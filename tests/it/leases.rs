@@ -1,0 +1,530 @@
+//! Leased quota: hot callers decided locally from units taken from the shared store in
+//! advance. Under virtual time on a shared in-process store, no interleaving of instances,
+//! lease periods, rates and costs admits more than a limit allows; on a real redis-server,
+//! a burst over 4 instances admits exactly the limit, a caller at 2.4x its limit is held
+//! within the accuracy target, and an outage behind the fault proxy serves the lease
+//! already held, then the failure policy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use tollgate::decision::DecisionSource;
+use tollgate::simulator::{Phase, Scenario};
+use tollgate::store::{Algorithm, Clock, InMemoryBackend, ManualClock};
+use tollgate::{
+    Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota, RedisBackend,
+};
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::recorder::{counter, with_recorder};
+use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::remote::Remote;
+
+const WINDOW_MS: u64 = 1_000;
+
+fn policies(kind: u8, limit: u64) -> Vec<Policy> {
+    let window = || {
+        Policy::new(
+            "window",
+            Algorithm::sliding_window(limit, Duration::from_secs(1)),
+        )
+    };
+    let bucket = || {
+        Policy::new(
+            "bucket",
+            Algorithm::token_bucket(limit, Duration::from_secs(1), limit),
+        )
+    };
+    match kind {
+        0 => vec![window()],
+        1 => vec![bucket()],
+        _ => vec![window(), bucket()],
+    }
+}
+
+/// Every admission (time, cost) against a sliding window of `limit` per second: the
+/// previous window's admissions weighed by the part of it still in view, plus this
+/// window's so far, never above the limit.
+fn check_sliding_window(admitted: &[(u64, u64)], limit: u64) -> Result<(), TestCaseError> {
+    for (j, &(t, _)) in admitted.iter().enumerate() {
+        let start = t - t % WINDOW_MS;
+        let previous: u64 = admitted
+            .iter()
+            .filter(|(u, _)| (start.saturating_sub(WINDOW_MS)..start).contains(u) && start > 0)
+            .map(|(_, c)| c)
+            .sum();
+        let current: u64 = admitted[..=j]
+            .iter()
+            .filter(|(u, _)| *u >= start)
+            .map(|(_, c)| c)
+            .sum();
+        let weighed = previous * (WINDOW_MS - (t - start)) + current * WINDOW_MS;
+        prop_assert!(
+            weighed <= limit * WINDOW_MS,
+            "at {t} ms: {previous} before and {current} in the window over a limit of {limit}"
+        );
+    }
+    Ok(())
+}
+
+/// A token bucket of `limit` per second and burst `limit`: over any span [a, b], at most
+/// the burst plus the refill of the span and of one lease period (leased tokens are taken
+/// up to one period before they are spent).
+fn check_token_bucket(
+    admitted: &[(u64, u64)],
+    limit: u64,
+    period_ms: u64,
+) -> Result<(), TestCaseError> {
+    for (i, &(a, _)) in admitted.iter().enumerate() {
+        let mut total = 0;
+        for &(b, cost) in &admitted[i..] {
+            total += cost;
+            let bound = limit + ((b - a + period_ms) * limit).div_ceil(WINDOW_MS);
+            prop_assert!(total <= bound, "{total} tokens in [{a}, {b}] over {bound}");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn no_interleaving_of_leased_instances_exceeds_a_limit(
+        instances in 1usize..=4,
+        period_ms in 1u64..=400,
+        limit in 3u64..=40,
+        threshold in 1u64..=20,
+        kind in 0u8..3,
+        steps in proptest::collection::vec((0usize..4, 0u64..=40, 1u64..=3), 1..400),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let clock = ManualClock::new(1_000_000);
+        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let limiters: Vec<Limiter> = (0..instances)
+            .map(|_| {
+                let mut builder = Limiter::builder()
+                    .name("leased")
+                    .backend(shared.clone())
+                    .clock(clock.clone())
+                    .leases(
+                        Leases::new()
+                            .threshold_per_sec(threshold)
+                            .period(Duration::from_millis(period_ms))
+                            .instances(InstanceCount::fixed(instances as u64)),
+                    );
+                for policy in policies(kind, limit) {
+                    builder = builder.policy(policy);
+                }
+                builder.build()
+            })
+            .collect();
+        let acme = Caller::new("acme");
+        let mut admitted = Vec::new();
+        runtime.block_on(async {
+            for &(instance, advance, cost) in &steps {
+                clock.advance(Duration::from_millis(advance));
+                let decision = limiters[instance % instances].check_cost(&acme, cost).await;
+                if decision.is_allowed() {
+                    admitted.push((clock.now_millis(), cost));
+                }
+            }
+        });
+        if kind != 1 {
+            check_sliding_window(&admitted, limit)?;
+        }
+        if kind != 0 {
+            check_token_bucket(&admitted, limit, period_ms)?;
+        }
+    }
+}
+
+#[test]
+fn a_hot_caller_is_served_from_leases_with_truthful_remaining() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new(5_000);
+    let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let limiter = Limiter::builder()
+        .backend(shared.clone())
+        .clock(clock.clone())
+        .policy(Policy::new(
+            "window",
+            Algorithm::sliding_window(1_000, Duration::from_secs(60)),
+        ))
+        .leases(
+            Leases::new()
+                .threshold_per_sec(10)
+                .period(Duration::from_secs(1)),
+        )
+        .build();
+    let acme = Caller::new("acme");
+    runtime.block_on(async {
+        let mut sources = Vec::new();
+        for i in 0..200u64 {
+            clock.advance(Duration::from_millis(5));
+            let Decision::Allowed(info) = limiter.check(&acme).await else {
+                panic!("request {i} refused")
+            };
+            // What the shared counter plus the lease allows: nothing else was counted.
+            assert_eq!(info.min_remaining(), Some(1_000 - (i + 1)), "request {i}");
+            sources.push(info.source());
+        }
+        let leased = sources
+            .iter()
+            .filter(|s| **s == DecisionSource::Lease)
+            .count();
+        assert!(
+            leased > 150,
+            "only {leased} of 200 decisions came from a lease"
+        );
+        // Taken down, the store no longer answers: the lease held is still spent.
+        shared.set_down(true);
+        let held = limiter.check(&acme).await;
+        assert_eq!(held.info().map(|i| i.source()), Some(DecisionSource::Lease));
+    });
+}
+
+fn redis_limiter(url: &str, limit: u64, window: Duration, leases: Leases) -> Limiter {
+    Limiter::builder()
+        .name("leased")
+        .backend(
+            RedisBackend::builder(url)
+                .response_timeout(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
+        .store_timeout(Duration::from_secs(2))
+        .policy(Policy::new(
+            "window",
+            Algorithm::sliding_window(limit, window),
+        ))
+        .leases(leases)
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_four_leased_instances_admits_exactly_the_limit() {
+    let server = RedisServer::start();
+    const LIMIT: u64 = 40;
+    let limiters: Vec<Limiter> = (0..4)
+        .map(|_| {
+            redis_limiter(
+                &server.url(),
+                LIMIT,
+                Duration::from_secs(60),
+                Leases::new()
+                    .threshold_per_sec(1)
+                    .instances(InstanceCount::fixed(4)),
+            )
+        })
+        .collect();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let leased = Arc::new(AtomicU64::new(0));
+    // 200 requests at once: 4 instances, each with 50 in flight one after another.
+    let tasks: Vec<_> = limiters
+        .into_iter()
+        .map(|limiter| {
+            let (admitted, leased) = (admitted.clone(), leased.clone());
+            tokio::spawn(async move {
+                let acme = Caller::new("acme");
+                for _ in 0..50 {
+                    if let Decision::Allowed(info) = limiter.check(&acme).await {
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                        if info.source() == DecisionSource::Lease {
+                            leased.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::SeqCst), LIMIT);
+    assert!(leased.load(Ordering::SeqCst) > 0, "no lease was taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_at_2_4x_its_limit_over_four_leased_instances_stays_within_accuracy() {
+    let server = RedisServer::start();
+    const LIMIT: u64 = 250;
+    const SECONDS: u64 = 10;
+    let limiters: Vec<Limiter> = (0..4)
+        .map(|_| {
+            redis_limiter(
+                &server.url(),
+                LIMIT,
+                Duration::from_secs(1),
+                Leases::new()
+                    .threshold_per_sec(20)
+                    .instances(InstanceCount::fixed(4)),
+            )
+        })
+        .collect();
+    // 2.4 x 250/s over 4 instances: 150/s each, one every 6.67 ms.
+    let interval = Duration::from_micros(1_000_000 * 4 * 10 / (LIMIT * 24));
+    let started = Instant::now();
+    let tasks: Vec<_> = limiters
+        .into_iter()
+        .map(|limiter| {
+            tokio::spawn(async move {
+                let acme = Caller::new("acme");
+                let mut counted = Vec::new();
+                let mut leased = 0u64;
+                let mut ticks = tokio::time::interval(interval);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                while started.elapsed() < Duration::from_secs(SECONDS) {
+                    ticks.tick().await;
+                    if let Decision::Allowed(info) = limiter.check(&acme).await {
+                        counted.push(info.counted_at_ms().expect("admitted by the store"));
+                        leased += u64::from(info.source() == DecisionSource::Lease);
+                    }
+                }
+                (counted, leased)
+            })
+        })
+        .collect();
+    let mut counted = Vec::new();
+    let mut leased = 0;
+    for task in tasks {
+        let (admitted, from_lease) = task.await.unwrap();
+        counted.extend(admitted);
+        leased += from_lease;
+    }
+    assert!(
+        leased * 2 > counted.len() as u64,
+        "only {leased} of {} admissions came from a lease",
+        counted.len()
+    );
+    let first = counted.iter().min().unwrap() / WINDOW_MS + 1;
+    let last = counted.iter().max().unwrap() / WINDOW_MS;
+    let mut worst = 0.0f64;
+    for window in first..last {
+        let admitted = counted.iter().filter(|t| **t / WINDOW_MS == window).count() as u64;
+        assert!(
+            admitted <= LIMIT,
+            "{admitted} admitted in one window over {LIMIT}"
+        );
+        let error = (LIMIT - admitted) as f64 / LIMIT as f64;
+        worst = worst.max(error);
+        assert!(
+            error <= 0.037,
+            "{admitted} admitted in a window, {:.1}% under the limit of {LIMIT}",
+            error * 100.0
+        );
+    }
+    assert!(last > first + 5, "too few whole windows measured");
+    eprintln!("worst window {:.2}% under the limit", worst * 100.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_an_outage_the_lease_held_is_spent_then_the_failure_policy_applies() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let limiter = Limiter::builder()
+        .name("leased")
+        .backend(
+            RedisBackend::builder(proxy.url())
+                .response_timeout(Duration::from_millis(200))
+                .build()
+                .unwrap(),
+        )
+        .store_timeout(Duration::from_millis(200))
+        .on_store_failure(FailurePolicy::closed())
+        .policy(Policy::new(
+            "window",
+            Algorithm::sliding_window(10_000, Duration::from_secs(60)),
+        ))
+        .leases(
+            Leases::new()
+                .threshold_per_sec(10)
+                .period(Duration::from_secs(20)),
+        )
+        .build();
+    let acme = Caller::new("acme");
+    // Hot enough to lease: the lease holds 20 s x the caller's rate.
+    let mut left = 0;
+    for _ in 0..200 {
+        if let Decision::Allowed(info) = limiter.check(&acme).await
+            && info.source() == DecisionSource::Lease
+        {
+            left = info.min_remaining().unwrap();
+        }
+    }
+    assert!(left > 0, "no lease was taken");
+    proxy.set(Fault::Refuse);
+    let mut from_lease = 0;
+    let mut unavailable = 0;
+    for _ in 0..5_000 {
+        match limiter.check(&acme).await {
+            Decision::Allowed(info) => {
+                assert_eq!(info.source(), DecisionSource::Lease);
+                assert_eq!(
+                    unavailable, 0,
+                    "served from a lease after the failure policy"
+                );
+                from_lease += 1;
+            }
+            Decision::Unavailable { .. } => unavailable += 1,
+            other => panic!("unexpected decision in the outage: {other:?}"),
+        }
+        if unavailable > 20 {
+            break;
+        }
+    }
+    assert!(from_lease > 0, "the lease held was not spent in the outage");
+    assert!(unavailable > 0, "the failure policy never applied");
+}
+
+#[test]
+fn leases_taken_spent_expired_and_returned_are_counted() {
+    let (served, snapshot) = with_recorder(|_| async move {
+        let clock = ManualClock::new(5_000);
+        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let limiter = Limiter::builder()
+            .name("leased")
+            .backend(shared.clone())
+            .clock(clock.clone())
+            .policy(Policy::new(
+                "window",
+                Algorithm::sliding_window(1_000, Duration::from_secs(60)),
+            ))
+            .leases(
+                Leases::new()
+                    .threshold_per_sec(10)
+                    .period(Duration::from_secs(1)),
+            )
+            .build();
+        let acme = Caller::new("acme");
+        let mut served = 0;
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(5));
+            let decision = limiter.check(&acme).await;
+            served += u64::from(decision.info().map(|i| i.source()) == Some(DecisionSource::Lease));
+        }
+        // The lease outlives its period with units left: they go back to the store, and
+        // the caller's remaining says so.
+        clock.advance(Duration::from_secs(2));
+        let after = limiter.check(&acme).await;
+        assert_eq!(
+            after.info().and_then(|i| i.min_remaining()),
+            Some(1_000 - 201)
+        );
+        served
+    });
+    let leases = |event| {
+        counter(
+            &snapshot,
+            "tollgate_leases_total",
+            &[("layer", "leased"), ("event", event)],
+        )
+    };
+    assert!(leases("taken") >= 2, "taken: {}", leases("taken"));
+    assert!(leases("spent") >= 1, "spent: {}", leases("spent"));
+    assert_eq!(leases("expired"), 1);
+    assert_eq!(leases("returned"), 1);
+    assert_eq!(
+        counter(
+            &snapshot,
+            "tollgate_leased_decisions_total",
+            &[("layer", "leased")]
+        ),
+        served
+    );
+    assert!(served > 150, "{served} decisions from a lease");
+}
+
+/// The simulator's running example (4 instances, 50 a second per customer; acme sends
+/// 120/s, globex 20/s, initech 5/s; the store down for the middle phase) on leases, with a
+/// local share as the failure policy: every phase holds acme to its limit, the others get
+/// what they send, and nothing is ever a 503.
+#[tokio::test(start_paused = true)]
+async fn the_running_example_on_leases_in_every_phase() {
+    let scenario = Scenario::default()
+        .policies([])
+        .normal_secs(10)
+        .outage_secs(10)
+        .recovery_secs(10)
+        .group("leased", |instance| {
+            instance
+                .limiter_builder()
+                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+                .leases(
+                    Leases::new()
+                        .threshold_per_sec(20)
+                        .instances(InstanceCount::fixed(4)),
+                )
+                .try_build()
+        });
+    let report = scenario.run().await.expect("the simulation runs");
+    assert_eq!(report.unexpected_statuses(), 0);
+    for phase in [Phase::Normal, Phase::Outage, Phase::Recovery] {
+        let row = |customer| report.row("leased", phase, customer).expect("a row");
+        let acme = row("acme");
+        // Up to 5% over in a phase: the second in which the store comes back counts both
+        // the local share's admissions and the store's (its window was empty).
+        assert!(
+            (45.0..=52.5).contains(&acme.admitted_per_sec),
+            "{phase:?}: acme {acme:?}"
+        );
+        assert_eq!(acme.refused_503, 0, "{phase:?}: {acme:?}");
+        for (customer, rate) in [("globex", 20.0), ("initech", 5.0)] {
+            let row = row(customer);
+            assert!(
+                (row.admitted_per_sec - rate).abs() <= rate * 0.1,
+                "{phase:?}: {row:?}"
+            );
+            assert_eq!(row.refused_503, 0);
+        }
+    }
+}
+
+/// The lease script and the in-process lease grant the same: the most every policy admits
+/// at once, all or nothing, and a refusal writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_the_in_process_store_grant_the_same_leases() {
+    use tollgate::store::{Backend, CallerKey};
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder(server.url()).build().unwrap();
+    let memory = InMemoryBackend::new();
+    let limits: Arc<[Policy]> = vec![
+        Policy::new(
+            "window",
+            Algorithm::sliding_window(10, Duration::from_secs(60)),
+        ),
+        Policy::new(
+            "bucket",
+            Algorithm::token_bucket(1, Duration::from_secs(60), 6),
+        ),
+    ]
+    .into();
+    let acme = CallerKey::new("acme");
+    for store in [&redis as &dyn Backend, &memory as &dyn Backend] {
+        let grant = |cost, units| store.lease(&acme, &limits, cost, units).expect("leases");
+        let first = grant(2, 100).await.unwrap();
+        assert_eq!(
+            first.granted(),
+            6,
+            "{store:?}: the bucket's burst is the smaller room"
+        );
+        let remaining: Vec<u64> = first
+            .outcome()
+            .limits()
+            .iter()
+            .map(|l| l.remaining)
+            .collect();
+        assert_eq!(remaining, [4, 0], "{store:?}");
+        let refused = grant(1, 100).await.unwrap();
+        assert_eq!(refused.granted(), 0, "{store:?}");
+        assert!(!refused.outcome().admitted(), "{store:?}");
+        // The refusal consumed nothing: a peek still sees 4 in the window.
+        let peek = store.check(&acme, &limits, 0).await.unwrap();
+        assert_eq!(peek.limits()[0].remaining, 4, "{store:?}");
+    }
+}
