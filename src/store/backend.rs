@@ -171,6 +171,17 @@ impl CheckOutcome {
         }
     }
 
+    /// The answer of a single limit, without allocating.
+    pub(crate) fn one(outcome: PolicyOutcome) -> Self {
+        Self {
+            limits: Outcomes::Inline {
+                len: 1,
+                items: [outcome, NO_OUTCOME],
+            },
+            counted_at_ms: 0,
+        }
+    }
+
     /// The same as [`new`](Self::new) from an iterator of exactly `len` outcomes, kept
     /// inline (no allocation) when there are few.
     pub(crate) fn collect(len: usize, outcomes: impl Iterator<Item = PolicyOutcome>) -> Self {

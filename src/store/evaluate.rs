@@ -103,6 +103,15 @@ pub(crate) fn decide<S>(
     cost: u64,
     mut admit: impl FnMut(&mut S, usize, PolicyState),
 ) -> CheckOutcome {
+    // One policy, the usual case: its verdict is the decision.
+    if let [policy] = policies {
+        let state = stored(store, 0, policy);
+        let evaluation = policy.algorithm().evaluate_cost(state, now_ms, cost);
+        if evaluation.admitted {
+            admit(store, 0, evaluation.admitted_state);
+        }
+        return CheckOutcome::one(evaluation.outcome).counted_at(now_ms);
+    }
     let evaluate_one = |(i, policy): (usize, &Policy)| {
         let state = stored(store, i, policy);
         (state, policy.algorithm().evaluate_cost(state, now_ms, cost))
