@@ -196,16 +196,79 @@ pub type LeaseFuture = Pin<Box<dyn Future<Output = Result<LeaseGrant, StoreError
 /// assert!(outcome.admitted());
 /// assert_eq!(outcome.counted_at_ms(), 1_700_000_000_000);
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct CheckOutcome {
-    limits: Vec<PolicyOutcome>,
+    limits: Outcomes,
     counted_at_ms: u64,
+}
+
+/// How many outcomes a [`CheckOutcome`] holds without allocating: most limiters apply one
+/// or two policies, and the in-process store answers without touching the heap.
+const INLINE_OUTCOMES: usize = 2;
+
+#[derive(Clone)]
+enum Outcomes {
+    Inline {
+        len: u8,
+        items: [PolicyOutcome; INLINE_OUTCOMES],
+    },
+    Spilled(Vec<PolicyOutcome>),
+}
+
+const NO_OUTCOME: PolicyOutcome = PolicyOutcome {
+    admitted: false,
+    remaining: 0,
+    reset_ms: 0,
+};
+
+impl Outcomes {
+    fn as_slice(&self) -> &[PolicyOutcome] {
+        match self {
+            Outcomes::Inline { len, items } => &items[..usize::from(*len)],
+            Outcomes::Spilled(items) => items,
+        }
+    }
 }
 
 impl CheckOutcome {
     /// An answer from the per-limit outcomes, decided at time 0 unless
     /// [`counted_at`](Self::counted_at) says otherwise.
     pub fn new(limits: Vec<PolicyOutcome>) -> Self {
+        Self {
+            limits: Outcomes::Spilled(limits),
+            counted_at_ms: 0,
+        }
+    }
+
+    /// The answer of a single limit, without allocating.
+    pub(crate) fn one(outcome: PolicyOutcome) -> Self {
+        Self {
+            limits: Outcomes::Inline {
+                len: 1,
+                items: [outcome, NO_OUTCOME],
+            },
+            counted_at_ms: 0,
+        }
+    }
+
+    /// The same as [`new`](Self::new) from an iterator of exactly `len` outcomes, kept
+    /// inline (no allocation) when there are few.
+    pub(crate) fn collect(len: usize, outcomes: impl Iterator<Item = PolicyOutcome>) -> Self {
+        let limits = if len <= INLINE_OUTCOMES {
+            let mut items = [NO_OUTCOME; INLINE_OUTCOMES];
+            let mut count = 0;
+            for (item, outcome) in items.iter_mut().zip(outcomes) {
+                *item = outcome;
+                count += 1;
+            }
+            Outcomes::Inline {
+                // At most INLINE_OUTCOMES, far below u8::MAX.
+                len: count as u8,
+                items,
+            }
+        } else {
+            Outcomes::Spilled(outcomes.collect())
+        };
         Self {
             limits,
             counted_at_ms: 0,
@@ -227,12 +290,30 @@ impl CheckOutcome {
 
     /// Whether every limit admitted the request.
     pub fn admitted(&self) -> bool {
-        self.limits.iter().all(|l| l.admitted)
+        self.limits().iter().all(|l| l.admitted)
     }
 
     /// The per-limit outcomes, in the order the limits were given.
     pub fn limits(&self) -> &[PolicyOutcome] {
-        &self.limits
+        self.limits.as_slice()
+    }
+}
+
+// Equality and the debug form are those of the outcomes, however they are held.
+impl PartialEq for CheckOutcome {
+    fn eq(&self, other: &Self) -> bool {
+        self.counted_at_ms == other.counted_at_ms && self.limits() == other.limits()
+    }
+}
+
+impl Eq for CheckOutcome {}
+
+impl fmt::Debug for CheckOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckOutcome")
+            .field("limits", &self.limits())
+            .field("counted_at_ms", &self.counted_at_ms)
+            .finish()
     }
 }
 

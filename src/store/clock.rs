@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of the current time in milliseconds since the Unix epoch.
 ///
@@ -28,18 +28,32 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_millis(&self) -> u64 {
-        static ORIGIN: OnceLock<(Instant, u64)> = OnceLock::new();
-        let (instant, unix_millis) = ORIGIN.get_or_init(|| {
+        // The time-stamp counter through quanta: a few nanoseconds where `Instant::now` is a
+        // `clock_gettime` call, and every decision reads the clock.
+        static ORIGIN: OnceLock<(quanta::Clock, u64, u64)> = OnceLock::new();
+        let (clock, origin, unix_millis) = ORIGIN.get_or_init(|| {
+            let clock = quanta::Clock::new();
+            let origin = clock.raw();
             let unix = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or(Duration::ZERO);
             (
-                Instant::now(),
+                clock,
+                origin,
                 u64::try_from(unix.as_millis()).unwrap_or(u64::MAX),
             )
         });
-        let elapsed = u64::try_from(instant.elapsed().as_millis()).unwrap_or(u64::MAX);
-        unix_millis.saturating_add(elapsed)
+        let elapsed = clock.delta_as_nanos(*origin, clock.raw()) / 1_000_000;
+        let now = unix_millis.saturating_add(elapsed);
+        // Counters of different cores may disagree slightly: never answer less than a time
+        // already given. The shared value is written at most once a millisecond.
+        static LATEST: AtomicU64 = AtomicU64::new(0);
+        let latest = LATEST.load(Ordering::Relaxed);
+        if now > latest {
+            LATEST.fetch_max(now, Ordering::Relaxed).max(now)
+        } else {
+            latest
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! One decision over all of a caller's policies, all or nothing: the loop every backend
 //! runs around the per-policy arithmetic (lua/check.lua is its transcription for Redis).
 
-use crate::store::algorithm::PolicyState;
+use crate::store::algorithm::{Evaluation, PolicyState};
 use crate::store::backend::CheckOutcome;
 use crate::store::policy::Policy;
 
@@ -68,39 +68,102 @@ impl Evaluated {
 /// ```
 pub fn evaluate(
     policies: &[Policy],
-    mut stored: impl FnMut(&Policy) -> Option<PolicyState>,
+    stored: impl FnMut(&Policy) -> Option<PolicyState>,
     now_ms: u64,
     cost: u64,
 ) -> Evaluated {
-    let states: Vec<Option<PolicyState>> = policies.iter().map(&mut stored).collect();
-    let evaluations: Vec<_> = policies
-        .iter()
-        .zip(&states)
-        .map(|(policy, state)| policy.algorithm().evaluate_cost(*state, now_ms, cost))
-        .collect();
-    if evaluations.iter().all(|e| e.admitted) {
-        return Evaluated {
-            outcome: CheckOutcome::new(evaluations.iter().map(|e| e.outcome).collect())
-                .counted_at(now_ms),
-            admitted_states: Some(evaluations.iter().map(|e| e.admitted_state).collect()),
-        };
+    let mut reads = (stored, Vec::with_capacity(policies.len()));
+    let outcome = decide(
+        policies,
+        &mut reads,
+        |(stored, _), _, policy| stored(policy),
+        now_ms,
+        cost,
+        |(_, states), _, state| states.push(state),
+    );
+    let admitted_states = outcome.admitted().then_some(reads.1);
+    Evaluated {
+        outcome,
+        admitted_states,
+    }
+}
+
+/// How many policies [`decide`] evaluates on the stack; more take one allocation.
+const INLINE_POLICIES: usize = 4;
+
+/// [`evaluate`] without allocating for up to [`INLINE_POLICIES`] policies: `stored(store,
+/// i, policy)` reads the state of the `i`th policy, and `admit(store, i, state)` is called
+/// for every policy, in order, only when all of them admitted the request. Both reach the
+/// store through `store`, so that one can read and the other write the same entry.
+pub(crate) fn decide<S>(
+    policies: &[Policy],
+    store: &mut S,
+    mut stored: impl FnMut(&mut S, usize, &Policy) -> Option<PolicyState>,
+    now_ms: u64,
+    cost: u64,
+    mut admit: impl FnMut(&mut S, usize, PolicyState),
+) -> CheckOutcome {
+    // One policy, the usual case: its verdict is the decision.
+    if let [policy] = policies {
+        let state = stored(store, 0, policy);
+        let evaluation = policy.algorithm().evaluate_cost(state, now_ms, cost);
+        if evaluation.admitted {
+            admit(store, 0, evaluation.admitted_state);
+        }
+        return CheckOutcome::one(evaluation.outcome).counted_at(now_ms);
+    }
+    let evaluate_one = |(i, policy): (usize, &Policy)| {
+        let state = stored(store, i, policy);
+        (state, policy.algorithm().evaluate_cost(state, now_ms, cost))
+    };
+    if policies.len() <= INLINE_POLICIES {
+        let mut evaluations = [None; INLINE_POLICIES];
+        for (slot, evaluation) in evaluations
+            .iter_mut()
+            .zip(policies.iter().enumerate().map(evaluate_one))
+        {
+            *slot = Some(evaluation);
+        }
+        let evaluations = evaluations.iter().take(policies.len()).flatten();
+        settle(policies, evaluations, now_ms, cost, |i, state| {
+            admit(store, i, state)
+        })
+    } else {
+        let evaluations: Vec<_> = policies.iter().enumerate().map(evaluate_one).collect();
+        settle(policies, evaluations.iter(), now_ms, cost, |i, state| {
+            admit(store, i, state)
+        })
+    }
+}
+
+/// The answer from every policy's evaluation: all admitted, the states are handed to
+/// `admit` and the outcomes reported; otherwise nothing is consumed, and a policy that
+/// would have admitted reports what it still has.
+fn settle<'a>(
+    policies: &[Policy],
+    evaluations: impl Iterator<Item = &'a (Option<PolicyState>, Evaluation)> + Clone,
+    now_ms: u64,
+    cost: u64,
+    mut admit: impl FnMut(usize, PolicyState),
+) -> CheckOutcome {
+    if evaluations.clone().all(|(_, e)| e.admitted) {
+        for (i, (_, evaluation)) in evaluations.clone().enumerate() {
+            admit(i, evaluation.admitted_state);
+        }
+        return CheckOutcome::collect(policies.len(), evaluations.map(|(_, e)| e.outcome))
+            .counted_at(now_ms);
     }
     let outcomes = policies
         .iter()
-        .zip(&states)
-        .zip(&evaluations)
-        .map(|((policy, state), evaluation)| {
+        .zip(evaluations)
+        .map(|(policy, (state, evaluation))| {
             if evaluation.admitted {
                 policy.algorithm().peek_cost(*state, now_ms, cost)
             } else {
                 evaluation.outcome
             }
-        })
-        .collect();
-    Evaluated {
-        outcome: CheckOutcome::new(outcomes).counted_at(now_ms),
-        admitted_states: None,
-    }
+        });
+    CheckOutcome::collect(policies.len(), outcomes).counted_at(now_ms)
 }
 
 #[cfg(test)]

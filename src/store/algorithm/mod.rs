@@ -438,6 +438,12 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 fn ceil_div(numerator: u128, denominator: u128) -> u64 {
+    // Operands below 2^64 (the usual case: quotas keep products under 2^53) take the
+    // native division, several times cheaper than the 128-bit one; the result is the same.
+    if let (Ok(numerator), Ok(denominator)) = (u64::try_from(numerator), u64::try_from(denominator))
+    {
+        return numerator.div_ceil(denominator);
+    }
     u64::try_from(numerator.div_ceil(denominator)).unwrap_or(u64::MAX)
 }
 

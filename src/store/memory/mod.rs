@@ -1,12 +1,15 @@
-use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
+mod entry;
+mod shard;
+
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use self::entry::Entry;
+use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckFuture, CheckOutcome, LeaseFuture, Refund, RefundFuture};
-use super::evaluate::evaluate;
+use super::evaluate::decide;
 use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
@@ -54,35 +57,11 @@ pub struct InMemoryBackend {
 
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: KeyHasher,
     clock: Arc<dyn Clock>,
     shard_capacity: usize,
     max_keys: usize,
     sweep_interval_ms: u64,
-}
-
-#[derive(Default)]
-struct Shard {
-    callers: HashMap<CallerKey, Entry>,
-    // Callers in insertion order, the eviction hand's round (the CLOCK algorithm): a
-    // caller seen since the hand last passed gets a second chance, so callers that keep
-    // sending stay tracked while a flood of one-off keys evicts itself.
-    order: VecDeque<CallerKey>,
-    last_sweep_ms: u64,
-}
-
-struct Entry {
-    // After this instant the entry's counters affect no decision.
-    idle_at_ms: u64,
-    // Seen since the eviction hand last passed, refused requests included.
-    referenced: bool,
-    slots: Vec<Slot>,
-}
-
-struct Slot {
-    // The limit's counter identity.
-    name: Arc<str>,
-    state: PolicyState,
 }
 
 impl InMemoryBackend {
@@ -125,96 +104,116 @@ impl InMemoryBackend {
         self.shared
             .shards
             .iter()
-            .map(|s| lock(s).callers.len())
+            .map(|s| lock(s).entries.len())
             .sum()
     }
 
-    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, Shard> {
-        let shard_index = (self.shared.hasher.hash_one(caller) as usize) % self.shared.shards.len();
-        lock(&self.shared.shards[shard_index])
+    /// The caller's hash, computed once per decision, and its shard, locked.
+    fn shard(&self, caller: &CallerKey) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.shared.hasher.hash_one(caller.encoded());
+        // Bits the table uses neither for the slot (the low ones) nor for its tags (the
+        // top seven), so callers of one shard still spread over their table.
+        let shard_index = ((hash >> 24) as usize) % self.shared.shards.len();
+        (hash, lock(&self.shared.shards[shard_index]))
     }
 
     /// Gives `refund` back to `caller`'s counters of `limits`; a caller no longer tracked
     /// has nothing to give back.
     fn give_back(&self, caller: &CallerKey, limits: &[Policy], refund: Refund) {
         let now = self.shared.clock.now_millis();
-        let mut shard = self.shard(caller);
-        let Some(entry) = shard.callers.get_mut(caller) else {
+        let (hash, mut shard) = self.shard(caller);
+        let Some(position) = shard.find(hash, caller.encoded()) else {
             return;
         };
         for limit in limits {
-            let name = limit.counter_arc();
-            let stored = entry.slot(name).map(|slot| slot.state);
-            let given_back =
-                limit
-                    .algorithm()
-                    .refund(stored, refund.counted_at_ms(), refund.cost(), now);
+            // A counter the shard never stored holds nothing to give back.
+            let Some(counter) = shard.counter(limit.counter_arc()) else {
+                continue;
+            };
+            let entry = &mut shard.entries[position];
+            let given_back = limit.algorithm().refund(
+                entry.state(counter),
+                refund.counted_at_ms(),
+                refund.cost(),
+                now,
+            );
             if let Some(state) = given_back {
-                entry.store(name, state);
+                entry.store(counter, state);
             }
         }
     }
 
     fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
         let now = self.shared.clock.now_millis();
-        let mut guard = self.shard(caller);
+        let (hash, mut guard) = self.shard(caller);
         let shard = &mut *guard;
         if now.saturating_sub(shard.last_sweep_ms) >= self.shared.sweep_interval_ms {
-            shard.sweep(now);
+            shard.sweep(now, &self.shared.hasher);
         }
 
         // One lookup for a known caller: evaluate, then write through the same entry.
-        let mut entry = shard.callers.get_mut(caller);
-        if let Some(entry) = entry.as_deref_mut() {
+        let position = shard.find(hash, caller.encoded());
+        let (entries, counters) = shard.parts();
+        let mut store = Decision {
+            entry: position.map(|p| &mut entries[p]),
+            counters,
+            fresh: None,
+            key: caller.encoded(),
+        };
+        if let Some(entry) = store.entry.as_deref_mut() {
             // A refused caller is as active as an admitted one.
             entry.referenced = true;
         }
-        let evaluated = evaluate(
+        let outcome = decide(
             limits,
-            |limit| {
-                entry
-                    .as_deref()
-                    .and_then(|e| e.slot(limit.counter_arc()))
-                    .map(|slot| slot.state)
+            &mut store,
+            |store, _, limit| {
+                let counter = find_counter(store.counters, limit.counter_arc())?;
+                store.entry.as_deref()?.state(counter)
             },
             now,
             cost,
+            |store, i, state| store.admit(&limits[i], state),
         );
-        let (outcome, admitted) = evaluated.into_parts();
-        let Some(states) = admitted else {
+        if !outcome.admitted() {
             return outcome;
-        };
+        }
 
         let idle_at = limits
             .iter()
             .map(|l| now.saturating_add(l.algorithm().retention_ms()))
             .max()
             .unwrap_or(now);
-        let store = |entry: &mut Entry| {
-            entry.idle_at_ms = entry.idle_at_ms.max(idle_at);
-            for (limit, state) in limits.iter().zip(&states) {
-                entry.store(limit.counter_arc(), *state);
+        match (store.entry, store.fresh) {
+            (Some(entry), _) => entry.idle_at_ms = entry.idle_at_ms.max(idle_at),
+            (None, Some(mut entry)) => {
+                entry.idle_at_ms = idle_at;
+                shard.insert(hash, entry, self.shared.shard_capacity, &self.shared.hasher);
             }
-        };
-        match entry {
-            Some(entry) => store(entry),
-            None => {
-                shard.make_room(
-                    now,
-                    self.shared.shard_capacity,
-                    self.shared.sweep_interval_ms,
-                );
-                let mut entry = Entry {
-                    idle_at_ms: 0,
-                    referenced: false,
-                    slots: Vec::with_capacity(limits.len()),
-                };
-                store(&mut entry);
-                shard.order.push_back(caller.clone());
-                shard.callers.insert(caller.clone(), entry);
-            }
+            // No policies: nothing to count.
+            (None, None) => {}
         }
         outcome
+    }
+}
+
+/// What one decision reads and writes in its shard: the caller's entry if tracked, else
+/// the entry made for it once every policy admitted.
+struct Decision<'a> {
+    entry: Option<&'a mut Entry>,
+    counters: &'a mut Vec<Arc<str>>,
+    fresh: Option<Entry>,
+    key: &'a [u8],
+}
+
+impl Decision<'_> {
+    fn admit(&mut self, limit: &Policy, state: PolicyState) {
+        let counter = intern_counter(self.counters, limit.counter_arc());
+        match (&mut self.entry, &mut self.fresh) {
+            (Some(entry), _) => entry.store(counter, state),
+            (None, Some(fresh)) => fresh.store(counter, state),
+            (None, None) => self.fresh = Some(Entry::new(self.key, counter, state)),
+        }
     }
 }
 
@@ -261,7 +260,7 @@ impl InMemoryBackendBuilder {
         InMemoryBackend {
             shared: Arc::new(Shared {
                 shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
-                hasher: RandomState::new(),
+                hasher: KeyHasher::default(),
                 clock: self.clock,
                 shard_capacity,
                 max_keys: shard_capacity * shards,
@@ -310,69 +309,6 @@ impl Backend for InMemoryBackend {
 
     fn is_remote(&self) -> bool {
         false
-    }
-}
-
-impl Shard {
-    fn sweep(&mut self, now: u64) {
-        self.callers.retain(|_, entry| entry.idle_at_ms > now);
-        let callers = &self.callers;
-        self.order.retain(|key| callers.contains_key(key));
-        self.last_sweep_ms = now;
-    }
-
-    /// Frees a place for a new caller in a full shard: idle callers go first (at most one
-    /// sweep per sweep interval, so a flood does not rescan the shard on every key), then
-    /// the eviction hand takes the first caller not seen since it last passed.
-    fn make_room(&mut self, now: u64, capacity: usize, sweep_interval_ms: u64) {
-        if self.callers.len() < capacity {
-            return;
-        }
-        if now.saturating_sub(self.last_sweep_ms) >= sweep_interval_ms {
-            self.sweep(now);
-        }
-        // Each caller is passed at most twice: once to clear its mark, once to evict it.
-        let mut budget = self.order.len() * 2 + 1;
-        while self.callers.len() >= capacity && budget > 0 {
-            budget -= 1;
-            let Some(key) = self.order.pop_front() else {
-                break;
-            };
-            match self.callers.get_mut(&key) {
-                Some(entry) if entry.referenced => {
-                    entry.referenced = false;
-                    self.order.push_back(key);
-                }
-                Some(_) => {
-                    self.callers.remove(&key);
-                }
-                // Already swept.
-                None => {}
-            }
-        }
-    }
-}
-
-impl Slot {
-    // Policies of one limiter share their counter's Arc, so the pointer usually decides.
-    fn is(&self, name: &Arc<str>) -> bool {
-        Arc::ptr_eq(&self.name, name) || self.name == *name
-    }
-}
-
-impl Entry {
-    fn slot(&self, name: &Arc<str>) -> Option<&Slot> {
-        self.slots.iter().find(|slot| slot.is(name))
-    }
-
-    fn store(&mut self, name: &Arc<str>, state: PolicyState) {
-        match self.slots.iter_mut().find(|slot| slot.is(name)) {
-            Some(slot) => slot.state = state,
-            None => self.slots.push(Slot {
-                name: name.clone(),
-                state,
-            }),
-        }
     }
 }
 

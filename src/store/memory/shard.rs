@@ -1,0 +1,133 @@
+//! One shard of the in-process store: callers in a dense vector, found through a table of
+//! indices by their key's hash, and evicted by a CLOCK hand that walks the vector.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+
+use super::entry::Entry;
+
+/// The keyed hash of a caller's encoded key: it picks the shard, then the table slot.
+pub(super) type KeyHasher = RandomState;
+
+#[derive(Default)]
+pub(super) struct Shard {
+    /// Indices into `entries`, found by the key's hash. Each key is stored once, in its
+    /// entry; the table holds 4 bytes per caller.
+    index: HashTable<u32>,
+    pub(super) entries: Vec<Entry>,
+    /// The eviction hand (the CLOCK algorithm): a caller seen since the hand last passed
+    /// gets a second chance, so callers that keep sending stay tracked while a flood of
+    /// one-off keys evicts itself. A new caller takes the evicted one's place, behind the
+    /// hand, so it too has a whole round to come back.
+    hand: usize,
+    /// The counter identities seen by this shard; entries name a counter by its index.
+    /// Limiters have a handful, so a scan (usually one pointer comparison) finds it.
+    counters: Vec<Arc<str>>,
+    pub(super) last_sweep_ms: u64,
+}
+
+impl Shard {
+    pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
+        let entries = &self.entries;
+        self.index
+            .find(hash, |&i| entries[i as usize].key() == key)
+            .map(|&i| i as usize)
+    }
+
+    /// The index of a counter this shard has stored, if any.
+    pub(super) fn counter(&self, name: &Arc<str>) -> Option<u32> {
+        find_counter(&self.counters, name)
+    }
+
+    /// The entries and the counter list, borrowed apart so that a decision can read and
+    /// write an entry while naming counters.
+    pub(super) fn parts(&mut self) -> (&mut [Entry], &mut Vec<Arc<str>>) {
+        (&mut self.entries, &mut self.counters)
+    }
+
+    /// Adds a caller, in the place of the first caller under the eviction hand not seen
+    /// since it last passed when the shard is full. (Idle callers went first: the decision
+    /// sweeps the shard whenever a sweep interval has passed, at most once per interval so
+    /// that a flood does not rescan the shard on every key.)
+    pub(super) fn insert(&mut self, hash: u64, entry: Entry, capacity: usize, hasher: &KeyHasher) {
+        let position = if self.entries.len() >= capacity && !self.entries.is_empty() {
+            let victim = self.next_victim();
+            self.unindex(victim, hasher);
+            self.entries[victim] = entry;
+            victim
+        } else {
+            self.entries.push(entry);
+            self.entries.len() - 1
+        };
+        let entries = &self.entries;
+        self.index.insert_unique(hash, position as u32, |&i| {
+            hasher.hash_one(entries[i as usize].key())
+        });
+    }
+
+    /// Forgets every caller idle at `now`.
+    pub(super) fn sweep(&mut self, now: u64, hasher: &KeyHasher) {
+        let before = self.entries.len();
+        self.entries.retain(|entry| entry.idle_at_ms > now);
+        self.last_sweep_ms = now;
+        if self.entries.len() == before {
+            return;
+        }
+        // Positions moved: index the survivors afresh.
+        self.index.clear();
+        let entries = &self.entries;
+        for (position, entry) in entries.iter().enumerate() {
+            self.index
+                .insert_unique(hasher.hash_one(entry.key()), position as u32, |&i| {
+                    hasher.hash_one(entries[i as usize].key())
+                });
+        }
+        if self.hand >= self.entries.len() {
+            self.hand = 0;
+        }
+    }
+
+    /// Moves the hand to the first caller not seen since it last passed, clearing the marks
+    /// on the way; that caller's position. Ends within two rounds: the first clears every
+    /// mark. The shard holds at least one caller.
+    fn next_victim(&mut self) -> usize {
+        loop {
+            if self.hand >= self.entries.len() {
+                self.hand = 0;
+            }
+            let position = self.hand;
+            self.hand += 1;
+            let entry = &mut self.entries[position];
+            if !entry.referenced {
+                return position;
+            }
+            entry.referenced = false;
+        }
+    }
+
+    /// Takes the caller at `position` out of the table (its entry is about to be replaced).
+    fn unindex(&mut self, position: usize, hasher: &KeyHasher) {
+        let hash = hasher.hash_one(self.entries[position].key());
+        if let Ok(found) = self.index.find_entry(hash, |&i| i as usize == position) {
+            found.remove();
+        }
+    }
+}
+
+pub(super) fn find_counter(counters: &[Arc<str>], name: &Arc<str>) -> Option<u32> {
+    counters
+        .iter()
+        .position(|c| Arc::ptr_eq(c, name) || **c == **name)
+        .map(|i| i as u32)
+}
+
+/// The index of `name` in `counters`, added if new.
+pub(super) fn intern_counter(counters: &mut Vec<Arc<str>>, name: &Arc<str>) -> u32 {
+    find_counter(counters, name).unwrap_or_else(|| {
+        counters.push(name.clone());
+        (counters.len() - 1) as u32
+    })
+}
