@@ -40,8 +40,9 @@ pin_project! {
         // Who is calling, once known: a refund names the caller.
         caller: Option<Caller>,
         // The inner service's response while the units of a request that did not count
-        // are given back.
-        refunding: Option<(RefundFuture, S::Response, Option<Decision>)>,
+        // are given back. Boxed: few requests take this path, and every request's future
+        // is moved whole, so it is kept small.
+        refunding: Option<Box<(RefundFuture, S::Response, Option<Decision>)>>,
     }
 }
 
@@ -270,7 +271,7 @@ where
                     if let Some(mut refund) = refund
                         && refund.try_take_ready().is_none()
                     {
-                        *this.refunding = Some((refund, response, decision));
+                        *this.refunding = Some(Box::new((refund, response, decision)));
                         this.state.set(State::Refunding);
                         continue;
                     }
@@ -279,12 +280,13 @@ where
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
-                    let Some((refund, _, _)) = this.refunding.as_mut() else {
+                    let Some((refund, _, _)) = this.refunding.as_deref_mut() else {
                         unreachable!("a refunding response is stored before the state is set");
                     };
                     // A failed refund was logged and counted; the response goes out as it is.
                     let _ = ready!(Pin::new(refund).poll(cx));
-                    let Some((_, response, decision)) = this.refunding.take() else {
+                    let Some((_, response, decision)) = this.refunding.take().map(|boxed| *boxed)
+                    else {
                         unreachable!("the refunding response is taken exactly once");
                     };
                     this.state.set(State::Done);

@@ -1,9 +1,11 @@
 //! The RateLimit-Policy and RateLimit fields of the IETF httpapi draft, as Structured Fields.
 
-use std::sync::{Arc, RwLock};
+use std::cell::RefCell;
+use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+use bytes::{BufMut, BytesMut};
 use http::{HeaderValue, StatusCode};
-use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::digest::{DIGEST_LEN, KeyedDigest};
@@ -100,12 +102,6 @@ pub(crate) type PartitionKey = KeyedDigest;
 /// The length of `pk`, in bytes.
 pub(crate) const PARTITION_KEY_LEN: usize = DIGEST_LEN;
 
-const Q: &KeyRef = KeyRef::constant("q");
-const W: &KeyRef = KeyRef::constant("w");
-const R: &KeyRef = KeyRef::constant("r");
-const T: &KeyRef = KeyRef::constant("t");
-const PK: &KeyRef = KeyRef::constant("pk");
-
 /// `RateLimit-Policy: "per-second";q=50;w=1, "per-day";q=1000000;w=86400`: every policy,
 /// with `pk` when given.
 pub(crate) fn policy_field(info: &RateLimitInfo, pk: Option<&[u8]>) -> Option<HeaderValue> {
@@ -122,20 +118,7 @@ pub(crate) fn policy_field_of<'a>(
     policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
-    let mut list = ListSerializer::new();
-    for (name, quota, window_secs) in policies {
-        let Ok(name) = StringRef::from_str(name) else {
-            continue;
-        };
-        let item = list
-            .bare_item(name)
-            .parameter(Q, integer(quota))
-            .parameter(W, integer(window_secs));
-        if let Some(pk) = pk {
-            item.parameter(PK, pk);
-        }
-    }
-    list.finish().and_then(|s| HeaderValue::try_from(s).ok())
+    list_field(policies, (b'q', b'w'), pk)
 }
 
 /// `RateLimit: "per-second";r=0;t=1`: the given policies' current state, `r` capped, with
@@ -158,34 +141,128 @@ pub(crate) fn state_field_of<'a>(
     policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
-    let mut list = ListSerializer::new();
-    for (name, remaining, reset_secs) in policies {
-        let Ok(name) = StringRef::from_str(name) else {
-            continue;
-        };
-        let item = list
-            .bare_item(name)
-            .parameter(R, integer(remaining))
-            .parameter(T, integer(reset_secs));
-        if let Some(pk) = pk {
-            item.parameter(PK, pk);
+    list_field(policies, (b'r', b't'), pk)
+}
+
+// Fields are written into one thread-local buffer and split off it, so a response's field
+// shares an allocation with the fields of the responses before it instead of allocating
+// its own; the buffer is replaced once the fields in it have used it up.
+const FIELD_BUFFER: usize = 4096;
+
+thread_local! {
+    static FIELDS: RefCell<BytesMut> = RefCell::new(BytesMut::with_capacity(FIELD_BUFFER));
+}
+
+/// A Structured Field list of `"name";a=1;b=2` items, one per `(name, a, b)` triple, with
+/// `;pk=:...:` on each when given; `None` when no item could be written.
+///
+/// Written by hand rather than with a general serializer: every item has this one shape,
+/// and this runs on every response. Policy names are checked when a policy is built
+/// (printable ASCII), so each is a valid Structured Field string once `"` and `\` are
+/// escaped; a name that is not is left out, as a serializer would refuse it.
+fn list_field<'a>(
+    items: impl IntoIterator<Item = (&'a str, u64, u64)>,
+    (first, second): (u8, u8),
+    pk: Option<&[u8]>,
+) -> Option<HeaderValue> {
+    with_field_buffer(|buffer| {
+        for (name, a, b) in items {
+            if !name.bytes().all(|byte| (0x20..0x7f).contains(&byte)) {
+                continue;
+            }
+            if !buffer.is_empty() {
+                buffer.put_slice(b", ");
+            }
+            push_string(buffer, name);
+            push_integer(buffer, first, a);
+            push_integer(buffer, second, b);
+            if let Some(pk) = pk {
+                buffer.put_slice(b";pk=:");
+                push_base64(buffer, pk);
+                buffer.put_u8(b':');
+            }
         }
+        if buffer.is_empty() {
+            return None;
+        }
+        HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
+    })
+}
+
+/// Runs `write` on this thread's empty field buffer, whose contents `write` splits off.
+fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
+    FIELDS.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        if buffer.capacity() < FIELD_BUFFER / 4 {
+            *buffer = BytesMut::with_capacity(FIELD_BUFFER);
+        }
+        buffer.clear();
+        write(&mut buffer)
+    })
+}
+
+/// `"value"`, with `"` and `\` escaped.
+fn push_string(out: &mut BytesMut, value: &str) {
+    out.put_u8(b'"');
+    for byte in value.bytes() {
+        if byte == b'"' || byte == b'\\' {
+            out.put_u8(b'\\');
+        }
+        out.put_u8(byte);
     }
-    list.finish().and_then(|s| HeaderValue::try_from(s).ok())
+    out.put_u8(b'"');
 }
 
 // Structured Field integers have at most 15 digits.
-fn integer(value: u64) -> Integer {
-    Integer::try_from(value).unwrap_or(Integer::MAX)
+const MAX_INTEGER: u64 = 999_999_999_999_999;
+
+/// `;k=value`, the value capped at the largest Structured Field integer.
+fn push_integer(out: &mut BytesMut, key: u8, value: u64) {
+    out.put_slice(&[b';', key, b'=']);
+    let mut value = value.min(MAX_INTEGER);
+    let mut digits = [0u8; 15];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // value % 10 < 10
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[start..]);
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// `bytes` in base64 with padding, as a Structured Field byte sequence holds them.
+fn push_base64(out: &mut BytesMut, bytes: &[u8]) {
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        let sextet = |shift: u32| BASE64[((n >> shift) & 0x3f) as usize];
+        out.put_slice(&[sextet(18), sextet(12)]);
+        out.put_u8(if chunk.len() > 1 { sextet(6) } else { b'=' });
+        out.put_u8(if chunk.len() > 2 { sextet(0) } else { b'=' });
+    }
 }
 
 /// RateLimit-Policy values by policy set: the field depends on the set alone (names,
 /// quotas, windows), so it is serialized once per set, not per response. A set is known by
 /// its allocation, which the cache holds: limits swapped in are new sets, so a response
 /// never advertises the policies of limits swapped out.
+///
+/// Read from an atomic snapshot, and each response's value copied into this thread's field
+/// buffer: a lock, or one shared `HeaderValue` cloned by every response, would be counters
+/// written by every request on every core.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache {
-    fields: RwLock<Vec<(Arc<[Policy]>, HeaderValue)>>,
+    fields: ArcSwap<Vec<(Arc<[Policy]>, HeaderValue)>>,
 }
 
 // Default and tier sets, and the local shares of each for the instance counts seen (of
@@ -200,24 +277,128 @@ impl PolicyFieldCache {
             return policy_field(info, pk);
         }
         let set = info.policy_set();
-        let cached = |fields: &[(Arc<[Policy]>, HeaderValue)]| {
+        let find = |fields: &[(Arc<[Policy]>, HeaderValue)]| {
             fields
                 .iter()
                 .find(|(cached, _)| Arc::ptr_eq(cached, set))
-                .map(|(_, value)| value.clone())
+                .map(|(_, value)| copied(value))
         };
-        if let Some(value) = cached(&self.fields.read().unwrap_or_else(|e| e.into_inner())) {
-            return Some(value);
+        if let Some(value) = find(&self.fields.load()) {
+            return value;
         }
         let value = policy_field(info, None)?;
-        let mut fields = self.fields.write().unwrap_or_else(|e| e.into_inner());
-        if cached(&fields).is_none() {
-            // Sets swapped out of a limiter are never asked for again: the oldest goes.
-            if fields.len() >= MAX_CACHED_SETS {
-                fields.remove(0);
+        self.fields.rcu(|fields| {
+            let mut fields = Vec::clone(fields);
+            if find(&fields).is_none() {
+                // Sets swapped out of a limiter are never asked for again: the oldest goes.
+                if fields.len() >= MAX_CACHED_SETS {
+                    fields.remove(0);
+                }
+                fields.push((set.clone(), value.clone()));
             }
-            fields.push((set.clone(), value.clone()));
-        }
+            fields
+        });
         Some(value)
+    }
+}
+
+/// A copy of `value` in this thread's field buffer.
+fn copied(value: &HeaderValue) -> Option<HeaderValue> {
+    with_field_buffer(|buffer| {
+        buffer.put_slice(value.as_bytes());
+        HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every item of `field` as (name, parameters), parsed by a general Structured Field
+    /// parser.
+    fn parse(field: &HeaderValue) -> Vec<(String, Vec<(String, sfv::BareItem)>)> {
+        let list = sfv::Parser::new(field.as_bytes())
+            .parse::<sfv::List>()
+            .unwrap_or_else(|e| panic!("{field:?} does not parse: {e}"));
+        list.into_iter()
+            .map(|entry| {
+                let sfv::ListEntry::Item(item) = entry else {
+                    panic!("an inner list in {field:?}");
+                };
+                let sfv::BareItem::String(name) = item.bare_item else {
+                    panic!("a name that is not a string in {field:?}");
+                };
+                let params = item
+                    .params
+                    .into_iter()
+                    .map(|(key, value)| (key.as_str().to_owned(), value))
+                    .collect();
+                (name.as_str().to_owned(), params)
+            })
+            .collect()
+    }
+
+    fn integer(value: i64) -> sfv::BareItem {
+        sfv::BareItem::Integer(sfv::Integer::constant(value))
+    }
+
+    #[test]
+    fn state_fields_parse_back_with_escaped_names_and_capped_integers() {
+        let field = state_field_of(
+            [("per-second", 0, 1), ("a \"q\" \\ b", u64::MAX, 86_400)],
+            None,
+        )
+        .expect("two items");
+        assert_eq!(
+            parse(&field),
+            [
+                (
+                    "per-second".to_owned(),
+                    vec![("r".to_owned(), integer(0)), ("t".to_owned(), integer(1))]
+                ),
+                (
+                    "a \"q\" \\ b".to_owned(),
+                    vec![
+                        ("r".to_owned(), integer(999_999_999_999_999)),
+                        ("t".to_owned(), integer(86_400))
+                    ]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn partition_keys_are_byte_sequences_of_every_length() {
+        for len in 0..=PARTITION_KEY_LEN {
+            let pk: Vec<u8> = (0..len).map(|i| (i * 37 + 5) as u8).collect();
+            let field = policy_field_of([("per-day", 1_000_000, 86_400)], Some(&pk)).unwrap();
+            let items = parse(&field);
+            assert_eq!(
+                items[0].1,
+                vec![
+                    ("q".to_owned(), integer(1_000_000)),
+                    ("w".to_owned(), integer(86_400)),
+                    ("pk".to_owned(), sfv::BareItem::ByteSequence(pk.clone())),
+                ],
+                "{field:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_that_are_not_strings_are_left_out() {
+        assert_eq!(state_field_of([("caf\u{e9}", 1, 1)], None), None);
+        let field = state_field_of([("caf\u{e9}", 1, 1), ("ok", 2, 3)], None).unwrap();
+        assert_eq!(field, "\"ok\";r=2;t=3");
+    }
+
+    #[test]
+    fn fields_written_one_after_another_stay_apart() {
+        let fields: Vec<HeaderValue> = (0..1_000u64)
+            .map(|i| state_field_of([("per-minute", i, 60)], None).unwrap())
+            .collect();
+        for (i, field) in fields.iter().enumerate() {
+            assert_eq!(*field, format!("\"per-minute\";r={i};t=60").as_str());
+        }
     }
 }

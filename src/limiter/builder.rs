@@ -2,7 +2,9 @@
 //! work.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::time::Duration;
 
 use crate::limiter::breaker::{Breaker, BreakerConfig, Jitter, default_jitter};
@@ -301,7 +303,7 @@ impl LimiterBuilder {
                 denials: self.denial_cache.map(DenialCache::new),
                 clock: self.clock,
                 local,
-                shares: Mutex::new(Vec::new()),
+                shares: ArcSwap::default(),
                 leases: self
                     .leases
                     .filter(|_| backend_is_remote)

@@ -4,9 +4,10 @@
 //! policy, in [`fallback`](super::fallback).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::{Admission, Breaker, BreakerState, Permit};
@@ -68,7 +69,7 @@ pub(super) struct Inner {
     pub(super) local: InMemoryBackend,
     /// Divided policy sets by (original set, divisor), so a share costs no allocation per
     /// request.
-    pub(super) shares: Mutex<Vec<Share>>,
+    pub(super) shares: ArcSwap<Vec<Share>>,
     /// Hot callers' leases of quota, when the limiter leases.
     pub(super) leases: Option<Leasing>,
 }
@@ -124,9 +125,10 @@ impl Limiter {
             // An in-process store cannot be down: no breaker, timeout or denial cache.
             let mut check = inner.backend.check(caller.key(), limits, cost);
             if let Some(result) = check.try_take_ready() {
-                let now = inner.clock.now_millis();
+                // Nothing to cache either: the denial cache is only read in front of a
+                // remote store, so the clock is not read for it.
                 return DecisionFuture::ready(inner.conclude(
-                    inner.decided(caller, set, result, now, cost),
+                    inner.decided(caller, set, result, None, cost),
                     mode,
                     &span,
                 ));
@@ -250,7 +252,7 @@ impl Inner {
         match result {
             Ok(outcome) => {
                 permit.success();
-                self.decided(caller, set, Ok(outcome), asked_ms, cost)
+                self.decided(caller, set, Ok(outcome), Some(asked_ms), cost)
             }
             Err(error) => {
                 permit.failure();
@@ -260,15 +262,16 @@ impl Inner {
         }
     }
 
-    /// The store's answer as a decision. A refusal is cached until its retry time counted
-    /// from `asked_ms`: the store decided at some instant between the question and the
-    /// answer, so counting from the question never outlives the store's own refusal.
+    /// The store's answer as a decision. A remote store's refusal (`asked_ms` given) is
+    /// cached until its retry time counted from `asked_ms`: the store decided at some
+    /// instant between the question and the answer, so counting from the question never
+    /// outlives the store's own refusal.
     pub(super) fn decided(
         &self,
         caller: &Caller,
         set: &PolicySet,
         result: CheckResult,
-        asked_ms: u64,
+        asked_ms: Option<u64>,
         cost: u64,
     ) -> Decision {
         let limits = &set.limits;
@@ -283,7 +286,9 @@ impl Inner {
                         set_id: set.id,
                     });
                 }
-                if let Some(denials) = &self.denials {
+                if let Some(denials) = &self.denials
+                    && let Some(asked_ms) = asked_ms
+                {
                     // A refusal holds until its retry time; so does the refusal that an
                     // admission leaving a policy at r=0 announces for the next request.
                     // Other instances can only make the caller's state stricter in the

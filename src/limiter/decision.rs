@@ -102,7 +102,7 @@ impl UnlimitedReason {
 /// The state of every policy after one decision, in the layer's policy order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitInfo {
-    policies: Arc<[PolicyReport]>,
+    policies: Reports,
     source: DecisionSource,
     // The policy set reported on, shared: what the headers advertise depends on it alone,
     // so the HTTP floor can cache that part per set.
@@ -110,6 +110,54 @@ pub struct RateLimitInfo {
     cost: u64,
     // What an admission consumed and where, so that it can be given back.
     receipt: Option<Receipt>,
+}
+
+/// The per-policy reports of one decision. One or two policies (the usual sets) are kept
+/// inline, so a decision allocates nothing for its report; longer sets share one
+/// allocation.
+#[derive(Clone, Debug)]
+enum Reports {
+    One([PolicyReport; 1]),
+    Two([PolicyReport; 2]),
+    Many(Arc<[PolicyReport]>),
+}
+
+// Equal when the reports are, however they are held.
+impl PartialEq for Reports {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Reports {}
+
+impl Reports {
+    fn as_slice(&self) -> &[PolicyReport] {
+        match self {
+            Reports::One(reports) => reports,
+            Reports::Two(reports) => reports,
+            Reports::Many(reports) => reports,
+        }
+    }
+
+    /// The reports `make` builds for each of `count` positions, in order.
+    fn build(count: usize, mut make: impl FnMut(usize) -> PolicyReport) -> Self {
+        match count {
+            1 => Reports::One([make(0)]),
+            2 => Reports::Two([make(0), make(1)]),
+            _ => Reports::Many((0..count).map(make).collect()),
+        }
+    }
+
+    /// The same reports, each changed by `change`.
+    fn map(&self, change: impl Fn(&mut PolicyReport)) -> Self {
+        let reports = self.as_slice();
+        Self::build(reports.len(), |i| {
+            let mut report = reports[i].clone();
+            change(&mut report);
+            report
+        })
+    }
 }
 
 /// What an admitted request consumed: enough to give it back to the store that counted it.
@@ -159,10 +207,10 @@ impl RateLimitInfo {
         outcomes: &[PolicyOutcome],
         source: DecisionSource,
     ) -> Self {
-        let policies = limits
-            .iter()
-            .zip(outcomes)
-            .map(|(limit, outcome)| PolicyReport {
+        let count = limits.len().min(outcomes.len());
+        let policies = Reports::build(count, |i| {
+            let (limit, outcome) = (&limits[i], &outcomes[i]);
+            PolicyReport {
                 name: limit.name_arc().clone(),
                 quota: limit.algorithm().quota(),
                 window_secs: whole_seconds(limit.algorithm().window_ms()),
@@ -170,8 +218,8 @@ impl RateLimitInfo {
                 reset_ms: outcome.reset_ms,
                 reset_secs: whole_seconds(outcome.reset_ms),
                 exhausted: !outcome.admitted,
-            })
-            .collect();
+            }
+        });
         Self {
             policies,
             source,
@@ -258,7 +306,7 @@ impl RateLimitInfo {
         if self.source != DecisionSource::Cost {
             return None;
         }
-        self.policies.iter().find(|p| p.quota < self.cost)
+        self.policies().iter().find(|p| p.quota < self.cost)
     }
 
     /// The policy set this report is about.
@@ -273,17 +321,17 @@ impl RateLimitInfo {
 
     /// Every policy's report.
     pub fn policies(&self) -> &[PolicyReport] {
-        &self.policies
+        self.policies.as_slice()
     }
 
     /// The policies that refused the request.
     pub fn violated(&self) -> impl Iterator<Item = &PolicyReport> {
-        self.policies.iter().filter(|p| p.exhausted)
+        self.policies().iter().filter(|p| p.exhausted)
     }
 
     /// The smallest `r` over all policies.
     pub fn min_remaining(&self) -> Option<u64> {
-        self.policies.iter().map(|p| p.remaining).min()
+        self.policies().iter().map(|p| p.remaining).min()
     }
 
     /// Whole seconds until every refusing policy admits again (at least 1); never earlier
@@ -300,18 +348,10 @@ impl RateLimitInfo {
     /// The refusal the next request meets when this admission left a policy at `r=0`:
     /// those policies exhausted, until `r` grows again.
     pub(crate) fn next_refusal(&self) -> Option<Self> {
-        if self.policies.iter().all(|p| p.remaining > 0) {
+        if self.policies().iter().all(|p| p.remaining > 0) {
             return None;
         }
-        let policies = self
-            .policies
-            .iter()
-            .map(|p| {
-                let mut p = p.clone();
-                p.exhausted = p.remaining == 0;
-                p
-            })
-            .collect();
+        let policies = self.policies.map(|p| p.exhausted = p.remaining == 0);
         Some(Self {
             policies,
             source: DecisionSource::DenialCache,
@@ -324,18 +364,12 @@ impl RateLimitInfo {
     /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
     /// that long (a cached denial, served later than it was made).
     pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {
-        let policies = self
-            .policies
-            .iter()
-            .map(|p| {
-                let mut p = p.clone();
-                if p.exhausted {
-                    p.reset_ms = remaining_ms;
-                    p.reset_secs = whole_seconds(remaining_ms);
-                }
-                p
-            })
-            .collect();
+        let policies = self.policies.map(|p| {
+            if p.exhausted {
+                p.reset_ms = remaining_ms;
+                p.reset_secs = whole_seconds(remaining_ms);
+            }
+        });
         Self {
             policies,
             source: DecisionSource::DenialCache,

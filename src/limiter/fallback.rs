@@ -123,26 +123,40 @@ impl Inner {
             .map(Decision::Limited)
     }
 
+    /// `limits` divided by `divisor`, computed once per set and divisor: later requests
+    /// find it in a snapshot read without a lock.
     fn share(&self, limits: &Arc<[Policy]>, divisor: u64) -> Arc<[Policy]> {
-        let mut shares = self
-            .shares
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, _, share)) = shares
-            .iter()
-            .find(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
-        {
-            return share.clone();
+        let find = |shares: &[Share]| {
+            shares
+                .iter()
+                .find(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
+                .map(|(_, _, share)| share.clone())
+        };
+        if let Some(share) = find(&self.shares.load()) {
+            return share;
         }
         let share: Arc<[Policy]> = limits
             .iter()
             .map(|limit| limit.with_algorithm(limit.algorithm().divided_by(divisor)))
             .collect();
-        // A handful of sets times the divisors seen; keep the newest few.
-        if shares.len() >= 64 {
-            shares.remove(0);
-        }
-        shares.push((limits.clone(), divisor, share.clone()));
-        share
+        // Two requests may divide the same set at once: the first stored wins, so every
+        // request decides against one allocation (the local counters are keyed by the
+        // policies' contents, so either would count the same).
+        let mut stored = share.clone();
+        self.shares.rcu(|shares| {
+            if let Some(existing) = find(shares) {
+                stored = existing;
+                return Vec::clone(shares);
+            }
+            stored = share.clone();
+            let mut shares = Vec::clone(shares);
+            // A handful of sets times the divisors seen; keep the newest few.
+            if shares.len() >= 64 {
+                shares.remove(0);
+            }
+            shares.push((limits.clone(), divisor, share.clone()));
+            shares
+        });
+        stored
     }
 }

@@ -232,12 +232,18 @@ fn granted(
     asked_ms: u64,
 ) -> Decision {
     let Some(leasing) = &inner.leases else {
-        return inner.decided(caller, set, Ok(grant.outcome().clone()), asked_ms, cost);
+        return inner.decided(
+            caller,
+            set,
+            Ok(grant.outcome().clone()),
+            Some(asked_ms),
+            cost,
+        );
     };
     if grant.granted() < cost {
         leasing.table.granted(caller.key(), set.id, None);
         let outcome = grant.outcome().clone();
-        return inner.decided(caller, set, Ok(outcome), asked_ms, cost);
+        return inner.decided(caller, set, Ok(outcome), Some(asked_ms), cost);
     }
     leasing.metrics.taken();
     leasing.metrics.served();
