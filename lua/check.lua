@@ -17,19 +17,21 @@
 -- rather than those modules loaded (defining them alone costs a third of a minimal
 -- decision). tests/it/lua_arithmetic.rs drives this file against the Rust algorithms.
 
-local floor = math.floor
 local policies = #KEYS
 local cost = 1
 if #ARGV == 4 * policies + 1 then
   -- '1' is the common cost: compared as a string, it needs no parsing
   if ARGV[#ARGV] ~= '1' then
     cost = tonumber(ARGV[#ARGV])
-    if cost == nil or cost < 0 or cost ~= floor(cost) then
+    if cost == nil or cost < 0 or cost ~= math.floor(cost) then
       return redis.error_reply('tollgate: the cost must be a whole number of units, got ' .. tostring(ARGV[#ARGV]))
     end
   end
 elseif #ARGV ~= 4 * policies then
   return redis.error_reply('tollgate: expected 4 arguments per key and a cost, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+end
+if policies == 0 then
+  return { 1, now }
 end
 
 -- Load and weigh every policy, keeping eight values per policy in `loaded`: whether the
@@ -105,6 +107,7 @@ end
 
 -- Consume from every policy if all admit, and report each: what remains, and the wait
 -- until one more unit fits (for a refusal, until `cost` do).
+-- presized for one policy, the common case
 local reply = { admitted and 1 or 0, 0, 0, 0, 0 }
 for i = 1, policies do
   local base = 8 * i - 8
