@@ -75,12 +75,17 @@ pub(crate) fn bench(c: &mut Criterion) {
     };
     let tollgate = 1e9 / median;
     let ours_script = RedisBackend::script_sha();
-    let peer = redis_benchmark(&server, ours_script, TOLLGATE_ARGS);
-    let ratio = tollgate / peer;
     // redis-server's CPU per decision: with 64 clients pipelining 16 calls each it is busy
-    // all the time, so its rate is the inverse of what one call costs it.
+    // all the time, so its rate is the inverse of what one call costs it. The two scripts
+    // take turns, each keeping its best run: on a shared machine other work only ever slows
+    // a run down, and alternating exposes both to the same conditions.
     let minimal_sha = server.must(&["SCRIPT", "LOAD", MINIMAL_WINDOW]);
-    let minimal = redis_benchmark(&server, minimal_sha.trim(), MINIMAL_ARGS);
+    let (mut peer, mut minimal) = (0.0_f64, 0.0_f64);
+    for _ in 0..SCRIPT_COST_ROUNDS {
+        peer = peer.max(redis_benchmark(&server, ours_script, TOLLGATE_ARGS));
+        minimal = minimal.max(redis_benchmark(&server, minimal_sha.trim(), MINIMAL_ARGS));
+    }
+    let ratio = tollgate / peer;
     let script_ratio = peer / minimal;
     write_rows(
         "redis.tsv",
@@ -91,7 +96,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                     per_sec(tollgate),
                 )
                 .peer(format!(
-                    "`redis-benchmark -c 64 -P 16`, same script and server: {}",
+                    "`redis-benchmark -c 64 -P 16`, same script and server, best of {SCRIPT_COST_ROUNDS}: {}",
                     per_sec(peer)
                 ))
                 .ratio(format!("{ratio:.2}x"))
@@ -104,7 +109,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                     per_sec(peer),
                 )
                 .peer(format!(
-                    "a minimal single-key sliding window (HMGET, HSET, PEXPIRE; benches/tollgate/minimal_window.lua), same server: {}",
+                    "a minimal single-key sliding window (HMGET, HSET, PEXPIRE; benches/tollgate/minimal_window.lua), same server, best of {SCRIPT_COST_ROUNDS} alternated: {}",
                     per_sec(minimal)
                 ))
                 .ratio(format!("{script_ratio:.2}x"))
@@ -113,6 +118,9 @@ pub(crate) fn bench(c: &mut Criterion) {
         ],
     );
 }
+
+/// How many times each script runs under `redis-benchmark`, alternating, best run kept.
+const SCRIPT_COST_ROUNDS: usize = 3;
 
 /// The minimal sliding window that prices tollgate's script in redis-server's CPU.
 const MINIMAL_WINDOW: &str = include_str!("minimal_window.lua");
