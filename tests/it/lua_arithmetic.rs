@@ -1,7 +1,8 @@
 //! The Lua that Redis runs and the Rust that the in-process backend runs are the same
-//! arithmetic: the shipped lua/ files, driven with explicit timestamps through a test-only
-//! entry point, agree with `Algorithm::evaluate_cost` and `Algorithm::refund` on every step
-//! of random sequences of requests of random costs (above the quota included) and refunds.
+//! arithmetic: the shipped lua/ files (the decision script itself, and the algorithm
+//! modules refunds use), driven with explicit timestamps through a test-only harness, agree
+//! with `Algorithm::evaluate_cost` and `Algorithm::refund` on every step of random
+//! sequences of requests of random costs (above the quota included) and refunds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -10,8 +11,10 @@ use proptest::prelude::*;
 use tollgate::store::{Algorithm, PolicyState};
 use tollgate_testkit::redis::RedisServer;
 
-/// The shipped helpers and algorithms with an entry point that takes `now` as an argument
-/// instead of calling TIME, so both sides can be stepped through the same instants.
+/// The shipped lua/check.lua, run at `now` given as an argument instead of Redis's TIME,
+/// for a decision, and lua/refund.lua's steps through the shipped algorithm modules for a
+/// refund, so both sides can be stepped through the same instants. Arguments: kind, the
+/// three policy numbers, now, cost, then the refunded decision's time or -1 to decide.
 fn harness() -> String {
     [
         include_str!("../../lua/common.lua"),
@@ -32,14 +35,14 @@ if refund_of >= 0 then
   end
   return {}
 end
-local st = algorithm.load(KEYS[1], now, a, b, c)
-local fits = algorithm.fits(st, cost, a, b, c)
-if fits then
-  algorithm.consume(st, cost, a, b, c)
-  algorithm.store(KEYS[1], st, now, a, b, c)
+-- the parameters stand in for the script's ARGV and lua/clock.lua's `now`
+local function check(ARGV, now)
+"#,
+        include_str!("../../lua/check.lua"),
+        r#"
 end
-local remaining, reset = algorithm.report(st, fits, cost, a, b, c)
-return { fits and 1 or 0, remaining, reset }
+local reply = check({ ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6] }, now)
+return { reply[2], reply[3], reply[4] }
 "#,
     ]
     .concat()

@@ -19,11 +19,12 @@ use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
 use crate::store::policy::Policy;
 
-/// The decision script: the shared helpers, both algorithms, then the entry point.
+/// The decision script: the shared helpers, Redis's clock, then the entry point, which
+/// spells both algorithms out itself (Redis runs a script's whole body on every call, so
+/// loading the algorithm modules too would rebuild them for every decision).
 const CHECK_SCRIPT: &str = concat!(
     include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/sliding_window.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/clock.lua"),
     include_str!("../../../lua/check.lua"),
 );
 
@@ -418,7 +419,10 @@ impl Backend for RedisBackend {
     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let mut args = script_args(limits);
-        args.push(cost);
+        // The script takes a missing cost as 1: one argument less for Redis to read.
+        if cost != 1 {
+            args.push(cost);
+        }
         let count = limits.len();
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
