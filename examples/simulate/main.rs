@@ -81,7 +81,7 @@ struct Flags {
     traffic: Vec<Customer>,
     /// Run only this failure policy; repeat it (default: all of open, closed, local-share,
     /// static, static-then-local-share, local-share-no-divisor, local-share-stale-divisor,
-    /// local-share-pinned)
+    /// local-share-pinned, local-share-leased)
     #[arg(long, value_name = "NAME", value_parser = parse_policy)]
     policy: Vec<PolicyName>,
     /// refuse: the store refuses every call at once (default); blackhole: calls never

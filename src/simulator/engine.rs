@@ -334,13 +334,19 @@ impl Scenario {
                     clock,
                 };
                 let built = match &kind {
-                    GroupKind::Builtin(policy) => context
-                        .limiter_builder()
-                        .policy(self.policy())
-                        .on_store_failure(policy.failure_policy(self.instances as u64))
-                        .store_timeout(Duration::from_millis(self.store_timeout_ms))
-                        .breaker(self.breaker())
-                        .try_build(),
+                    GroupKind::Builtin(policy) => {
+                        let builder = context
+                            .limiter_builder()
+                            .policy(self.policy())
+                            .on_store_failure(policy.failure_policy(self.instances as u64))
+                            .store_timeout(Duration::from_millis(self.store_timeout_ms))
+                            .breaker(self.breaker());
+                        match policy.leases(self.instances as u64) {
+                            Some(leases) => builder.leases(leases),
+                            None => builder,
+                        }
+                        .try_build()
+                    }
                     GroupKind::Custom(custom) => (custom.factory)(&context),
                 };
                 let limiter = built.map_err(|error| SimulationError::Build {

@@ -32,6 +32,7 @@ POLICIES = [
     "local-share-no-divisor",
     "local-share-stale-divisor",
     "local-share-pinned",
+    "local-share-leased",
 ]
 
 

@@ -45,7 +45,7 @@ const CLOSED_AFTER: &str = "all_breakers_closed_after_ms";
 /// breaker's 1 s cap, plus a little).
 const BACK_WITHIN_MS: f64 = 1_200.0;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
-const ALL_POLICIES: [&str; 8] = [
+const ALL_POLICIES: [&str; 9] = [
     "open",
     "closed",
     "local-share",
@@ -54,6 +54,7 @@ const ALL_POLICIES: [&str; 8] = [
     "local-share-no-divisor",
     "local-share-stale-divisor",
     "local-share-pinned",
+    "local-share-leased",
 ];
 
 /// Runs the scenario on virtual time.
@@ -168,6 +169,8 @@ fn the_defaults_reproduce_the_design_table() {
     outage("local-share-no-divisor", 120.0, true);
     outage("local-share-stale-divisor", 8.0 * share, true);
     outage("local-share-pinned", share, true);
+    // Leases first, then the local share: acme is held to about its limit all along.
+    outage("local-share-leased", 4.0 * share, true);
     // A per-second limit's cached refusals expire within the second: fail static then
     // passes everything, and the chain falls through to its local share.
     outage("static", 120.0, true);

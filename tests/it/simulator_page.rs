@@ -122,7 +122,7 @@ fn the_page_answers_the_rows_of_the_command_line() {
     assert_eq!(page_answer(&page, &json!({}))["rows"], expected);
     // One series per policy and customer, a second long each.
     let groups = answer["groups"].as_array().expect("groups");
-    assert_eq!(groups.len(), 8);
+    assert_eq!(groups.len(), 9);
     assert_eq!(groups[1]["policy"], "closed");
     let acme_closed = groups[1]["admitted_each_second"][0]
         .as_array()

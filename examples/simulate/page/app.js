@@ -15,6 +15,7 @@ const POLICIES = [
   ["local-share-no-divisor", "a local share not divided by the instances (a mistake)"],
   ["local-share-stale-divisor", "twice the instances run, the share still divided by the old count"],
   ["local-share-pinned", "the first caller's requests all land on one instance"],
+  ["local-share-leased", "hot callers decided from leases of quota; a local share when the store is down"],
 ];
 const NUMBER_FIELDS = ["limit", "window_secs", "instances", "store_timeout_ms", "normal_secs", "outage_secs", "recovery_secs"];
 const $ = (id) => document.getElementById(id);
