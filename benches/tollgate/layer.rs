@@ -2,23 +2,18 @@
 //! service.
 
 use std::convert::Infallible;
-use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
-use criterion::{Bencher, Criterion, Throughput};
-use http::{HeaderName, HeaderValue, Request, Response};
-use tokio::runtime::Runtime;
+use criterion::{Criterion, Throughput};
+use http::{HeaderValue, Request, Response};
 use tollgate::{HeaderKey, HeaderMode, InMemoryBackend, Limiter, RateLimitLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 
 use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{CALLERS, big_bucket};
-
-static CUSTOMER: HeaderName = HeaderName::from_static("x-customer-id");
+use crate::support::{CALLERS, CUSTOMER, big_bucket, drive};
 
 /// tower_governor's key extractor for the customer header, written as its docs suggest.
 #[derive(Clone, Debug)]
@@ -35,43 +30,6 @@ impl tower_governor::key_extractor::KeyExtractor for CustomerHeader {
             .map(str::to_owned)
             .ok_or(GovernorError::UnableToExtractKey)
     }
-}
-
-/// Drives `service` with `ready().await` then `call` in a loop, callers in turn.
-fn drive<S, B>(b: &mut Bencher<'_>, runtime: &Runtime, service: &S, customers: &Arc<[HeaderValue]>)
-where
-    S: Service<Request<()>, Response = Response<B>> + Clone + 'static,
-    S::Error: std::fmt::Debug,
-    B: 'static,
-{
-    b.to_async(runtime).iter_custom(|iters| {
-        let mut service = service.clone();
-        let customers = customers.clone();
-        async move {
-            let mut i = 0;
-            let start = Instant::now();
-            for _ in 0..iters {
-                let mut request = Request::new(());
-                request
-                    .headers_mut()
-                    .insert(CUSTOMER.clone(), customers[i].clone());
-                i += 1;
-                if i == customers.len() {
-                    i = 0;
-                }
-                let response = service
-                    .ready()
-                    .await
-                    .expect("ready")
-                    .call(request)
-                    .await
-                    .expect("response");
-                assert!(response.status().is_success());
-                black_box(response);
-            }
-            start.elapsed()
-        }
-    });
 }
 
 pub(crate) fn bench(c: &mut Criterion) {

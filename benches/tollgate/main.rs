@@ -29,9 +29,7 @@
 //! that need a newer Rust than this crate's are measured by benches/peers, which reuses
 //! `report` and `support`.
 
-use std::time::Duration;
-
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{criterion_group, criterion_main};
 
 mod denial_cache;
 mod frozen_store;
@@ -59,19 +57,9 @@ fn setup() {
     }
 }
 
-/// Every group's settings; command-line options override them.
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(50)
-        .nresamples(20_000)
-        .output_directory(&report::criterion_dir())
-}
-
 criterion_group! {
     name = scenarios;
-    config = config();
+    config = support::config();
     targets = in_process::bench,
         layer::bench,
         redis::bench,

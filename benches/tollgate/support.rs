@@ -1,5 +1,5 @@
-//! Helpers more than one scenario uses: the callers, the policies no caller reaches, the
-//! runtimes, and the sizes the scenarios share.
+//! Helpers more than one scenario uses: the criterion settings, the callers, the policies
+//! no caller reaches, the runtimes, the layer driver, and the sizes the scenarios share.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -7,8 +7,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{Bencher, Criterion};
+use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::runtime::Runtime;
 use tollgate::{Caller, Policy, Quota};
+use tower::{Service, ServiceExt};
 
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
 pub(crate) const BIG: u64 = 1_000_000_000;
@@ -96,4 +102,58 @@ pub(crate) fn wanted(group: &str) -> bool {
         }
     }
     measuring() && filter.is_none_or(|f| group.contains(f.as_str()) || f.contains(group))
+}
+
+/// The header that names the caller in the layer scenarios.
+pub(crate) static CUSTOMER: HeaderName = HeaderName::from_static("x-customer-id");
+
+/// Drives `service` with `ready().await` then `call` in a loop, callers in turn.
+pub(crate) fn drive<S, B>(
+    b: &mut Bencher<'_>,
+    runtime: &Runtime,
+    service: &S,
+    customers: &Arc<[HeaderValue]>,
+) where
+    S: Service<Request<()>, Response = Response<B>> + Clone + 'static,
+    S::Error: std::fmt::Debug,
+    B: 'static,
+{
+    b.to_async(runtime).iter_custom(|iters| {
+        let mut service = service.clone();
+        let customers = customers.clone();
+        async move {
+            let mut i = 0;
+            let start = Instant::now();
+            for _ in 0..iters {
+                let mut request = Request::new(());
+                request
+                    .headers_mut()
+                    .insert(CUSTOMER.clone(), customers[i].clone());
+                i += 1;
+                if i == customers.len() {
+                    i = 0;
+                }
+                let response = service
+                    .ready()
+                    .await
+                    .expect("ready")
+                    .call(request)
+                    .await
+                    .expect("response");
+                assert!(response.status().is_success());
+                black_box(response);
+            }
+            start.elapsed()
+        }
+    });
+}
+
+/// Every group's settings; command-line options override them.
+pub(crate) fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(50)
+        .nresamples(20_000)
+        .output_directory(&crate::report::criterion_dir())
 }

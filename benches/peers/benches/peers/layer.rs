@@ -3,22 +3,17 @@
 //! in-memory GCRA, with RateLimit fields on allowed responses and without.
 
 use std::convert::Infallible;
-use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Instant;
 
-use criterion::{Bencher, Criterion, Throughput};
-use http::{HeaderName, HeaderValue, Request, Response};
-use tokio::runtime::Runtime;
+use criterion::{Criterion, Throughput};
+use http::{HeaderValue, Request, Response};
 use tollgate::{HeaderKey, HeaderMode, InMemoryBackend, Limiter};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::ServiceBuilder;
 use tower_rate_limiter::{MemoryGcra, RateLimitError, RateLimitFields};
 
 use crate::big_gcra;
 use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{CALLERS, big_bucket, wanted};
-
-static CUSTOMER: HeaderName = HeaderName::from_static("x-customer-id");
+use crate::support::{CALLERS, CUSTOMER, big_bucket, drive, wanted};
 
 /// tower-rate-limiter's key extractor for the customer header.
 #[derive(Clone, Debug)]
@@ -35,40 +30,6 @@ impl tower_rate_limiter::KeyExtractor for CustomerHeader {
             .map(str::to_owned)
             .ok_or_else(|| RateLimitError::Key("missing".into(), "no x-customer-id".into()))
     }
-}
-
-/// Drives `service` with `ready().await` then `call` in a loop, callers in turn.
-fn drive<S, B>(b: &mut Bencher<'_>, runtime: &Runtime, service: &S, customers: &Arc<[HeaderValue]>)
-where
-    S: Service<Request<()>, Response = Response<B>> + Clone + 'static,
-    S::Error: std::fmt::Debug,
-    B: 'static,
-{
-    b.to_async(runtime).iter_custom(|iters| {
-        let mut service = service.clone();
-        let customers = customers.clone();
-        async move {
-            let mut i = 0;
-            let start = Instant::now();
-            for _ in 0..iters {
-                let mut request = Request::new(());
-                request
-                    .headers_mut()
-                    .insert(CUSTOMER.clone(), customers[i].clone());
-                i = (i + 1) % customers.len();
-                let response = service
-                    .ready()
-                    .await
-                    .expect("ready")
-                    .call(request)
-                    .await
-                    .expect("response");
-                assert!(response.status().is_success());
-                black_box(response);
-            }
-            start.elapsed()
-        }
-    });
 }
 
 pub(crate) fn bench(c: &mut Criterion) {

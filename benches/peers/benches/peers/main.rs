@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{criterion_group, criterion_main};
 
 mod frozen_store;
 mod in_process;
@@ -36,18 +36,9 @@ fn big_gcra() -> tower_rate_limiter::GcraQuota {
         .expect("valid GCRA quota")
 }
 
-fn config() -> Criterion {
-    Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .sample_size(50)
-        .nresamples(20_000)
-        .output_directory(&report::criterion_dir())
-}
-
 criterion_group! {
     name = scenarios;
-    config = config();
+    config = support::config();
     targets = in_process::bench, layer::bench, redis::bench, frozen_store::bench,
 }
 criterion_main!(scenarios);
