@@ -199,7 +199,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             )
             .peer(format!("in-process backend: {}", per_sec(1e9 / base)))
             .ratio(format!("{ratio:.2}x"))
-            .target("≥ 0.90x", ratio >= 0.9),
+            .target("≥ 0.95x", ratio >= 0.95),
         ));
     }
     write_rows("frozen_store.tsv", &rows);
