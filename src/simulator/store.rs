@@ -1,5 +1,6 @@
 //! The simulated store and clock, and what each instance's limiter is built from.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
@@ -104,6 +105,34 @@ pub(crate) struct FaultyStore {
     pub(crate) slow_by: Duration,
 }
 
+impl FaultyStore {
+    /// Runs `call` on the counters when the command reaches the store, `slow_by` late,
+    /// whether or not anyone still waits for the answer, as a slow Redis would.
+    fn late<T, F, Fut>(
+        &self,
+        call: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + use<T, F, Fut>
+    where
+        T: Send + 'static,
+        F: FnOnce(InMemoryBackend) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let counters = self.counters.clone();
+        let delay = self.slow_by;
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = answer.send(call(counters).await);
+        });
+        async move { answered.await.unwrap_or_else(|_| Err(store_gone())) }
+    }
+}
+
+/// The answer to a call whose store went away before answering.
+fn store_gone() -> StoreError {
+    StoreError::new(StoreErrorKind::Unavailable, "store gone")
+}
+
 impl Backend for FaultyStore {
     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         match self.fault.get() {
@@ -114,22 +143,10 @@ impl Backend for FaultyStore {
             ))),
             Some(FaultKind::Blackhole) => CheckFuture::boxed(std::future::pending()),
             Some(FaultKind::Slow) => {
-                // The store does the work when the command reaches it, late, whether or not
-                // the limiter is still waiting, as a slow Redis would.
-                let (answer, answered) = tokio::sync::oneshot::channel();
-                let counters = self.counters.clone();
-                let caller = caller.clone();
-                let limits = limits.clone();
-                let delay = self.slow_by;
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    let _ = answer.send(counters.check(&caller, &limits, cost).await);
-                });
-                CheckFuture::boxed(async move {
-                    answered.await.unwrap_or_else(|_| {
-                        Err(StoreError::new(StoreErrorKind::Unavailable, "store gone"))
-                    })
-                })
+                let (caller, limits) = (caller.clone(), limits.clone());
+                CheckFuture::boxed(self.late(move |counters| async move {
+                    counters.check(&caller, &limits, cost).await
+                }))
             }
         }
     }
@@ -149,23 +166,13 @@ impl Backend for FaultyStore {
             )))),
             Some(FaultKind::Blackhole) => Box::pin(std::future::pending()),
             Some(FaultKind::Slow) => {
-                // Granted when the command reaches the store, late, as `check` is.
-                let (answer, answered) = tokio::sync::oneshot::channel();
-                let counters = self.counters.clone();
-                let caller = caller.clone();
-                let limits = limits.clone();
-                let delay = self.slow_by;
-                tokio::spawn(async move {
-                    tokio::time::sleep(delay).await;
-                    if let Some(lease) = counters.lease(&caller, &limits, cost, units) {
-                        let _ = answer.send(lease.await);
+                let (caller, limits) = (caller.clone(), limits.clone());
+                Box::pin(self.late(move |counters| async move {
+                    match counters.lease(&caller, &limits, cost, units) {
+                        Some(lease) => lease.await,
+                        None => Err(store_gone()),
                     }
-                });
-                Box::pin(async move {
-                    answered.await.unwrap_or_else(|_| {
-                        Err(StoreError::new(StoreErrorKind::Unavailable, "store gone"))
-                    })
-                })
+                }))
             }
         })
     }
