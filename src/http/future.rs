@@ -206,9 +206,9 @@ where
                     let default = match &decision {
                         Decision::Limited(info) => Some(match (info.unaffordable(), *this.grpc) {
                             (Some(policy), false) => {
-                                response::cost_exceeds_quota(info, policy, fields)
+                                response::cost_exceeds_quota(info, &policy, fields)
                             }
-                            (Some(policy), true) => grpc::cost_exceeds_quota(info, policy, fields),
+                            (Some(policy), true) => grpc::cost_exceeds_quota(info, &policy, fields),
                             (None, false) => response::limited(info, fields),
                             (None, true) => grpc::limited(info, fields),
                         }),

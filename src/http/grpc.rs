@@ -113,7 +113,7 @@ pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Byte
 /// whose retry policy requires a pushback then does not retry).
 pub(crate) fn cost_exceeds_quota(
     info: &RateLimitInfo,
-    policy: &PolicyReport,
+    policy: &PolicyReport<'_>,
     fields: Fields<'_>,
 ) -> Response<Bytes> {
     let message = format!(

@@ -78,7 +78,7 @@ impl Default for RemainingCap {
 impl RemainingCap {
     /// `r` as advertised for `policy`: never more than the store's value, never below 1
     /// while the policy still admits.
-    pub(crate) fn remaining(self, policy: &PolicyReport) -> u64 {
+    pub(crate) fn remaining(self, policy: &PolicyReport<'_>) -> u64 {
         let r = policy.remaining();
         let Some(horizon) = self.horizon_secs else {
             return r;
@@ -107,7 +107,6 @@ pub(crate) const PARTITION_KEY_LEN: usize = DIGEST_LEN;
 pub(crate) fn policy_field(info: &RateLimitInfo, pk: Option<&[u8]>) -> Option<HeaderValue> {
     policy_field_of(
         info.policies()
-            .iter()
             .map(|p| (p.name(), p.quota(), p.window_secs())),
         pk,
     )
@@ -124,14 +123,14 @@ pub(crate) fn policy_field_of<'a>(
 /// `RateLimit: "per-second";r=0;t=1`: the given policies' current state, `r` capped, with
 /// `pk` when given.
 pub(crate) fn state_field<'a>(
-    policies: impl IntoIterator<Item = &'a PolicyReport>,
+    policies: impl IntoIterator<Item = PolicyReport<'a>>,
     cap: RemainingCap,
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
     state_field_of(
         policies
             .into_iter()
-            .map(|p| (p.name(), cap.remaining(p), p.reset_secs())),
+            .map(|p| (p.name(), cap.remaining(&p), p.reset_secs())),
         pk,
     )
 }

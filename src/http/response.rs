@@ -77,7 +77,7 @@ pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Byte
 /// known).
 pub(crate) fn cost_exceeds_quota(
     info: &RateLimitInfo,
-    policy: &PolicyReport,
+    policy: &PolicyReport<'_>,
     fields: Fields<'_>,
 ) -> Response<Bytes> {
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
@@ -232,7 +232,7 @@ pub(crate) fn decorate_allowed(
 pub(crate) fn insert_policy_fields<'a>(
     headers: &mut HeaderMap,
     info: &RateLimitInfo,
-    reported: impl IntoIterator<Item = &'a PolicyReport>,
+    reported: impl IntoIterator<Item = PolicyReport<'a>>,
     fields: Fields<'_>,
 ) {
     // Appended, not inserted: Structured Field lists may span several field lines, so a

@@ -100,62 +100,65 @@ impl UnlimitedReason {
 }
 
 /// The state of every policy after one decision, in the layer's policy order.
+///
+/// It holds the policy set it reports on (shared, not copied) and each policy's numbers
+/// inline for the usual one or two policies, so a decision allocates nothing for its
+/// report and copies no policy's name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitInfo {
-    policies: Reports,
-    source: DecisionSource,
     // The policy set reported on, shared: what the headers advertise depends on it alone,
     // so the HTTP floor can cache that part per set.
     set: Arc<[Policy]>,
+    outcomes: Outcomes,
+    source: DecisionSource,
     cost: u64,
     // What an admission consumed and where, so that it can be given back.
     receipt: Option<Receipt>,
 }
 
-/// The per-policy reports of one decision. One or two policies (the usual sets) are kept
-/// inline, so a decision allocates nothing for its report; longer sets share one
-/// allocation.
+/// Each policy's numbers of one decision. One or two policies (the usual sets) are kept
+/// inline; longer sets share one allocation.
 #[derive(Clone, Debug)]
-enum Reports {
-    One([PolicyReport; 1]),
-    Two([PolicyReport; 2]),
-    Many(Arc<[PolicyReport]>),
+enum Outcomes {
+    One([PolicyOutcome; 1]),
+    Two([PolicyOutcome; 2]),
+    Many(Arc<[PolicyOutcome]>),
 }
 
-// Equal when the reports are, however they are held.
-impl PartialEq for Reports {
+// Equal when the numbers are, however they are held.
+impl PartialEq for Outcomes {
     fn eq(&self, other: &Self) -> bool {
         self.as_slice() == other.as_slice()
     }
 }
 
-impl Eq for Reports {}
+impl Eq for Outcomes {}
 
-impl Reports {
-    fn as_slice(&self) -> &[PolicyReport] {
+impl Outcomes {
+    fn as_slice(&self) -> &[PolicyOutcome] {
         match self {
-            Reports::One(reports) => reports,
-            Reports::Two(reports) => reports,
-            Reports::Many(reports) => reports,
+            Outcomes::One(outcomes) => outcomes,
+            Outcomes::Two(outcomes) => outcomes,
+            Outcomes::Many(outcomes) => outcomes,
         }
     }
 
-    /// The reports `make` builds for each of `count` positions, in order.
-    fn build(count: usize, mut make: impl FnMut(usize) -> PolicyReport) -> Self {
+    /// The outcomes `make` builds for each of `count` positions, in order.
+    fn build(count: usize, mut make: impl FnMut(usize) -> PolicyOutcome) -> Self {
         match count {
-            1 => Reports::One([make(0)]),
-            2 => Reports::Two([make(0), make(1)]),
-            _ => Reports::Many((0..count).map(make).collect()),
+            1 => Outcomes::One([make(0)]),
+            2 => Outcomes::Two([make(0), make(1)]),
+            _ => Outcomes::Many((0..count).map(make).collect()),
         }
     }
 
-    /// The same reports, each changed by `change`.
-    fn map(&self, change: impl Fn(&mut PolicyReport)) -> Self {
-        let reports = self.as_slice();
-        Self::build(reports.len(), |i| {
-            let mut report = reports[i].clone();
-            change(&mut report);
-            report
+    /// The same outcomes, each changed by `change`.
+    fn map(&self, change: impl Fn(&mut PolicyOutcome)) -> Self {
+        let outcomes = self.as_slice();
+        Self::build(outcomes.len(), |i| {
+            let mut outcome = outcomes[i];
+            change(&mut outcome);
+            outcome
         })
     }
 }
@@ -208,22 +211,10 @@ impl RateLimitInfo {
         source: DecisionSource,
     ) -> Self {
         let count = limits.len().min(outcomes.len());
-        let policies = Reports::build(count, |i| {
-            let (limit, outcome) = (&limits[i], &outcomes[i]);
-            PolicyReport {
-                name: limit.name_arc().clone(),
-                quota: limit.algorithm().quota(),
-                window_secs: whole_seconds(limit.algorithm().window_ms()),
-                remaining: outcome.remaining,
-                reset_ms: outcome.reset_ms,
-                reset_secs: whole_seconds(outcome.reset_ms),
-                exhausted: !outcome.admitted,
-            }
-        });
         Self {
-            policies,
-            source,
             set: limits.clone(),
+            outcomes: Outcomes::build(count, |i| outcomes[i]),
+            source,
             cost: 1,
             receipt: None,
         }
@@ -302,11 +293,11 @@ impl RateLimitInfo {
     /// assert_eq!(info.unaffordable().map(|p| p.name()), Some("per-second"));
     /// # }
     /// ```
-    pub fn unaffordable(&self) -> Option<&PolicyReport> {
+    pub fn unaffordable(&self) -> Option<PolicyReport<'_>> {
         if self.source != DecisionSource::Cost {
             return None;
         }
-        self.policies().iter().find(|p| p.quota < self.cost)
+        self.policies().find(|p| p.quota() < self.cost)
     }
 
     /// The policy set this report is about.
@@ -319,41 +310,82 @@ impl RateLimitInfo {
         self.source
     }
 
-    /// Every policy's report.
-    pub fn policies(&self) -> &[PolicyReport] {
-        self.policies.as_slice()
+    /// Every policy's report, in the set's order.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .policy(Policy::sliding_window("per-day", Quota::per_day(1_000_000)))
+    ///     .build();
+    /// let decision = limiter.check(&Caller::new("acme")).await;
+    /// let info = decision.info().expect("the store decided");
+    /// let left: Vec<(&str, u64)> = info.policies().map(|p| (p.name(), p.remaining())).collect();
+    /// assert_eq!(left, [("per-second", 49), ("per-day", 999_999)]);
+    /// # }
+    /// ```
+    pub fn policies(&self) -> impl ExactSizeIterator<Item = PolicyReport<'_>> + Clone + '_ {
+        self.set
+            .iter()
+            .zip(self.outcomes.as_slice())
+            .map(|(policy, outcome)| PolicyReport {
+                policy,
+                outcome: *outcome,
+            })
+    }
+
+    /// The report of the policy at `index` in the set, if there is one.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let decision = limiter.check(&Caller::new("acme")).await;
+    /// let info = decision.info().expect("the store decided");
+    /// assert_eq!(info.policy(0).map(|p| p.quota()), Some(50));
+    /// assert!(info.policy(1).is_none());
+    /// # }
+    /// ```
+    pub fn policy(&self, index: usize) -> Option<PolicyReport<'_>> {
+        Some(PolicyReport {
+            policy: self.set.get(index)?,
+            outcome: *self.outcomes.as_slice().get(index)?,
+        })
     }
 
     /// The policies that refused the request.
-    pub fn violated(&self) -> impl Iterator<Item = &PolicyReport> {
-        self.policies().iter().filter(|p| p.exhausted)
+    pub fn violated(&self) -> impl Iterator<Item = PolicyReport<'_>> + Clone + '_ {
+        self.policies().filter(|p| p.is_exhausted())
     }
 
     /// The smallest `r` over all policies.
     pub fn min_remaining(&self) -> Option<u64> {
-        self.policies().iter().map(|p| p.remaining).min()
+        self.outcomes.as_slice().iter().map(|o| o.remaining).min()
     }
 
     /// Whole seconds until every refusing policy admits again (at least 1); never earlier
     /// than `t` of any exhausted policy. 0 when nothing refused.
     pub fn retry_after_secs(&self) -> u64 {
-        self.violated().map(|p| p.reset_secs).max().unwrap_or(0)
+        self.violated().map(|p| p.reset_secs()).max().unwrap_or(0)
     }
 
     /// Milliseconds until every refusing policy admits again; 0 when nothing refused.
     pub fn retry_after_ms(&self) -> u64 {
-        self.violated().map(|p| p.reset_ms).max().unwrap_or(0)
+        self.violated().map(|p| p.reset_ms()).max().unwrap_or(0)
     }
 
     /// The refusal the next request meets when this admission left a policy at `r=0`:
     /// those policies exhausted, until `r` grows again.
     pub(crate) fn next_refusal(&self) -> Option<Self> {
-        if self.policies().iter().all(|p| p.remaining > 0) {
+        if self.outcomes.as_slice().iter().all(|o| o.remaining > 0) {
             return None;
         }
-        let policies = self.policies.map(|p| p.exhausted = p.remaining == 0);
+        let outcomes = self.outcomes.map(|o| o.admitted = o.remaining > 0);
         Some(Self {
-            policies,
+            outcomes,
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
             cost: 1,
@@ -364,14 +396,13 @@ impl RateLimitInfo {
     /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
     /// that long (a cached denial, served later than it was made).
     pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {
-        let policies = self.policies.map(|p| {
-            if p.exhausted {
-                p.reset_ms = remaining_ms;
-                p.reset_secs = whole_seconds(remaining_ms);
+        let outcomes = self.outcomes.map(|o| {
+            if !o.admitted {
+                o.reset_ms = remaining_ms;
             }
         });
         Self {
-            policies,
+            outcomes,
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
             cost: self.cost,
@@ -380,57 +411,54 @@ impl RateLimitInfo {
     }
 }
 
-/// One policy's state as the headers report it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyReport {
-    name: Arc<str>,
-    quota: u64,
-    window_secs: u64,
-    remaining: u64,
-    reset_ms: u64,
-    reset_secs: u64,
-    exhausted: bool,
+/// One policy's state as the headers report it: the policy, borrowed from the report's
+/// set, and its numbers after the decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyReport<'a> {
+    policy: &'a Policy,
+    outcome: PolicyOutcome,
 }
 
-impl PolicyReport {
+impl<'a> PolicyReport<'a> {
     /// The policy's name.
-    pub fn name(&self) -> &str {
-        &self.name
+    pub fn name(&self) -> &'a str {
+        self.policy.name()
     }
 
-    pub(crate) fn name_arc(&self) -> &Arc<str> {
-        &self.name
+    /// The policy reported on.
+    pub fn policy(&self) -> &'a Policy {
+        self.policy
     }
 
     /// `q`: the quota.
     pub fn quota(&self) -> u64 {
-        self.quota
+        self.policy.algorithm().quota()
     }
 
     /// `w`: the window in whole seconds, at least 1.
     pub fn window_secs(&self) -> u64 {
-        self.window_secs
+        whole_seconds(self.policy.algorithm().window_ms())
     }
 
     /// `r`: requests still admitted now.
     pub fn remaining(&self) -> u64 {
-        self.remaining
+        self.outcome.remaining
     }
 
     /// `t`: whole seconds until `r` grows (for an exhausted policy, until it admits again),
     /// at least 1.
     pub fn reset_secs(&self) -> u64 {
-        self.reset_secs
+        whole_seconds(self.outcome.reset_ms)
     }
 
     /// Milliseconds until `r` grows, exactly as the store computed it.
     pub fn reset_ms(&self) -> u64 {
-        self.reset_ms
+        self.outcome.reset_ms
     }
 
     /// Whether this policy refused the request.
     pub fn is_exhausted(&self) -> bool {
-        self.exhausted
+        !self.outcome.admitted
     }
 }
 

@@ -103,6 +103,11 @@ fn refusing_policy(decision: &Decision) -> Option<&str> {
 /// [`record_decision`]. [`Span::none`] unless a subscriber wants it; the fields are only
 /// evaluated if one does.
 pub(crate) fn decision_span(layer: &str) -> Span {
+    // With no subscriber at debug level, return before the span macro: it would still
+    // walk the fields for the `log` crate (tracing's `log` feature, which axum enables).
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return Span::none();
+    }
     tracing::debug_span!(
         "tollgate.decision",
         layer,
@@ -238,7 +243,7 @@ impl LimiterMetrics {
         let plain = |which: Plain| self.plain[which as usize].increment(1);
         let limited = |decision: &Decision, shadow: usize| {
             if let Some(policy) = decision.info().and_then(|info| info.violated().next())
-                && let Some(counters) = self.limited.load().get(policy.name_arc())
+                && let Some(counters) = self.limited.load().get(policy.policy().name_arc())
             {
                 counters[shadow].increment(1);
             }

@@ -558,7 +558,7 @@ fn traced_request(t_ms: f64, instance: usize, response: &Response<impl Sized>) -
         .extensions()
         .get::<Decision>()
         .and_then(Decision::info);
-    let policy = info.and_then(|info| info.policies().first());
+    let policy = info.and_then(|info| info.policy(0));
     Traced {
         sent_at: Duration::from_secs_f64(t_ms / 1_000.0),
         instance,

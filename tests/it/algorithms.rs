@@ -554,20 +554,19 @@ fn limited(decision: Decision) -> RateLimitInfo {
     }
 }
 
-fn only(info: &RateLimitInfo) -> &PolicyReport {
+fn only(info: &RateLimitInfo) -> PolicyReport<'_> {
     assert_eq!(info.policies().len(), 1, "{info:?}");
-    &info.policies()[0]
+    info.policy(0).expect("a policy")
 }
 
-fn report<'a>(info: &'a RateLimitInfo, name: &str) -> &'a PolicyReport {
+fn report<'a>(info: &'a RateLimitInfo, name: &str) -> PolicyReport<'a> {
     info.policies()
-        .iter()
         .find(|p| p.name() == name)
         .unwrap_or_else(|| panic!("no report for {name:?} in {info:?}"))
 }
 
 fn violated(info: &RateLimitInfo) -> Vec<&str> {
-    info.violated().map(PolicyReport::name).collect()
+    info.violated().map(|p| p.name()).collect()
 }
 
 const DAY_MS: u64 = 86_400_000;

@@ -24,7 +24,6 @@ enum Seen {
 fn seen(decision: &Decision) -> Seen {
     let remaining = |info: &tollgate::decision::RateLimitInfo| {
         info.policies()
-            .iter()
             .map(|p| (p.name().to_owned(), p.remaining()))
             .collect()
     };

@@ -92,7 +92,7 @@ async fn a_cached_refusal_reports_the_time_left() {
     let Decision::Allowed(last) = limiter.check(&acme).await else {
         panic!("refused early")
     };
-    let reset_ms = last.policies()[0].reset_ms();
+    let reset_ms = last.policy(0).expect("a policy").reset_ms();
     clock.advance(Duration::from_secs(20));
     let Decision::Limited(info) = limiter.check(&acme).await else {
         panic!("not refused")

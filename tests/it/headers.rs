@@ -637,7 +637,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let Some(Decision::Allowed(info)) = reply.extensions.get::<Decision>() else {
         panic!("no decision");
     };
-    assert_eq!(info.policies()[1].remaining(), 999_999);
+    assert_eq!(info.policy(1).expect("a policy").remaining(), 999_999);
 
     // A zero horizon: r / t is at most q / w exactly, ceil(1e6 / 86400) = 12.
     let reply = fresh(

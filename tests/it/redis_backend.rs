@@ -92,8 +92,8 @@ async fn a_refused_request_consumes_nothing() {
         let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
         assert_eq!(violated, ["per-day"]);
         // per-hour keeps the 2 it had left: refused requests took nothing from it.
-        assert_eq!(info.policies()[0].remaining(), 2);
-        assert!(!info.policies()[0].is_exhausted());
+        assert_eq!(info.policy(0).expect("a policy").remaining(), 2);
+        assert!(!info.policy(0).expect("a policy").is_exhausted());
     }
     let per_hour = limiter.policies()[0].clone();
     assert_eq!(per_hour.name(), "per-hour");

@@ -71,7 +71,7 @@ async fn all_or_nothing_on_every_master() {
                     ["per-day"]
                 );
                 assert_eq!(
-                    info.policies()[0].remaining(),
+                    info.policy(0).expect("a policy").remaining(),
                     2,
                     "{caller}: a refusal consumed per-hour"
                 );
@@ -125,7 +125,7 @@ async fn hash_tags_hold_with_braces_and_separators() {
             panic!("{caller:?} refused early")
         };
         assert_eq!(
-            info.policies()[1].remaining(),
+            info.policy(1).expect("a policy").remaining(),
             1,
             "{caller:?} shares a counter"
         );
@@ -666,7 +666,7 @@ fn a_manual_failover_loses_at_most_the_calls_in_flight() {
         else {
             panic!("{caller}: the probe was not decided by the store")
         };
-        let used = LIMIT - info.policies()[0].remaining() - 1;
+        let used = LIMIT - info.policy(0).expect("a policy").remaining() - 1;
         assert!(
             (admitted..=admitted + fell_back).contains(&used),
             "{caller}: {used} counted, {admitted} admitted, {fell_back} fell back"
@@ -825,11 +825,9 @@ async fn a_caller_split_by_a_migration_gets_a_bounded_retry_and_no_count() {
         .build();
     let who = Caller::new(caller.as_str());
     let remaining = |decision: Decision| match decision {
-        Decision::Allowed(info) if info.source() == DecisionSource::Store => info
-            .policies()
-            .iter()
-            .map(|p| p.remaining())
-            .collect::<Vec<_>>(),
+        Decision::Allowed(info) if info.source() == DecisionSource::Store => {
+            info.policies().map(|p| p.remaining()).collect::<Vec<_>>()
+        }
         other => panic!("not decided by the store: {other:?}"),
     };
     for _ in 0..3 {

@@ -83,7 +83,7 @@ async fn swap_under_traffic(
                     let started_after = swapped.load(Ordering::SeqCst);
                     let decision = limiter.check(&caller).await;
                     if let Decision::Allowed(info) = &decision {
-                        let quota = info.policies()[0].quota();
+                        let quota = info.policy(0).expect("a policy").quota();
                         *traffic.admitted.lock().unwrap().entry(quota).or_default() += 1;
                     }
                     assert!(
