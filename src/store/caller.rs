@@ -1,6 +1,8 @@
 //! The identity a request is counted under.
 
+use std::cmp::Ordering;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -22,7 +24,8 @@ const TAG_ANONYMOUS: u8 = b'?';
 /// distinct: `acme` and `acme}` are two keys, and no raw key can collide with a digest or
 /// with [`CallerKey::anonymous`].
 ///
-/// Cloning is cheap (reference counted).
+/// Cloning is cheap: keys of up to 37 bytes (a UUID, an API key, a digest) are held
+/// inline, with no allocation, and longer ones are reference counted.
 ///
 /// ```
 /// use tollgate::store::CallerKey;
@@ -35,31 +38,85 @@ const TAG_ANONYMOUS: u8 = b'?';
 /// assert!(long.is_digest());
 /// assert!(long.encoded().len() <= 1 + tollgate::store::MAX_KEY_BYTES);
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct CallerKey {
-    encoded: Bytes,
+    encoded: Encoded,
+}
+
+/// Encoded keys up to this many bytes are held inline: a key extracted per request then
+/// costs no allocation. 38 keeps a key as small as 40 bytes.
+const INLINE_BYTES: usize = 38;
+
+#[derive(Clone)]
+enum Encoded {
+    Inline { len: u8, bytes: [u8; INLINE_BYTES] },
+    Shared(Bytes),
+}
+
+impl Encoded {
+    fn new(tag: u8, key: &[u8]) -> Self {
+        if key.len() < INLINE_BYTES {
+            let mut bytes = [0; INLINE_BYTES];
+            bytes[0] = tag;
+            bytes[1..=key.len()].copy_from_slice(key);
+            Encoded::Inline {
+                // At most INLINE_BYTES.
+                len: (1 + key.len()) as u8,
+                bytes,
+            }
+        } else {
+            let mut encoded = BytesMut::with_capacity(1 + key.len());
+            encoded.put_u8(tag);
+            encoded.put_slice(key);
+            Encoded::Shared(encoded.freeze())
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Encoded::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Encoded::Shared(bytes) => bytes,
+        }
+    }
+}
+
+// Keys compare, hash and order by their encoded bytes, however they are held.
+impl PartialEq for CallerKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.encoded() == other.encoded()
+    }
+}
+
+impl Eq for CallerKey {}
+
+impl Hash for CallerKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.encoded().hash(state);
+    }
+}
+
+impl PartialOrd for CallerKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for CallerKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.encoded().cmp(other.encoded())
+    }
 }
 
 impl CallerKey {
     /// A key from any bytes; keys over [`MAX_KEY_BYTES`] are hashed.
     pub fn new(key: impl AsRef<[u8]>) -> Self {
         let key = key.as_ref();
-        if key.len() > MAX_KEY_BYTES {
-            let digest = Sha256::digest(key);
-            let mut encoded = BytesMut::with_capacity(1 + digest.len());
-            encoded.put_u8(TAG_DIGEST);
-            encoded.put_slice(&digest);
-            Self {
-                encoded: encoded.freeze(),
-            }
+        let encoded = if key.len() > MAX_KEY_BYTES {
+            Encoded::new(TAG_DIGEST, &Sha256::digest(key))
         } else {
-            let mut encoded = BytesMut::with_capacity(1 + key.len());
-            encoded.put_u8(TAG_RAW);
-            encoded.put_slice(key);
-            Self {
-                encoded: encoded.freeze(),
-            }
-        }
+            Encoded::new(TAG_RAW, key)
+        };
+        Self { encoded }
     }
 
     /// The one shared bucket for requests that carry no key, when the layer is told to
@@ -71,7 +128,7 @@ impl CallerKey {
     /// ```
     pub fn anonymous() -> Self {
         Self {
-            encoded: Bytes::from_static(&[TAG_ANONYMOUS]),
+            encoded: Encoded::new(TAG_ANONYMOUS, &[]),
         }
     }
 
@@ -83,7 +140,7 @@ impl CallerKey {
     /// assert_eq!(CallerKey::new("acme").encoded(), b"=acme");
     /// ```
     pub fn encoded(&self) -> &[u8] {
-        &self.encoded
+        self.encoded.as_bytes()
     }
 
     /// Whether the key was longer than [`MAX_KEY_BYTES`] and is kept as its digest.
@@ -93,7 +150,7 @@ impl CallerKey {
     /// assert!(!CallerKey::new("acme").is_digest());
     /// ```
     pub fn is_digest(&self) -> bool {
-        self.encoded.first() == Some(&TAG_DIGEST)
+        self.encoded().first() == Some(&TAG_DIGEST)
     }
 
     /// Whether this is the shared bucket for requests without a key.
@@ -103,7 +160,7 @@ impl CallerKey {
     /// assert!(CallerKey::anonymous().is_anonymous());
     /// ```
     pub fn is_anonymous(&self) -> bool {
-        self.encoded.first() == Some(&TAG_ANONYMOUS)
+        self.encoded().first() == Some(&TAG_ANONYMOUS)
     }
 }
 
@@ -116,7 +173,10 @@ impl fmt::Debug for CallerKey {
 /// Shows the key with non-printable bytes escaped; digests as `sha256:<hex>`.
 impl fmt::Display for CallerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (tag, rest) = self.encoded.split_first().unwrap_or((&TAG_ANONYMOUS, &[]));
+        let (tag, rest) = self
+            .encoded()
+            .split_first()
+            .unwrap_or((&TAG_ANONYMOUS, &[]));
         match *tag {
             TAG_DIGEST => {
                 f.write_str("sha256:")?;
@@ -226,6 +286,22 @@ mod tests {
         let key = CallerKey::new(vec![b'a'; MAX_KEY_BYTES]);
         assert!(!key.is_digest());
         assert_eq!(key.encoded().len(), MAX_KEY_BYTES + 1);
+    }
+
+    #[test]
+    fn short_and_long_keys_are_held_apart_but_compare_by_bytes() {
+        let short = CallerKey::new("acme");
+        assert!(matches!(short.encoded, Encoded::Inline { .. }));
+        let uuid = CallerKey::new("0b6f2a3e-59d4-4c1e-9a0f-3f1c2d4e5b6a");
+        assert!(matches!(uuid.encoded, Encoded::Inline { .. }));
+        let long = CallerKey::new([b'k'; 64]);
+        assert!(matches!(long.encoded, Encoded::Shared(_)));
+        assert_eq!(long.encoded().len(), 65);
+        assert_eq!(long.clone(), long);
+        assert!(short < CallerKey::new("acmf"));
+        let digest = CallerKey::new(vec![1u8; MAX_KEY_BYTES + 1]);
+        assert!(matches!(digest.encoded, Encoded::Inline { .. }));
+        assert!(digest.is_digest());
     }
 
     #[test]
