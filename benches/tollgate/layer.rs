@@ -7,7 +7,9 @@ use std::sync::Arc;
 use axum::body::Body;
 use criterion::{Criterion, Throughput};
 use http::{HeaderValue, Request, Response};
-use tollgate::{HeaderKey, HeaderMode, InMemoryBackend, Limiter, RateLimitLayer};
+use tollgate::{
+    DecisionExtension, HeaderKey, HeaderMode, InMemoryBackend, Limiter, RateLimitLayer,
+};
 use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -44,7 +46,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     let orders = tower::service_fn(|_request: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Body::from("[]")))
     });
-    let tollgate = |mode: HeaderMode| {
+    let tollgate = |mode: HeaderMode, extension: DecisionExtension| {
         let limiter = Limiter::builder()
             .backend(InMemoryBackend::new())
             .policy(big_bucket())
@@ -53,7 +55,8 @@ pub(crate) fn bench(c: &mut Criterion) {
             .layer(
                 RateLimitLayer::new(limiter)
                     .key(HeaderKey::new("x-customer-id"))
-                    .headers(mode),
+                    .headers(mode)
+                    .decision_extension(extension),
             )
             .service(orders)
     };
@@ -70,14 +73,20 @@ pub(crate) fn bench(c: &mut Criterion) {
         ran(GROUP, "bare");
         drive(b, &runtime, &orders, &customers)
     });
-    let service = tollgate(HeaderMode::Always);
+    let service = tollgate(HeaderMode::Always, DecisionExtension::Always);
     group.bench_function("tollgate_headers", |b| {
         ran(GROUP, "tollgate_headers");
         drive(b, &runtime, &service, &customers)
     });
-    let service = tollgate(HeaderMode::Never);
+    let service = tollgate(HeaderMode::Never, DecisionExtension::Always);
     group.bench_function("tollgate_no_headers", |b| {
         ran(GROUP, "tollgate_no_headers");
+        drive(b, &runtime, &service, &customers)
+    });
+    // Like tower_governor without headers, nothing added to an admitted response.
+    let service = tollgate(HeaderMode::Never, DecisionExtension::OnRefusal);
+    group.bench_function("tollgate_nothing_added", |b| {
+        ran(GROUP, "tollgate_nothing_added");
         drive(b, &runtime, &service, &customers)
     });
     let config = governed(&mut GovernorConfigBuilder::default())
@@ -127,7 +136,26 @@ pub(crate) fn bench(c: &mut Criterion) {
         rows.push((
             "layer/no_headers",
             Row::new(
-                "Layer on an in-memory service, 10,000 callers, no headers (`HeaderMode::Never`)",
+                "Layer on an in-memory service, 10,000 callers, no headers (`HeaderMode::Never`), the `Decision` in each response's extensions (the default)",
+                format!("{}/request", ns(ours)),
+            )
+            .peer(format!(
+                "tower_governor without headers: {}/request",
+                ns(peer)
+            ))
+            .ratio(format!("{ratio:.2}x"))
+            .target("≤ 1.20x", ratio <= 1.2),
+        ));
+    }
+    if let (Some(ours), Some(peer)) = (
+        get("tollgate_nothing_added"),
+        get("tower_governor_no_headers"),
+    ) {
+        let ratio = ours / peer;
+        rows.push((
+            "layer/nothing_added",
+            Row::new(
+                "Layer on an in-memory service, 10,000 callers, nothing added to admitted responses (`HeaderMode::Never`, `DecisionExtension::OnRefusal`)",
                 format!("{}/request", ns(ours)),
             )
             .peer(format!(

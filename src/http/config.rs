@@ -8,7 +8,9 @@ use http::request::Parts;
 use http::{Response, StatusCode, response};
 use metrics::Counter;
 
-use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
+use crate::http::headers::{
+    DecisionExtension, HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap,
+};
 use crate::http::key::MissingKey;
 use crate::limiter::check::Limiter;
 use crate::limiter::decision::Decision;
@@ -19,6 +21,7 @@ pub(crate) struct Config<K> {
     pub(crate) key: K,
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
+    pub(crate) decision_extension: DecisionExtension,
     /// The status of a fail-closed refusal: a 4xx or 5xx other than 500.
     pub(crate) unavailable_status: StatusCode,
     pub(crate) policy_fields: PolicyFieldCache,

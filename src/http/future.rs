@@ -13,8 +13,8 @@ use tower_service::Service;
 use crate::http::body::ResponseBody;
 use crate::http::config::Config;
 use crate::http::grpc;
-use crate::http::headers::PARTITION_KEY_LEN;
-use crate::http::key::{KeyExtractor, KeyRejection, MissingKey};
+use crate::http::headers::{DecisionExtension, PARTITION_KEY_LEN};
+use crate::http::key::{KeyExtractor, KeyRejection, KeyResult, MissingKey};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::future::DecisionFuture;
@@ -23,51 +23,82 @@ use crate::store::caller::{Caller, CallerKey};
 
 pin_project! {
     /// The future of [`RateLimit`](crate::RateLimit)'s responses.
+    ///
+    /// With a key extractor that knows the key at once and a store that answers at once
+    /// (the in-process one, a cached refusal), the request is decided and the inner
+    /// service called within `call`: this future then only drives the inner service's.
     pub struct ResponseFuture<S, K, ReqBody>
     where
         S: Service<Request<ReqBody>>,
         K: KeyExtractor,
     {
         #[pin]
-        state: State<K::Future, S::Future, S, ReqBody>,
-        config: Arc<Config<K>>,
-        // The caller's partition key, when the layer sends one.
-        pk: Option<[u8; PARTITION_KEY_LEN]>,
-        // A gRPC request: refusals are gRPC statuses, not HTTP errors.
-        grpc: bool,
-        // The units the request costs.
-        cost: u64,
-        // Who is calling, once known: a refund names the caller.
-        caller: Option<Caller>,
+        state: State<S::Future>,
+        // The request on its way to a decision `call` could not make at once: an extractor
+        // that waits, or a store that answers later. Boxed, so that the future decided
+        // within `call` stays small: every request's future is moved whole.
+        waiting: Option<Pin<Box<Waiting<K::Future, S, ReqBody>>>>,
+        head: Head<K>,
         // The inner service's response while the units of a request that did not count
-        // are given back. Boxed: few requests take this path, and every request's future
-        // is moved whole, so it is kept small.
+        // are given back. Boxed, as few requests take this path.
         refunding: Option<Box<(RefundFuture, S::Response, Option<Decision>)>>,
     }
 }
 
+/// What the steps of one request share.
+struct Head<K> {
+    config: Arc<Config<K>>,
+    // The caller's partition key, when the layer sends one.
+    pk: Option<[u8; PARTITION_KEY_LEN]>,
+    // A gRPC request: refusals are gRPC statuses, not HTTP errors.
+    grpc: bool,
+    // The units the request costs.
+    cost: u64,
+    // Who is calling, kept under `count_only` only: a refund names the caller.
+    caller: Option<Box<Caller>>,
+}
+
 pin_project! {
     #[project = StateProj]
-    enum State<KeyFuture, InnerFuture, S, ReqBody> {
-        Extracting {
-            #[pin]
-            key: KeyFuture,
-            request: Option<Request<ReqBody>>,
-            inner: Option<S>,
-        },
-        Deciding {
-            decision: DecisionFuture,
-            request: Option<Request<ReqBody>>,
-            inner: Option<S>,
-        },
+    enum State<InnerFuture> {
+        // `waiting` holds the request.
+        Waiting,
         Calling {
             #[pin]
             future: InnerFuture,
             decision: Option<Decision>,
         },
+        // Answered without the inner service: a refusal or a key rejection.
+        Answered {
+            response: Option<Response<Bytes>>,
+        },
         Refunding,
         Done,
     }
+}
+
+pin_project! {
+    #[project = WaitingProj]
+    enum Waiting<KeyFuture, S, ReqBody> {
+        Key {
+            #[pin]
+            key: KeyFuture,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+        Decision {
+            decision: DecisionFuture,
+            request: Option<Request<ReqBody>>,
+            inner: Option<S>,
+        },
+    }
+}
+
+/// Where a request goes after a step.
+enum Step<InnerFuture, KeyFuture, S, ReqBody> {
+    Call(InnerFuture, Decision),
+    Answer(Response<Bytes>),
+    Wait(Waiting<KeyFuture, S, ReqBody>),
 }
 
 impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
@@ -75,25 +106,49 @@ where
     S: Service<Request<ReqBody>>,
     K: KeyExtractor,
 {
+    /// Decides `request` (of `cost` units) as far as can be done now, and calls `inner`
+    /// if it is admitted by then.
     pub(crate) fn new(
-        key: K::Future,
         request: Request<ReqBody>,
         inner: S,
         config: Arc<Config<K>>,
         cost: u64,
     ) -> Self {
-        let grpc = grpc::is_grpc(request.headers());
-        Self {
-            state: State::Extracting {
-                key,
-                request: Some(request),
-                inner: Some(inner),
-            },
+        let mut head = Head {
+            grpc: grpc::is_grpc(request.headers()),
             config,
             pk: None,
-            grpc,
             cost,
             caller: None,
+        };
+        let step = match head.config.key.extract_now(&request) {
+            Some(key) => after_key(&mut head, key, request, inner),
+            None => Step::Wait(Waiting::Key {
+                key: head.config.key.extract(&request),
+                request: Some(request),
+                inner: Some(inner),
+            }),
+        };
+        let (state, waiting) = match step {
+            Step::Call(future, decision) => (
+                State::Calling {
+                    future,
+                    decision: Some(decision),
+                },
+                None,
+            ),
+            Step::Answer(response) => (
+                State::Answered {
+                    response: Some(response),
+                },
+                None,
+            ),
+            Step::Wait(waiting) => (State::Waiting, Some(Box::pin(waiting))),
+        };
+        Self {
+            state,
+            waiting,
+            head,
             refunding: None,
         }
     }
@@ -106,14 +161,114 @@ where
                 future,
                 decision: Some(Decision::Unlimited(UnlimitedReason::Skipped)),
             },
-            config,
-            pk: None,
-            // Nothing is refused on this path.
-            grpc: false,
-            cost: 1,
-            caller: None,
+            waiting: None,
+            head: Head {
+                config,
+                pk: None,
+                // Nothing is refused on this path.
+                grpc: false,
+                cost: 1,
+                caller: None,
+            },
             refunding: None,
         }
+    }
+}
+
+/// The step after the key extractor answered: refuse, let through uncounted, or decide.
+fn after_key<K, S, ReqBody>(
+    head: &mut Head<K>,
+    key: KeyResult,
+    request: Request<ReqBody>,
+    mut inner: S,
+) -> Step<S::Future, K::Future, S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    K: KeyExtractor,
+{
+    let caller = match key {
+        Ok(Some(caller)) => caller,
+        Ok(None) => match head.config.missing_key {
+            MissingKey::Reject(status) => {
+                let rejection =
+                    KeyRejection::new(status, "the request does not say who is calling");
+                return Step::Answer(rejected(&rejection, head.grpc));
+            }
+            MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
+            MissingKey::Pass => {
+                return Step::Call(
+                    inner.call(request),
+                    Decision::Unlimited(UnlimitedReason::NoKey),
+                );
+            }
+        },
+        Err(rejection) => return Step::Answer(rejected(&rejection, head.grpc)),
+    };
+    head.pk = head
+        .config
+        .partition_key
+        .as_ref()
+        .map(|key| key.of(caller.key().encoded()));
+    let mut decision = head.config.limiter.check_cost(&caller, head.cost);
+    if head.config.count_only.is_some() {
+        head.caller = Some(Box::new(caller));
+    }
+    match decision.try_take_ready() {
+        Some(decision) => after_decision(head, decision, request, inner),
+        None => Step::Wait(Waiting::Decision {
+            decision,
+            request: Some(request),
+            inner: Some(inner),
+        }),
+    }
+}
+
+/// The step after the decision: the refusal, or the inner service's call.
+fn after_decision<K, S, ReqBody, KeyFuture>(
+    head: &Head<K>,
+    decision: Decision,
+    request: Request<ReqBody>,
+    mut inner: S,
+) -> Step<S::Future, KeyFuture, S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+    K: KeyExtractor,
+{
+    let fields = fields(&head.config, head.pk.as_ref());
+    let default = match &decision {
+        Decision::Limited(info) => Some(match (info.unaffordable(), head.grpc) {
+            (Some(policy), false) => response::cost_exceeds_quota(info, &policy, fields),
+            (Some(policy), true) => grpc::cost_exceeds_quota(info, &policy, fields),
+            (None, false) => response::limited(info, fields),
+            (None, true) => grpc::limited(info, fields),
+        }),
+        Decision::Unavailable {
+            retry_after_secs,
+            policies,
+            ..
+        } if head.grpc => Some(grpc::unavailable(*retry_after_secs, policies, fields)),
+        Decision::Unavailable {
+            retry_after_secs,
+            policies,
+            ..
+        } => Some(response::unavailable(
+            head.config.unavailable_status,
+            *retry_after_secs,
+            policies,
+            fields,
+        )),
+        Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => None,
+    };
+    match default {
+        Some(default) => {
+            let mut refusal = match &head.config.refusal {
+                Some(hook) => (hook.0)(&decision, default),
+                None => default,
+            };
+            refusal.extensions_mut().insert(decision);
+            Step::Answer(refusal)
+        }
+        None => Step::Call(inner.call(request), decision),
     }
 }
 
@@ -123,12 +278,13 @@ where
     K: KeyExtractor,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match &self.state {
-            State::Extracting { .. } => "extracting key",
-            State::Deciding { .. } => "deciding",
-            State::Calling { .. } => "calling inner service",
-            State::Refunding => "giving back the units of a request that did not count",
-            State::Done => "done",
+        let state = match (&self.state, self.waiting.as_deref()) {
+            (State::Waiting, Some(Waiting::Key { .. })) => "extracting key",
+            (State::Waiting, _) => "deciding",
+            (State::Calling { .. }, _) => "calling inner service",
+            (State::Answered { .. }, _) => "answered",
+            (State::Refunding, _) => "giving back the units of a request that did not count",
+            (State::Done, _) => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
@@ -148,120 +304,66 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Extracting {
-                    key,
-                    request,
-                    inner,
-                } => {
-                    let caller = match ready!(key.poll(cx)) {
-                        Ok(Some(caller)) => caller,
-                        Ok(None) => match this.config.missing_key {
-                            MissingKey::Reject(status) => {
-                                this.state.set(State::Done);
-                                let rejection = KeyRejection::new(
-                                    status,
-                                    "the request does not say who is calling",
-                                );
-                                return Poll::Ready(Ok(rejected(&rejection, *this.grpc)));
-                            }
-                            MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
-                            MissingKey::Pass => {
-                                let (request, mut inner) = take(request, inner);
-                                let future = inner.call(request);
-                                this.state.set(State::Calling {
-                                    future,
-                                    decision: Some(Decision::Unlimited(UnlimitedReason::NoKey)),
-                                });
-                                continue;
-                            }
-                        },
-                        Err(rejection) => {
+                StateProj::Waiting => {
+                    let Some(waiting) = this.waiting.as_mut() else {
+                        unreachable!("a waiting request is stored before the state is set");
+                    };
+                    let step = match waiting.as_mut().project() {
+                        WaitingProj::Key {
+                            key,
+                            request,
+                            inner,
+                        } => {
+                            let key = ready!(key.poll(cx));
+                            let (request, inner) = take(request, inner);
+                            after_key(this.head, key, request, inner)
+                        }
+                        WaitingProj::Decision {
+                            decision,
+                            request,
+                            inner,
+                        } => {
+                            let decision = ready!(Pin::new(decision).poll(cx));
+                            let (request, inner) = take(request, inner);
+                            after_decision(this.head, decision, request, inner)
+                        }
+                    };
+                    match step {
+                        Step::Wait(next) => waiting.as_mut().set(next),
+                        Step::Call(future, decision) => {
+                            *this.waiting = None;
+                            this.state.set(State::Calling {
+                                future,
+                                decision: Some(decision),
+                            });
+                        }
+                        Step::Answer(response) => {
+                            *this.waiting = None;
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(rejected(&rejection, *this.grpc)));
+                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
                         }
-                    };
-                    *this.pk = this
-                        .config
-                        .partition_key
-                        .as_ref()
-                        .map(|key| key.of(caller.key().encoded()));
-                    let decision = this.config.limiter.check_cost(&caller, *this.cost);
-                    if this.config.count_only.is_some() {
-                        *this.caller = Some(caller);
                     }
-                    let (request, inner) = (request.take(), inner.take());
-                    this.state.set(State::Deciding {
-                        decision,
-                        request,
-                        inner,
-                    });
                 }
-                StateProj::Deciding {
-                    decision,
-                    request,
-                    inner,
-                } => {
-                    let decision = ready!(Pin::new(decision).poll(cx));
-                    let fields = fields(this.config, this.pk.as_ref());
-                    let default = match &decision {
-                        Decision::Limited(info) => Some(match (info.unaffordable(), *this.grpc) {
-                            (Some(policy), false) => {
-                                response::cost_exceeds_quota(info, &policy, fields)
-                            }
-                            (Some(policy), true) => grpc::cost_exceeds_quota(info, &policy, fields),
-                            (None, false) => response::limited(info, fields),
-                            (None, true) => grpc::limited(info, fields),
-                        }),
-                        Decision::Unavailable {
-                            retry_after_secs,
-                            policies,
-                            ..
-                        } if *this.grpc => {
-                            Some(grpc::unavailable(*retry_after_secs, policies, fields))
-                        }
-                        Decision::Unavailable {
-                            retry_after_secs,
-                            policies,
-                            ..
-                        } => Some(response::unavailable(
-                            this.config.unavailable_status,
-                            *retry_after_secs,
-                            policies,
-                            fields,
-                        )),
-                        Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => {
-                            None
-                        }
+                StateProj::Answered { response } => {
+                    let Some(response) = response.take() else {
+                        unreachable!("an answer is taken exactly once");
                     };
-                    if let Some(default) = default {
-                        let refusal = match &this.config.refusal {
-                            Some(hook) => (hook.0)(&decision, default),
-                            None => default,
-                        };
-                        let mut refusal = refusal.map(ResponseBody::full);
-                        refusal.extensions_mut().insert(decision);
-                        this.state.set(State::Done);
-                        return Poll::Ready(Ok(refusal));
-                    }
-                    let (request, mut inner) = take(request, inner);
-                    let future = inner.call(request);
-                    this.state.set(State::Calling {
-                        future,
-                        decision: Some(decision),
-                    });
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
                     let decision = decision.take();
+                    let head = &*this.head;
                     // Under `count_only`, a response that does not count gives its units back.
                     let (response, refund) =
-                        match (&this.config.count_only, this.caller.as_ref(), &decision) {
+                        match (&head.config.count_only, head.caller.as_deref(), &decision) {
                             (Some(count_only), Some(caller), Some(decided)) => {
                                 let (parts, body) = response.into_parts();
                                 let counts = (count_only.0)(&parts);
                                 let response = Response::from_parts(parts, body);
                                 let refund =
-                                    (!counts).then(|| this.config.limiter.refund(caller, decided));
+                                    (!counts).then(|| head.config.limiter.refund(caller, decided));
                                 (response, refund)
                             }
                             _ => (response, None),
@@ -276,7 +378,7 @@ where
                         continue;
                     }
                     this.state.set(State::Done);
-                    let response = finish(response, decision, this.config, this.pk.as_ref());
+                    let response = finish(response, decision, &head.config, head.pk.as_ref());
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
@@ -290,7 +392,8 @@ where
                         unreachable!("the refunding response is taken exactly once");
                     };
                     this.state.set(State::Done);
-                    let response = finish(response, decision, this.config, this.pk.as_ref());
+                    let head = &*this.head;
+                    let response = finish(response, decision, &head.config, head.pk.as_ref());
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
@@ -328,7 +431,7 @@ where
             &decision,
             fields(config, pk),
         );
-        if inner_decision.is_none() {
+        if inner_decision.is_none() && config.decision_extension == DecisionExtension::Always {
             response.extensions_mut().insert(decision);
         }
     }
@@ -345,7 +448,7 @@ fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>)
 }
 
 /// A key rejection in the request's protocol.
-fn rejected<B>(rejection: &KeyRejection, grpc: bool) -> Response<ResponseBody<B>> {
+fn rejected(rejection: &KeyRejection, grpc: bool) -> Response<Bytes> {
     if grpc {
         grpc::rejected(rejection)
     } else {

@@ -13,7 +13,6 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::http::body::ResponseBody;
 use crate::http::key::KeyRejection;
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
@@ -159,9 +158,8 @@ pub(crate) fn unavailable(
 }
 
 /// A key rejection as the gRPC code its 4xx stands for, its detail as the message.
-pub(crate) fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>> {
+pub(crate) fn rejected(rejection: &KeyRejection) -> Response<Bytes> {
     trailers_only(Code::of_rejection(rejection.status()), rejection.detail())
-        .map(ResponseBody::full)
 }
 
 /// HTTP 200, `application/grpc`, the status and message, and an empty body that reports
@@ -244,10 +242,12 @@ mod tests {
         assert_eq!(code(StatusCode::IM_A_TEAPOT), 3);
     }
 
+    use crate::http::body::ResponseBody;
+
     #[test]
     fn a_rejection_is_trailers_only() {
         let rejection = KeyRejection::new(StatusCode::UNAUTHORIZED, "no x-api-key: 100% needed");
-        let response = rejected::<http_body_util::Empty<Bytes>>(&rejection);
+        let response = rejected(&rejection).map(ResponseBody::<http_body_util::Empty<Bytes>>::full);
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[CONTENT_TYPE], "application/grpc");
         assert_eq!(response.headers()[GRPC_STATUS], "16");

@@ -9,7 +9,9 @@ use http::{Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::http::config::{Config, CostFn, CountOnly, RefusalHook, Skip};
-use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
+use crate::http::headers::{
+    DecisionExtension, HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap,
+};
 use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::http::service::RateLimit;
 use crate::limiter::check::Limiter;
@@ -119,6 +121,7 @@ impl RateLimitLayer<ClientIp> {
                 key: ClientIp::new(),
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
+                decision_extension: DecisionExtension::default(),
                 unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: RemainingCap::default(),
@@ -142,6 +145,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
                 key,
                 missing_key: config.missing_key,
                 header_mode: config.header_mode,
+                decision_extension: config.decision_extension,
                 unavailable_status: config.unavailable_status,
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: config.remaining_cap,
@@ -170,6 +174,31 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
     pub fn headers(self, mode: HeaderMode) -> Self {
         let mut config = self.into_config();
         config.header_mode = mode;
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Which responses carry the [`Decision`] in their extensions, for outer middleware
+    /// and logs (default: every response the limiter decided or let through,
+    /// [`DecisionExtension::Always`]). Refusals always carry it.
+    ///
+    /// ```
+    /// use tollgate::{DecisionExtension, GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    ///
+    /// // Nothing outside reads the decision of admitted requests: skip the insert.
+    /// let layer = RateLimitLayer::new(
+    ///     Limiter::builder()
+    ///         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///         .build(),
+    /// )
+    /// .key(GlobalKey)
+    /// .decision_extension(DecisionExtension::OnRefusal);
+    /// # drop(layer);
+    /// ```
+    pub fn decision_extension(self, which: DecisionExtension) -> Self {
+        let mut config = self.into_config();
+        config.decision_extension = which;
         Self {
             config: Arc::new(config),
         }
@@ -559,6 +588,7 @@ impl<K: KeyExtractor> RateLimitLayer<K> {
             key: shared.key.clone(),
             missing_key: shared.missing_key,
             header_mode: shared.header_mode,
+            decision_extension: shared.decision_extension,
             unavailable_status: shared.unavailable_status,
             policy_fields: PolicyFieldCache::default(),
             remaining_cap: shared.remaining_cap,

@@ -200,7 +200,7 @@ fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: u64) {
 }
 
 /// A request the key extractor refused, or one without a key when the layer rejects those.
-pub(crate) fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>> {
+pub(crate) fn rejected(rejection: &KeyRejection) -> Response<Bytes> {
     let status = rejection.status();
     let mut body = String::with_capacity(128);
     body.push_str("{\"type\":\"about:blank\",\"title\":");
@@ -211,7 +211,7 @@ pub(crate) fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>>
     let _ = write!(body, ",\"status\":{},\"detail\":", status.as_u16());
     json_string(&mut body, rejection.detail());
     body.push('}');
-    problem(status, body)
+    problem_bytes(status, body)
 }
 
 /// Adds RateLimit-Policy and RateLimit (every policy) to an allowed response of `status`.

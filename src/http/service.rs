@@ -115,7 +115,6 @@ where
             }
             None => 1,
         };
-        let key = self.config.key.extract(&request);
-        ResponseFuture::new(key, request, ready, self.config.clone(), cost)
+        ResponseFuture::new(request, ready, self.config.clone(), cost)
     }
 }

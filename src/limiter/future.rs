@@ -25,6 +25,14 @@ impl DecisionFuture {
         }
     }
 
+    /// The decision, when it is known without waiting.
+    pub(crate) fn try_take_ready(&mut self) -> Option<Decision> {
+        match &mut self.state {
+            DecisionState::Ready(decision) => decision.take(),
+            DecisionState::Pending(_) => None,
+        }
+    }
+
     pub(super) fn boxed(future: impl Future<Output = Decision> + Send + 'static) -> Self {
         Self {
             state: DecisionState::Pending(Box::pin(future)),

@@ -11,8 +11,8 @@ use http_body_util::Full;
 use tokio::net::TcpListener;
 use tollgate::store::ManualClock;
 use tollgate::{
-    ClientIp, Decision, HeaderKey, InMemoryBackend, Limiter, MissingKey, Policy, Quota,
-    RateLimitLayer,
+    ClientIp, Decision, DecisionExtension, HeaderKey, InMemoryBackend, Limiter, MissingKey, Policy,
+    Quota, RateLimitLayer,
 };
 use tollgate_testkit::http::{Reply, exchange, get as get_request, parse_response, send};
 
@@ -153,6 +153,28 @@ async fn route_layer_leaves_unmatched_routes_to_the_404_fallback() {
     // The matched route still refuses.
     let reply = send(&mut app, customer("/orders", "acme")).await;
     assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn decisions_can_be_left_off_admitted_responses_but_never_off_refusals() {
+    let mut app = Router::new()
+        .route("/orders", get(|| async { "orders" }))
+        .route_layer(
+            per_customer(limiter([per_second(1)])).decision_extension(DecisionExtension::OnRefusal),
+        );
+
+    let reply = send(&mut app, customer("/orders", "acme")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.extensions.get::<Decision>().is_none());
+    // The fields do not depend on the extension.
+    assert!(reply.headers.get("ratelimit").is_some());
+
+    let reply = send(&mut app, customer("/orders", "acme")).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(matches!(
+        reply.extensions.get::<Decision>(),
+        Some(Decision::Limited(_))
+    ));
 }
 
 #[tokio::test]

@@ -189,6 +189,10 @@ impl KeyExtractor for ClientIp {
                 .map(|addr| addr.map(|addr| self.key_for(addr))),
         )
     }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
+    }
 }
 
 fn peer_addr<B>(request: &Request<B>) -> Option<IpAddr> {

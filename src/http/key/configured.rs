@@ -44,4 +44,8 @@ impl KeyExtractor for ConfiguredKey {
             ConfiguredKey::Global(key) => key.extract(request),
         }
     }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
+    }
 }

@@ -82,4 +82,8 @@ where
     fn extract<B>(&self, request: &Request<B>) -> Self::Future {
         ready(Ok(request.extensions().get::<T>().map(Into::into)))
     }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
+    }
 }

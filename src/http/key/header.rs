@@ -66,4 +66,8 @@ impl KeyExtractor for HeaderKey {
             .map(Caller::new);
         ready(Ok(caller))
     }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
+    }
 }

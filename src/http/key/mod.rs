@@ -60,6 +60,23 @@ pub trait KeyExtractor: Clone + Send + Sync + 'static {
 
     /// Starts extracting the caller of `request`.
     fn extract<B>(&self, request: &Request<B>) -> Self::Future;
+
+    /// The key without waiting, when this extractor can tell it at once; `None` (the
+    /// default) means the layer awaits [`extract`](Self::extract). Every built-in extractor
+    /// but [`AsyncFnKey`] answers here, and the layer then decides the request within
+    /// `call`, so its response future carries no copy of the request.
+    ///
+    /// ```
+    /// use tollgate::{HeaderKey, KeyExtractor};
+    ///
+    /// let request = http::Request::builder().header("x-api-key", "k-1").body(()).unwrap();
+    /// let caller = HeaderKey::new("x-api-key").extract_now(&request);
+    /// assert_eq!(caller.unwrap().unwrap().unwrap().key().encoded(), b"=k-1");
+    /// ```
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        let _ = request;
+        None
+    }
 }
 
 /// An extractor's refusal of a request, answered with a 4xx problem+json response.
@@ -157,6 +174,10 @@ impl KeyExtractor for GlobalKey {
     fn extract<B>(&self, _request: &Request<B>) -> Self::Future {
         ready(Ok(Some(Caller::new(CallerKey::new("*")))))
     }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
+    }
 }
 
 /// A key extractor from a closure over the request's head.
@@ -202,6 +223,10 @@ where
 
     fn extract<B>(&self, request: &Request<B>) -> Self::Future {
         ready((self.f)(&head_of(request)))
+    }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+        Some(self.extract(request).into_inner())
     }
 }
 
