@@ -113,7 +113,10 @@ impl InMemoryBackend {
         let hash = self.shared.hasher.hash_one(caller.encoded());
         // Bits the table uses neither for the slot (the low ones) nor for its tags (the
         // top seven), so callers of one shard still spread over their table.
-        let shard_index = ((hash >> 24) as usize) % self.shared.shards.len();
+        // Scaled by a multiply rather than a division (a 64-bit `div` is a tenth of a
+        // decision): the 32 bits times the shard count, over 2^32, land in 0..count.
+        let bits = (hash >> 24) as u32;
+        let shard_index = ((u64::from(bits) * self.shared.shards.len() as u64) >> 32) as usize;
         (hash, lock(&self.shared.shards[shard_index]))
     }
 
