@@ -3,7 +3,8 @@ mod shard;
 
 use std::fmt;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use self::entry::Entry;
@@ -26,8 +27,9 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 /// instances, for tests, for a local bucket in front of a shared one, and as the local
 /// share when a shared store is down.
 ///
-/// - **Sharded**: callers are spread over 64 mutex-guarded maps by a keyed hash, so
-///   concurrent requests for different callers rarely contend.
+/// - **Sharded**: callers are spread over 64 maps by a keyed hash. A decision on a known
+///   caller holds its map's read lock and the caller's own lock, so concurrent requests
+///   contend only when they name the same caller; adding a caller takes the write lock.
 /// - **Bounded**: at most [`max_keys`](InMemoryBackendBuilder::max_keys) callers are tracked (default
 ///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts a
 ///   caller not seen since the eviction hand last passed (the CLOCK approximation of
@@ -56,7 +58,7 @@ pub struct InMemoryBackend {
 }
 
 struct Shared {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     hasher: KeyHasher,
     clock: Arc<dyn Clock>,
     shard_capacity: usize,
@@ -104,12 +106,12 @@ impl InMemoryBackend {
         self.shared
             .shards
             .iter()
-            .map(|s| lock(s).entries.len())
+            .map(|s| read(s).entries.len())
             .sum()
     }
 
-    /// The caller's hash, computed once per decision, and its shard, locked.
-    fn shard(&self, caller: &CallerKey) -> (u64, MutexGuard<'_, Shard>) {
+    /// The caller's hash, computed once per decision, and its shard.
+    fn shard(&self, caller: &CallerKey) -> (u64, &RwLock<Shard>) {
         let hash = self.shared.hasher.hash_one(caller.encoded());
         // Bits the table uses neither for the slot (the low ones) nor for its tags (the
         // top seven), so callers of one shard still spread over their table.
@@ -117,14 +119,15 @@ impl InMemoryBackend {
         // decision): the 32 bits times the shard count, over 2^32, land in 0..count.
         let bits = (hash >> 24) as u32;
         let shard_index = ((u64::from(bits) * self.shared.shards.len() as u64) >> 32) as usize;
-        (hash, lock(&self.shared.shards[shard_index]))
+        (hash, &self.shared.shards[shard_index])
     }
 
     /// Gives `refund` back to `caller`'s counters of `limits`; a caller no longer tracked
     /// has nothing to give back.
     fn give_back(&self, caller: &CallerKey, limits: &[Policy], refund: Refund) {
         let now = self.shared.clock.now_millis();
-        let (hash, mut shard) = self.shard(caller);
+        let (hash, shard) = self.shard(caller);
+        let mut shard = write(shard);
         let Some(position) = shard.find(hash, caller.encoded()) else {
             return;
         };
@@ -148,9 +151,19 @@ impl InMemoryBackend {
 
     fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
         let now = self.shared.clock.now_millis();
-        let (hash, mut guard) = self.shard(caller);
+        let (hash, lock) = self.shard(caller);
+        {
+            let shard = read(lock);
+            let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
+            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms
+                && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
+            {
+                return outcome;
+            }
+        }
+        let mut guard = write(lock);
         let shard = &mut *guard;
-        if now.saturating_sub(shard.last_sweep_ms) >= self.shared.sweep_interval_ms {
+        if now.saturating_sub(*shard.last_sweep_ms.get_mut()) >= self.shared.sweep_interval_ms {
             shard.sweep(now, &self.shared.hasher);
         }
 
@@ -165,7 +178,7 @@ impl InMemoryBackend {
         };
         if let Some(entry) = store.entry.as_deref_mut() {
             // A refused caller is as active as an admitted one.
-            entry.referenced = true;
+            entry.mark_referenced();
         }
         let outcome = decide(
             limits,
@@ -182,15 +195,11 @@ impl InMemoryBackend {
             return outcome;
         }
 
-        let idle_at = limits
-            .iter()
-            .map(|l| now.saturating_add(l.algorithm().retention_ms()))
-            .max()
-            .unwrap_or(now);
+        let idle_at = idle_at(limits, now);
         match (store.entry, store.fresh) {
-            (Some(entry), _) => entry.idle_at_ms = entry.idle_at_ms.max(idle_at),
-            (None, Some(mut entry)) => {
-                entry.idle_at_ms = idle_at;
+            (Some(entry), _) => entry.keep_until(idle_at),
+            (None, Some(entry)) => {
+                entry.keep_until(idle_at);
                 shard.insert(hash, entry, self.shared.shard_capacity, &self.shared.hasher);
             }
             // No policies: nothing to count.
@@ -198,6 +207,58 @@ impl InMemoryBackend {
         }
         outcome
     }
+}
+
+/// How many policies a decision on a known caller resolves on the stack under the read
+/// lock; longer sets take the write lock.
+const INLINE_POLICIES: usize = 4;
+
+/// Decides for a caller the shard already tracks with a state for each of `limits`, under
+/// the shard's read lock and the caller's own lock. `None` when the caller or one of its
+/// counters is new: that needs the write lock.
+fn decide_tracked(
+    shard: &Shard,
+    hash: u64,
+    caller: &CallerKey,
+    limits: &[Policy],
+    now: u64,
+    cost: u64,
+) -> Option<CheckOutcome> {
+    if limits.len() > INLINE_POLICIES {
+        return None;
+    }
+    let entry = &shard.entries[shard.find(hash, caller.encoded())?];
+    let mut counters = [0u32; INLINE_POLICIES];
+    for (counter, limit) in counters.iter_mut().zip(limits) {
+        *counter = shard.counter(limit.counter_arc())?;
+        if !entry.has(*counter) {
+            return None;
+        }
+    }
+    let _held = entry.lock();
+    // A refused caller is as active as an admitted one.
+    entry.mark_referenced();
+    let outcome = decide(
+        limits,
+        &mut (),
+        |_, i, _| entry.state(counters[i]),
+        now,
+        cost,
+        |_, i, state| entry.update(counters[i], state),
+    );
+    if outcome.admitted() {
+        entry.keep_until(idle_at(limits, now));
+    }
+    Some(outcome)
+}
+
+/// Until when an admission keeps a caller tracked: its counters matter that long.
+fn idle_at(limits: &[Policy], now: u64) -> u64 {
+    limits
+        .iter()
+        .map(|l| now.saturating_add(l.algorithm().retention_ms()))
+        .max()
+        .unwrap_or(now)
 }
 
 /// What one decision reads and writes in its shard: the caller's entry if tracked, else
@@ -262,7 +323,7 @@ impl InMemoryBackendBuilder {
         let shard_capacity = self.max_keys / shards;
         InMemoryBackend {
             shared: Arc::new(Shared {
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
                 hasher: KeyHasher::default(),
                 clock: self.clock,
                 shard_capacity,
@@ -317,9 +378,15 @@ impl Backend for InMemoryBackend {
 
 // A panic while a shard was locked cannot leave its map inconsistent (every update is a
 // single insert or assignment), so a poisoned lock is still safe to use.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     shard
-        .lock()
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    shard
+        .write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 

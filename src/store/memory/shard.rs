@@ -3,6 +3,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
@@ -26,7 +27,9 @@ pub(super) struct Shard {
     /// The counter identities seen by this shard; entries name a counter by its index.
     /// Limiters have a handful, so a scan (usually one pointer comparison) finds it.
     counters: Vec<Arc<str>>,
-    pub(super) last_sweep_ms: u64,
+    /// When the shard was last swept; read under the read lock to tell whether a decision
+    /// must take the write lock and sweep first.
+    pub(super) last_sweep_ms: AtomicU64,
 }
 
 impl Shard {
@@ -71,8 +74,8 @@ impl Shard {
     /// Forgets every caller idle at `now`.
     pub(super) fn sweep(&mut self, now: u64, hasher: &KeyHasher) {
         let before = self.entries.len();
-        self.entries.retain(|entry| entry.idle_at_ms > now);
-        self.last_sweep_ms = now;
+        self.entries.retain(|entry| entry.idle_at_ms() > now);
+        *self.last_sweep_ms.get_mut() = now;
         if self.entries.len() == before {
             return;
         }
@@ -100,11 +103,9 @@ impl Shard {
             }
             let position = self.hand;
             self.hand += 1;
-            let entry = &mut self.entries[position];
-            if !entry.referenced {
+            if !self.entries[position].take_referenced() {
                 return position;
             }
-            entry.referenced = false;
         }
     }
 
