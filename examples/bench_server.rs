@@ -2,7 +2,7 @@
 //! rate-limit layers, for the HTTP benchmark in `scripts/bench` (wrk on loopback).
 //!
 //! ```text
-//! bench_server [--listen ADDR] [--limit N] [--no-limit]
+//! bench_server [--listen ADDR] [--limit N] [--no-limit] [--no-fields]
 //! ```
 //!
 //! The router is `orders_api`'s without `--redis`: `GET /orders` limited to `--limit`
@@ -10,7 +10,8 @@
 //! missing header is 401), `POST /login` limited per client IP and failing closed,
 //! `GET /healthz`, and `GET /metrics` from an installed Prometheus recorder. With
 //! `--no-limit` the same router is built without the two rate-limit layers, the recorder
-//! still installed. Prints `listening on http://ADDR` once it accepts connections; use
+//! still installed; with `--no-fields` the layers stay but admitted responses carry no
+//! RateLimit fields. Prints `listening on http://ADDR` once it accepts connections; use
 //! `--listen 127.0.0.1:0` for a free port.
 
 use std::net::SocketAddr;
@@ -20,48 +21,30 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
+use clap::{ArgAction, Parser};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::{
-    ClientIp, FailurePolicy, HeaderKey, InMemoryBackend, InstanceCount, Limiter, MissingKey,
-    Policy, Quota, RateLimitLayer,
+    ClientIp, FailurePolicy, HeaderKey, HeaderMode, InMemoryBackend, InstanceCount, Limiter,
+    MissingKey, Policy, Quota, RateLimitLayer,
 };
 
-const USAGE: &str = "usage: bench_server [--listen ADDR] [--limit N] [--no-limit]";
-
+/// The orders_api router on the in-process store, for the HTTP benchmark.
+#[derive(Debug, Parser)]
+#[command(name = "bench_server")]
 struct Options {
+    /// Address to listen on; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
+    /// Requests a second per customer on GET /orders.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..))]
     limit: u64,
+    /// Builds the router without the rate-limit layers.
+    #[arg(long = "no-limit", action = ArgAction::SetFalse)]
     limited: bool,
-}
-
-fn parse_options() -> Result<Options, String> {
-    let mut options = Options {
-        listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
-        limit: 50,
-        limited: true,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--listen" => {
-                options.listen = value()?.parse().map_err(|e| format!("--listen: {e}"))?
-            }
-            "--limit" => {
-                options.limit = value()?.parse().map_err(|e| format!("--limit: {e}"))?;
-                if options.limit == 0 {
-                    return Err("--limit must be at least 1".to_owned());
-                }
-            }
-            "--no-limit" => options.limited = false,
-            "--help" | "-h" => return Err(USAGE.to_owned()),
-            other => return Err(format!("unknown flag {other}\n{USAGE}")),
-        }
-    }
-    Ok(options)
+    /// Keeps the RateLimit fields off admitted responses (`HeaderMode::Never`), to tell
+    /// the layer's own cost from the fields' encoding and parsing.
+    #[arg(long = "no-fields")]
+    no_fields: bool,
 }
 
 fn app(options: &Options, metrics: PrometheusHandle) -> Router {
@@ -77,11 +60,13 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
             ))
             .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(1)))
             .build();
-        app = app.route_layer(
-            RateLimitLayer::new(orders)
-                .key(HeaderKey::new("x-customer-id"))
-                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
-        );
+        let mut layer = RateLimitLayer::new(orders)
+            .key(HeaderKey::new("x-customer-id"))
+            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+        if options.no_fields {
+            layer = layer.headers(HeaderMode::Never);
+        }
+        app = app.route_layer(layer);
     }
     let login = post(|| async { "welcome" });
     let login = if options.limited {
@@ -106,13 +91,7 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let options = match parse_options() {
-        Ok(options) => options,
-        Err(message) => {
-            eprintln!("{message}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = Options::parse();
     let metrics = match PrometheusBuilder::new().install_recorder() {
         Ok(handle) => handle,
         Err(e) => {
