@@ -33,7 +33,8 @@ pub type KeyResult = Result<Option<Caller>, KeyRejection>;
 /// Extraction may be asynchronous (a lookup of the caller's plan, say): the extractor reads
 /// what it needs from the request synchronously and returns an owned future, so the request
 /// itself is not borrowed while the future runs. Synchronous extractors return
-/// [`std::future::Ready`] and cost nothing extra.
+/// [`std::future::Ready`] and also answer [`extract_now`](KeyExtractor::extract_now), so
+/// the layer decides within `call`.
 ///
 /// ```
 /// use std::future::{Ready, ready};
@@ -51,8 +52,14 @@ pub type KeyResult = Result<Option<Caller>, KeyRejection>;
 ///         let segment = request.uri().path().split('/').nth(1).filter(|s| !s.is_empty());
 ///         ready(Ok(segment.map(Caller::new)))
 ///     }
+///
+///     fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+///         Some(self.extract(request).into_inner())
+///     }
 /// }
-/// # let key = FirstSegment.extract(&Request::new(())); drop(key);
+/// let request = Request::builder().uri("/tenants/acme").body(()).unwrap();
+/// let caller = FirstSegment.extract_now(&request).unwrap().unwrap().unwrap();
+/// assert_eq!(caller.key().encoded(), b"=tenants");
 /// ```
 pub trait KeyExtractor: Clone + Send + Sync + 'static {
     /// The future that resolves to the caller.
