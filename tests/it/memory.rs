@@ -356,3 +356,58 @@ fn idle_keys_go_away_from_every_shard_that_sees_traffic() {
     }
     assert_eq!(backend.tracked_keys(), 2_000);
 }
+
+/// Four threads race on the same few callers under two policies, with time frozen: each
+/// caller gets exactly the tighter limit, never one more, and the looser policy counts
+/// exactly what was admitted (a refusal by one policy consumes nothing from the other).
+/// The callers' first requests race too, so the shard's insert path meets its lock-free
+/// path on the same keys.
+#[test]
+fn racing_threads_never_admit_past_the_limit() {
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 2_000;
+    const CALLERS: usize = 3;
+    let clock = ManualClock::new(START_MS);
+    let backend = InMemoryBackend::builder()
+        .shards(2)
+        .clock(clock.clone())
+        .build();
+    let limits: Arc<[Policy]> = vec![
+        Policy::new(
+            "per-second",
+            Algorithm::sliding_window(500, Duration::from_secs(1)),
+        ),
+        Policy::new(
+            "per-minute",
+            Algorithm::token_bucket(1_000, Duration::from_secs(60), 1_000),
+        ),
+    ]
+    .into();
+    let keys: Vec<CallerKey> = (0..CALLERS)
+        .map(|i| CallerKey::new(format!("racer-{i}")))
+        .collect();
+    let admitted: Vec<AtomicUsize> = (0..CALLERS).map(|_| AtomicUsize::new(0)).collect();
+    let start = Barrier::new(THREADS);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (backend, limits, keys, admitted, start) =
+                (&backend, &limits, &keys, &admitted, &start);
+            scope.spawn(move || {
+                start.wait();
+                for n in 0..PER_THREAD {
+                    let caller = (n + thread) % CALLERS;
+                    if check(backend, &keys[caller], limits).admitted() {
+                        admitted[caller].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    for (key, admitted) in keys.iter().zip(&admitted) {
+        assert_eq!(admitted.load(Ordering::Relaxed), 500, "{key}");
+        // One more is refused; the per-minute bucket spent exactly the 500 admitted.
+        let outcome = check(&backend, key, &limits);
+        assert!(!outcome.admitted());
+        assert_eq!(outcome.limits()[1].remaining, 500, "{key}");
+    }
+}
