@@ -159,7 +159,7 @@ pub(crate) fn insert_reduced_fields(
 ) {
     let reduced = policies
         .iter()
-        .map(|p| (p.name(), 0, whole_seconds(p.algorithm().window_ms())));
+        .map(|p| (p.name(), 0, whole_seconds(p.window_ms())));
     if let Some(value) = policy_field_of(reduced, fields.pk) {
         headers.append(RATELIMIT_POLICY, value);
     }

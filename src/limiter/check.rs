@@ -114,7 +114,7 @@ impl Limiter {
         // Span::none() unless a subscriber wants decision spans; entered for the part of
         // the check done here, and carried by the future for the rest.
         let span = telemetry::decision_span(&inner.name);
-        let _entered = span.enter();
+        let _entered = (!span.is_disabled()).then(|| span.enter());
         let active = inner.limits_in_force();
         let set = active.for_caller(caller);
         if let Some(refusal) = set.unaffordable(cost) {

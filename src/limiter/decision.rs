@@ -437,7 +437,7 @@ impl<'a> PolicyReport<'a> {
 
     /// `w`: the window in whole seconds, at least 1.
     pub fn window_secs(&self) -> u64 {
-        whole_seconds(self.policy.algorithm().window_ms())
+        whole_seconds(self.policy.window_ms())
     }
 
     /// `r`: requests still admitted now.

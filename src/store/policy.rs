@@ -108,6 +108,9 @@ pub struct Policy {
     algorithm: Algorithm,
     scope: Option<Arc<str>>,
     counter: Arc<str>,
+    // Computed once (each takes a division): read on every decision and every response.
+    window_ms: u64,
+    retention_ms: u64,
 }
 
 impl Policy {
@@ -177,6 +180,8 @@ impl Policy {
         let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
         Self {
             name,
+            window_ms: algorithm.window_ms(),
+            retention_ms: algorithm.retention_ms(),
             algorithm,
             scope,
             counter,
@@ -229,6 +234,16 @@ impl Policy {
     }
 
     /// The same policy counted under `scope` (a limiter's counter scope).
+    /// [`Algorithm::window_ms`], computed when the policy was built.
+    pub(crate) fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+
+    /// [`Algorithm::retention_ms`], computed when the policy was built.
+    pub(crate) fn retention_ms(&self) -> u64 {
+        self.retention_ms
+    }
+
     pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
         Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
     }

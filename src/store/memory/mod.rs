@@ -256,7 +256,7 @@ fn decide_tracked(
 fn idle_at(limits: &[Policy], now: u64) -> u64 {
     limits
         .iter()
-        .map(|l| now.saturating_add(l.algorithm().retention_ms()))
+        .map(|l| now.saturating_add(l.retention_ms()))
         .max()
         .unwrap_or(now)
 }
