@@ -6,18 +6,20 @@
 -- A state matters until it has refilled: after writing level l at `now` the key must live
 -- until now + ceil_div(capacity - l, rate) at least. A write whose x reaches that far
 -- writes l and t only; any other sets x = now + one full refill and the key's expiry to
--- exactly x (PEXPIREAT, on the same clock as `now`). So a busy key sets its expiry about
--- once per full refill instead of on every write, and a key still outlives its state.
+-- exactly x (PEXPIREAT, on the same clock as `now`). So a busy key that stays well above
+-- empty sets its expiry about once per full refill instead of on every write; one kept
+-- near empty (at its limit) still sets it on most admitted writes.
 --
 -- x stays a lower bound of the key's expiry whatever writes the key: a write that skips
 -- leaves the expiry alone; a write that sets x sets the expiry to x with it; the key's
 -- expiry or deletion takes x with it; and the other writers of a token bucket, lua/check.lua
 -- and this module's `store` (lua/lease.lua, lua/refund.lua), follow this rule. Older
--- versions of these scripts leave x alone and set the expiry to their own `now` plus one
--- full refill on every write: Redis runs one script at a time, so on a clock that does not
--- go back their `now` is at or after the one that wrote x, and the expiry they set is at
--- or after x. That is also why x is one full refill ahead and no more: a longer x would let
--- an older version's write bring the expiry before it.
+-- versions of these scripts leave x alone and on every write set the expiry one full
+-- refill after a moment of their own run (PEXPIRE is relative): Redis runs one script at
+-- a time, so on a clock that does not go back that moment is at or after the `now` that
+-- wrote x, and the expiry they set is at or after x. That is also why x is one full
+-- refill ahead and no more: with a longer x, an older version's write could bring the
+-- expiry before it, and a later write trusting x could outlive the key.
 
 local token_bucket = {}
 
