@@ -38,7 +38,7 @@ end
 -- request fits, the policy's kind and three numbers (a sliding window's limit and window;
 -- a token bucket's rate, period and burst), then its state: a sliding window's start,
 -- previous and current counts (rolled to `now`'s window) and whether the start moved, or a
--- token bucket's level. Built presized for one policy, the common case.
+-- token bucket's level and stored x. Built presized for one policy, the common case.
 local loaded = { false, false, false, false, false, false, false, false }
 local admitted = true
 for i = 1, policies do
@@ -76,7 +76,7 @@ for i = 1, policies do
     -- the level counts `period` units a token; `rate` units flow in per ms
     local rate, period, burst = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3]), tonumber(ARGV[argv + 4])
     local capacity = burst * period
-    local stored = redis.call('HMGET', KEYS[i], 'l', 't')
+    local stored = redis.call('HMGET', KEYS[i], 'l', 't', 'x')
     local level, updated = tonumber(stored[1]), tonumber(stored[2])
     if level == nil or updated == nil then
       level = capacity
@@ -97,7 +97,7 @@ for i = 1, policies do
     end
     fits = cost <= burst and level >= cost * period
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
-    loaded[base + 6] = level
+    loaded[base + 6], loaded[base + 7] = level, tonumber(stored[3])
   else
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
   end
@@ -168,9 +168,16 @@ for i = 1, policies do
     local level = loaded[base + 6]
     if admitted then
       level = level - cost * period
-      redis.call('HSET', KEYS[i], 'l', level, 't', now)
-      -- once refilled completely the state affects no decision
-      redis.call('PEXPIRE', KEYS[i], ceil_div(burst * period, rate))
+      -- the key outlives the state's refill, its expiry set only when x (a time before
+      -- which the key does not expire) falls short; why x stays one: lua/token_bucket.lua
+      local expiry = loaded[base + 7]
+      if expiry and expiry - now >= ceil_div(burst * period - level, rate) then
+        redis.call('HSET', KEYS[i], 'l', level, 't', now)
+      else
+        expiry = now + ceil_div(burst * period, rate)
+        redis.call('HSET', KEYS[i], 'l', level, 't', now, 'x', expiry)
+        redis.call('PEXPIREAT', KEYS[i], expiry)
+      end
     end
     remaining = floor_div(level, period)
     local units = cost

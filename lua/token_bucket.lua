@@ -1,12 +1,31 @@
 -- tollgate: the token bucket. A policy's key holds a hash:
 --   l = level in units where one token is `period` units and `rate` units flow in per ms,
---   t = when the level was computed (ms).
+--   t = when the level was computed (ms),
+--   x = a time (ms) before which the key does not expire.
+--
+-- A state matters until it has refilled: after writing level l at `now` the key must live
+-- until now + ceil_div(capacity - l, rate) at least. A write whose x reaches that far
+-- writes l and t only; any other sets x = now + one full refill and the key's expiry to
+-- exactly x (PEXPIREAT, on the same clock as `now`). So a busy key that stays well above
+-- empty sets its expiry about once per full refill instead of on every write; one kept
+-- near empty (at its limit) still sets it on most admitted writes.
+--
+-- x stays a lower bound of the key's expiry whatever writes the key: a write that skips
+-- leaves the expiry alone; a write that sets x sets the expiry to x with it; the key's
+-- expiry or deletion takes x with it; and the other writers of a token bucket, lua/check.lua
+-- and this module's `store` (lua/lease.lua, lua/refund.lua), follow this rule. Older
+-- versions of these scripts leave x alone and on every write set the expiry one full
+-- refill after a moment of their own run (PEXPIRE is relative): Redis runs one script at
+-- a time, so on a clock that does not go back that moment is at or after the `now` that
+-- wrote x, and the expiry they set is at or after x. That is also why x is one full
+-- refill ahead and no more: with a longer x, an older version's write could bring the
+-- expiry before it, and a later write trusting x could outlive the key.
 
 local token_bucket = {}
 
 function token_bucket.load(key, now, rate, period, burst)
   local capacity = burst * period
-  local stored = redis.call('HMGET', key, 'l', 't')
+  local stored = redis.call('HMGET', key, 'l', 't', 'x')
   local level, updated = tonumber(stored[1]), tonumber(stored[2])
   if level == nil or updated == nil then
     level = capacity
@@ -19,7 +38,7 @@ function token_bucket.load(key, now, rate, period, burst)
       level = math.min(capacity, level + elapsed * rate)
     end
   end
-  return { level = level, now = now }
+  return { level = level, now = now, expiry = tonumber(stored[3]) }
 end
 
 function token_bucket.fits(st, cost, rate, period, burst)
@@ -43,10 +62,16 @@ function token_bucket.refund(st, counted_at, cost, rate, period, burst)
   return true
 end
 
+-- Writes the level at `now`, and the expiry only when x falls short of its refill (above).
 function token_bucket.store(key, st, now, rate, period, burst)
-  redis.call('HSET', key, 'l', st.level, 't', now)
-  -- once refilled completely the state affects no decision
-  redis.call('PEXPIRE', key, ceil_div(burst * period, rate))
+  local capacity = burst * period
+  if st.expiry and st.expiry - now >= ceil_div(capacity - st.level, rate) then
+    redis.call('HSET', key, 'l', st.level, 't', now)
+  else
+    local expiry = now + ceil_div(capacity, rate)
+    redis.call('HSET', key, 'l', st.level, 't', now, 'x', expiry)
+    redis.call('PEXPIREAT', key, expiry)
+  end
 end
 
 -- The whole tokens left, and the wait until one more is (for a refusal, until `cost` are).

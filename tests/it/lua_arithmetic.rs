@@ -94,7 +94,15 @@ proptest! {
             let key = format!("case:{}", CASE.fetch_add(1, Ordering::Relaxed));
             let [kind, a, b, c] = args(&algorithm);
 
-            let mut now = 1_800_000_000_000u64;
+            // From the real clock: a token bucket's key expires at an absolute time
+            // (PEXPIREAT) computed from `now`, which must not lie in the server's past.
+            let mut now = u64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis(),
+            )
+            .unwrap();
             let mut state: Option<PolicyState> = None;
             // Admitted requests as (cost, when), the ones a refund may give back.
             let mut admitted: Vec<(u64, u64)> = Vec::new();

@@ -4,6 +4,7 @@
 mod algorithms;
 mod axum_router;
 mod bad_input;
+mod bucket_expiry;
 mod client_throttle;
 mod conformance;
 mod counting;

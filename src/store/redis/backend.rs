@@ -327,9 +327,21 @@ pub(super) async fn evaluate<T: redis::FromRedisValue>(
     keys: &[Vec<u8>],
     args: &(impl redis::ToRedisArgs + Sync),
 ) -> Result<T, RedisError> {
+    // Sized once: built argument by argument from empty, the command's buffers were
+    // reallocated several times per call. Numbers take at most 20 bytes.
+    let arg_count = redis::ToRedisArgs::num_of_args(args);
+    let key_bytes: usize = keys.iter().map(Vec::len).sum();
     let command = |name: &str, script: &str| {
-        let mut command = redis::cmd(name);
-        command.arg(script).arg(keys.len()).arg(keys).arg(args);
+        let mut command = redis::Cmd::with_capacity(
+            3 + keys.len() + arg_count,
+            name.len() + script.len() + 20 + key_bytes + 20 * arg_count,
+        );
+        command
+            .arg(name)
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         command
     };
     match command("EVALSHA", script.get_hash())
