@@ -252,6 +252,12 @@ impl Breaker {
     }
 
     pub(crate) fn admit(&self) -> Admission {
+        self.admit_at(|| self.shared.clock.now_millis())
+    }
+
+    /// [`admit`](Self::admit) with the time read by `now`, on the breaker's clock, and
+    /// only when the breaker is not closed.
+    pub(crate) fn admit_at(&self, now: impl FnOnce() -> u64) -> Admission {
         // The epoch is read before the state: a call that sees the breaker closed carries
         // the epoch of that closed spell, or an older one (then its outcome is ignored).
         let epoch = self.shared.epoch.load(Ordering::Acquire);
@@ -259,7 +265,7 @@ impl Breaker {
         if state == CLOSED {
             return Admission::Call(self.permit(false, epoch));
         }
-        let now = self.shared.clock.now_millis();
+        let now = now();
         // The common answers while the store is down, without the lock: the deadline is
         // stored before the state that it goes with, so an open state read here comes
         // with its own deadline or a later one.

@@ -134,9 +134,13 @@ impl Limiter {
                 ));
             }
         }
-        let now = inner.clock.now_millis();
+        // Read once, and only if needed: by a cached refusal, an open breaker, or as the
+        // time the store was asked.
+        let mut read_clock = None;
+        let mut now = || *read_clock.get_or_insert_with(|| inner.clock.now_millis());
         if let Some(denials) = &inner.denials
-            && let Some(info) = denials.get(caller.key(), set.id, now, cost)
+            && !denials.is_empty()
+            && let Some(info) = denials.get(caller.key(), set.id, now(), cost)
         {
             inner.metrics.denial_cache_hit();
             return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
@@ -146,13 +150,15 @@ impl Limiter {
         {
             return decision;
         }
-        let permit = match inner.breaker.admit() {
+        let permit = match inner.breaker.admit_at(&mut now) {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost);
+                let decision =
+                    inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost, read_clock);
                 return DecisionFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
+        let now = now();
         let started = Instant::now();
         let mut check = inner.backend.check(caller.key(), limits, cost);
         if let Some(result) = check.try_take_ready() {
@@ -257,7 +263,7 @@ impl Inner {
             Err(error) => {
                 permit.failure();
                 tracing::debug!(layer = %self.name, %error, "store call failed");
-                self.fall_back(caller, set, FallbackReason::of(&error), cost)
+                self.fall_back(caller, set, FallbackReason::of(&error), cost, None)
             }
         }
     }
@@ -311,7 +317,7 @@ impl Inner {
             }
             // Only an in-process store's answer comes here unguarded; it does not fail, but
             // if a custom one does, it gets the failure policy too.
-            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error), cost),
+            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error), cost, None),
         }
     }
 }

@@ -55,6 +55,12 @@ impl DenialCache {
         }
     }
 
+    /// Whether no refusal is cached: then there is nothing to look up, and no need to read
+    /// the clock for it.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.load(Ordering::Acquire) == 0
+    }
+
     /// The cached refusal of `caller` by the policy set `set` that holds for a request of
     /// `cost` units, with its waiting times brought to `now_ms`.
     pub(crate) fn get(

@@ -9,7 +9,7 @@ use crate::limiter::decision::{
 };
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::policy_set::PolicySet;
-use crate::store::backend::{Backend, StoreError, StoreErrorKind};
+use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 
@@ -57,18 +57,21 @@ impl Inner {
         set: &PolicySet,
         reason: FallbackReason,
         cost: u64,
+        now: Option<u64>,
     ) -> Decision {
         self.metrics.fallback(reason);
-        self.apply(&self.on_store_failure, caller, set, cost)
+        self.apply(&self.on_store_failure, caller, set, cost, now)
     }
 
-    /// Decides a request of `cost` units by the failure policy `policy`.
+    /// Decides a request of `cost` units by the failure policy `policy`; `now` is the time
+    /// on the limiter's clock when the caller has just read it.
     pub(super) fn apply(
         &self,
         policy: &FailurePolicy,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
+        now: Option<u64>,
     ) -> Decision {
         let limits = &set.limits;
         match policy {
@@ -78,36 +81,42 @@ impl Inner {
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
-                let share = self.share(limits, instances.get());
-                let mut check = self.local.check(caller.key(), &share, cost);
-                match check.try_take_ready() {
-                    Some(Ok(outcome)) => {
-                        let info = RateLimitInfo::from_outcomes(
-                            &share,
-                            outcome.limits(),
-                            DecisionSource::LocalShare,
-                        )
-                        .for_cost(cost);
-                        if outcome.admitted() {
-                            // The local counters took it: a refund goes back to them.
-                            Decision::Allowed(info.with_receipt(Receipt {
-                                counted_at_ms: outcome.counted_at_ms(),
-                                set_id: set.id,
-                            }))
-                        } else {
-                            Decision::Limited(info)
-                        }
-                    }
-                    // The in-process store always answers at once.
-                    _ => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
-                }
+                self.with_share(limits, instances.get(), |share| {
+                    self.decide_share(caller, set, share, cost, now)
+                })
             }
             FailurePolicy::Static => self
                 .cached_refusal(caller, set, cost)
                 .unwrap_or(Decision::Unlimited(UnlimitedReason::StoreFailedOpen)),
             FailurePolicy::StaticThen(rest) => self
                 .cached_refusal(caller, set, cost)
-                .unwrap_or_else(|| self.apply(rest, caller, set, cost)),
+                .unwrap_or_else(|| self.apply(rest, caller, set, cost, now)),
+        }
+    }
+
+    /// Decides a request of `cost` units on this instance's own counters of `share`.
+    fn decide_share(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        share: &Arc<[Policy]>,
+        cost: u64,
+        now: Option<u64>,
+    ) -> Decision {
+        // The local counters run on the limiter's clock: a time just read serves them too.
+        let now = now.unwrap_or_else(|| self.clock.now_millis());
+        let outcome = self.local.decide_at(caller.key(), share, cost, now);
+        let info =
+            RateLimitInfo::from_outcomes(share, outcome.limits(), DecisionSource::LocalShare)
+                .for_cost(cost);
+        if outcome.admitted() {
+            // The local counters took it: a refund goes back to them.
+            Decision::Allowed(info.with_receipt(Receipt {
+                counted_at_ms: outcome.counted_at_ms(),
+                set_id: set.id,
+            }))
+        } else {
+            Decision::Limited(info)
         }
     }
 
@@ -123,18 +132,25 @@ impl Inner {
             .map(Decision::Limited)
     }
 
-    /// `limits` divided by `divisor`, computed once per set and divisor: later requests
-    /// find it in a snapshot read without a lock.
-    fn share(&self, limits: &Arc<[Policy]>, divisor: u64) -> Arc<[Policy]> {
-        let find = |shares: &[Share]| {
+    /// Runs `decide` on `limits` divided by `divisor`, computed once per set and divisor:
+    /// later requests find it in a snapshot read without a lock, and borrow it from there.
+    fn with_share<T>(
+        &self,
+        limits: &Arc<[Policy]>,
+        divisor: u64,
+        decide: impl FnOnce(&Arc<[Policy]>) -> T,
+    ) -> T {
+        let position = |shares: &[Share]| {
             shares
                 .iter()
-                .find(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
-                .map(|(_, _, share)| share.clone())
+                .position(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
         };
-        if let Some(share) = find(&self.shares.load()) {
-            return share;
+        let known = self.shares.load();
+        if let Some(i) = position(&known) {
+            return decide(&known[i].2);
         }
+        drop(known);
+        let find = |shares: &[Share]| position(shares).map(|i| shares[i].2.clone());
         let share: Arc<[Policy]> = limits
             .iter()
             .map(|limit| limit.with_algorithm(limit.algorithm().divided_by(divisor)))
@@ -157,6 +173,6 @@ impl Inner {
             shares.push((limits.clone(), divisor, share.clone()));
             shares
         });
-        stored
+        decide(&stored)
     }
 }

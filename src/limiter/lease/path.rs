@@ -145,7 +145,7 @@ fn take(
         Admission::Call(permit) => permit,
         Admission::Reject => {
             leasing.table.granted(caller.key(), set.id, None);
-            let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost);
+            let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost, None);
             return Some(DecisionFuture::ready(inner.conclude(decision, mode, span)));
         }
     };
@@ -191,7 +191,7 @@ fn take(
                         leasing.table.granted(caller.key(), set.id, None);
                     }
                     tracing::debug!(layer = %inner.name, %error, "taking a lease failed");
-                    inner.fall_back(&caller, &set, FallbackReason::of(&error), cost)
+                    inner.fall_back(&caller, &set, FallbackReason::of(&error), cost, None)
                 }
             };
             taking.settled = true;

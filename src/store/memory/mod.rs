@@ -150,7 +150,18 @@ impl InMemoryBackend {
     }
 
     fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
-        let now = self.shared.clock.now_millis();
+        self.decide_at(caller, limits, cost, self.shared.clock.now_millis())
+    }
+
+    /// Decides at `now`, read from this backend's clock by the caller: a limiter that
+    /// already read the time on its way here (its breaker, open) does not read it again.
+    pub(crate) fn decide_at(
+        &self,
+        caller: &CallerKey,
+        limits: &[Policy],
+        cost: u64,
+        now: u64,
+    ) -> CheckOutcome {
         let (hash, lock) = self.shard(caller);
         {
             let shard = read(lock);
