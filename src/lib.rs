@@ -124,7 +124,8 @@ pub mod shed;
 pub mod simulator;
 pub mod store;
 
-pub use http::headers::{DecisionExtension, HeaderMode};
+pub use http::config::DecisionExtension;
+pub use http::headers::HeaderMode;
 pub use http::key::{
     AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor,
     MissingKey, TrustedProxies,

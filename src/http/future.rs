@@ -11,9 +11,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::http::body::ResponseBody;
-use crate::http::config::Config;
+use crate::http::config::{Config, DecisionExtension};
 use crate::http::grpc;
-use crate::http::headers::{DecisionExtension, PARTITION_KEY_LEN};
+use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{KeyExtractor, KeyRejection, KeyResult, MissingKey};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};

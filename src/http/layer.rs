@@ -8,10 +8,8 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::http::config::{Config, CostFn, CountOnly, RefusalHook, Skip};
-use crate::http::headers::{
-    DecisionExtension, HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap,
-};
+use crate::http::config::{Config, CostFn, CountOnly, DecisionExtension, RefusalHook, Skip};
+use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
 use crate::http::service::RateLimit;
 use crate::limiter::check::Limiter;

@@ -88,8 +88,9 @@ pub fn evaluate(
     }
 }
 
-/// How many policies [`decide`] evaluates on the stack; more take one allocation.
-const INLINE_POLICIES: usize = 4;
+/// How many policies [`decide`] evaluates on the stack; more take one allocation (and, in
+/// the in-process store, the shard's write lock).
+pub(crate) const INLINE_POLICIES: usize = 4;
 
 /// [`evaluate`] without allocating for up to [`INLINE_POLICIES`] policies: `stored(store,
 /// i, policy)` reads the state of the `i`th policy, and `admit(store, i, state)` is called

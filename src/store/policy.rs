@@ -233,7 +233,6 @@ impl Policy {
         Self::assemble(self.name.clone(), algorithm, self.scope.clone())
     }
 
-    /// The same policy counted under `scope` (a limiter's counter scope).
     /// [`Algorithm::window_ms`], computed when the policy was built.
     pub(crate) fn window_ms(&self) -> u64 {
         self.window_ms
@@ -244,6 +243,7 @@ impl Policy {
         self.retention_ms
     }
 
+    /// The same policy counted under `scope` (a limiter's counter scope).
     pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
         Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
     }

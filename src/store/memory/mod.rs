@@ -10,7 +10,7 @@ use std::time::Duration;
 use self::entry::Entry;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckFuture, CheckOutcome, LeaseFuture, Refund, RefundFuture};
-use super::evaluate::decide;
+use super::evaluate::{INLINE_POLICIES, decide};
 use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
@@ -115,7 +115,7 @@ impl InMemoryBackend {
         let hash = self.shared.hasher.hash_one(caller.encoded());
         // Bits the table uses neither for the slot (the low ones) nor for its tags (the
         // top seven), so callers of one shard still spread over their table.
-        // Scaled by a multiply rather than a division (a 64-bit `div` is a tenth of a
+        // Scaled by a multiply rather than a 64-bit division (tens of cycles on every
         // decision): the 32 bits times the shard count, over 2^32, land in 0..count.
         let bits = (hash >> 24) as u32;
         let shard_index = ((u64::from(bits) * self.shared.shards.len() as u64) >> 32) as usize;
@@ -219,10 +219,6 @@ impl InMemoryBackend {
         outcome
     }
 }
-
-/// How many policies a decision on a known caller resolves on the stack under the read
-/// lock; longer sets take the write lock.
-const INLINE_POLICIES: usize = 4;
 
 /// Decides for a caller the shard already tracks with a state for each of `limits`, under
 /// the shard's read lock and the caller's own lock. `None` when the caller or one of its
