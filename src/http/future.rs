@@ -15,6 +15,7 @@ use crate::http::config::{Config, DecisionExtension};
 use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{KeyExtractor, KeyRejection, KeyResult, MissingKey};
+use crate::http::refusal::{Protocol, Refusal};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::future::DecisionFuture;
@@ -50,8 +51,8 @@ struct Head<K> {
     config: Arc<Config<K>>,
     // The caller's partition key, when the layer sends one.
     pk: Option<[u8; PARTITION_KEY_LEN]>,
-    // A gRPC request: refusals are gRPC statuses, not HTTP errors.
-    grpc: bool,
+    // A gRPC request gets its refusals as gRPC statuses, not HTTP errors.
+    protocol: Protocol,
     // The units the request costs.
     cost: u64,
     // Who is calling, kept under `count_only` only: a refund names the caller.
@@ -115,7 +116,11 @@ where
         cost: u64,
     ) -> Self {
         let mut head = Head {
-            grpc: grpc::is_grpc(request.headers()),
+            protocol: if grpc::is_grpc(request.headers()) {
+                Protocol::Grpc
+            } else {
+                Protocol::Http
+            },
             config,
             pk: None,
             cost,
@@ -166,7 +171,7 @@ where
                 config,
                 pk: None,
                 // Nothing is refused on this path.
-                grpc: false,
+                protocol: Protocol::Http,
                 cost: 1,
                 caller: None,
             },
@@ -192,7 +197,7 @@ where
             MissingKey::Reject(status) => {
                 let rejection =
                     KeyRejection::new(status, "the request does not say who is calling");
-                return Step::Answer(rejected(&rejection, head.grpc));
+                return Step::Answer(rejected(head, &rejection));
             }
             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
             MissingKey::Pass => {
@@ -202,7 +207,7 @@ where
                 );
             }
         },
-        Err(rejection) => return Step::Answer(rejected(&rejection, head.grpc)),
+        Err(rejection) => return Step::Answer(rejected(head, &rejection)),
     };
     head.pk = head
         .config
@@ -235,30 +240,8 @@ where
     K: KeyExtractor,
 {
     let fields = fields(&head.config, head.pk.as_ref());
-    let default = match &decision {
-        Decision::Limited(info) => Some(match (info.unaffordable(), head.grpc) {
-            (Some(policy), false) => response::cost_exceeds_quota(info, &policy, fields),
-            (Some(policy), true) => grpc::cost_exceeds_quota(info, &policy, fields),
-            (None, false) => response::limited(info, fields),
-            (None, true) => grpc::limited(info, fields),
-        }),
-        Decision::Unavailable {
-            retry_after_secs,
-            policies,
-            ..
-        } if head.grpc => Some(grpc::unavailable(*retry_after_secs, policies, fields)),
-        Decision::Unavailable {
-            retry_after_secs,
-            policies,
-            ..
-        } => Some(response::unavailable(
-            head.config.unavailable_status,
-            *retry_after_secs,
-            policies,
-            fields,
-        )),
-        Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => None,
-    };
+    let default = Refusal::of(&decision, head.config.unavailable_status)
+        .map(|refusal| refusal.render(head.protocol, fields));
     match default {
         Some(default) => {
             let mut refusal = match &head.config.refusal {
@@ -447,13 +430,11 @@ fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>)
     }
 }
 
-/// A key rejection in the request's protocol.
-fn rejected(rejection: &KeyRejection, grpc: bool) -> Response<Bytes> {
-    if grpc {
-        grpc::rejected(rejection)
-    } else {
-        response::rejected(rejection)
-    }
+/// A key rejection in the request's protocol. A missing key is rejected without the
+/// RateLimit fields, which only a decision has.
+fn rejected<K>(head: &Head<K>, rejection: &KeyRejection) -> Response<Bytes> {
+    let fields = fields(&head.config, None);
+    Refusal::Rejected(rejection).render(head.protocol, fields)
 }
 
 fn take<R, S>(request: &mut Option<R>, inner: &mut Option<S>) -> (R, S) {

@@ -5,18 +5,16 @@
 //! the status in `grpc-status` and `grpc-message`, and no body: the response headers are
 //! the trailers and end the stream (one HEADERS frame with END_STREAM), which is what the
 //! gRPC protocol calls Trailers-Only. The RateLimit fields, Retry-After and
-//! `grpc-retry-pushback-ms` travel as metadata beside the status.
+//! `grpc-retry-pushback-ms` travel as metadata beside the status; what they say is the
+//! [refusal](super::refusal)'s, whichever protocol renders it.
 
 use std::fmt::Write;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::http::key::KeyRejection;
-use crate::http::response::{self, Fields};
-use crate::limiter::decision::{PolicyReport, RateLimitInfo};
-use crate::store::policy::Policy;
+use crate::http::refusal::Refusal;
 
 /// The `grpc-status` field name.
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -84,82 +82,49 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         && matches!(value.get(prefix.len()), None | Some(b'+' | b';' | b' '))
 }
 
-/// RESOURCE_EXHAUSTED with RateLimit-Policy, RateLimit (the exhausted policies),
-/// Retry-After and the pushback until every refusing policy admits again.
-pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Bytes> {
-    let retry_after = info.retry_after_secs().max(1);
-    let mut message = String::from("quota exceeded:");
-    for (i, policy) in info.violated().enumerate() {
-        message.push_str(if i == 0 { " " } else { ", " });
-        message.push_str(policy.name());
-    }
-    let mut response = trailers_only(Code::RESOURCE_EXHAUSTED, &message);
-    let headers = response.headers_mut();
-    if fields.mode.on_refused() {
-        response::insert_policy_fields(headers, info, info.violated(), fields);
-    }
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+/// The gRPC envelope of a refusal: a status in a Trailers-Only response, with the pushback
+/// when waiting helps.
+///
+/// - Limited, or a cost no quota admits: RESOURCE_EXHAUSTED; the latter carries no
+///   pushback, since waiting never makes it fit (and a gRPC client whose retry policy
+///   requires a pushback then does not retry).
+/// - Fail closed: UNAVAILABLE, whatever HTTP status the layer gives such refusals (gRPC
+///   clients retry UNAVAILABLE, after the pushback).
+/// - A key rejection: the gRPC code its 4xx stands for, its detail as the message.
+pub(crate) fn status_of(refusal: &Refusal<'_>) -> Response<Bytes> {
+    let mut response = match refusal {
+        Refusal::Limited(info) => {
+            let mut message = String::from("quota exceeded:");
+            for (i, policy) in info.violated().enumerate() {
+                message.push_str(if i == 0 { " " } else { ", " });
+                message.push_str(policy.name());
+            }
+            trailers_only(Code::RESOURCE_EXHAUSTED, &message)
+        }
+        Refusal::CostExceedsQuota { info, policy } => {
+            let message = format!(
+                "the request costs {} units, more than the {} that policy {} admits in a window",
+                info.cost(),
+                policy.quota(),
+                policy.name()
+            );
+            trailers_only(Code::RESOURCE_EXHAUSTED, &message)
+        }
+        Refusal::Unavailable { .. } => trailers_only(
+            Code::UNAVAILABLE,
+            "temporarily reduced capacity: the rate limit cannot be checked",
+        ),
+        Refusal::Rejected(rejection) => {
+            trailers_only(Code::of_rejection(rejection.status()), rejection.detail())
+        }
+    };
     // Milliseconds as the store computed them; never 0, which would invite an instant retry.
-    headers.insert(
-        GRPC_RETRY_PUSHBACK_MS,
-        HeaderValue::from(info.retry_after_ms().max(1)),
-    );
-    response
-}
-
-/// A request that costs more than a policy's quota: RESOURCE_EXHAUSTED with RateLimit-Policy
-/// but no Retry-After and no pushback, since waiting never makes it fit (and a gRPC client
-/// whose retry policy requires a pushback then does not retry).
-pub(crate) fn cost_exceeds_quota(
-    info: &RateLimitInfo,
-    policy: &PolicyReport<'_>,
-    fields: Fields<'_>,
-) -> Response<Bytes> {
-    let message = format!(
-        "the request costs {} units, more than the {} that policy {} admits in a window",
-        info.cost(),
-        policy.quota(),
-        policy.name()
-    );
-    let mut response = trailers_only(Code::RESOURCE_EXHAUSTED, &message);
-    if fields.mode.on_refused()
-        && let Some(field) = fields.cache.get(info, fields.pk)
-    {
+    if let Some(ms) = refusal.retry_after_ms() {
         response
             .headers_mut()
-            .append(response::RATELIMIT_POLICY, field);
+            .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
     }
     response
-}
-
-/// A fail-closed refusal: UNAVAILABLE, whatever HTTP status the layer gives such refusals
-/// (gRPC clients retry UNAVAILABLE, after the pushback), with the same reduced fields as
-/// the HTTP refusal and Retry-After.
-pub(crate) fn unavailable(
-    retry_after_secs: u64,
-    policies: &[Policy],
-    fields: Fields<'_>,
-) -> Response<Bytes> {
-    let retry_after = retry_after_secs.max(1);
-    let mut response = trailers_only(
-        Code::UNAVAILABLE,
-        "temporarily reduced capacity: the rate limit cannot be checked",
-    );
-    let headers = response.headers_mut();
-    if fields.mode.on_refused() {
-        response::insert_reduced_fields(headers, policies, retry_after, fields);
-    }
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    headers.insert(
-        GRPC_RETRY_PUSHBACK_MS,
-        HeaderValue::from(retry_after.saturating_mul(1000)),
-    );
-    response
-}
-
-/// A key rejection as the gRPC code its 4xx stands for, its detail as the message.
-pub(crate) fn rejected(rejection: &KeyRejection) -> Response<Bytes> {
-    trailers_only(Code::of_rejection(rejection.status()), rejection.detail())
 }
 
 /// HTTP 200, `application/grpc`, the status and message, and an empty body that reports
@@ -243,11 +208,13 @@ mod tests {
     }
 
     use crate::http::body::ResponseBody;
+    use crate::http::key::KeyRejection;
 
     #[test]
     fn a_rejection_is_trailers_only() {
         let rejection = KeyRejection::new(StatusCode::UNAUTHORIZED, "no x-api-key: 100% needed");
-        let response = rejected(&rejection).map(ResponseBody::<http_body_util::Empty<Bytes>>::full);
+        let response = status_of(&Refusal::Rejected(&rejection))
+            .map(ResponseBody::<http_body_util::Empty<Bytes>>::full);
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(response.headers()[CONTENT_TYPE], "application/grpc");
         assert_eq!(response.headers()[GRPC_STATUS], "16");

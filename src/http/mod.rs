@@ -4,7 +4,7 @@
 //! In the order a request meets them: [`layer`] builds the [`service`], which extracts the
 //! caller's [`key`] and asks the limiter; the [`future`] waits for the decision, then either
 //! calls the inner service and adds the [`headers`] to its response, or answers with a
-//! refusal from [`response`].
+//! [`refusal`], which [`response`] writes as HTTP and [`grpc`] as a gRPC status.
 
 pub(crate) mod body;
 pub(crate) mod config;
@@ -13,5 +13,6 @@ pub(crate) mod grpc;
 pub(crate) mod headers;
 pub(crate) mod key;
 pub(crate) mod layer;
+pub(crate) mod refusal;
 pub(crate) mod response;
 pub(crate) mod service;

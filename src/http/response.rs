@@ -1,4 +1,5 @@
-//! Refusals as RFC 9457 problem+json responses, and the headers on allowed ones.
+//! The HTTP envelope of a refusal (an RFC 9457 problem+json body), and the RateLimit
+//! fields on allowed responses.
 
 use std::fmt::Write;
 
@@ -8,11 +9,9 @@ use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::http::body::ResponseBody;
-use crate::http::headers::{
-    HeaderMode, PolicyFieldCache, RemainingCap, policy_field_of, state_field, state_field_of,
-};
-use crate::http::key::KeyRejection;
-use crate::limiter::decision::{Decision, PolicyReport, RateLimitInfo, whole_seconds};
+use crate::http::headers::{HeaderMode, PolicyFieldCache, RemainingCap, state_field};
+use crate::http::refusal::Refusal;
+use crate::limiter::decision::Decision;
 use crate::store::policy::Policy;
 
 /// The `RateLimit-Policy` field name.
@@ -47,126 +46,83 @@ pub(crate) struct Fields<'a> {
 // Problem members are named as the draft names its own (`violated-policies`): lower case,
 // words joined by hyphens.
 
-/// 429 with RateLimit-Policy, RateLimit (the exhausted policies), Retry-After and a
-/// quota-exceeded problem naming the violated policies.
-pub(crate) fn limited(info: &RateLimitInfo, fields: Fields<'_>) -> Response<Bytes> {
-    let retry_after = info.retry_after_secs().max(1);
-    let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+/// The HTTP envelope of a refusal: its status and RFC 9457 problem body.
+///
+/// - Limited: 429, quota-exceeded, naming the violated policies.
+/// - A cost no quota admits: 429, cost-exceeds-quota, naming the policy, the cost and the
+///   quota (no Retry-After: waiting never helps).
+/// - Fail closed: the layer's status (503 unless set), temporary-reduced-capacity, naming
+///   every policy of the caller.
+/// - A key rejection: its 4xx, `about:blank` with the rejection's detail.
+pub(crate) fn problem_of(refusal: &Refusal<'_>) -> Response<Bytes> {
     let mut body = String::with_capacity(256);
-    body.push_str("{\"type\":");
-    json_string(&mut body, QUOTA_EXCEEDED);
-    body.push_str(",\"title\":\"Quota exceeded\",\"status\":429");
-    if let Some(first) = violated.first() {
-        body.push_str(",\"policy\":");
-        json_string(&mut body, first);
-    }
-    violated_and_retry(&mut body, &violated, retry_after);
-
-    let mut response = problem_bytes(StatusCode::TOO_MANY_REQUESTS, body);
-    let headers = response.headers_mut();
-    if fields.mode.on_refused() {
-        insert_policy_fields(headers, info, info.violated(), fields);
-    }
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    response
-}
-
-/// 429 for a request that costs more than a policy's quota: RateLimit-Policy, the
-/// cost-exceeds-quota problem naming the policy, the cost and the quota, and no
-/// Retry-After (waiting never helps) nor RateLimit (the store was not asked, so `r` is not
-/// known).
-pub(crate) fn cost_exceeds_quota(
-    info: &RateLimitInfo,
-    policy: &PolicyReport<'_>,
-    fields: Fields<'_>,
-) -> Response<Bytes> {
-    let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
-    let mut body = String::with_capacity(320);
-    body.push_str("{\"type\":");
-    json_string(&mut body, COST_EXCEEDS_QUOTA);
-    body.push_str(",\"title\":\"Cost exceeds quota\",\"status\":429,\"detail\":");
-    json_string(
-        &mut body,
-        &format!(
-            "the request costs {} units, more than the {} that policy {:?} admits in a \
-             window: waiting does not help, a smaller request may",
-            info.cost(),
-            policy.quota(),
-            policy.name()
-        ),
-    );
-    body.push_str(",\"policy\":");
-    json_string(&mut body, policy.name());
-    let _ = write!(
-        body,
-        ",\"cost\":{},\"quota\":{},\"violated-policies\":[",
-        info.cost(),
-        policy.quota()
-    );
-    for (i, name) in violated.iter().enumerate() {
-        if i > 0 {
-            body.push(',');
+    let status = match refusal {
+        Refusal::Limited(info) => {
+            let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+            body.push_str("{\"type\":");
+            json_string(&mut body, QUOTA_EXCEEDED);
+            body.push_str(",\"title\":\"Quota exceeded\",\"status\":429");
+            if let Some(first) = violated.first() {
+                body.push_str(",\"policy\":");
+                json_string(&mut body, first);
+            }
+            violated_and_retry(&mut body, &violated, refusal.retry_after_secs());
+            StatusCode::TOO_MANY_REQUESTS
         }
-        json_string(&mut body, name);
-    }
-    body.push_str("]}");
-    let mut response = problem_bytes(StatusCode::TOO_MANY_REQUESTS, body);
-    if fields.mode.on_refused()
-        && let Some(policy) = fields.cache.get(info, fields.pk)
-    {
-        response.headers_mut().append(RATELIMIT_POLICY, policy);
-    }
-    response
-}
-
-/// A fail-closed refusal: 503 (or the configured status, already mended by the layer),
-/// Retry-After, and the temporary-reduced-capacity problem naming every policy of the
-/// caller. RateLimit-Policy advertises the reduced quota, nothing (`q=0`) in each window,
-/// and RateLimit `r=0` until the retry time.
-pub(crate) fn unavailable(
-    status: StatusCode,
-    retry_after_secs: u64,
-    policies: &[Policy],
-    fields: Fields<'_>,
-) -> Response<Bytes> {
-    let retry_after = retry_after_secs.max(1);
-    let names: Vec<&str> = policies.iter().map(Policy::name).collect();
-    let mut body = String::with_capacity(256);
-    body.push_str("{\"type\":");
-    json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
-    let _ = write!(
-        body,
-        ",\"title\":\"Temporary reduced capacity\",\"status\":{}",
-        status.as_u16()
-    );
-    violated_and_retry(&mut body, &names, retry_after);
-    let mut response = problem_bytes(status, body);
-    let headers = response.headers_mut();
-    if fields.mode.on_refused() {
-        insert_reduced_fields(headers, policies, retry_after, fields);
-    }
-    headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    response
-}
-
-/// The fields of a fail-closed refusal: RateLimit-Policy advertises nothing (`q=0`) in
-/// each window, and RateLimit `r=0` until `retry_after` (whole seconds).
-pub(crate) fn insert_reduced_fields(
-    headers: &mut HeaderMap,
-    policies: &[Policy],
-    retry_after: u64,
-    fields: Fields<'_>,
-) {
-    let reduced = policies
-        .iter()
-        .map(|p| (p.name(), 0, whole_seconds(p.window_ms())));
-    if let Some(value) = policy_field_of(reduced, fields.pk) {
-        headers.append(RATELIMIT_POLICY, value);
-    }
-    let states = policies.iter().map(|p| (p.name(), 0, retry_after));
-    if let Some(value) = state_field_of(states, fields.pk) {
-        headers.append(RATELIMIT, value);
-    }
+        Refusal::CostExceedsQuota { info, policy } => {
+            let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+            body.push_str("{\"type\":");
+            json_string(&mut body, COST_EXCEEDS_QUOTA);
+            body.push_str(",\"title\":\"Cost exceeds quota\",\"status\":429,\"detail\":");
+            json_string(
+                &mut body,
+                &format!(
+                    "the request costs {} units, more than the {} that policy {:?} admits in a \
+                     window: waiting does not help, a smaller request may",
+                    info.cost(),
+                    policy.quota(),
+                    policy.name()
+                ),
+            );
+            body.push_str(",\"policy\":");
+            json_string(&mut body, policy.name());
+            let _ = write!(
+                body,
+                ",\"cost\":{},\"quota\":{}",
+                info.cost(),
+                policy.quota()
+            );
+            violated_and_retry(&mut body, &violated, None);
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        Refusal::Unavailable {
+            status, policies, ..
+        } => {
+            let names: Vec<&str> = policies.iter().map(Policy::name).collect();
+            body.push_str("{\"type\":");
+            json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
+            let _ = write!(
+                body,
+                ",\"title\":\"Temporary reduced capacity\",\"status\":{}",
+                status.as_u16()
+            );
+            violated_and_retry(&mut body, &names, refusal.retry_after_secs());
+            *status
+        }
+        Refusal::Rejected(rejection) => {
+            let status = rejection.status();
+            body.push_str("{\"type\":\"about:blank\",\"title\":");
+            json_string(
+                &mut body,
+                status.canonical_reason().unwrap_or("Client error"),
+            );
+            let _ = write!(body, ",\"status\":{},\"detail\":", status.as_u16());
+            json_string(&mut body, rejection.detail());
+            body.push('}');
+            status
+        }
+    };
+    problem_bytes(status, body)
 }
 
 /// A request shed by the concurrency limit: 503, Retry-After, and the
@@ -187,8 +143,9 @@ pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> 
     response
 }
 
-/// `,"violated-policies":[...],"retry-after-seconds":N}`: the end of both refusals' bodies.
-fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: u64) {
+/// `,"violated-policies":[...]` and, when waiting helps, `,"retry-after-seconds":N`, then
+/// the closing brace: the end of every refusal's body but a key rejection's.
+fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: Option<u64>) {
     body.push_str(",\"violated-policies\":[");
     for (i, name) in violated.iter().enumerate() {
         if i > 0 {
@@ -196,22 +153,11 @@ fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: u64) {
         }
         json_string(body, name);
     }
-    let _ = write!(body, "],\"retry-after-seconds\":{retry_after}}}");
-}
-
-/// A request the key extractor refused, or one without a key when the layer rejects those.
-pub(crate) fn rejected(rejection: &KeyRejection) -> Response<Bytes> {
-    let status = rejection.status();
-    let mut body = String::with_capacity(128);
-    body.push_str("{\"type\":\"about:blank\",\"title\":");
-    json_string(
-        &mut body,
-        status.canonical_reason().unwrap_or("Client error"),
-    );
-    let _ = write!(body, ",\"status\":{},\"detail\":", status.as_u16());
-    json_string(&mut body, rejection.detail());
+    body.push(']');
+    if let Some(secs) = retry_after {
+        let _ = write!(body, ",\"retry-after-seconds\":{secs}");
+    }
     body.push('}');
-    problem_bytes(status, body)
 }
 
 /// Adds RateLimit-Policy and RateLimit (every policy) to an allowed response of `status`.
@@ -224,24 +170,14 @@ pub(crate) fn decorate_allowed(
     if let Decision::Allowed(info) = decision
         && fields.mode.on_allowed(status)
     {
-        insert_policy_fields(headers, info, info.policies(), fields);
-    }
-}
-
-/// Adds RateLimit-Policy (every policy) and RateLimit (the `reported` ones).
-pub(crate) fn insert_policy_fields<'a>(
-    headers: &mut HeaderMap,
-    info: &RateLimitInfo,
-    reported: impl IntoIterator<Item = PolicyReport<'a>>,
-    fields: Fields<'_>,
-) {
-    // Appended, not inserted: Structured Field lists may span several field lines, so a
-    // response that already lists an inner layer's policies lists both layers'.
-    if let Some(policy) = fields.cache.get(info, fields.pk) {
-        headers.append(RATELIMIT_POLICY, policy);
-    }
-    if let Some(state) = state_field(reported, fields.cap, fields.pk) {
-        headers.append(RATELIMIT, state);
+        // Appended, not inserted: a response that already lists an inner layer's policies
+        // lists both layers'.
+        if let Some(policy) = fields.cache.get(info, fields.pk) {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+        if let Some(state) = state_field(info.policies(), fields.cap, fields.pk) {
+            headers.append(RATELIMIT, state);
+        }
     }
 }
 
