@@ -64,11 +64,11 @@ use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
-use tollgate::key::KeyResult;
+use tollgate::key::Extracted;
 use tollgate::{
-    Caller, ClientIp, FailurePolicy, FnKey, InMemoryBackend, InstanceCount, InstanceRegistry,
-    Limiter, Limits, LimitsHandle, MissingKey, Policy, Quota, RateLimitLayer, RedisBackend,
-    TrustedProxies,
+    Caller, ClientIp, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry,
+    KeyExtractor, Limiter, Limits, LimitsHandle, MissingKey, Policy, Quota, RateLimitLayer,
+    RedisBackend, TrustedProxies,
 };
 
 /// An orders API rate-limited per customer, a login form that fails closed, and Prometheus
@@ -272,27 +272,30 @@ fn policy_name(window_secs: u64) -> String {
 
 /// The caller of /orders: its `x-customer-id` (none without the header, which the layer
 /// answers with 401), on the plan tier `plans` gives it.
-fn customer_key(
+#[derive(Clone)]
+struct CustomerKey {
     plans: Arc<ArcSwap<Plans>>,
-) -> FnKey<impl Fn(&axum::http::Request<()>) -> KeyResult + Clone + Send + Sync + 'static> {
-    FnKey::new(move |request: &axum::http::Request<()>| {
+}
+
+impl KeyExtractor for CustomerKey {
+    fn extract<B>(&self, request: &axum::http::Request<B>) -> Extracted {
         let Some(id) = request
             .headers()
             .get("x-customer-id")
             .map(|value| value.as_bytes())
             .filter(|id| !id.is_empty())
         else {
-            return Ok(None);
+            return Extracted::NoKey;
         };
         let caller = Caller::new(id);
         let tier = std::str::from_utf8(id)
             .ok()
-            .and_then(|id| plans.load().get(id).cloned());
-        Ok(Some(match tier {
+            .and_then(|id| self.plans.load().get(id).cloned());
+        Extracted::Caller(match tier {
             Some(tier) => caller.with_tier(tier),
             None => caller,
-        }))
-    })
+        })
+    }
 }
 
 /// The router, and what a reload of `--config` changes under it.
@@ -369,7 +372,9 @@ async fn app(
         .route("/orders", get(|| async { "[]" }))
         .route_layer(
             RateLimitLayer::new(orders)
-                .key(customer_key(plans.clone()))
+                .key(CustomerKey {
+                    plans: plans.clone(),
+                })
                 .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
         )
         .route(

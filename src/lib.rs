@@ -164,8 +164,9 @@ pub mod key {
     //! Who is calling: the key extractors, and what a rejected key answers.
 
     pub use crate::http::key::{
-        AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, ForwardedHeader, GlobalKey,
-        HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, KeyResult, MissingKey, TrustedProxies,
+        AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
+        ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, MissingKey,
+        TrustedProxies,
     };
     pub use crate::store::caller::{Caller, CallerKey};
 }

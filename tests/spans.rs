@@ -29,6 +29,8 @@ struct SpanState {
     entered: Vec<u64>,
     /// For each refusal event, the span it happened in.
     refusals_in: Vec<Option<u64>>,
+    /// The message of every warning, in order.
+    warnings: Vec<String>,
 }
 
 struct Fields<'a>(&'a mut BTreeMap<String, String>);
@@ -64,6 +66,10 @@ impl Spans {
     fn refusals_in(&self) -> Vec<Option<u64>> {
         self.state.lock().unwrap().refusals_in.clone()
     }
+
+    fn warnings(&self) -> Vec<String> {
+        self.state.lock().unwrap().warnings.clone()
+    }
 }
 
 impl tracing::Subscriber for Spans {
@@ -89,6 +95,10 @@ impl tracing::Subscriber for Spans {
     fn event(&self, event: &tracing::Event<'_>) {
         let mut fields = BTreeMap::new();
         event.record(&mut Fields(&mut fields));
+        if *event.metadata().level() == tracing::Level::WARN {
+            let message = fields.get("message").cloned().unwrap_or_default();
+            self.state.lock().unwrap().warnings.push(message);
+        }
         if fields.get("message").map(String::as_str) == Some("request refused") {
             let mut state = self.state.lock().unwrap();
             let current = state.entered.last().copied();
@@ -198,4 +208,50 @@ async fn no_decision_span_when_the_subscriber_wants_nothing_below_info() {
     assert!(!limiter.check(&acme).await.is_allowed());
     assert_eq!(spans.decisions(), Vec::<BTreeMap<String, String>>::new());
     assert!(spans.state.lock().unwrap().spans.is_empty());
+}
+
+#[tokio::test]
+async fn an_extension_key_without_its_extension_says_once_where_the_auth_layer_goes() {
+    use std::convert::Infallible;
+    use tollgate::{ExtensionKey, RateLimitLayer};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    #[derive(Clone)]
+    struct Principal(String);
+    impl From<&Principal> for Caller {
+        fn from(principal: &Principal) -> Self {
+            Caller::new(principal.0.as_str())
+        }
+    }
+
+    let spans = Spans::new(LevelFilter::WARN);
+    let _subscriber = tracing::subscriber::set_default(spans.clone());
+    let limiter = Limiter::builder()
+        .name("otp")
+        .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
+        .build();
+    // The auth middleware would insert `Principal`; here it runs inside the limit layer (or
+    // not at all), so the layer never sees the extension.
+    let service = ServiceBuilder::new()
+        .layer(RateLimitLayer::new(limiter).key(ExtensionKey::<Principal>::new()))
+        .service_fn(|_request: http::Request<()>| async {
+            Ok::<_, Infallible>(http::Response::new(
+                http_body_util::Empty::<bytes::Bytes>::new(),
+            ))
+        });
+    for _ in 0..3 {
+        let response = service
+            .clone()
+            .oneshot(http::Request::new(()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400);
+    }
+    let warnings = spans.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("before the rate-limit layer"),
+        "{}",
+        warnings[0]
+    );
 }

@@ -14,7 +14,7 @@ use crate::http::body::ResponseBody;
 use crate::http::config::{Config, DecisionExtension};
 use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
-use crate::http::key::{KeyExtractor, KeyRejection, KeyResult, MissingKey};
+use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
 use crate::http::refusal::{Protocol, Refusal};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
@@ -31,7 +31,7 @@ pin_project! {
     pub struct ResponseFuture<S, K, ReqBody>
     where
         S: Service<Request<ReqBody>>,
-        K: KeyExtractor,
+        K: AsyncKeyExtractor,
     {
         #[pin]
         state: State<S::Future>,
@@ -105,7 +105,7 @@ enum Step<InnerFuture, KeyFuture, S, ReqBody> {
 impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
 where
     S: Service<Request<ReqBody>>,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
 {
     /// Decides `request` (of `cost` units) as far as can be done now, and calls `inner`
     /// if it is admitted by then.
@@ -129,7 +129,7 @@ where
         let step = match head.config.key.extract_now(&request) {
             Some(key) => after_key(&mut head, key, request, inner),
             None => Step::Wait(Waiting::Key {
-                key: head.config.key.extract(&request),
+                key: head.config.key.extract_async(&request),
                 request: Some(request),
                 inner: Some(inner),
             }),
@@ -183,17 +183,17 @@ where
 /// The step after the key extractor answered: refuse, let through uncounted, or decide.
 fn after_key<K, S, ReqBody>(
     head: &mut Head<K>,
-    key: KeyResult,
+    key: Extracted,
     request: Request<ReqBody>,
     mut inner: S,
 ) -> Step<S::Future, K::Future, S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
 {
     let caller = match key {
-        Ok(Some(caller)) => caller,
-        Ok(None) => match head.config.missing_key {
+        Extracted::Caller(caller) => caller,
+        Extracted::NoKey => match head.config.missing_key {
             MissingKey::Reject(status) => {
                 let rejection =
                     KeyRejection::new(status, "the request does not say who is calling");
@@ -207,7 +207,7 @@ where
                 );
             }
         },
-        Err(rejection) => return Step::Answer(rejected(head, &rejection)),
+        Extracted::Rejected(rejection) => return Step::Answer(rejected(head, &rejection)),
     };
     head.pk = head
         .config
@@ -237,7 +237,7 @@ fn after_decision<K, S, ReqBody, KeyFuture>(
 ) -> Step<S::Future, KeyFuture, S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
 {
     let fields = fields(&head.config, head.pk.as_ref());
     let default = Refusal::of(&decision, head.config.unavailable_status)
@@ -258,7 +258,7 @@ where
 impl<S, K, ReqBody> std::fmt::Debug for ResponseFuture<S, K, ReqBody>
 where
     S: Service<Request<ReqBody>>,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match (&self.state, self.waiting.as_deref()) {
@@ -278,7 +278,7 @@ where
 impl<S, K, ReqBody, ResBody> Future for ResponseFuture<S, K, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
     ResBody: http_body::Body<Data = Bytes>,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;

@@ -10,7 +10,7 @@ use tower_layer::Layer;
 
 use crate::http::config::{Config, CostFn, CountOnly, DecisionExtension, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
-use crate::http::key::{ClientIp, KeyExtractor, MissingKey};
+use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
 use crate::limiter::check::Limiter;
 use crate::limiter::decision::Decision;
@@ -133,9 +133,9 @@ impl RateLimitLayer<ClientIp> {
     }
 }
 
-impl<K: KeyExtractor> RateLimitLayer<K> {
+impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// Counts callers by what `key` extracts.
-    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2> {
+    pub fn key<K2: AsyncKeyExtractor>(self, key: K2) -> RateLimitLayer<K2> {
         let config = self.into_config();
         RateLimitLayer {
             config: Arc::new(Config {

@@ -10,7 +10,7 @@ use tower_service::Service;
 use crate::http::body::ResponseBody;
 use crate::http::config::Config;
 use crate::http::future::ResponseFuture;
-use crate::http::key::KeyExtractor;
+use crate::http::key::AsyncKeyExtractor;
 
 /// A service rate-limited by a [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -75,7 +75,7 @@ impl<S: Clone, K> Clone for RateLimit<S, K> {
 impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    K: KeyExtractor,
+    K: AsyncKeyExtractor,
     ResBody: http_body::Body<Data = Bytes>,
 {
     type Response = Response<ResponseBody<ResBody>>;

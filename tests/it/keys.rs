@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::UnlimitedReason;
-use tollgate::key::{ForwardedHeader, KeyRejection};
+use tollgate::key::{AsyncKeyExtractor, Extracted, ForwardedHeader, KeyRejection};
 use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
@@ -34,7 +34,7 @@ fn one_per_hour() -> Limiter {
         .build()
 }
 
-fn layered<K: KeyExtractor>(limiter: Limiter, key: K, missing: MissingKey) -> Svc {
+fn layered<K: AsyncKeyExtractor>(limiter: Limiter, key: K, missing: MissingKey) -> Svc {
     BoxCloneService::new(
         ServiceBuilder::new()
             .layer(
@@ -120,8 +120,12 @@ fn assert_problem(reply: &Reply, status: StatusCode) {
     assert!(body["title"].is_string(), "{body}");
 }
 
-async fn extract<K: KeyExtractor>(key: &K, request: &Request<Full<Bytes>>) -> Option<Caller> {
-    key.extract(request).await.expect("not rejected")
+async fn extract<K: AsyncKeyExtractor>(key: &K, request: &Request<Full<Bytes>>) -> Option<Caller> {
+    match key.extract_async(request).await {
+        Extracted::Caller(caller) => Some(caller),
+        Extracted::NoKey => None,
+        Extracted::Rejected(rejection) => panic!("rejected: {rejection}"),
+    }
 }
 
 fn addr(s: &str) -> Option<IpAddr> {
@@ -372,12 +376,12 @@ async fn async_fn_key_awaits_a_lookup() {
             async move {
                 tokio::task::yield_now().await;
                 let Some(api_key) = api_key else {
-                    return Ok(None);
+                    return Extracted::NoKey;
                 };
                 let plan = plans.read().await.get(&api_key).copied().unwrap_or("free");
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 lookups.fetch_add(1, Ordering::SeqCst);
-                Ok(Some(Caller::new(api_key).with_tier(plan)))
+                Extracted::Caller(Caller::new(api_key).with_tier(plan))
             }
         })
     };

@@ -1,5 +1,4 @@
 use std::fmt;
-use std::future::{Ready, ready};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
 
-use super::{KeyExtractor, KeyRejection, KeyResult};
+use super::{Extracted, KeyExtractor, KeyRejection};
 use crate::store::caller::Caller;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -181,17 +180,11 @@ impl Default for ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
-        ready(
-            self.client_addr(request)
-                .map(|addr| addr.map(|addr| self.key_for(addr))),
-        )
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
+    fn extract<B>(&self, request: &Request<B>) -> Extracted {
+        match self.client_addr(request) {
+            Ok(addr) => addr.map(|addr| self.key_for(addr)).into(),
+            Err(rejection) => Extracted::Rejected(rejection),
+        }
     }
 }
 

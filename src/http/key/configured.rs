@@ -1,13 +1,11 @@
 //! One extractor type over the built-in ones, chosen at run time (from a configuration
 //! file, say), where the layer's type cannot depend on the choice.
 
-use std::future::Ready;
-
 use http::Request;
 
 use crate::http::key::client_ip::ClientIp;
 use crate::http::key::header::HeaderKey;
-use crate::http::key::{GlobalKey, KeyExtractor, KeyResult};
+use crate::http::key::{Extracted, GlobalKey, KeyExtractor};
 
 /// A header, the client IP, or one key for everybody, picked at run time: the layer has
 /// one type whichever it is.
@@ -35,17 +33,11 @@ pub enum ConfiguredKey {
 }
 
 impl KeyExtractor for ConfiguredKey {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
+    fn extract<B>(&self, request: &Request<B>) -> Extracted {
         match self {
             ConfiguredKey::Header(key) => key.extract(request),
             ConfiguredKey::ClientIp(key) => key.extract(request),
             ConfiguredKey::Global(key) => key.extract(request),
         }
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
     }
 }

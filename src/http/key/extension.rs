@@ -1,10 +1,11 @@
 use std::fmt;
-use std::future::{Ready, ready};
 use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::Request;
 
-use super::{KeyExtractor, KeyResult};
+use super::{Extracted, KeyExtractor};
 use crate::store::caller::Caller;
 
 /// Counts callers by a value that earlier middleware put in the request's extensions, such
@@ -12,7 +13,11 @@ use crate::store::caller::Caller;
 ///
 /// The value is turned into a [`Caller`] with `Into`, so an auth layer can insert its own
 /// type and implement `From<&Principal> for Caller` to choose the key (and the plan tier).
-/// A request without the extension has no key.
+/// A request without the extension has no key (see [`MissingKey`](crate::MissingKey)); the
+/// first such request logs one warning (per extractor and its clones) naming the usual
+/// cause: the middleware that inserts the extension runs inside the rate-limit layer
+/// instead of outside it. In axum, a layer added later wraps the ones added before, so add
+/// the authentication layer after the rate-limit layer.
 ///
 /// ```
 /// use tollgate::{Caller, ExtensionKey};
@@ -30,6 +35,8 @@ use crate::store::caller::Caller;
 /// # drop(by_principal);
 /// ```
 pub struct ExtensionKey<T> {
+    /// Set once a request without the extension has been reported; shared by clones.
+    warned_missing: Arc<AtomicBool>,
     _marker: PhantomData<fn() -> T>,
 }
 
@@ -41,6 +48,7 @@ where
     /// Keys on the extension of type `T`.
     pub fn new() -> Self {
         Self {
+            warned_missing: Arc::new(AtomicBool::new(false)),
             _marker: PhantomData,
         }
     }
@@ -59,6 +67,7 @@ where
 impl<T> Clone for ExtensionKey<T> {
     fn clone(&self) -> Self {
         Self {
+            warned_missing: self.warned_missing.clone(),
             _marker: PhantomData,
         }
     }
@@ -77,13 +86,21 @@ where
     T: Clone + Send + Sync + 'static,
     for<'a> &'a T: Into<Caller>,
 {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
-        ready(Ok(request.extensions().get::<T>().map(Into::into)))
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
+    fn extract<B>(&self, request: &Request<B>) -> Extracted {
+        match request.extensions().get::<T>() {
+            Some(value) => Extracted::Caller(value.into()),
+            None => {
+                if !self.warned_missing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        extension = std::any::type_name::<T>(),
+                        "a request reached the rate-limit layer without the extension its \
+                         ExtensionKey reads, so it has no key: the middleware that inserts it \
+                         must run before the rate-limit layer (in axum, add that layer after \
+                         the rate-limit layer, so that it wraps it)"
+                    );
+                }
+                Extracted::NoKey
+            }
+        }
     }
 }

@@ -1,8 +1,6 @@
-use std::future::{Ready, ready};
-
 use http::{HeaderName, Request};
 
-use super::{KeyExtractor, KeyResult};
+use super::{Extracted, KeyExtractor};
 use crate::store::caller::Caller;
 
 /// Counts callers by the value of a request header, such as an API key or a customer id.
@@ -55,19 +53,13 @@ impl HeaderKey {
 }
 
 impl KeyExtractor for HeaderKey {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
-        let caller = request
+    fn extract<B>(&self, request: &Request<B>) -> Extracted {
+        request
             .headers()
             .get(&self.name)
             .map(|value| value.as_bytes())
             .filter(|bytes| !bytes.is_empty())
-            .map(Caller::new);
-        ready(Ok(caller))
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
+            .map(Caller::new)
+            .into()
     }
 }

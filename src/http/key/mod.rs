@@ -24,65 +24,148 @@ pub use configured::ConfiguredKey;
 pub use extension::ExtensionKey;
 pub use header::HeaderKey;
 
-/// What a key extractor found: a caller, no key at all (`Ok(None)`, handled by the layer's
-/// [`MissingKey`] choice), or a rejection that becomes a 4xx response.
-pub type KeyResult = Result<Option<Caller>, KeyRejection>;
-
-/// Names the caller of a request.
+/// What a key extractor found for one request.
 ///
-/// Extraction may be asynchronous (a lookup of the caller's plan, say): the extractor reads
-/// what it needs from the request synchronously and returns an owned future, so the request
-/// itself is not borrowed while the future runs. Synchronous extractors return
-/// [`std::future::Ready`] and also answer [`extract_now`](KeyExtractor::extract_now), so
-/// the layer decides within `call`.
+/// `From` conversions let an extractor return what it has: a [`Caller`], an
+/// `Option<Caller>` (`None` is [`NoKey`](Self::NoKey)), a [`KeyRejection`], or a `Result`
+/// of any of those with a rejection as its error (so a closure can use `?`).
 ///
 /// ```
-/// use std::future::{Ready, ready};
+/// use tollgate::Caller;
+/// use tollgate::key::Extracted;
+///
+/// assert!(matches!(Extracted::from(Some(Caller::new("acme"))), Extracted::Caller(_)));
+/// assert!(matches!(Extracted::from(None::<Caller>), Extracted::NoKey));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Extracted {
+    /// The request is counted as this caller.
+    Caller(Caller),
+    /// The request does not say who is calling: the layer's [`MissingKey`] choice decides.
+    NoKey,
+    /// The request is refused with this 4xx, whatever the limits.
+    Rejected(KeyRejection),
+}
+
+impl From<Caller> for Extracted {
+    fn from(caller: Caller) -> Self {
+        Extracted::Caller(caller)
+    }
+}
+
+impl From<Option<Caller>> for Extracted {
+    fn from(caller: Option<Caller>) -> Self {
+        caller.map_or(Extracted::NoKey, Extracted::Caller)
+    }
+}
+
+impl From<KeyRejection> for Extracted {
+    fn from(rejection: KeyRejection) -> Self {
+        Extracted::Rejected(rejection)
+    }
+}
+
+impl<T: Into<Extracted>> From<Result<T, KeyRejection>> for Extracted {
+    fn from(result: Result<T, KeyRejection>) -> Self {
+        result.map_or_else(Extracted::Rejected, Into::into)
+    }
+}
+
+/// Names the caller of a request, synchronously: one method, as most extractors need.
+///
+/// Every `KeyExtractor` is also an [`AsyncKeyExtractor`], which is what the layer takes,
+/// and the layer decides its requests within `call` (no key future to wait on). For a
+/// key that needs a lookup (the caller's plan in a database, say), implement
+/// [`AsyncKeyExtractor`] instead, or use [`AsyncFnKey`].
+///
+/// ```
 /// use http::Request;
 /// use tollgate::{Caller, KeyExtractor};
-/// use tollgate::key::KeyResult;
+/// use tollgate::key::Extracted;
 ///
 /// /// Counts callers by the first path segment, e.g. `/tenants/acme/...` -> `tenants`.
 /// #[derive(Clone, Debug)]
 /// struct FirstSegment;
 ///
 /// impl KeyExtractor for FirstSegment {
-///     type Future = Ready<KeyResult>;
-///     fn extract<B>(&self, request: &Request<B>) -> Self::Future {
+///     fn extract<B>(&self, request: &Request<B>) -> Extracted {
 ///         let segment = request.uri().path().split('/').nth(1).filter(|s| !s.is_empty());
-///         ready(Ok(segment.map(Caller::new)))
-///     }
-///
-///     fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-///         Some(self.extract(request).into_inner())
+///         segment.map(Caller::new).into()
 ///     }
 /// }
+///
 /// let request = Request::builder().uri("/tenants/acme").body(()).unwrap();
-/// let caller = FirstSegment.extract_now(&request).unwrap().unwrap().unwrap();
-/// assert_eq!(caller.key().encoded(), b"=tenants");
+/// assert_eq!(FirstSegment.extract(&request), Extracted::Caller(Caller::new("tenants")));
 /// ```
 pub trait KeyExtractor: Clone + Send + Sync + 'static {
+    /// Who `request` is counted as.
+    fn extract<B>(&self, request: &Request<B>) -> Extracted;
+}
+
+/// Names the caller of a request, possibly after waiting: what
+/// [`RateLimitLayer::key`](crate::RateLimitLayer::key) takes.
+///
+/// Every [`KeyExtractor`] is one, answering at once. Implement this trait directly only for
+/// an extractor that must wait (a lookup of the caller's plan, say): it reads what it needs
+/// from the request synchronously and returns an owned future, so the request itself is
+/// not borrowed while the future runs.
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::Pin;
+/// use http::Request;
+/// use tollgate::Caller;
+/// use tollgate::key::{AsyncKeyExtractor, Extracted};
+///
+/// /// Looks the caller's plan up by its API key.
+/// #[derive(Clone, Debug)]
+/// struct PlanLookup;
+///
+/// impl AsyncKeyExtractor for PlanLookup {
+///     type Future = Pin<Box<dyn Future<Output = Extracted> + Send>>;
+///
+///     fn extract_async<B>(&self, request: &Request<B>) -> Self::Future {
+///         let key = request.headers().get("x-api-key").cloned();
+///         Box::pin(async move {
+///             let Some(key) = key else { return Extracted::NoKey };
+///             // A real service would ask its database here.
+///             let plan = if key.as_bytes().starts_with(b"gold-") { "gold" } else { "free" };
+///             Caller::new(key.as_bytes()).with_tier(plan).into()
+///         })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let request = Request::builder().header("x-api-key", "gold-1").body(()).unwrap();
+/// let Extracted::Caller(caller) = PlanLookup.extract_async(&request).await else { panic!() };
+/// assert_eq!(caller.tier(), Some("gold"));
+/// # }
+/// ```
+pub trait AsyncKeyExtractor: Clone + Send + Sync + 'static {
     /// The future that resolves to the caller.
-    type Future: Future<Output = KeyResult> + Send + 'static;
+    type Future: Future<Output = Extracted> + Send + 'static;
 
     /// Starts extracting the caller of `request`.
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future;
+    fn extract_async<B>(&self, request: &Request<B>) -> Self::Future;
 
-    /// The key without waiting, when this extractor can tell it at once; `None` (the
-    /// default) means the layer awaits [`extract`](Self::extract). Every built-in extractor
-    /// but [`AsyncFnKey`] answers here, and the layer then decides the request within
-    /// `call`, so its response future carries no copy of the request.
-    ///
-    /// ```
-    /// use tollgate::{HeaderKey, KeyExtractor};
-    ///
-    /// let request = http::Request::builder().header("x-api-key", "k-1").body(()).unwrap();
-    /// let caller = HeaderKey::new("x-api-key").extract_now(&request);
-    /// assert_eq!(caller.unwrap().unwrap().unwrap().key().encoded(), b"=k-1");
-    /// ```
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
+    /// The caller without waiting, when this extractor knows it at once (every
+    /// [`KeyExtractor`] does); `None`, the default, makes the layer await
+    /// [`extract_async`](Self::extract_async).
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<Extracted> {
         let _ = request;
         None
+    }
+}
+
+impl<K: KeyExtractor> AsyncKeyExtractor for K {
+    type Future = Ready<Extracted>;
+
+    fn extract_async<B>(&self, request: &Request<B>) -> Self::Future {
+        ready(self.extract(request))
+    }
+
+    fn extract_now<B>(&self, request: &Request<B>) -> Option<Extracted> {
+        Some(self.extract(request))
     }
 }
 
@@ -176,29 +259,23 @@ impl Default for MissingKey {
 pub struct GlobalKey;
 
 impl KeyExtractor for GlobalKey {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, _request: &Request<B>) -> Self::Future {
-        ready(Ok(Some(Caller::new(CallerKey::new("*")))))
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
+    fn extract<B>(&self, _request: &Request<B>) -> Extracted {
+        Extracted::Caller(Caller::new(CallerKey::new("*")))
     }
 }
 
 /// A key extractor from a closure over the request's head.
 ///
 /// The closure sees [`http::request::Parts`]-like access through `&Request<()>`: method, URI,
-/// headers and extensions, but not the body.
+/// headers and extensions, but not the body. It returns anything that converts into
+/// [`Extracted`]: an `Option<Caller>`, a [`Caller`], a [`KeyRejection`] or `Extracted`
+/// itself.
 ///
 /// ```
 /// use tollgate::{Caller, FnKey};
 ///
 /// // Count callers by tenant, taken from the host name.
-/// let by_host = FnKey::new(|request: &http::Request<()>| {
-///     Ok(request.uri().host().map(Caller::new))
-/// });
+/// let by_host = FnKey::new(|request: &http::Request<()>| request.uri().host().map(Caller::new));
 /// # drop(by_host);
 /// ```
 #[derive(Clone)]
@@ -206,9 +283,10 @@ pub struct FnKey<F> {
     f: F,
 }
 
-impl<F> FnKey<F>
+impl<F, O> FnKey<F>
 where
-    F: Fn(&Request<()>) -> KeyResult + Clone + Send + Sync + 'static,
+    F: Fn(&Request<()>) -> O + Clone + Send + Sync + 'static,
+    O: Into<Extracted>,
 {
     /// Wraps the closure.
     pub fn new(f: F) -> Self {
@@ -222,18 +300,13 @@ impl<F> fmt::Debug for FnKey<F> {
     }
 }
 
-impl<F> KeyExtractor for FnKey<F>
+impl<F, O> KeyExtractor for FnKey<F>
 where
-    F: Fn(&Request<()>) -> KeyResult + Clone + Send + Sync + 'static,
+    F: Fn(&Request<()>) -> O + Clone + Send + Sync + 'static,
+    O: Into<Extracted>,
 {
-    type Future = Ready<KeyResult>;
-
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
-        ready((self.f)(&head_of(request)))
-    }
-
-    fn extract_now<B>(&self, request: &Request<B>) -> Option<KeyResult> {
-        Some(self.extract(request).into_inner())
+    fn extract<B>(&self, request: &Request<B>) -> Extracted {
+        (self.f)(&head_of(request)).into()
     }
 }
 
@@ -242,14 +315,15 @@ where
 ///
 /// ```
 /// use tollgate::{AsyncFnKey, Caller};
+/// use tollgate::key::Extracted;
 ///
 /// let with_plan = AsyncFnKey::new(|request: &http::Request<()>| {
 ///     let key = request.headers().get("x-api-key").cloned();
 ///     async move {
-///         let Some(key) = key else { return Ok(None) };
+///         let Some(key) = key else { return Extracted::NoKey };
 ///         // A real service would look the plan up in its database here.
 ///         let plan = if key.as_bytes().starts_with(b"gold-") { "gold" } else { "free" };
-///         Ok(Some(Caller::new(key.as_bytes()).with_tier(plan)))
+///         Caller::new(key.as_bytes()).with_tier(plan).into()
 ///     }
 /// });
 /// # drop(with_plan);
@@ -262,7 +336,7 @@ pub struct AsyncFnKey<F> {
 impl<F, Fut> AsyncFnKey<F>
 where
     F: Fn(&Request<()>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = KeyResult> + Send + 'static,
+    Fut: Future<Output = Extracted> + Send + 'static,
 {
     /// Wraps the closure.
     pub fn new(f: F) -> Self {
@@ -276,14 +350,14 @@ impl<F> fmt::Debug for AsyncFnKey<F> {
     }
 }
 
-impl<F, Fut> KeyExtractor for AsyncFnKey<F>
+impl<F, Fut> AsyncKeyExtractor for AsyncFnKey<F>
 where
     F: Fn(&Request<()>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = KeyResult> + Send + 'static,
+    Fut: Future<Output = Extracted> + Send + 'static,
 {
     type Future = Fut;
 
-    fn extract<B>(&self, request: &Request<B>) -> Self::Future {
+    fn extract_async<B>(&self, request: &Request<B>) -> Self::Future {
         (self.f)(&head_of(request))
     }
 }
