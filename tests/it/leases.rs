@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tollgate::decision::DecisionSource;
-use tollgate::simulator::{Phase, Scenario};
 use tollgate::store::{Algorithm, Clock, InMemoryBackend, ManualClock};
 use tollgate::{
     Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota, RedisBackend,
 };
+use tollgate_simulator::{Phase, Scenario};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};
 use tollgate_testkit::redis::RedisServer;

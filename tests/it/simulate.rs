@@ -1,4 +1,4 @@
-//! The outage simulator (`tollgate::simulator`), run through its library API: the defaults
+//! The outage simulator (the `tollgate-simulator` crate), run through its library API: the defaults
 //! reproduce the README's table of the running example, the other faults and the token
 //! bucket tell the same story, the scenario's settings change it, a limiter of the
 //! caller's own replays the same outage, and bad numbers are typed errors. It runs the
@@ -17,12 +17,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde_json::Value;
-use tollgate::simulator::{
+use tollgate::store::Algorithm;
+use tollgate::{FailurePolicy, InstanceCount, Policy, Quota, RedisBackend};
+use tollgate_simulator::{
     AlgorithmKind, Customer, FaultKind, FaultSwitch, Phase, PolicyName, Report, Scenario,
     ScenarioError, SimulationError,
 };
-use tollgate::store::Algorithm;
-use tollgate::{FailurePolicy, InstanceCount, Policy, Quota, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::redis::RedisServer;
 
@@ -83,12 +83,7 @@ fn phase(name: &str) -> Phase {
         .unwrap_or_else(|| panic!("no phase {name}"))
 }
 
-fn row(
-    report: &Report,
-    policy: &str,
-    phase_name: &str,
-    customer: &str,
-) -> tollgate::simulator::Row {
+fn row(report: &Report, policy: &str, phase_name: &str, customer: &str) -> tollgate_simulator::Row {
     report
         .row(policy, phase(phase_name), customer)
         .unwrap_or_else(|| panic!("no row for {policy}/{phase_name}/{customer}"))
@@ -592,7 +587,7 @@ fn a_real_redis_behind_the_fault_proxy() {
 pub(crate) fn simulator() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let mut features = vec!["simulator"];
+        let mut features = Vec::new();
         if cfg!(feature = "axum") {
             features.push("axum");
         }
@@ -601,6 +596,9 @@ pub(crate) fn simulator() -> &'static Path {
         }
         if cfg!(feature = "redis-tls") {
             features.push("redis-tls");
+        }
+        if cfg!(feature = "serde") {
+            features.push("serde");
         }
         let mut command = Command::new(env!("CARGO"));
         command
