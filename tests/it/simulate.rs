@@ -9,22 +9,36 @@
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
 
+#[cfg(feature = "redis")]
 use std::future::Future;
 use std::path::{Path, PathBuf};
+#[cfg(feature = "redis")]
 use std::pin::Pin;
 use std::process::{Command, Output};
-use std::sync::{Arc, OnceLock};
+#[cfg(feature = "redis")]
+use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::store::Algorithm;
-use tollgate::{FailurePolicy, InstanceCount, Policy, Quota, RedisBackend};
+use tollgate::{FailurePolicy, InstanceCount, Policy, Quota};
+#[cfg(feature = "redis")]
+use tollgate_simulator::FaultSwitch;
 use tollgate_simulator::{
-    AlgorithmKind, Customer, FaultKind, FaultSwitch, Phase, PolicyName, Report, Scenario,
-    ScenarioError, SimulationError,
+    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError,
+    SimulationError,
 };
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 /// Within 10% of the expected rate (exactly 0 when 0 is expected).
 const TOLERANCE: f64 = 0.10;
@@ -475,11 +489,13 @@ fn bad_numbers_are_typed_errors_not_panics() {
 }
 
 /// Switches the fault proxy in front of the real Redis.
+#[cfg(feature = "redis")]
 #[derive(Debug)]
 struct ProxySwitch {
     proxy: Arc<FaultProxy>,
 }
 
+#[cfg(feature = "redis")]
 impl FaultSwitch for ProxySwitch {
     fn set(
         &self,
@@ -503,6 +519,7 @@ impl FaultSwitch for ProxySwitch {
 
 /// The same scenario in real time on a real redis-server, through the fault proxy; short
 /// phases, so looser bounds than the virtual runs.
+#[cfg(feature = "redis")]
 #[test]
 fn a_real_redis_behind_the_fault_proxy() {
     let server = RedisServer::start();
