@@ -119,9 +119,6 @@ pub mod client;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod shed;
-/// Replays a store outage on virtual time against the real layer, limiter and breaker.
-#[cfg(feature = "simulator")]
-pub mod simulator;
 pub mod store;
 
 pub use http::config::DecisionExtension;

@@ -9,9 +9,16 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use tollgate::{Caller, Limiter, Mode, ModeSwitch, Policy, Quota, RedisBackend};
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
+use tollgate::{Caller, Limiter, Mode, ModeSwitch, Policy, Quota};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tracing::level_filters::LevelFilter;
+
+#[cfg(not(feature = "redis"))]
+#[path = "it/skipped/redis.rs"]
+mod skipped;
 
 /// A `tracing` subscriber that keeps tollgate's decision spans (fields as recorded) and
 /// which span each "request refused" event happened in, up to a maximum level.
@@ -154,6 +161,7 @@ async fn each_decision_gets_a_span_with_its_outcome_and_refusing_policy() {
     assert_eq!(spans.refusals_in(), [Some(2)]);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_decision_that_waits_on_redis_is_recorded_in_its_span() {
     let server = RedisServer::start();

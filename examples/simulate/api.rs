@@ -3,7 +3,7 @@
 //! second, and the traced caller's requests).
 
 use serde::{Deserialize, Serialize};
-use tollgate::simulator::{
+use tollgate_simulator::{
     AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError, Traced,
 };
 

@@ -4,7 +4,7 @@ use plotters::prelude::{
     ChartBuilder, Color, FontStyle, IntoDrawingArea, IntoFont, LineSeries, RGBColor, Rectangle,
     SVGBackend, TRANSPARENT, Text, WHITE,
 };
-use tollgate::simulator::Report;
+use tollgate_simulator::Report;
 
 use crate::Options;
 use crate::output::{policy_note, rate_text};

@@ -1,6 +1,6 @@
 //! The outage simulator's command line: the running example (an orders API on 4
 //! instances, 50 requests a second per customer, a 30 s outage) on tollgate's own layer,
-//! limiter, circuit breaker and failure policies, through `tollgate::simulator`.
+//! limiter, circuit breaker and failure policies, through the `tollgate-simulator` crate.
 //!
 //! ```text
 //! cargo run --release --example simulate -- [FLAGS]
@@ -21,7 +21,7 @@
 //! `--serve ADDR` serves a page instead (see `serve.rs`) whose controls edit the same
 //! scenario and rerun it on every change.
 //!
-//! Run with `--help` for the flags. The engine is the library's `simulator` feature; this
+//! Run with `--help` for the flags. The engine is the `tollgate-simulator` crate; this
 //! file parses the flags, `output.rs` prints the tables and the JSON, `chart.rs` draws the
 //! chart, `real.rs` runs against Redis, and `serve.rs` with `api.rs` serves the page.
 
@@ -31,7 +31,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::simulator::{
+use tollgate_simulator::{
     AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError,
     SimulationError,
 };

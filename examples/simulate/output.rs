@@ -3,8 +3,8 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tollgate::simulator::{Phase, PolicyName, Report, Row, Scenario};
 use tollgate::store::Algorithm;
+use tollgate_simulator::{Phase, PolicyName, Report, Row, Scenario};
 
 use crate::Options;
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tollgate::RedisBackend;
-use tollgate::simulator::{FaultKind, FaultSwitch, Report, SimulationError};
+use tollgate_simulator::{FaultKind, FaultSwitch, Report, SimulationError};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 
 use super::{Options, RedisUrl};

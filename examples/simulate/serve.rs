@@ -14,7 +14,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::Semaphore;
-use tollgate::simulator::Scenario;
+use tollgate_simulator::Scenario;
 
 use crate::api::{self, Answer, BadScenario, ScenarioJson};
 

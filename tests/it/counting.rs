@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,17 +13,25 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::DecisionSource;
 use tollgate::{
-    Caller, Decision, FailurePolicy, GlobalKey, InMemoryBackend, InstanceCount, Limiter, Mode,
-    ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
+    Caller, Decision, FailurePolicy, GlobalKey, InMemoryBackend, InstanceCount, Limiter, Policy,
+    Quota, RateLimitLayer,
 };
+#[cfg(feature = "redis")]
+use tollgate::{Mode, ModeSwitch, RedisBackend};
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
 
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
+
 /// A store timeout no healthy server on a loaded test machine reaches.
+#[cfg(feature = "redis")]
 const SLOW_TEST_MACHINE: Duration = Duration::from_secs(5);
 
 type Login = BoxCloneService<
@@ -40,6 +49,7 @@ fn in_process() -> Limiter {
     Limiter::builder().name("login").policy(attempts()).build()
 }
 
+#[cfg(feature = "redis")]
 fn on_redis(server: &RedisServer) -> Limiter {
     Limiter::builder()
         .name("login")
@@ -108,6 +118,7 @@ async fn twenty_logins_four_failed_leave_one_attempt_in_process() {
     twenty_logins_four_failed_leave_one(in_process()).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn twenty_logins_four_failed_leave_one_attempt_on_redis() {
     let server = RedisServer::start();
@@ -137,6 +148,7 @@ async fn the_sixth_failure_is_refused_in_process() {
     sixth_failure_refused(in_process()).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn the_sixth_failure_is_refused_on_redis() {
     let server = RedisServer::start();
@@ -169,6 +181,7 @@ async fn fifty_concurrent_failures_admit_exactly_five_in_process() {
     concurrent_failures(in_process()).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_failures_admit_exactly_five_on_redis() {
     let server = RedisServer::start();
@@ -177,6 +190,7 @@ async fn fifty_concurrent_failures_admit_exactly_five_on_redis() {
 
 /// A refund names the window it was counted in: on Redis the units come back to exactly
 /// that counter, seen in the key itself.
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_refund_on_redis_gives_back_to_the_counted_window() {
     let server = RedisServer::start();
@@ -277,6 +291,7 @@ fn a_failed_refund_is_counted_never_an_error() {
 
 /// Shadow mode counts as enforce mode does, so it gives back as enforce mode does: switched to
 /// enforce after many successful logins in shadow mode, the caller still has every attempt.
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn shadow_mode_gives_back_as_enforce_mode_would() {
     let server = RedisServer::start();

@@ -3,22 +3,30 @@
 //! in Redis, cached refusals that expire when the store's do, and configurations refused
 //! with a typed error.
 
+#[cfg(feature = "redis")]
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
 use tollgate::store::{
     Algorithm, Backend, CallerKey, CheckFuture, CheckOutcome, ManualClock, PolicyOutcome,
 };
 use tollgate::{
     BuildError, Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy,
-    Quota, RedisBackend,
+    Quota,
 };
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const EPOCH_MS: u64 = 1_800_000_000_000;
 
@@ -275,6 +283,7 @@ async fn two_limiters_on_one_in_process_store_never_share_counts() {
     }
 }
 
+#[cfg(feature = "redis")]
 fn redis_limiter(store: RedisBackend, name: &str, scope: Option<&str>, policy: Policy) -> Limiter {
     let builder = Limiter::builder()
         .name(name)
@@ -288,6 +297,7 @@ fn redis_limiter(store: RedisBackend, name: &str, scope: Option<&str>, policy: P
     .build()
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn two_limiters_on_one_redis_never_share_counts_unless_asked() {
     let server = RedisServer::start();
@@ -333,6 +343,7 @@ async fn two_limiters_on_one_redis_never_share_counts_unless_asked() {
 // ---------------------------------------------------------------------------------------
 // Caller keys digested in Redis key names.
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn hashed_callers_keep_api_keys_out_of_redis_and_agree_across_instances() {
     let server = RedisServer::start();
@@ -430,6 +441,7 @@ async fn a_cached_refusal_expires_when_the_stores_does() {
 // ---------------------------------------------------------------------------------------
 // Construction fails clearly.
 
+#[cfg(feature = "redis")]
 #[test]
 fn a_redis_backend_built_outside_a_runtime_is_an_error() {
     let error = RedisBackend::builder("redis://127.0.0.1:1/")

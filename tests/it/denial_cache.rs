@@ -3,11 +3,18 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::store::ManualClock;
-use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 use tollgate_testkit::counting::Counting;
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 /// acme at 2.4 times its limit (120 requests a second against 50) for 10 virtual seconds,
 /// through `instances` limiters round-robin; returns (admitted, store calls, requests).
@@ -113,6 +120,7 @@ async fn a_cached_refusal_reports_the_time_left() {
     assert_eq!(store.calls(), 3);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
     let server = RedisServer::start();

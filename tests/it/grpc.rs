@@ -15,14 +15,20 @@ use http_body::Body as _;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::key::KeyRejection;
 use tollgate::store::{Clock, SystemClock};
+#[cfg(feature = "redis")]
+use tollgate::{BreakerConfig, FailurePolicy};
 use tollgate::{
-    BreakerConfig, Caller, Decision, FailurePolicy, FnKey, HeaderKey, KeyExtractor, Limiter,
-    MissingKey, Policy, Quota, RateLimitLayer, RedisBackend,
+    Caller, Decision, FnKey, HeaderKey, KeyExtractor, Limiter, MissingKey, Policy, Quota,
+    RateLimitLayer,
 };
 use tollgate_testkit::http::{Reply, exchange, parse_response};
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
@@ -30,6 +36,10 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Status};
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const CUSTOMER: &str = "x-customer-id";
 const CHECK_PATH: &str = "/grpc.health.v1.Health/Check";
@@ -309,6 +319,7 @@ async fn plain_http_routes_on_the_same_listener_keep_problem_json() {
     );
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_closed_route_is_unavailable_during_an_outage() {
     let server = RedisServer::start();

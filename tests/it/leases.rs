@@ -5,21 +5,31 @@
 //! within the accuracy target, and an outage behind the fault proxy serves the lease
 //! already held, then the failure policy.
 
+#[cfg(feature = "redis")]
 use std::sync::Arc;
+#[cfg(feature = "redis")]
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "redis")]
+use std::time::Instant;
 
 use proptest::prelude::*;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
-use tollgate::simulator::{Phase, Scenario};
 use tollgate::store::{Algorithm, Clock, InMemoryBackend, ManualClock};
-use tollgate::{
-    Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota, RedisBackend,
-};
+use tollgate::{Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota};
+use tollgate_simulator::{Phase, Scenario};
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const WINDOW_MS: u64 = 1_000;
 
@@ -188,6 +198,7 @@ fn a_hot_caller_is_served_from_leases_with_truthful_remaining() {
     });
 }
 
+#[cfg(feature = "redis")]
 fn redis_limiter(url: &str, limit: u64, window: Duration, leases: Leases) -> Limiter {
     Limiter::builder()
         .name("leased")
@@ -206,6 +217,7 @@ fn redis_limiter(url: &str, limit: u64, window: Duration, leases: Leases) -> Lim
         .build()
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_over_four_leased_instances_admits_exactly_the_limit() {
     let server = RedisServer::start();
@@ -249,6 +261,7 @@ async fn a_burst_over_four_leased_instances_admits_exactly_the_limit() {
     assert!(leased.load(Ordering::SeqCst) > 0, "no lease was taken");
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_at_2_4x_its_limit_over_four_leased_instances_stays_within_accuracy() {
     let server = RedisServer::start();
@@ -322,6 +335,7 @@ async fn a_caller_at_2_4x_its_limit_over_four_leased_instances_stays_within_accu
     eprintln!("worst window {:.2}% under the limit", worst * 100.0);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_an_outage_the_lease_held_is_spent_then_the_failure_policy_applies() {
     let server = RedisServer::start();
@@ -487,6 +501,7 @@ async fn the_running_example_on_leases_in_every_phase() {
 
 /// The lease script and the in-process lease grant the same: the most every policy admits
 /// at once, all or nothing, and a refusal writes nothing.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_and_the_in_process_store_grant_the_same_leases() {
     use tollgate::store::{Backend, CallerKey};

@@ -22,6 +22,8 @@ use tollgate_testkit::recorder::{counter, gauge, histogram_len, with_recorder};
 use tollgate_testkit::redis::RedisServer;
 use tower::{Layer, Service, ServiceExt, service_fn};
 
+use crate::dashboard::FAMILIES;
+
 #[test]
 fn a_scripted_run_shows_every_documented_metric() {
     let server = RedisServer::start();
@@ -158,20 +160,6 @@ fn a_scripted_run_shows_every_documented_metric() {
         }
     }
 }
-
-/// Every metric family tollgate records, as the crate docs' table lists them.
-pub(crate) const FAMILIES: [&str; 10] = [
-    "tollgate_decisions_total",
-    "tollgate_fallbacks_total",
-    "tollgate_breaker_state",
-    "tollgate_store_latency_seconds",
-    "tollgate_denial_cache_hits_total",
-    "tollgate_refunds_total",
-    "tollgate_live_instances",
-    "tollgate_shed_total",
-    "tollgate_in_flight",
-    "tollgate_client_throttled_total",
-];
 
 /// The store latency buckets the scrape below (and the `orders_api` example) gives the
 /// Prometheus exporter, so the latency is a histogram with `_bucket` series.

@@ -8,16 +8,25 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::store::ManualClock;
+#[cfg(feature = "redis")]
+use tollgate::{BreakerConfig, Caller, Decision, FailurePolicy};
 use tollgate::{
-    BreakerConfig, Caller, Decision, FailurePolicy, HeaderKey, InMemoryBackend, Limiter, Mode,
-    ModeSwitch, Policy, Quota, RateLimitLayer, RedisBackend,
+    HeaderKey, InMemoryBackend, Limiter, Mode, ModeSwitch, Policy, Quota, RateLimitLayer,
 };
 use tollgate_testkit::counting::Counting;
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 fn router(limiter: Limiter) -> Router {
     Router::new()
@@ -158,6 +167,7 @@ fn shadow_mode_refuses_nothing_and_counts_exactly_what_it_would_have_refused() {
     assert_eq!((shadow_allowed, shadow_limited), (10, 15));
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn shadow_mode_during_an_outage_counts_what_fail_closed_would_have_refused() {
     let server = RedisServer::start();

@@ -6,7 +6,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 /// The README's fenced Rust blocks, as text.
 fn readme_blocks() -> Vec<String> {
@@ -119,6 +124,7 @@ fn quickstart_serves_limited_routes_in_process() {
     serves_limited_routes(&start("quickstart", &[]));
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn quickstart_serves_limited_routes_on_redis() {
     let redis = RedisServer::start();

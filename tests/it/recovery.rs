@@ -6,19 +6,27 @@
 //! over a 30 s and a 10 min outage; then in real time on a real redis-server behind the
 //! fault proxy, over a 10 s outage.
 
+use std::sync::Arc;
+#[cfg(feature = "redis")]
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::decision::BreakerState;
 use tollgate::store::{
     Backend, CallerKey, CheckFuture, ManualClock, RandomSource, StoreError, StoreErrorKind,
 };
-use tollgate::{
-    Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota, RedisBackend,
-};
+use tollgate::{Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota};
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const INSTANCES: usize = 6;
 /// Every instance is back on the store this long after its return: the default breaker's
@@ -192,31 +200,40 @@ async fn back_within_a_second_of_a_10_min_outage_on_the_manual_clock() {
 // ---------------------------------------------------------------------------------------
 // On a real redis-server behind the fault proxy
 
+#[cfg(feature = "redis")]
 const REAL_INSTANCES: usize = 4;
+#[cfg(feature = "redis")]
 const NORMAL: Duration = Duration::from_secs(2);
+#[cfg(feature = "redis")]
 const OUTAGE: Duration = Duration::from_secs(10);
+#[cfg(feature = "redis")]
 const RECOVERY: Duration = Duration::from_secs(3);
 /// What a real store adds to the breaker's 1 s: the store timeout of a probe, the client's
 /// reconnection (its backoff is set to 20-100 ms below; the backend's default grows to
 /// 1 s, and with it this scenario measured up to 2.4 s), and scheduling on a busy machine.
+#[cfg(feature = "redis")]
 const REAL_ALLOWANCE: Duration = Duration::from_millis(300);
 /// Longer than the default 20 ms so that a debug build on a busy 2-core machine does not
 /// time out calls to a healthy store (5 of them in a row would reopen a breaker).
+#[cfg(feature = "redis")]
 const STORE_TIMEOUT: Duration = Duration::from_millis(100);
 /// A connection that lived through a blackhole is cut when it ends, and the Redis client
 /// notices only when its next command fails: each instance's first call after the store's
 /// return fails and buys one more open interval (at most 1 s) before the next probe.
+#[cfg(feature = "redis")]
 const FIRST_CALL_LOST: Duration = Duration::from_secs(1);
 
 /// One scenario at a time: the real-time ones measure latencies.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+#[cfg(feature = "redis")]
 struct Sample {
     sent: Duration,
     unavailable: bool,
     from_store: bool,
 }
 
+#[cfg(feature = "redis")]
 async fn on_real_redis(fault: Fault) {
     let bound = match fault {
         Fault::Blackhole => BACK_WITHIN + REAL_ALLOWANCE + FIRST_CALL_LOST,
@@ -377,11 +394,13 @@ async fn on_real_redis(fault: Fault) {
     );
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_within_a_second_of_a_10_s_refused_store_on_real_redis() {
     on_real_redis(Fault::Refuse).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_within_a_second_of_a_10_s_blackholed_store_on_real_redis() {
     on_real_redis(Fault::Blackhole).await;

@@ -7,14 +7,20 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::{
     Caller, Decision, GlobalKey, InMemoryBackend, Limiter, Limits, Policy, Quota, RateLimitLayer,
-    RedisBackend,
 };
 use tollgate_testkit::http::{get, ok_handler, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tower::{ServiceBuilder, service_fn};
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const TASKS: usize = 4;
 
@@ -160,6 +166,7 @@ async fn limits_change_under_traffic_in_process() {
     limits_change_under_traffic(limiter).await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_change_under_traffic_on_redis() {
     let server = RedisServer::start();

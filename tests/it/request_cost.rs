@@ -3,24 +3,32 @@
 //! without being counted, on Redis (a real redis-server) and in process.
 
 use std::convert::Infallible;
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+#[cfg(feature = "redis")]
+use tollgate::Caller;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
 use tollgate::response::{COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, ResponseBody};
 use tollgate::store::ManualClock;
-use tollgate::{
-    Caller, Decision, GlobalKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
-    RedisBackend,
-};
+use tollgate::{Decision, GlobalKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, service_fn};
 
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
+
 /// A store timeout no healthy server on a loaded test machine reaches.
+#[cfg(feature = "redis")]
 const SLOW_TEST_MACHINE: Duration = Duration::from_secs(5);
 
 type Batch = BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
@@ -117,6 +125,7 @@ async fn a_batch_consumes_its_cost_in_process() {
     assert_eq!(one.status, 429);
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_batch_consumes_its_cost_on_redis() {
     let server = RedisServer::start();
@@ -147,6 +156,7 @@ async fn a_batch_consumes_its_cost_on_redis() {
 
 /// The limiter itself: a cost of 0 is a peek, and a denial cached for a large cost does not
 /// refuse a smaller one the store would admit.
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_cost_of_zero_peeks_and_refusals_hold_for_their_cost() {
     let server = RedisServer::start();

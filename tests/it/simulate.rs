@@ -1,4 +1,4 @@
-//! The outage simulator (`tollgate::simulator`), run through its library API: the defaults
+//! The outage simulator (the `tollgate-simulator` crate), run through its library API: the defaults
 //! reproduce the README's table of the running example, the other faults and the token
 //! bucket tell the same story, the scenario's settings change it, a limiter of the
 //! caller's own replays the same outage, and bad numbers are typed errors. It runs the
@@ -9,22 +9,36 @@
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
 
+#[cfg(feature = "redis")]
 use std::future::Future;
 use std::path::{Path, PathBuf};
+#[cfg(feature = "redis")]
 use std::pin::Pin;
 use std::process::{Command, Output};
-use std::sync::{Arc, OnceLock};
+#[cfg(feature = "redis")]
+use std::sync::Arc;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
-use tollgate::simulator::{
-    AlgorithmKind, Customer, FaultKind, FaultSwitch, Phase, PolicyName, Report, Scenario,
-    ScenarioError, SimulationError,
-};
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::store::Algorithm;
-use tollgate::{FailurePolicy, InstanceCount, Policy, Quota, RedisBackend};
+use tollgate::{FailurePolicy, InstanceCount, Policy, Quota};
+#[cfg(feature = "redis")]
+use tollgate_simulator::FaultSwitch;
+use tollgate_simulator::{
+    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError,
+    SimulationError,
+};
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 /// Within 10% of the expected rate (exactly 0 when 0 is expected).
 const TOLERANCE: f64 = 0.10;
@@ -83,12 +97,7 @@ fn phase(name: &str) -> Phase {
         .unwrap_or_else(|| panic!("no phase {name}"))
 }
 
-fn row(
-    report: &Report,
-    policy: &str,
-    phase_name: &str,
-    customer: &str,
-) -> tollgate::simulator::Row {
+fn row(report: &Report, policy: &str, phase_name: &str, customer: &str) -> tollgate_simulator::Row {
     report
         .row(policy, phase(phase_name), customer)
         .unwrap_or_else(|| panic!("no row for {policy}/{phase_name}/{customer}"))
@@ -480,11 +489,13 @@ fn bad_numbers_are_typed_errors_not_panics() {
 }
 
 /// Switches the fault proxy in front of the real Redis.
+#[cfg(feature = "redis")]
 #[derive(Debug)]
 struct ProxySwitch {
     proxy: Arc<FaultProxy>,
 }
 
+#[cfg(feature = "redis")]
 impl FaultSwitch for ProxySwitch {
     fn set(
         &self,
@@ -508,6 +519,7 @@ impl FaultSwitch for ProxySwitch {
 
 /// The same scenario in real time on a real redis-server, through the fault proxy; short
 /// phases, so looser bounds than the virtual runs.
+#[cfg(feature = "redis")]
 #[test]
 fn a_real_redis_behind_the_fault_proxy() {
     let server = RedisServer::start();
@@ -592,7 +604,7 @@ fn a_real_redis_behind_the_fault_proxy() {
 pub(crate) fn simulator() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let mut features = vec!["simulator"];
+        let mut features = Vec::new();
         if cfg!(feature = "axum") {
             features.push("axum");
         }
@@ -601,6 +613,9 @@ pub(crate) fn simulator() -> &'static Path {
         }
         if cfg!(feature = "redis-tls") {
             features.push("redis-tls");
+        }
+        if cfg!(feature = "serde") {
+            features.push("serde");
         }
         let mut command = Command::new(env!("CARGO"));
         command

@@ -4,6 +4,7 @@
 //! Retry-After kept unless the hook removes them.
 
 use std::net::{IpAddr, SocketAddr};
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use axum::Router;
@@ -13,17 +14,25 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Response, StatusCode};
+#[cfg(feature = "redis")]
+use tollgate::FailurePolicy;
+#[cfg(feature = "redis")]
+use tollgate::RedisBackend;
 use tollgate::decision::{Decision, UnlimitedReason};
 use tollgate::response::{RATELIMIT, RATELIMIT_POLICY};
 use tollgate::store::ManualClock;
-use tollgate::{
-    FailurePolicy, HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, RedisBackend,
-};
+use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::http::{Reply, get as get_request, send};
+#[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};
+#[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
 
 const DECISIONS: &str = "tollgate_decisions_total";
 
@@ -293,6 +302,7 @@ fn a_custom_429_keeps_the_fields_unless_the_hook_removes_them() {
     }
 }
 
+#[cfg(feature = "redis")]
 fn closed_limiter(name: &str, url: &str) -> Limiter {
     let store = RedisBackend::builder(url)
         .prefix(name)
@@ -308,6 +318,7 @@ fn closed_limiter(name: &str, url: &str) -> Limiter {
         .build()
 }
 
+#[cfg(feature = "redis")]
 #[test]
 fn a_custom_fail_closed_503_keeps_the_fields_unless_the_hook_removes_them() {
     let server = RedisServer::start();

@@ -6,15 +6,15 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::breaker::BreakerConfig;
-use crate::limiter::builder::BuildError;
-use crate::limiter::check::Limiter;
-use crate::limiter::failure::FailurePolicy;
-use crate::limiter::instances::InstanceCount;
-use crate::limiter::lease::config::Leases;
-use crate::store::policy::{Policy, Quota};
+use tollgate::BreakerConfig;
+use tollgate::BuildError;
+use tollgate::FailurePolicy;
+use tollgate::InstanceCount;
+use tollgate::Leases;
+use tollgate::Limiter;
+use tollgate::{Policy, Quota};
 
-use super::store::InstanceContext;
+use crate::store::InstanceContext;
 
 /// Past this many simulated requests, a run takes too long to be worth it.
 const MAX_REQUESTS: f64 = 50_000_000.0;
@@ -25,7 +25,7 @@ const MAX_INSTANCES: usize = 2_000;
 /// print.
 ///
 /// ```
-/// use tollgate::simulator::PolicyName;
+/// use tollgate_simulator::PolicyName;
 /// let policy: PolicyName = "local-share".parse().unwrap();
 /// assert_eq!(policy, PolicyName::LocalShare);
 /// assert_eq!(policy.name(), "local-share");
@@ -77,7 +77,7 @@ impl PolicyName {
     /// The name the tables print and [`FromStr`] reads.
     ///
     /// ```
-    /// use tollgate::simulator::PolicyName;
+    /// use tollgate_simulator::PolicyName;
     /// assert_eq!(PolicyName::StaticThenLocalShare.name(), "static-then-local-share");
     /// ```
     pub fn name(self) -> &'static str {
@@ -98,7 +98,7 @@ impl PolicyName {
     /// configured with `instances` instances.
     ///
     /// ```
-    /// use tollgate::simulator::PolicyName;
+    /// use tollgate_simulator::PolicyName;
     /// let policy = PolicyName::Closed.failure_policy(4);
     /// # let _ = policy;
     /// ```
@@ -121,7 +121,7 @@ impl PolicyName {
     /// instances: only [`PolicyName::LocalShareLeased`] leases.
     ///
     /// ```
-    /// use tollgate::simulator::PolicyName;
+    /// use tollgate_simulator::PolicyName;
     /// assert!(PolicyName::LocalShareLeased.leases(4).is_some());
     /// assert!(PolicyName::LocalShare.leases(4).is_none());
     /// ```
@@ -137,7 +137,7 @@ impl PolicyName {
     /// when the divisor is stale.
     ///
     /// ```
-    /// use tollgate::simulator::PolicyName;
+    /// use tollgate_simulator::PolicyName;
     /// assert_eq!(PolicyName::LocalShareStaleDivisor.running_instances(4), 8);
     /// assert_eq!(PolicyName::LocalShare.running_instances(4), 4);
     /// ```
@@ -151,7 +151,7 @@ impl PolicyName {
     /// Whether all of the first customer's requests land on the first instance.
     ///
     /// ```
-    /// use tollgate::simulator::PolicyName;
+    /// use tollgate_simulator::PolicyName;
     /// assert!(PolicyName::LocalSharePinned.pins_first_customer());
     /// ```
     pub fn pins_first_customer(self) -> bool {
@@ -179,7 +179,7 @@ impl FromStr for PolicyName {
 /// How the store fails during the outage.
 ///
 /// ```
-/// use tollgate::simulator::FaultKind;
+/// use tollgate_simulator::FaultKind;
 /// assert_eq!("blackhole".parse::<FaultKind>().unwrap(), FaultKind::Blackhole);
 /// assert!("fire".parse::<FaultKind>().is_err());
 /// ```
@@ -198,7 +198,7 @@ impl FaultKind {
     /// The name [`FromStr`] reads.
     ///
     /// ```
-    /// use tollgate::simulator::FaultKind;
+    /// use tollgate_simulator::FaultKind;
     /// assert_eq!(FaultKind::Slow.name(), "slow");
     /// ```
     pub fn name(self) -> &'static str {
@@ -212,7 +212,7 @@ impl FaultKind {
     /// The fault in words, for a store timeout of `timeout_ms`.
     ///
     /// ```
-    /// use tollgate::simulator::FaultKind;
+    /// use tollgate_simulator::FaultKind;
     /// assert_eq!(FaultKind::Refuse.describe(20), "the store refuses every call");
     /// ```
     pub fn describe(self, timeout_ms: u64) -> String {
@@ -245,7 +245,7 @@ impl FromStr for FaultKind {
 /// The counting algorithm of the simulated quota.
 ///
 /// ```
-/// use tollgate::simulator::AlgorithmKind;
+/// use tollgate_simulator::AlgorithmKind;
 /// assert_eq!("token-bucket".parse::<AlgorithmKind>().unwrap(), AlgorithmKind::TokenBucket);
 /// assert!("leaky".parse::<AlgorithmKind>().is_err());
 /// ```
@@ -274,7 +274,7 @@ impl FromStr for AlgorithmKind {
 /// A caller sending requests at a steady rate: request `k` goes out at `k / rate` s.
 ///
 /// ```
-/// use tollgate::simulator::Customer;
+/// use tollgate_simulator::Customer;
 /// let acme: Customer = "acme=120".parse().unwrap();
 /// assert_eq!((acme.name(), acme.rate()), ("acme", 120.0));
 /// assert!("acme".parse::<Customer>().is_err());
@@ -291,7 +291,7 @@ impl Customer {
     /// checked when the scenario is.
     ///
     /// ```
-    /// use tollgate::simulator::Customer;
+    /// use tollgate_simulator::Customer;
     /// assert_eq!(Customer::new("globex", 20.0).rate(), 20.0);
     /// ```
     pub fn new(name: impl Into<String>, rate: f64) -> Self {
@@ -304,7 +304,7 @@ impl Customer {
     /// The customer's name, the value of its `x-customer-id` header.
     ///
     /// ```
-    /// use tollgate::simulator::Customer;
+    /// use tollgate_simulator::Customer;
     /// assert_eq!(Customer::new("acme", 1.0).name(), "acme");
     /// ```
     pub fn name(&self) -> &str {
@@ -314,7 +314,7 @@ impl Customer {
     /// Requests per second.
     ///
     /// ```
-    /// use tollgate::simulator::Customer;
+    /// use tollgate_simulator::Customer;
     /// assert_eq!(Customer::new("acme", 1.5).rate(), 1.5);
     /// ```
     pub fn rate(&self) -> f64 {
@@ -397,7 +397,7 @@ pub(crate) enum GroupKind {
 /// [`validate`](Self::validate) (and every run) checks the numbers.
 ///
 /// ```
-/// use tollgate::simulator::{FaultKind, PolicyName, Scenario, ScenarioError};
+/// use tollgate_simulator::{FaultKind, PolicyName, Scenario, ScenarioError};
 ///
 /// let scenario = Scenario::default()
 ///     .fault(FaultKind::Blackhole)
@@ -459,7 +459,7 @@ impl Scenario {
     /// The running example; the same as [`Scenario::default`].
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().limit_value(), 50);
     /// ```
     pub fn new() -> Self {
@@ -469,7 +469,7 @@ impl Scenario {
     /// Requests per window per customer (1 to 10^9; default 50).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().limit(40).limit_value(), 40);
     /// ```
     pub fn limit(mut self, limit: u64) -> Self {
@@ -480,7 +480,7 @@ impl Scenario {
     /// The window, in whole seconds (1 to 86400; default 1).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().window_secs(2).window_secs_value(), 2);
     /// ```
     pub fn window_secs(mut self, secs: u64) -> Self {
@@ -492,7 +492,7 @@ impl Scenario {
     /// default 4).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().instances(2).instances_value(), 2);
     /// ```
     pub fn instances(mut self, instances: usize) -> Self {
@@ -503,7 +503,7 @@ impl Scenario {
     /// The counting algorithm (default: sliding window).
     ///
     /// ```
-    /// use tollgate::simulator::{AlgorithmKind, Scenario};
+    /// use tollgate_simulator::{AlgorithmKind, Scenario};
     /// let scenario = Scenario::new().algorithm(AlgorithmKind::TokenBucket);
     /// assert_eq!(scenario.algorithm_value(), AlgorithmKind::TokenBucket);
     /// ```
@@ -516,7 +516,7 @@ impl Scenario {
     /// bucket.
     ///
     /// ```
-    /// use tollgate::simulator::{AlgorithmKind, Scenario, ScenarioError};
+    /// use tollgate_simulator::{AlgorithmKind, Scenario, ScenarioError};
     /// let scenario = Scenario::new().burst(80);
     /// assert!(matches!(scenario.validate(), Err(ScenarioError::BurstNeedsTokenBucket)));
     /// assert!(scenario.algorithm(AlgorithmKind::TokenBucket).validate().is_ok());
@@ -529,7 +529,7 @@ impl Scenario {
     /// The length of the phase before the outage, in seconds (1 to 86400; default 30).
     ///
     /// ```
-    /// use tollgate::simulator::{Phase, Scenario};
+    /// use tollgate_simulator::{Phase, Scenario};
     /// assert_eq!(Scenario::new().normal_secs(5).phase_secs(Phase::Normal), 5);
     /// ```
     pub fn normal_secs(mut self, secs: u64) -> Self {
@@ -540,7 +540,7 @@ impl Scenario {
     /// The length of the outage, in seconds (1 to 86400; default 30).
     ///
     /// ```
-    /// use tollgate::simulator::{Phase, Scenario};
+    /// use tollgate_simulator::{Phase, Scenario};
     /// assert_eq!(Scenario::new().outage_secs(600).phase_secs(Phase::Outage), 600);
     /// ```
     pub fn outage_secs(mut self, secs: u64) -> Self {
@@ -551,7 +551,7 @@ impl Scenario {
     /// The length of the phase after the outage, in seconds (1 to 86400; default 30).
     ///
     /// ```
-    /// use tollgate::simulator::{Phase, Scenario};
+    /// use tollgate_simulator::{Phase, Scenario};
     /// assert_eq!(Scenario::new().recovery_secs(5).phase_secs(Phase::Recovery), 5);
     /// ```
     pub fn recovery_secs(mut self, secs: u64) -> Self {
@@ -562,7 +562,7 @@ impl Scenario {
     /// The customers, replacing the default acme, globex and initech.
     ///
     /// ```
-    /// use tollgate::simulator::{Customer, Scenario};
+    /// use tollgate_simulator::{Customer, Scenario};
     /// let scenario = Scenario::new().traffic([Customer::new("big", 60.0)]);
     /// assert_eq!(scenario.traffic_value().len(), 1);
     /// ```
@@ -576,7 +576,7 @@ impl Scenario {
     /// [`group`](Self::group).
     ///
     /// ```
-    /// use tollgate::simulator::{PolicyName, Scenario};
+    /// use tollgate_simulator::{PolicyName, Scenario};
     /// let scenario = Scenario::new().policies([PolicyName::Open, PolicyName::Closed]);
     /// assert_eq!(scenario.group_names(), ["open", "closed"]);
     /// ```
@@ -592,7 +592,7 @@ impl Scenario {
     /// [`SimulationError::Build`](super::SimulationError::Build).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// use tollgate::{FailurePolicy, Policy, Quota};
     ///
     /// let scenario = Scenario::new().policies([]).group("mine", |instance| {
@@ -619,7 +619,7 @@ impl Scenario {
     /// How the store fails during the outage (default: it refuses every call).
     ///
     /// ```
-    /// use tollgate::simulator::{FaultKind, Scenario};
+    /// use tollgate_simulator::{FaultKind, Scenario};
     /// assert_eq!(Scenario::new().fault(FaultKind::Slow).fault_value(), FaultKind::Slow);
     /// ```
     pub fn fault(mut self, fault: FaultKind) -> Self {
@@ -630,7 +630,7 @@ impl Scenario {
     /// The limiters' store timeout in milliseconds (1 to 60000; default 20).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().store_timeout_ms(50).store_timeout_ms_value(), 50);
     /// ```
     pub fn store_timeout_ms(mut self, ms: u64) -> Self {
@@ -643,7 +643,7 @@ impl Scenario {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// let breaker = Scenario::new().breaker_base_open_ms(100).breaker();
     /// assert_eq!(breaker.base_open_duration(), Duration::from_millis(100));
     /// ```
@@ -657,7 +657,7 @@ impl Scenario {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// let breaker = Scenario::new().breaker_max_open_ms(2_000).breaker();
     /// assert_eq!(breaker.max_open_duration(), Duration::from_millis(2_000));
     /// ```
@@ -672,7 +672,7 @@ impl Scenario {
     /// trace a customer of a scenario of moderate size.
     ///
     /// ```
-    /// use tollgate::simulator::{Scenario, ScenarioError};
+    /// use tollgate_simulator::{Scenario, ScenarioError};
     /// assert_eq!(Scenario::new().trace("acme").traced_value(), Some("acme"));
     /// assert!(matches!(
     ///     Scenario::new().trace("umbrella").validate(),
@@ -687,7 +687,7 @@ impl Scenario {
     /// The limit per window.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().limit_value(), 50);
     /// ```
     pub fn limit_value(&self) -> u64 {
@@ -697,7 +697,7 @@ impl Scenario {
     /// The window in seconds.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().window_secs_value(), 1);
     /// ```
     pub fn window_secs_value(&self) -> u64 {
@@ -707,7 +707,7 @@ impl Scenario {
     /// The configured instances.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().instances_value(), 4);
     /// ```
     pub fn instances_value(&self) -> usize {
@@ -717,7 +717,7 @@ impl Scenario {
     /// The counting algorithm.
     ///
     /// ```
-    /// use tollgate::simulator::{AlgorithmKind, Scenario};
+    /// use tollgate_simulator::{AlgorithmKind, Scenario};
     /// assert_eq!(Scenario::new().algorithm_value(), AlgorithmKind::SlidingWindow);
     /// ```
     pub fn algorithm_value(&self) -> AlgorithmKind {
@@ -727,7 +727,7 @@ impl Scenario {
     /// The token bucket's capacity: the one set, or the limit.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().burst_value(), 50);
     /// ```
     pub fn burst_value(&self) -> u64 {
@@ -737,7 +737,7 @@ impl Scenario {
     /// The customers.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().traffic_value()[0].name(), "acme");
     /// ```
     pub fn traffic_value(&self) -> &[Customer] {
@@ -747,7 +747,7 @@ impl Scenario {
     /// The built-in failure policies compared.
     ///
     /// ```
-    /// use tollgate::simulator::{PolicyName, Scenario};
+    /// use tollgate_simulator::{PolicyName, Scenario};
     /// assert_eq!(Scenario::new().policies_value(), PolicyName::ALL);
     /// ```
     pub fn policies_value(&self) -> &[PolicyName] {
@@ -757,7 +757,7 @@ impl Scenario {
     /// The fault of the outage.
     ///
     /// ```
-    /// use tollgate::simulator::{FaultKind, Scenario};
+    /// use tollgate_simulator::{FaultKind, Scenario};
     /// assert_eq!(Scenario::new().fault_value(), FaultKind::Refuse);
     /// ```
     pub fn fault_value(&self) -> FaultKind {
@@ -767,7 +767,7 @@ impl Scenario {
     /// The store timeout in milliseconds.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().store_timeout_ms_value(), 20);
     /// ```
     pub fn store_timeout_ms_value(&self) -> u64 {
@@ -777,7 +777,7 @@ impl Scenario {
     /// The customer whose requests are traced, if any.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().traced_value(), None);
     /// ```
     pub fn traced_value(&self) -> Option<&str> {
@@ -787,7 +787,7 @@ impl Scenario {
     /// Whether either breaker setting overrides the library's default.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert!(!Scenario::new().breaker_overridden());
     /// assert!(Scenario::new().breaker_max_open_ms(2_000).breaker_overridden());
     /// ```
@@ -798,7 +798,7 @@ impl Scenario {
     /// The length of a phase in seconds.
     ///
     /// ```
-    /// use tollgate::simulator::{Phase, Scenario};
+    /// use tollgate_simulator::{Phase, Scenario};
     /// assert_eq!(Scenario::new().phase_secs(Phase::Outage), 30);
     /// ```
     pub fn phase_secs(&self, phase: super::Phase) -> u64 {
@@ -812,7 +812,7 @@ impl Scenario {
     /// The whole run in seconds.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().total_secs(), 90);
     /// ```
     pub fn total_secs(&self) -> u64 {
@@ -822,7 +822,7 @@ impl Scenario {
     /// The groups' names, in the order they run and report.
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().group_names()[0], "open");
     /// ```
     pub fn group_names(&self) -> Vec<String> {
@@ -833,7 +833,7 @@ impl Scenario {
     /// [`group_names`](Self::group_names): what a real-time run needs one store for each.
     ///
     /// ```
-    /// use tollgate::simulator::{PolicyName, Scenario};
+    /// use tollgate_simulator::{PolicyName, Scenario};
     /// let scenario = Scenario::new()
     ///     .policies([PolicyName::LocalShare, PolicyName::LocalShareStaleDivisor]);
     /// assert_eq!(scenario.group_instances(), [4, 8]);
@@ -864,7 +864,7 @@ impl Scenario {
     /// `per-Ns`).
     ///
     /// ```
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// assert_eq!(Scenario::new().policy().name(), "per-second");
     /// assert_eq!(Scenario::new().policy().quota(), 50);
     /// ```
@@ -885,7 +885,7 @@ impl Scenario {
     ///
     /// ```
     /// use tollgate::BreakerConfig;
-    /// use tollgate::simulator::Scenario;
+    /// use tollgate_simulator::Scenario;
     /// let default = BreakerConfig::default();
     /// assert_eq!(Scenario::new().breaker().max_open_duration(), default.max_open_duration());
     /// ```
@@ -905,7 +905,7 @@ impl Scenario {
     /// and not too many requests to simulate.
     ///
     /// ```
-    /// use tollgate::simulator::{Customer, Scenario, ScenarioError};
+    /// use tollgate_simulator::{Customer, Scenario, ScenarioError};
     /// let error = Scenario::new()
     ///     .traffic([Customer::new("a", 1.0), Customer::new("a", 2.0)])
     ///     .validate()
@@ -996,7 +996,7 @@ fn range(setting: &'static str, value: u64, min: u64, max: u64) -> Result<(), Sc
 /// Why a scenario cannot run.
 ///
 /// ```
-/// use tollgate::simulator::{Scenario, ScenarioError};
+/// use tollgate_simulator::{Scenario, ScenarioError};
 /// let error = Scenario::new().breaker_max_open_ms(100).validate().unwrap_err();
 /// assert!(matches!(error, ScenarioError::BreakerBaseAboveMax { base_ms: 500, max_ms: 100 }));
 /// assert!(error.to_string().contains("500 ms"));

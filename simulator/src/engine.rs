@@ -17,19 +17,19 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::http::key::HeaderKey;
-use crate::http::layer::RateLimitLayer;
-use crate::http::service::RateLimit;
-use crate::limiter::breaker::BreakerState;
-use crate::limiter::builder::BuildError;
-use crate::limiter::check::Limiter;
-use crate::limiter::decision::Decision;
-use crate::store::backend::Backend;
-use crate::store::memory::InMemoryBackend;
+use tollgate::BuildError;
+use tollgate::Decision;
+use tollgate::HeaderKey;
+use tollgate::InMemoryBackend;
+use tollgate::Limiter;
+use tollgate::RateLimit;
+use tollgate::RateLimitLayer;
+use tollgate::decision::BreakerState;
+use tollgate::store::Backend;
 
-use super::report::{Counts, GroupReport, Report, Traced};
-use super::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
-use super::store::{
+use crate::report::{Counts, GroupReport, Report, Traced};
+use crate::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
+use crate::store::{
     FaultCell, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
 };
 
@@ -39,7 +39,7 @@ const CUSTOMER_HEADER: &str = "x-customer-id";
 /// Why a run failed.
 ///
 /// ```
-/// use tollgate::simulator::{Scenario, SimulationError};
+/// use tollgate_simulator::{Scenario, SimulationError};
 /// let error = Scenario::new().instances(0).run_blocking().unwrap_err();
 /// assert!(matches!(error, SimulationError::Scenario(_)));
 /// ```
@@ -86,7 +86,7 @@ impl From<ScenarioError> for SimulationError {
 /// ```
 /// use std::future::Future;
 /// use std::pin::Pin;
-/// use tollgate::simulator::{FaultKind, FaultSwitch, SimulationError};
+/// use tollgate_simulator::{FaultKind, FaultSwitch, SimulationError};
 ///
 /// #[derive(Debug)]
 /// struct Log;
@@ -177,7 +177,7 @@ impl Scenario {
     /// [`run`](Self::run) on a paused clock instead.
     ///
     /// ```
-    /// use tollgate::simulator::{Phase, PolicyName, Scenario};
+    /// use tollgate_simulator::{Phase, PolicyName, Scenario};
     /// let report = Scenario::new()
     ///     .policies([PolicyName::Closed])
     ///     .normal_secs(2).outage_secs(2).recovery_secs(2)
@@ -209,7 +209,7 @@ impl Scenario {
     /// scenario's length in real time.
     ///
     /// ```
-    /// use tollgate::simulator::{PolicyName, Scenario};
+    /// use tollgate_simulator::{PolicyName, Scenario};
     /// let runtime = tokio::runtime::Builder::new_current_thread()
     ///     .enable_time()
     ///     .start_paused(true)
@@ -260,7 +260,7 @@ impl Scenario {
     /// use std::pin::Pin;
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicBool, Ordering};
-    /// use tollgate::simulator::{
+    /// use tollgate_simulator::{
     ///     FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError,
     /// };
     /// use tollgate::store::{Backend, CallerKey, CheckFuture, StoreError, StoreErrorKind};

@@ -2,23 +2,22 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::limiter::builder::LimiterBuilder;
-use crate::limiter::check::Limiter;
-use crate::store::backend::{
+use tollgate::InMemoryBackend;
+use tollgate::Limiter;
+use tollgate::LimiterBuilder;
+use tollgate::Policy;
+use tollgate::key::CallerKey;
+use tollgate::store::{
     Backend, CheckFuture, LeaseFuture, Refund, RefundFuture, StoreError, StoreErrorKind,
 };
-use crate::store::caller::CallerKey;
-use crate::store::clock::{Clock, SystemClock};
-use crate::store::memory::InMemoryBackend;
-use crate::store::policy::Policy;
-use crate::store::random::RandomSource;
+use tollgate::store::{Clock, SystemClock};
 
-use super::scenario::FaultKind;
+use crate::scenario::FaultKind;
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (rounded down to the window, so
 /// that the phases start on window boundaries).
@@ -29,7 +28,7 @@ pub(crate) const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;
 /// time; in real time, the [`SystemClock`].
 ///
 /// ```
-/// use tollgate::simulator::SimClock;
+/// use tollgate_simulator::SimClock;
 /// use tollgate::store::Clock;
 /// assert!(SimClock::system().now_millis() > 1_700_000_000_000);
 /// ```
@@ -42,7 +41,7 @@ impl SimClock {
     /// The real clock, as a real-time run uses.
     ///
     /// ```
-    /// use tollgate::simulator::SimClock;
+    /// use tollgate_simulator::SimClock;
     /// let _ = SimClock::system();
     /// ```
     pub fn system() -> Self {
@@ -197,7 +196,7 @@ impl Backend for FaultyStore {
 /// outage); in real time the store the caller passed.
 ///
 /// ```
-/// use tollgate::simulator::SharedStore;
+/// use tollgate_simulator::SharedStore;
 /// use tollgate::InMemoryBackend;
 /// use tollgate::store::Backend;
 /// let store = SharedStore::new(InMemoryBackend::new());
@@ -210,7 +209,7 @@ impl SharedStore {
     /// Wraps any store.
     ///
     /// ```
-    /// use tollgate::simulator::SharedStore;
+    /// use tollgate_simulator::SharedStore;
     /// let _ = SharedStore::new(tollgate::InMemoryBackend::new());
     /// ```
     pub fn new(store: impl Backend) -> Self {
@@ -252,7 +251,7 @@ impl Backend for SharedStore {
 /// outage.
 ///
 /// ```
-/// use tollgate::simulator::{Customer, Scenario};
+/// use tollgate_simulator::{Customer, Scenario};
 /// use tollgate::{FailurePolicy, Policy, Quota};
 ///
 /// let report = Scenario::new()
@@ -332,7 +331,18 @@ impl InstanceContext {
     }
 }
 
-/// A reproducible jitter source seeded with `seed`.
+/// A reproducible jitter source seeded with `seed`: numbers in `[0, 1)` from a xorshift64
+/// generator, the small seeds spread over the state space by the 64-bit golden ratio (and
+/// the state made odd, since xorshift never leaves 0).
 fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
-    RandomSource::seeded(seed).into_fn()
+    let state = AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    move || {
+        let mut x = state.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        state.store(x, Ordering::Relaxed);
+        // The top 53 bits, as many as an f64 holds exactly.
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
 }

@@ -4,14 +4,14 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::limiter::decision::DecisionSource;
+use tollgate::decision::DecisionSource;
 
-use super::scenario::Customer;
+use crate::scenario::Customer;
 
 /// A phase of the timeline.
 ///
 /// ```
-/// use tollgate::simulator::Phase;
+/// use tollgate_simulator::Phase;
 /// assert_eq!(Phase::ALL.map(Phase::name), ["normal", "outage", "recovery"]);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,7 +31,7 @@ impl Phase {
     /// The phase's name: `normal`, `outage` or `recovery`.
     ///
     /// ```
-    /// use tollgate::simulator::Phase;
+    /// use tollgate_simulator::Phase;
     /// assert_eq!(Phase::Recovery.name(), "recovery");
     /// ```
     pub fn name(self) -> &'static str {
@@ -60,7 +60,7 @@ impl fmt::Display for Phase {
 /// How one customer's requests of one phase were answered.
 ///
 /// ```
-/// use tollgate::simulator::Counts;
+/// use tollgate_simulator::Counts;
 /// let counts = Counts::default();
 /// let answered = counts.admitted + counts.refused_429 + counts.refused_503 + counts.other;
 /// assert_eq!(counts.sent, answered);
@@ -83,7 +83,7 @@ pub struct Counts {
 /// What one group's customers got.
 ///
 /// ```
-/// use tollgate::simulator::{Phase, PolicyName, Scenario};
+/// use tollgate_simulator::{Phase, PolicyName, Scenario};
 /// let report = Scenario::new()
 ///     .policies([PolicyName::Open])
 ///     .normal_secs(1).outage_secs(1).recovery_secs(1)
@@ -154,7 +154,7 @@ impl GroupReport {
 /// quota minus its weighted count.
 ///
 /// ```
-/// use tollgate::simulator::{PolicyName, Scenario};
+/// use tollgate_simulator::{PolicyName, Scenario};
 /// let report = Scenario::new()
 ///     .policies([PolicyName::Closed])
 ///     .normal_secs(1).outage_secs(1).recovery_secs(1)
@@ -191,7 +191,7 @@ pub struct Traced {
 /// One line of the results: one group, one phase, one customer.
 ///
 /// ```
-/// use tollgate::simulator::{Phase, PolicyName, Scenario};
+/// use tollgate_simulator::{Phase, PolicyName, Scenario};
 /// let report = Scenario::new()
 ///     .policies([PolicyName::Closed])
 ///     .normal_secs(1).outage_secs(1).recovery_secs(1)
@@ -227,7 +227,7 @@ pub struct Row {
 /// [`Scenario::group_names`](super::Scenario::group_names).
 ///
 /// ```
-/// use tollgate::simulator::{PolicyName, Scenario};
+/// use tollgate_simulator::{PolicyName, Scenario};
 /// let report = Scenario::new()
 ///     .policies([PolicyName::LocalShare])
 ///     .normal_secs(1).outage_secs(1).recovery_secs(1)

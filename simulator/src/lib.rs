@@ -1,0 +1,11 @@
+#![doc = include_str!("../README.md")]
+
+mod engine;
+mod report;
+mod scenario;
+mod store;
+
+pub use engine::{FaultSwitch, SimulationError};
+pub use report::{Counts, GroupReport, Phase, Report, Row, Traced};
+pub use scenario::{AlgorithmKind, Customer, FaultKind, PolicyName, Scenario, ScenarioError};
+pub use store::{InstanceContext, SharedStore, SimClock};
