@@ -4,7 +4,8 @@
 //! ```text
 //! orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
 //!            [--limit N] [--window-secs N] [--config FILE]
-//!            [--on-store-failure open|closed|local-share|static] [--instances N]
+//!            [--on-store-failure open|closed|local-share|static]
+//!            [--instances N | --expected-instances N]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //! ```
 //!
@@ -20,7 +21,9 @@
 //!
 //! Without `--redis` the counters live in this process. With it, they live in Redis and the
 //! local share divides by `--instances`, or by the live instances that heartbeat into Redis
-//! when `--instances` is not given. `--redis-cluster` does the same on a Redis Cluster,
+//! when `--instances` is not given; `--expected-instances` is then required, the count
+//! divided by until the first heartbeat answers (an instance started during an outage
+//! knows no other). `--redis-cluster` does the same on a Redis Cluster,
 //! reached through any of the comma-separated node URLs (the others are discovered); it
 //! and `--redis` exclude each other.
 //!
@@ -107,6 +110,10 @@ struct Options {
     /// into Redis, or 1 without Redis)
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     instances: Option<u64>,
+    /// With the live instance count: the instances the deployment runs, divided by until
+    /// the count first answers (required with --redis and no --instances)
+    #[arg(long, value_name = "N", value_parser = at_least_one, conflicts_with = "instances")]
+    expected_instances: Option<u64>,
     /// How long a decision waits for the store before its failure policy applies
     #[arg(long, value_name = "N", default_value_t = 20)]
     store_timeout_ms: u64,
@@ -321,11 +328,19 @@ async fn app(
         }
     }
     let registry = match (&orders_store, options.instances) {
-        (Some(store), None) => Some(
-            InstanceRegistry::builder(store)
-                .start()
-                .map_err(|e| e.to_string())?,
-        ),
+        (Some(store), None) => {
+            let expected = options.expected_instances.ok_or(
+                "with a Redis store and no --instances, give --expected-instances N: the \
+                 instances this deployment runs, divided by until the live count first answers \
+                 (an instance started while Redis is unreachable knows no other count)",
+            )?;
+            Some(
+                InstanceRegistry::builder(store)
+                    .initial_count(expected)
+                    .start()
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         _ => None,
     };
     let (limits, plans) = match config {
@@ -351,11 +366,13 @@ async fn app(
     let login = limiter("login", login_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
         .on_store_failure(FailurePolicy::closed())
-        .build();
+        .try_build()
+        .map_err(|e| e.to_string())?;
     let otp = limiter("otp", otp_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
         .on_store_failure(FailurePolicy::closed())
-        .build();
+        .try_build()
+        .map_err(|e| e.to_string())?;
     let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
     let where_ = match (&options.redis, &options.redis_cluster) {
         (Some(url), _) => url.clone(),

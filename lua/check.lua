@@ -38,7 +38,8 @@ end
 -- request fits, the policy's kind and three numbers (a sliding window's limit and window;
 -- a token bucket's rate, period and burst), then its state: a sliding window's start,
 -- previous and current counts (rolled to `now`'s window) and whether the start moved, or a
--- token bucket's level and stored x. Built presized for one policy, the common case.
+-- token bucket's level, stored x and stored time. Built presized for one policy, the common
+-- case.
 local loaded = { false, false, false, false, false, false, false, false }
 local admitted = true
 for i = 1, policies do
@@ -97,7 +98,7 @@ for i = 1, policies do
     end
     fits = cost <= burst and level >= cost * period
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
-    loaded[base + 6], loaded[base + 7] = level, tonumber(stored[3])
+    loaded[base + 6], loaded[base + 7], loaded[base + 8] = level, tonumber(stored[3]), updated
   else
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
   end
@@ -168,14 +169,19 @@ for i = 1, policies do
     local level = loaded[base + 6]
     if admitted then
       level = level - cost * period
+      -- the stored time never moves back (lua/token_bucket.lua says why)
+      local at = loaded[base + 8]
+      if at == nil or at < now then
+        at = now
+      end
       -- the key outlives the state's refill, its expiry set only when x (a time before
       -- which the key does not expire) falls short; why x stays one: lua/token_bucket.lua
       local expiry = loaded[base + 7]
-      if expiry and expiry - now >= ceil_div(burst * period - level, rate) then
-        redis.call('HSET', KEYS[i], 'l', level, 't', now)
+      if expiry and expiry - at >= ceil_div(burst * period - level, rate) then
+        redis.call('HSET', KEYS[i], 'l', level, 't', at)
       else
-        expiry = now + ceil_div(burst * period, rate)
-        redis.call('HSET', KEYS[i], 'l', level, 't', now, 'x', expiry)
+        expiry = at + ceil_div(burst * period, rate)
+        redis.call('HSET', KEYS[i], 'l', level, 't', at, 'x', expiry)
         redis.call('PEXPIREAT', KEYS[i], expiry)
       end
     end

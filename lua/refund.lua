@@ -6,9 +6,10 @@
 -- Returns     the number of policies whose state changed
 --
 -- A sliding window gives back to the window the units were counted in while it still
--- weighs (the current or the previous window), never below 0; a token bucket puts the
--- tokens back, capped at its capacity. A caller whose keys expired has nothing to give
--- back, and no key is created.
+-- weighs (the current or the previous window), never below 0; a token bucket puts back as
+-- many tokens as a bucket that never counted them would hold more (lua/token_bucket.lua).
+-- Neither admits more than not counting the request at all. A caller whose keys expired
+-- has nothing to give back, and no key is created.
 
 local algorithms = { sliding_window, token_bucket }
 

@@ -38,7 +38,7 @@ function token_bucket.load(key, now, rate, period, burst)
       level = math.min(capacity, level + elapsed * rate)
     end
   end
-  return { level = level, now = now, expiry = tonumber(stored[3]) }
+  return { level = level, now = now, expiry = tonumber(stored[3]), updated = updated }
 end
 
 function token_bucket.fits(st, cost, rate, period, burst)
@@ -52,24 +52,40 @@ function token_bucket.consume(st, cost, rate, period, burst)
   st.level = st.level - cost * period
 end
 
--- Puts `cost` tokens back, capped at the capacity. Returns whether anything changed.
+-- Puts back the tokens of a request of `cost` counted at `counted_at`, as many as a bucket
+-- that never counted it would hold more: `cost`, less what flowed in between the count and
+-- the last write (that bucket may have been full meanwhile and lost it; since the last write
+-- this one only filled, which the cap accounts for), capped at the capacity. A state written
+-- before the count does not hold it. Returns whether anything changed.
 function token_bucket.refund(st, counted_at, cost, rate, period, burst)
   local capacity = burst * period
-  if st.level >= capacity then
+  if st.level >= capacity or st.updated == nil or st.updated < counted_at then
     return false
   end
-  st.level = math.min(capacity, st.level + math.min(cost, burst) * period)
+  local owed = math.min(cost, burst) * period
+  local since = st.updated - counted_at
+  -- checked first, so the product below stays under `owed`
+  if since >= ceil_div(owed, rate) then
+    return false
+  end
+  st.level = math.min(capacity, st.level + owed - since * rate)
   return true
 end
 
 -- Writes the level at `now`, and the expiry only when x falls short of its refill (above).
+-- The stored time never moves back (a clock that went back): moved back, the interval in
+-- between would be refilled twice.
 function token_bucket.store(key, st, now, rate, period, burst)
   local capacity = burst * period
-  if st.expiry and st.expiry - now >= ceil_div(capacity - st.level, rate) then
-    redis.call('HSET', key, 'l', st.level, 't', now)
+  local at = now
+  if st.updated and st.updated > now then
+    at = st.updated
+  end
+  if st.expiry and st.expiry - at >= ceil_div(capacity - st.level, rate) then
+    redis.call('HSET', key, 'l', st.level, 't', at)
   else
-    local expiry = now + ceil_div(capacity, rate)
-    redis.call('HSET', key, 'l', st.level, 't', now, 'x', expiry)
+    local expiry = at + ceil_div(capacity, rate)
+    redis.call('HSET', key, 'l', st.level, 't', at, 'x', expiry)
     redis.call('PEXPIREAT', key, expiry)
   end
 end

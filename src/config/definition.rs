@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::config::duration;
 use crate::config::error::DefinitionError;
 use crate::http::key::{ClientIp, ConfiguredKey, GlobalKey, HeaderKey};
-use crate::limiter::builder::LimiterBuilder;
+use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
 use crate::limiter::check::Limiter;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
@@ -131,7 +131,7 @@ impl LimiterDefinition {
 
     /// A builder with the definition's name, limits, failure policy and store timeout (the
     /// builder's defaults for those left out); add the backend and anything else, then
-    /// build.
+    /// build. A store timeout under 1 ms is refused.
     pub fn builder(&self) -> Result<LimiterBuilder, DefinitionError> {
         let mut builder = Limiter::builder().limits(self.limits()?);
         if let Some(name) = &self.name {
@@ -141,6 +141,9 @@ impl LimiterDefinition {
             builder = builder.on_store_failure(failure.to_policy()?);
         }
         if let Some(timeout) = self.store_timeout {
+            if timeout < MIN_STORE_TIMEOUT {
+                return Err(DefinitionError::StoreTimeoutTooShort(timeout));
+            }
             builder = builder.store_timeout(timeout);
         }
         Ok(builder)
@@ -368,6 +371,24 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// A store timeout of 0 sends every remote decision to the failure policy: refused
+    /// when the definition is turned into a builder, as one under a millisecond is.
+    #[test]
+    fn regression_a_store_timeout_under_a_millisecond_is_refused_in_a_definition() {
+        let zero = read(&format!("store_timeout = \"0ms\"\n{WINDOW}"));
+        let refused = zero.builder();
+        assert!(refused.is_err(), "0 ms accepted: {refused:?}");
+        assert_eq!(
+            refused.unwrap_err().to_string(),
+            "the store timeout (0ns) is under 1 ms: every remote decision would time out"
+        );
+        let mut short = read(WINDOW);
+        short.store_timeout = Some(Duration::from_micros(999));
+        assert!(short.builder().is_err(), "999 µs accepted");
+        short.store_timeout = Some(Duration::from_millis(1));
+        assert!(short.builder().is_ok());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Why a definition read from a file cannot make a limiter.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::limiter::builder::BuildError;
 use crate::store::invalid_policy::InvalidPolicy;
@@ -54,6 +55,9 @@ pub enum DefinitionError {
     HeaderName(String),
     /// A local share among zero instances.
     ZeroInstances,
+    /// A store timeout under 1 ms, below any round trip: every remote decision would time
+    /// out and meet the failure policy.
+    StoreTimeoutTooShort(Duration),
 }
 
 impl fmt::Display for DefinitionError {
@@ -85,6 +89,9 @@ impl fmt::Display for DefinitionError {
             }
             DefinitionError::ZeroInstances => {
                 f.write_str("a local share needs at least 1 instance")
+            }
+            DefinitionError::StoreTimeoutTooShort(timeout) => {
+                BuildError::StoreTimeoutTooShort { timeout: *timeout }.fmt(f)
             }
         }
     }

@@ -22,6 +22,8 @@ use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
 const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(20);
+/// Below any round trip to a store: every remote decision would time out.
+pub(crate) const MIN_STORE_TIMEOUT: Duration = Duration::from_millis(1);
 const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
 
 /// Configures a [`Limiter`].
@@ -148,8 +150,9 @@ impl LimiterBuilder {
         self
     }
 
-    /// How long a decision may wait for the store before it falls back (default 20 ms).
-    /// Set it a little above the store's p99.9 latency as measured from this service.
+    /// How long a decision may wait for the store before it falls back (default 20 ms, at
+    /// least 1 ms: [`try_build`](Self::try_build) refuses less). Set it a little above the
+    /// store's p99.9 latency as measured from this service.
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.store_timeout = timeout;
         self
@@ -254,9 +257,11 @@ impl LimiterBuilder {
     }
 
     /// Builds the limiter, or says why the configuration cannot work: there is no default
-    /// policy, a tier has no policy, or two policies of one set share a name.
+    /// policy, a tier has no policy, two policies of one set share a name, or the store
+    /// timeout is under 1 ms.
     ///
     /// ```
+    /// use std::time::Duration;
     /// use tollgate::{BuildError, Limiter, Policy, Quota};
     /// let error = Limiter::builder()
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
@@ -265,8 +270,18 @@ impl LimiterBuilder {
     ///     .unwrap_err();
     /// assert!(matches!(error, BuildError::DuplicatePolicy { .. }));
     /// assert!(matches!(Limiter::builder().try_build(), Err(BuildError::NoPolicies { .. })));
+    /// let instant = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .store_timeout(Duration::ZERO)
+    ///     .try_build();
+    /// assert!(matches!(instant, Err(BuildError::StoreTimeoutTooShort { .. })));
     /// ```
     pub fn try_build(self) -> Result<Limiter, BuildError> {
+        if self.store_timeout < MIN_STORE_TIMEOUT {
+            return Err(BuildError::StoreTimeoutTooShort {
+                timeout: self.store_timeout,
+            });
+        }
         let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
         let metrics = LimiterMetrics::new(
             &self.name,
@@ -329,6 +344,12 @@ pub enum BuildError {
         /// The repeated name.
         name: String,
     },
+    /// The store timeout is under 1 ms, below any round trip: every remote decision would
+    /// time out and meet the failure policy.
+    StoreTimeoutTooShort {
+        /// The timeout asked for.
+        timeout: Duration,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -344,6 +365,11 @@ impl fmt::Display for BuildError {
             BuildError::DuplicatePolicy { tier, name } => {
                 write!(f, "{} name policy {name:?} twice", set(tier))
             }
+            BuildError::StoreTimeoutTooShort { timeout } => write!(
+                f,
+                "the store timeout ({timeout:?}) is under 1 ms: every remote decision would \
+                 time out"
+            ),
         }
     }
 }
@@ -356,5 +382,34 @@ struct SharedClock(Arc<dyn Clock>);
 impl Clock for SharedClock {
     fn now_millis(&self) -> u64 {
         self.0.now_millis()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policy::Quota;
+
+    /// A store timeout of 0 (or under any round trip) sends every remote decision to the
+    /// failure policy forever: `try_build` refuses one under a millisecond.
+    #[test]
+    fn regression_a_store_timeout_under_a_millisecond_is_refused() {
+        let builder = |timeout| {
+            Limiter::builder()
+                .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+                .store_timeout(timeout)
+        };
+        for timeout in [Duration::ZERO, Duration::from_micros(999)] {
+            let refused = builder(timeout).try_build();
+            assert!(refused.is_err(), "{timeout:?} accepted: {refused:?}");
+            assert_eq!(
+                refused.unwrap_err().to_string(),
+                format!(
+                    "the store timeout ({timeout:?}) is under 1 ms: every remote decision would \
+                     time out"
+                )
+            );
+        }
+        assert!(builder(Duration::from_millis(1)).try_build().is_ok());
     }
 }

@@ -22,7 +22,7 @@ use crate::limiter::limits::{ActiveLimits, LimitsHandle, SwappableLimits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::{self, LimiterMetrics};
-use crate::store::backend::{Backend, CheckResult, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, CheckFuture, CheckResult, StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
 use crate::store::clock::Clock;
 use crate::store::memory::InMemoryBackend;
@@ -122,7 +122,7 @@ impl Limiter {
         }
         let limits = &set.limits;
         if !inner.remote {
-            // An in-process store cannot be down: no breaker, timeout or denial cache.
+            // An in-process store cannot be down: no breaker or denial cache.
             let mut check = inner.backend.check(caller.key(), limits, cost);
             if let Some(result) = check.try_take_ready() {
                 // Nothing to cache either: the denial cache is only read in front of a
@@ -133,6 +133,10 @@ impl Limiter {
                     &span,
                 ));
             }
+            // One that answers later (its work on a spawned task or a blocking pool) may
+            // have counted the request already: it is awaited, under the store timeout,
+            // never asked again.
+            return inner.awaited_locally(check, caller, set, cost, mode, &span);
         }
         // Read once, and only if needed: by a cached refusal, an open breaker, or as the
         // time the store was asked.
@@ -244,6 +248,40 @@ impl Inner {
         self.limits.load()
     }
 
+    /// The answer of an in-process store that was not ready at once, awaited under the
+    /// store timeout; a timeout meets the failure policy.
+    fn awaited_locally(
+        self: &Arc<Self>,
+        check: CheckFuture,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        mode: Mode,
+        span: &Span,
+    ) -> DecisionFuture {
+        let inner = self.clone();
+        let caller = caller.clone();
+        let set = set.clone();
+        let concluding = span.clone();
+        DecisionFuture::boxed(
+            async move {
+                let result = match tokio::time::timeout(inner.store_timeout, check).await {
+                    Ok(result) => result,
+                    Err(_) => Err(StoreError::new(
+                        StoreErrorKind::Timeout,
+                        format!(
+                            "no answer within the store timeout of {:?}",
+                            inner.store_timeout
+                        ),
+                    )),
+                };
+                let decision = inner.decided(&caller, &set, result, None, cost);
+                inner.conclude(decision, mode, &concluding)
+            }
+            .instrument(span.clone()),
+        )
+    }
+
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
     /// `asked_ms` is when the store was asked.
     fn finish(
@@ -316,7 +354,8 @@ impl Inner {
                 }
             }
             // Only an in-process store's answer comes here unguarded; it does not fail, but
-            // if a custom one does, it gets the failure policy too.
+            // if a custom one does (or does not answer in time), it gets the failure policy
+            // too.
             Err(error) => self.fall_back(caller, set, FallbackReason::of(&error), cost, None),
         }
     }

@@ -16,9 +16,12 @@ const SHARDS: usize = 16;
 /// refusal from following a caller into another tier. Requests for such a caller are refused without a
 /// store call, and while the store is down the cached refusals keep refusing (fail static).
 ///
-/// A refusal of a request of `c` units says only that fewer than `c` remain: it is served to
-/// requests costing `c` or more, and the store is asked about cheaper ones. A refund removes
-/// the caller's refusal, since the store may admit again at once.
+/// A refusal of a request of `c` units says that fewer than `c` remain, and how long until
+/// `c` fit: in front of the store it is served to requests of exactly `c` units, whose wait
+/// it knows, and the store is asked about other costs (a cheaper one may fit, a dearer one
+/// waits longer). While the store cannot be asked, it refuses every cost of `c` or more
+/// ([`covering`](Self::covering)). A refund removes the caller's refusal, since the store
+/// may admit again at once.
 pub(crate) struct DenialCache {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
@@ -61,14 +64,39 @@ impl DenialCache {
         self.entries.load(Ordering::Acquire) == 0
     }
 
-    /// The cached refusal of `caller` by the policy set `set` that holds for a request of
-    /// `cost` units, with its waiting times brought to `now_ms`.
+    /// The cached refusal of `caller` by the policy set `set` of a request of exactly
+    /// `cost` units, with its waiting times brought to `now_ms`: the wait the store gave
+    /// that cost, which another cost's may not be.
     pub(crate) fn get(
         &self,
         caller: &CallerKey,
         set: u64,
         now_ms: u64,
         cost: u64,
+    ) -> Option<RateLimitInfo> {
+        self.find(caller, set, now_ms, |cached| cached == cost)
+    }
+
+    /// The cached refusal of `caller` by the policy set `set` that still refuses a request
+    /// of `cost` units (one of that cost or less), while the store cannot be asked: the
+    /// wait it advertises is the refused cost's, at most that of `cost`.
+    pub(crate) fn covering(
+        &self,
+        caller: &CallerKey,
+        set: u64,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<RateLimitInfo> {
+        self.find(caller, set, now_ms, |cached| cached <= cost)
+            .map(|info| info.for_cost(cost))
+    }
+
+    fn find(
+        &self,
+        caller: &CallerKey,
+        set: u64,
+        now_ms: u64,
+        serves: impl FnOnce(u64) -> bool,
     ) -> Option<RateLimitInfo> {
         if self.entries.load(Ordering::Acquire) == 0 {
             return None;
@@ -81,10 +109,10 @@ impl DenialCache {
             self.entries.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        if cost < denial.info.cost() {
+        if !serves(denial.info.cost()) {
             return None;
         }
-        Some(denial.info.waiting(denial.until_ms - now_ms).for_cost(cost))
+        Some(denial.info.waiting(denial.until_ms - now_ms))
     }
 
     /// Forgets the refusal of `caller` by the policy set `set`: units were given back.
@@ -211,16 +239,22 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_holds_for_the_cost_refused_and_above() {
+    fn a_refusal_is_served_for_its_cost_and_covers_more_while_the_store_is_down() {
         let cache = DenialCache::new(100);
         let acme = CallerKey::new("acme");
         cache.insert(&acme, 1, &refusal().for_cost(10), 1_000, 700);
-        // Fewer than 10 units remain: 9 may still fit, 10 or more do not.
+        // Fewer than 10 units remain: 9 may still fit; 25 do not, but wait longer than 10.
         assert!(cache.get(&acme, 1, 1_100, 9).is_none());
         assert_eq!(cache.get(&acme, 1, 1_100, 10).map(|r| r.cost()), Some(10));
-        assert_eq!(cache.get(&acme, 1, 1_100, 25).map(|r| r.cost()), Some(25));
-        cache.remove(&acme, 1);
         assert!(cache.get(&acme, 1, 1_100, 25).is_none());
+        // Without a store to ask, the refusal still refuses 10 or more.
+        assert!(cache.covering(&acme, 1, 1_100, 9).is_none());
+        assert_eq!(
+            cache.covering(&acme, 1, 1_100, 25).map(|r| r.cost()),
+            Some(25)
+        );
+        cache.remove(&acme, 1);
+        assert!(cache.covering(&acme, 1, 1_100, 25).is_none());
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl Inner {
     ) -> Option<Decision> {
         let denials = self.denials.as_ref()?;
         denials
-            .get(caller.key(), set.id, self.clock.now_millis(), cost)
+            .covering(caller.key(), set.id, self.clock.now_millis(), cost)
             .map(Decision::Limited)
     }
 

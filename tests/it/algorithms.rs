@@ -345,8 +345,64 @@ struct CallerModels {
     bucket: BucketModel,
 }
 
+/// A token bucket's level at `now`, in its units (one token is `period_ms` of them).
+fn bucket_level(algorithm: &Algorithm, state: Option<PolicyState>, now: u64) -> u128 {
+    match algorithm.evaluate_cost(state, now, 0).admitted_state {
+        PolicyState::TokenBucket { level, .. } => u128::from(level),
+        other => panic!("not a token bucket's state: {other:?}"),
+    }
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    /// Requests of random costs at random instants, some of them given back a random
+    /// number of steps later: at every instant the bucket holds no more than a bucket that
+    /// never counted the refunded requests and took the others exactly as this one did, so
+    /// no refund admits a request that not counting would have refused.
+    #[test]
+    fn a_token_bucket_refund_never_admits_more_than_not_counting(
+        (rate, period_ms, burst) in bucket_params(),
+        start in start_ms(),
+        steps in prop::collection::vec(
+            (0u64..3_000, 1u64..=3, prop::bool::weighted(0.4), 0usize..6),
+            1..80,
+        ),
+    ) {
+        let algorithm = Algorithm::token_bucket(rate, Duration::from_millis(period_ms), burst);
+        let capacity = u128::from(burst) * u128::from(period_ms);
+        let mut state: Option<PolicyState> = None;
+        // The bucket that never counted what is given back: its level and when.
+        let (mut never, mut never_at) = (capacity, start);
+        // Admitted requests to give back: (at step, cost, counted at).
+        let mut pending: Vec<(usize, u64, u64)> = Vec::new();
+        let mut now = start;
+        for (i, &(advance, cost, refunded, after)) in steps.iter().enumerate() {
+            now += advance;
+            never = (never + u128::from(now - never_at) * u128::from(rate)).min(capacity);
+            never_at = now;
+            for &(_, cost, counted_at) in pending.iter().filter(|p| p.0 == i) {
+                if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
+                    state = Some(given_back);
+                }
+            }
+            pending.retain(|p| p.0 != i);
+            prop_assert!(
+                bucket_level(&algorithm, state, now) <= never,
+                "step {}: {} units after the refunds, {} had they never counted",
+                i, bucket_level(&algorithm, state, now), never
+            );
+            let decision = algorithm.evaluate_cost(state, now, cost);
+            if decision.admitted {
+                state = Some(decision.admitted_state);
+                if refunded {
+                    pending.push((i + 1 + after, cost, now));
+                } else {
+                    never -= u128::from(cost) * u128::from(period_ms);
+                }
+            }
+        }
+    }
 
     #[test]
     fn sliding_window_matches_the_model(

@@ -151,6 +151,25 @@ impl Backend for Slow {
     }
 }
 
+/// The same map, declared in-process, doing its work when called (as a store that hands
+/// it to a spawned task or a blocking pool does) and answering on the next poll.
+#[derive(Debug)]
+struct EagerLocal(Arc<LockedMap>);
+
+impl Backend for EagerLocal {
+    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        let outcome = self.0.decide(caller, limits, cost);
+        CheckFuture::boxed(async move {
+            tokio::task::yield_now().await;
+            Ok(outcome)
+        })
+    }
+
+    fn is_remote(&self) -> bool {
+        false
+    }
+}
+
 /// A store that is down: every call fails, at once or after a wait.
 #[derive(Debug)]
 struct Down {
@@ -660,4 +679,24 @@ async fn an_async_store_behind_an_axum_router() {
     );
     // The admission left r=0, so the refusal that followed came from the denial cache.
     assert_eq!(map.calls(), 1);
+}
+
+/// An in-process store whose answer is not ready at once is still asked once per
+/// request: it did the work when called, so a second call would count the request twice.
+#[tokio::test]
+async fn regression_a_local_store_that_answers_on_the_next_poll_is_asked_once() {
+    let clock = ManualClock::new(START_MS);
+    let map = LockedMap::new(&clock);
+    let limiter = Limiter::builder()
+        .backend(EagerLocal(map.clone()))
+        .clock(clock.clone())
+        .policy(Policy::sliding_window("per-second", Quota::per_second(3)))
+        .build();
+    let acme = Caller::new("acme");
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u64::from(limiter.check(&acme).await.is_allowed());
+    }
+    assert_eq!(map.calls(), 5, "store calls for 5 requests");
+    assert_eq!(admitted, 3, "admitted of 5 under a limit of 3");
 }

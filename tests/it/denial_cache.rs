@@ -160,3 +160,43 @@ async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
         "{calls} store calls for 240 requests"
     );
 }
+
+/// A refusal cached for a request of 10 units says nothing of how long 40 units take: a
+/// request of 40 gets the wait the store itself gives it, never the shorter one of 10.
+#[tokio::test]
+async fn regression_a_cached_refusal_never_advertises_the_wait_of_a_smaller_cost() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    // One unit a second, 50 at most.
+    let bucket = || Policy::token_bucket("credits", Quota::per_second(1), 50);
+    let limiter = |cache: usize| {
+        Limiter::builder()
+            .name("credits")
+            .backend(store.clone())
+            .clock(clock.clone())
+            .denial_cache(cache)
+            .policy(bucket())
+            .build()
+    };
+    let (cached, uncached) = (limiter(10_000), limiter(0));
+    let acme = Caller::new("acme");
+    assert!(cached.check_cost(&acme, 45).await.is_allowed());
+    // 5 left: 10 units wait 5 s, and the refusal is cached.
+    let Decision::Limited(ten) = cached.check_cost(&acme, 10).await else {
+        panic!("10 units admitted with 5 left")
+    };
+    assert_eq!(ten.retry_after_secs(), 5);
+    clock.advance(Duration::from_millis(100));
+    let Decision::Limited(forty) = cached.check_cost(&acme, 40).await else {
+        panic!("40 units admitted with 5 left")
+    };
+    let Decision::Limited(store_says) = uncached.check_cost(&acme, 40).await else {
+        panic!("the store admitted 40 units with 5 left")
+    };
+    assert_eq!(
+        forty.retry_after_secs(),
+        store_says.retry_after_secs(),
+        "Retry-After for 40 units (from {:?}) against the store's own answer",
+        forty.source()
+    );
+}

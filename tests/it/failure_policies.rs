@@ -61,9 +61,14 @@ async fn send(
 async fn orders_keep_their_share_while_login_fails_closed() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
+    // The local share counts on the limiter's clock: held at the start of one of the
+    // share's 2-minute windows, the requests below never straddle two of them (the sliding
+    // window would then admit one less).
+    let now = tollgate_testkit::rates::unix_millis();
     let orders = Limiter::builder()
         .name("orders")
         .backend(store(&proxy.url(), "orders"))
+        .clock(ManualClock::new(now - now % 120_000 + 1_000))
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(50)))
         .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
         .breaker(breaker())

@@ -17,8 +17,10 @@ fn store(url: &str) -> RedisBackend {
         .unwrap()
 }
 
+/// Started expecting itself alone until the first heartbeat answers: the tests watch the
+/// count from there.
 fn start(builder: InstanceRegistryBuilder) -> InstanceRegistry {
-    builder.start().unwrap()
+    builder.initial_count(1).start().unwrap()
 }
 
 /// A registry that counts as the instance `id` (as if it ran in a process of its own).
@@ -205,6 +207,7 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
     let store = store(&server.url());
     // A beat every 5 s against a 3 s window: each instance would count only itself.
     let error = InstanceRegistry::builder(&store)
+        .initial_count(1)
         .heartbeat_every(Duration::from_secs(5))
         .start()
         .unwrap_err();
@@ -217,6 +220,7 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
     );
     assert!(error.to_string().contains("heartbeat"), "{error}");
     let equal = InstanceRegistry::builder(&store)
+        .initial_count(1)
         .heartbeat_every(Duration::from_secs(2))
         .live_within(Duration::from_secs(2))
         .start();
@@ -224,11 +228,15 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
         equal,
         Err(RegistryError::HeartbeatNotShorterThanWindow { .. })
     ));
-    let invalid = InstanceRegistry::builder(&store).instance_id("").start();
+    let invalid = InstanceRegistry::builder(&store)
+        .initial_count(1)
+        .instance_id("")
+        .start();
     assert!(matches!(invalid, Err(RegistryError::InvalidInstanceId(_))));
 
     // A longer window makes the same interval fine.
     let registry = InstanceRegistry::builder(&store)
+        .initial_count(1)
         .heartbeat_every(Duration::from_secs(5))
         .live_within(Duration::from_secs(12))
         .start()
@@ -246,7 +254,88 @@ fn starting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
         .build()
         .unwrap();
     let store = runtime.block_on(async { store("redis://127.0.0.1:1/") });
-    let outside = InstanceRegistry::builder(&store).start();
+    let outside = InstanceRegistry::builder(&store).initial_count(1).start();
     assert_eq!(outside.unwrap_err(), RegistryError::NoRuntime);
     drop(runtime);
+}
+
+/// Four instances restarted while Redis is unreachable have never heard from the registry:
+/// a registry started without the deployment's size is refused, and one given it divides
+/// each local share by it until the first heartbeat answers. Two callers at 120/s each
+/// over the four instances, on virtual time: each held to its limit over every whole window
+/// of the share (50 a second shared by 4 is 25 per 2 s on each instance).
+#[tokio::test]
+async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
+    use tollgate::store::ManualClock;
+    use tollgate::{Caller, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota};
+    use tollgate_testkit::remote::Remote;
+
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    proxy.set(Fault::Refuse);
+    let unset = InstanceRegistry::builder(&store(&proxy.url()))
+        .instance_id("unset")
+        .start();
+    assert!(
+        unset.is_err(),
+        "started in an outage with no count given, dividing by {:?}",
+        unset.as_ref().map(|registry| registry.live_instances())
+    );
+    assert_eq!(
+        unset.unwrap_err().to_string(),
+        "the instance registry needs the deployment's instance count (initial_count), used \
+         until the first heartbeat answers: an instance started while Redis is unreachable \
+         would otherwise divide by 1"
+    );
+
+    const LIMIT: u64 = 50;
+    let clock = ManualClock::new(1_800_000_000_000);
+    let down = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    down.set_down(true);
+    let limiters: Vec<Limiter> = (0..4)
+        .map(|i| {
+            let registry = InstanceRegistry::builder(&store(&proxy.url()))
+                .instance_id(format!("restarted-{i}"))
+                .initial_count(4)
+                .start()
+                .unwrap();
+            Limiter::builder()
+                .name("orders")
+                .backend(down.clone())
+                .clock(clock.clone())
+                .policy(Policy::sliding_window(
+                    "per-second",
+                    Quota::per_second(LIMIT),
+                ))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::live(registry)))
+                .build()
+        })
+        .collect();
+    let callers = [Caller::new("acme"), Caller::new("globex")];
+    // Admissions per caller per whole second.
+    let mut admitted = [[0u64; 10]; 2];
+    // 120 a second per caller: a request of each every 1000/120 ms, round robin.
+    for i in 0..1_200u64 {
+        clock.set(1_800_000_000_000 + i * 1_000 / 120);
+        for (c, caller) in callers.iter().enumerate() {
+            let instance = (i as usize + c) % limiters.len();
+            if limiters[instance].check(caller).await.is_allowed() {
+                admitted[c][(i * 1_000 / 120 / 1_000) as usize] += 1;
+            }
+        }
+    }
+    for (caller, seconds) in callers.iter().zip(admitted) {
+        let windows: Vec<u64> = seconds.chunks(2).map(|w| w.iter().sum()).collect();
+        eprintln!(
+            "{caller:?}: admitted per second {seconds:?}, per 2 s {windows:?} (limit {})",
+            2 * LIMIT
+        );
+        for window in windows {
+            assert!(
+                window <= 2 * LIMIT,
+                "{caller:?}: {window} admitted in 2 s over a limit of {}: {seconds:?}",
+                2 * LIMIT
+            );
+        }
+    }
 }

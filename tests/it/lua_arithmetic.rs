@@ -82,7 +82,10 @@ proptest! {
     #[test]
     fn lua_and_rust_agree(
         algorithm in algorithms(),
-        steps in prop::collection::vec((0u64..3_000, 1usize..6, 0u64..120, prop::bool::weighted(0.3)), 1..60),
+        steps in prop::collection::vec(
+            (0u64..3_000, 1usize..6, 0u64..120, prop::bool::weighted(0.3), any::<prop::sample::Index>()),
+            1..60,
+        ),
     ) {
         thread_local! {
             static SERVER: RedisServer = RedisServer::start();
@@ -106,11 +109,14 @@ proptest! {
             let mut state: Option<PolicyState> = None;
             // Admitted requests as (cost, when), the ones a refund may give back.
             let mut admitted: Vec<(u64, u64)> = Vec::new();
-            for (step, (advance, burst, percent, refund)) in steps.iter().enumerate() {
+            for (step, (advance, burst, percent, refund, which)) in steps.iter().enumerate() {
                 now += advance;
                 // Costs from 0 to a little over the quota.
                 let cost = algorithm.quota() * percent / 100;
-                if *refund && let Some((cost, counted_at)) = admitted.pop() {
+                // Any admitted request, so refunds come at random delays after their
+                // decisions.
+                if *refund && !admitted.is_empty() {
+                    let (cost, counted_at) = admitted.remove(which.index(admitted.len()));
                     if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
                         state = Some(given_back);
                     }
@@ -141,4 +147,45 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// The shipped Lua on a real redis-server, on explicit instants: burst 2, one token a
+/// second; R1 at 0, R2 and R3 at 1.2 s (the bucket full again), R1 given back at 1.234 s.
+/// Had R1 never counted, R4 at 1.234 s would be refused: the refund must not admit it.
+#[test]
+fn regression_a_lua_token_bucket_refund_never_adds_tokens_the_bucket_refilled() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let script = redis::Script::new(&harness());
+    let [kind, a, b, c] = args(&Algorithm::token_bucket(1, Duration::from_secs(1), 2));
+    let start = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let mut step = |at: u64, refund_of: i64| -> Vec<u64> {
+        script
+            .key("bucket")
+            .arg(kind)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(start + at)
+            .arg(1)
+            .arg(refund_of)
+            .invoke(&mut connection)
+            .unwrap()
+    };
+    assert_eq!(step(0, -1)[0], 1, "R1");
+    assert_eq!(step(1_200, -1)[0], 1, "R2");
+    assert_eq!(step(1_200, -1)[0], 1, "R3");
+    step(1_234, i64::try_from(start).unwrap());
+    let r4 = step(1_234, -1);
+    assert_eq!(
+        r4[0], 0,
+        "R4 admitted after the refund: {r4:?} (admitted, remaining, reset)"
+    );
 }

@@ -37,6 +37,7 @@ fn a_scripted_run_shows_every_documented_metric() {
             .unwrap();
         store.ping().await.unwrap();
         let registry = InstanceRegistry::builder(&store)
+            .initial_count(1)
             .heartbeat_every(Duration::from_millis(100))
             .start()
             .unwrap();
@@ -199,6 +200,7 @@ fn scripted_scrape() -> String {
                 .unwrap();
             store.ping().await.unwrap();
             let registry = InstanceRegistry::builder(&store)
+                .initial_count(1)
                 .heartbeat_every(Duration::from_millis(100))
                 .start()
                 .unwrap();

@@ -50,6 +50,7 @@ impl Drop for Server {
 }
 
 fn start(redis: &str, policy: &str) -> Server {
+    let expected = INSTANCES.to_string();
     let mut child = Command::new(orders_api())
         .args([
             "--listen",
@@ -58,6 +59,8 @@ fn start(redis: &str, policy: &str) -> Server {
             redis,
             "--on-store-failure",
             policy,
+            "--expected-instances",
+            &expected,
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -154,8 +154,9 @@ async fn a_batch_consumes_its_cost_on_redis() {
     assert_eq!(server.must(&["HGET", key, "c"]).trim(), "30");
 }
 
-/// The limiter itself: a cost of 0 is a peek, and a denial cached for a large cost does not
-/// refuse a smaller one the store would admit.
+/// The limiter itself: a cost of 0 is a peek, and a denial cached for a cost answers that
+/// cost only: a smaller one the store would admit is asked about, and so is a larger one,
+/// whose wait is longer.
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_cost_of_zero_peeks_and_refusals_hold_for_their_cost() {
@@ -179,15 +180,19 @@ async fn a_cost_of_zero_peeks_and_refusals_hold_for_their_cost() {
         panic!("45 of 50 fit");
     };
     assert_eq!(info.min_remaining(), Some(5));
-    // 10 do not fit; the refusal is cached for costs of 10 and more only.
+    // 10 do not fit; the refusal is cached for a cost of 10.
     assert!(matches!(
         limiter.check_cost(&acme, 10).await,
         Decision::Limited(_)
     ));
-    let Decision::Limited(cached) = limiter.check_cost(&acme, 12).await else {
-        panic!("12 do not fit either");
+    let Decision::Limited(cached) = limiter.check_cost(&acme, 10).await else {
+        panic!("10 still do not fit");
     };
     assert_eq!(cached.source(), DecisionSource::DenialCache);
+    let Decision::Limited(asked) = limiter.check_cost(&acme, 12).await else {
+        panic!("12 do not fit either");
+    };
+    assert_eq!(asked.source(), DecisionSource::Store);
     let Decision::Allowed(info) = limiter.check_cost(&acme, 5).await else {
         panic!("the 5 left fit");
     };

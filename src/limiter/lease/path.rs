@@ -2,11 +2,13 @@
 //! give back what an ended lease left.
 //!
 //! A lease is taken through the breaker and under the store timeout like any store call;
-//! when that fails the request gets the failure policy. A lease already held is spent
+//! when that fails the request gets the failure policy, and what the store grants after
+//! the timeout goes back to it. A lease already held is spent
 //! whatever the store's state: its units were counted when it was taken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use metrics::SharedString;
 use tracing::{Instrument, Span};
@@ -22,8 +24,8 @@ use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
 use crate::limiter::mode::Mode;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
-use crate::store::caller::Caller;
+use crate::store::backend::{LeaseFuture, LeaseGrant, Refund, StoreError, StoreErrorKind};
+use crate::store::caller::{Caller, CallerKey};
 use crate::store::policy::Policy;
 
 /// A limiter's leasing: its configuration, its callers' leases and its counters.
@@ -101,11 +103,13 @@ pub(in crate::limiter) fn leased(
     for _ in 0..spent {
         leasing.metrics.spent();
     }
+    // Each to the caller and the policies it was counted under: a sweep ends other
+    // callers' leases too.
     for unused in unused {
         give_back(
             inner,
-            caller,
-            set,
+            &unused.caller,
+            &unused.limits,
             Refund::new(unused.units, unused.counted_at_ms),
         );
     }
@@ -162,15 +166,27 @@ fn take(
     let taking = Taking {
         inner: inner.clone(),
         caller: caller.clone(),
-        set_id: set.id,
+        set: set.clone(),
+        lease: Some(lease),
         settled: false,
     };
     Some(DecisionFuture::boxed(
         async move {
-            // The whole guard moves in, so it lives (and settles) with the future.
+            // The whole guard moves in, so it lives (and settles) with the future; it
+            // holds the store's answer until it comes.
             let mut taking = taking;
-            let result = match tokio::time::timeout(inner.store_timeout, lease).await {
-                Ok(result) => result,
+            let answer = match taking.lease.as_mut() {
+                Some(lease) => tokio::time::timeout(inner.store_timeout, lease).await,
+                None => Ok(Err(StoreError::new(
+                    StoreErrorKind::Other,
+                    "the lease was answered already",
+                ))),
+            };
+            let result = match answer {
+                Ok(result) => {
+                    taking.lease = None;
+                    result
+                }
                 Err(_) => Err(StoreError::new(
                     StoreErrorKind::Timeout,
                     format!(
@@ -203,11 +219,16 @@ fn take(
 
 /// A lease being taken for a request that may be dropped (its client went away) before
 /// the store answers: the caller is then free to take another, instead of waiting forever
-/// for this one. Units the store granted to the dropped request stay consumed.
+/// for this one.
+///
+/// The store's answer, while it has not come (the request was dropped, or stopped waiting
+/// at the store timeout), is awaited in the background: the store may still grant the
+/// lease, and what it grants goes back ([`finish_late`]).
 struct Taking {
     inner: Arc<Inner>,
     caller: Caller,
-    set_id: u64,
+    set: PolicySet,
+    lease: Option<LeaseFuture>,
     settled: bool,
 }
 
@@ -216,9 +237,50 @@ impl Drop for Taking {
         if !self.settled
             && let Some(leasing) = &self.inner.leases
         {
-            leasing.table.granted(self.caller.key(), self.set_id, None);
+            leasing.table.granted(self.caller.key(), self.set.id, None);
+        }
+        if let Some(lease) = self.lease.take() {
+            finish_late(&self.inner, self.caller.key(), &self.set.limits, lease);
         }
     }
+}
+
+/// Awaits, in the background, a lease whose request stopped waiting for it, and gives
+/// back what the store granted: a store that answers late (Redis runs the lease script
+/// after the timeout all the same) consumed units that nobody holds. The answer and the
+/// give-back are awaited as long as the units could still weigh (the longest retention of
+/// the policies); a give-back does not wait for the breaker, since the store just answered.
+fn finish_late(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, lease: LeaseFuture) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weighs_for = Duration::from_millis(
+        limits
+            .iter()
+            .map(Policy::retention_ms)
+            .max()
+            .unwrap_or(0)
+            .max(1),
+    );
+    let (inner, caller, limits) = (inner.clone(), caller.clone(), limits.clone());
+    runtime.spawn(async move {
+        let Ok(Ok(grant)) = tokio::time::timeout(weighs_for, lease).await else {
+            return;
+        };
+        if grant.granted() == 0 {
+            return;
+        }
+        let refund = Refund::new(grant.granted(), grant.outcome().counted_at_ms());
+        let given_back = inner.backend.refund(&caller, &limits, refund);
+        let result = tokio::time::timeout(weighs_for, given_back).await;
+        if matches!(result, Ok(Ok(()))) {
+            if let Some(leasing) = &inner.leases {
+                leasing.metrics.returned();
+            }
+        } else {
+            tracing::debug!(layer = %inner.name, "a lease answered late could not be given back");
+        }
+    });
 }
 
 /// The store answered a lease: the request is admitted from it (and the rest kept), or
@@ -265,6 +327,7 @@ fn granted(
             expires_at_ms: asked_ms.saturating_add(lasts_ms),
             counted_at_ms,
             shared,
+            limits: set.limits.clone(),
         }),
     );
     Decision::Allowed(info)
@@ -315,13 +378,14 @@ fn leased_info(
         })
 }
 
-/// Gives the unused units of an ended lease back to the store, in the background when
-/// the store does I/O; a failure leaves them consumed, the stricter outcome.
-fn give_back(inner: &Arc<Inner>, caller: &Caller, set: &PolicySet, refund: Refund) {
+/// Gives the unused units of an ended lease of `caller` back to the store, in the
+/// background when the store does I/O; a failure leaves them consumed, the stricter
+/// outcome.
+fn give_back(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) {
     if inner.breaker.state() == BreakerState::Open {
         return;
     }
-    let mut future = inner.backend.refund(caller.key(), &set.limits, refund);
+    let mut future = inner.backend.refund(caller, limits, refund);
     let returned = |inner: &Inner, ok: bool| {
         if ok && let Some(leasing) = &inner.leases {
             leasing.metrics.returned();
@@ -339,4 +403,160 @@ fn give_back(inner: &Arc<Inner>, caller: &Caller, set: &PolicySet, refund: Refun
         let result = tokio::time::timeout(inner.store_timeout, future).await;
         returned(&inner, matches!(result, Ok(Ok(()))));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::check::Limiter;
+    use crate::limiter::failure::FailurePolicy;
+    use crate::store::backend::{Backend, CheckFuture, RefundFuture};
+    use crate::store::clock::ManualClock;
+    use crate::store::memory::InMemoryBackend;
+    use crate::store::policy::Quota;
+
+    /// The start of a minute, so that a per-minute window holds the whole test.
+    const START_MS: u64 = 1_800_000_000_000;
+
+    /// The in-process store declared remote, so the limiter leases from it; its lease is
+    /// granted when asked (as lease.lua runs) and answered `late` afterwards.
+    #[derive(Clone, Debug)]
+    struct Shared {
+        store: InMemoryBackend,
+        late: Option<Duration>,
+    }
+
+    impl Backend for Shared {
+        fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+            self.store.check(caller, limits, cost)
+        }
+
+        fn refund(
+            &self,
+            caller: &CallerKey,
+            limits: &Arc<[Policy]>,
+            refund: Refund,
+        ) -> RefundFuture {
+            self.store.refund(caller, limits, refund)
+        }
+
+        fn lease(
+            &self,
+            caller: &CallerKey,
+            limits: &Arc<[Policy]>,
+            cost: u64,
+            units: u64,
+        ) -> Option<LeaseFuture> {
+            let grant =
+                crate::store::lease::lease_by_checks(&self.store, caller, limits, cost, units);
+            let late = self.late;
+            Some(Box::pin(async move {
+                if let Some(late) = late {
+                    tokio::time::sleep(late).await;
+                }
+                grant
+            }))
+        }
+
+        fn is_remote(&self) -> bool {
+            true
+        }
+    }
+
+    /// What the store has counted for `caller` under `limiter`'s only policy.
+    fn counted(store: &InMemoryBackend, limiter: &Limiter, caller: &Caller) -> u64 {
+        let limits = limiter.policies();
+        let peek = store
+            .check(caller.key(), &limits, 0)
+            .try_take_ready()
+            .unwrap()
+            .unwrap();
+        limits[0].quota() - peek.limits()[0].remaining
+    }
+
+    fn limiter(shared: &Shared, clock: &ManualClock, quota: Quota) -> Limiter {
+        Limiter::builder()
+            .name("leased")
+            .backend(shared.clone())
+            .clock(clock.clone())
+            .store_timeout(Duration::from_millis(20))
+            .on_store_failure(FailurePolicy::closed())
+            .policy(Policy::sliding_window("per-minute", quota))
+            .leases(
+                Leases::new()
+                    .threshold_per_sec(10)
+                    .period(Duration::from_millis(100)),
+            )
+            .build()
+    }
+
+    /// A lease ended by a sweep that another caller of its shard set off goes back to the
+    /// caller that took it, never to the one whose request swept it.
+    #[tokio::test]
+    async fn regression_an_ended_lease_goes_back_to_its_own_caller() {
+        let clock = ManualClock::new(START_MS);
+        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let shared = Shared {
+            store: store.clone(),
+            late: None,
+        };
+        let limiter = limiter(&shared, &clock, Quota::per_minute(1_000));
+        let table = &limiter.inner.leases.as_ref().unwrap().table;
+        let a = Caller::new("a");
+        let b = (0..)
+            .map(|i| Caller::new(format!("b{i}")))
+            .find(|b| table.shard_index(b.key()) == table.shard_index(a.key()))
+            .unwrap();
+        let (mut spent_a, mut spent_b) = (0, 0);
+        // b, under the threshold, is decided by the store request by request.
+        for _ in 0..5 {
+            spent_b += u64::from(limiter.check(&b).await.is_allowed());
+        }
+        // a gets hot, leases, spends part of its lease and stops.
+        for _ in 0..150 {
+            clock.advance(Duration::from_millis(1));
+            spent_a += u64::from(limiter.check(&a).await.is_allowed());
+        }
+        assert!(counted(&store, &limiter, &a) > spent_a, "a holds no lease");
+        // a's lease has expired; b's next request, a second on, sweeps the shard.
+        clock.advance(Duration::from_millis(1_500));
+        spent_b += u64::from(limiter.check(&b).await.is_allowed());
+        assert_eq!(
+            (counted(&store, &limiter, &a), counted(&store, &limiter, &b)),
+            (spent_a, spent_b),
+            "the store's counts of a and b against what each spent"
+        );
+    }
+
+    /// A lease answered after the store timeout was still granted by the store: its units
+    /// come back, so the store's count ends at what was spent.
+    #[tokio::test(start_paused = true)]
+    async fn regression_a_lease_answered_after_the_timeout_gives_its_units_back() {
+        let clock = ManualClock::new(START_MS);
+        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let shared = Shared {
+            store: store.clone(),
+            late: Some(Duration::from_millis(50)),
+        };
+        let limiter = limiter(&shared, &clock, Quota::per_minute(1_000));
+        let acme = Caller::new("acme");
+        let mut spent = 0;
+        let mut unavailable = 0;
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(5));
+            match limiter.check(&acme).await {
+                decision if decision.is_allowed() => spent += 1,
+                Decision::Unavailable { .. } => unavailable += 1,
+                _ => {}
+            }
+        }
+        assert!(unavailable > 0, "no lease timed out");
+        // The late answers arrive, and what they granted goes back.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            counted(&store, &limiter, &acme),
+            spent,
+            "the store's count against what was spent ({unavailable} requests unavailable)"
+        );
+    }
 }

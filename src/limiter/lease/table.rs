@@ -3,10 +3,11 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::caller::CallerKey;
+use crate::store::policy::Policy;
 
 const SHARDS: usize = 16;
 /// The span of one bucket of the local rate estimate.
@@ -25,11 +26,17 @@ pub(crate) struct Lease {
     pub(crate) counted_at_ms: u64,
     /// What the store had left per policy after the grant.
     pub(crate) shared: Vec<PolicyOutcome>,
+    /// The policies the units were counted under, which a give-back names.
+    pub(crate) limits: Arc<[Policy]>,
 }
 
-/// Units of an ended lease to give back to the store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Units of an ended lease to give back to the store: to the caller that took it, under
+/// the policies it was counted under (a sweep ends other callers' leases too, and a swap of
+/// limits may have orphaned it).
+#[derive(Clone, Debug)]
 pub(crate) struct Unused {
+    pub(crate) caller: CallerKey,
+    pub(crate) limits: Arc<[Policy]>,
     pub(crate) units: u64,
     pub(crate) counted_at_ms: u64,
 }
@@ -133,9 +140,13 @@ impl LeaseTable {
         }
     }
 
+    /// Which shard holds `caller`.
+    pub(crate) fn shard_index(&self, caller: &CallerKey) -> usize {
+        (self.hasher.hash_one(caller) as usize) % self.shards.len()
+    }
+
     fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, Shard> {
-        let index = (self.hasher.hash_one(caller) as usize) % self.shards.len();
-        self.shards[index]
+        self.shards[self.shard_index(caller)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -159,11 +170,11 @@ impl LeaseTable {
         let mut shard = self.shard(caller);
         if now_ms.saturating_sub(shard.last_sweep_ms) >= SWEEP_INTERVAL_MS {
             shard.last_sweep_ms = now_ms;
-            shard.entries.retain(|_, entry| {
+            shard.entries.retain(|(owner, _), entry| {
                 if let Some(lease) = &entry.lease
                     && now_ms >= lease.expires_at_ms
                 {
-                    end(entry.lease.take(), &mut next);
+                    end(owner, entry.lease.take(), &mut next);
                 }
                 entry.lease.is_some()
                     || entry.taking
@@ -198,7 +209,7 @@ impl LeaseTable {
                 return next;
             }
             // Expired, or too small for this request: what is left goes back.
-            end(entry.lease.take(), &mut next);
+            end(caller, entry.lease.take(), &mut next);
         }
         if entry.taking || entry.rate_per_sec(now_ms) < sizing.threshold_per_sec {
             return next;
@@ -226,12 +237,14 @@ impl LeaseTable {
     }
 }
 
-/// Ends `lease`: units left go back.
-fn end(lease: Option<Lease>, next: &mut Next) {
+/// Ends `owner`'s `lease`: units left go back to it.
+fn end(owner: &CallerKey, lease: Option<Lease>, next: &mut Next) {
     let Some(lease) = lease else { return };
     if lease.left > 0 {
         next.expired += 1;
         next.unused.push(Unused {
+            caller: owner.clone(),
+            limits: lease.limits,
             units: lease.left,
             counted_at_ms: lease.counted_at_ms,
         });
@@ -264,6 +277,7 @@ mod tests {
             expires_at_ms,
             counted_at_ms: 7,
             shared: Vec::new(),
+            limits: Arc::new([]),
         }
     }
 
@@ -299,18 +313,36 @@ mod tests {
         // Too small for a cost of 2: it ends, its unit goes back, a new one is asked for
         // (capped at a quarter of the quota).
         let next = table.next(&acme, 1, 2, 301, SIZING);
-        assert_eq!(
-            next.unused,
-            vec![Unused {
-                units: 1,
-                counted_at_ms: 7
-            }]
-        );
+        let unused: Vec<_> = next
+            .unused
+            .iter()
+            .map(|u| (&u.caller, u.units, u.counted_at_ms))
+            .collect();
+        assert_eq!(unused, [(&acme, 1, 7)]);
         assert!(matches!(next.step, Step::Take { units: 25 }));
         table.granted(&acme, 1, Some(lease(5, 350)));
         let expired = table.next(&acme, 1, 1, 350, SIZING);
         assert_eq!(expired.expired, 1);
         assert_eq!(expired.unused[0].units, 5);
+    }
+
+    #[test]
+    fn a_sweep_gives_each_ended_lease_back_to_its_own_caller() {
+        let table = LeaseTable::new(100);
+        let a = CallerKey::new("a");
+        let b = (0..)
+            .map(|i| CallerKey::new(format!("b{i}")))
+            .find(|b| table.shard_index(b) == table.shard_index(&a))
+            .unwrap();
+        for t in 0..300 {
+            let _ = table.next(&a, 1, 1, t, SIZING);
+        }
+        table.granted(&a, 1, Some(lease(5, 400)));
+        // A second on, b's request sweeps the shard and ends a's expired lease: its units
+        // go back to a.
+        let swept = table.next(&b, 2, 1, 1_300, SIZING);
+        let unused: Vec<_> = swept.unused.iter().map(|u| (&u.caller, u.units)).collect();
+        assert_eq!(unused, [(&a, 5)]);
     }
 
     #[test]

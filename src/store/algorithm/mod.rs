@@ -314,8 +314,9 @@ impl Algorithm {
     /// A refund never admits more than the request had not been counted at all: a sliding
     /// window takes the units off the window they were counted in while it is the current
     /// window or the previous one (where they still weigh), never below 0, and does nothing
-    /// once that window has slid out; a token bucket puts the tokens back, capped at its
-    /// capacity.
+    /// once that window has slid out; a token bucket puts back the tokens less what it has
+    /// refilled between the count and its last write (a bucket that never counted the
+    /// request may have been full meanwhile, and lost that refill), capped at its capacity.
     ///
     /// ```
     /// use std::time::Duration;
@@ -326,6 +327,15 @@ impl Algorithm {
     /// assert_eq!(counted.outcome.remaining, 4);
     /// let refunded = per_minute.refund(Some(counted.admitted_state), 1_000, 1, 2_000).unwrap();
     /// assert_eq!(per_minute.peek(Some(refunded), 2_000).remaining, 5);
+    ///
+    /// // Burst 2, one token a second: R1 at 0, then R2 and R3 at 1.2 s, when the bucket
+    /// // was full again. Had R1 never counted it would have been full all the same, so
+    /// // giving R1 back at 1.234 s puts nothing back.
+    /// let bucket = Algorithm::token_bucket(1, Duration::from_secs(1), 2);
+    /// let r1 = bucket.evaluate(None, 0).admitted_state;
+    /// let r2 = bucket.evaluate(Some(r1), 1_200).admitted_state;
+    /// let r3 = bucket.evaluate(Some(r2), 1_200).admitted_state;
+    /// assert_eq!(bucket.refund(Some(r3), 0, 1, 1_234), None);
     /// ```
     pub fn refund(
         &self,
@@ -336,15 +346,31 @@ impl Algorithm {
     ) -> Option<PolicyState> {
         // A caller with no state has nothing to give back (it expired: the units no longer
         // weigh).
-        state?;
+        let stored = state?;
         let current = self.normalize(state, now_ms);
         match *self {
             Algorithm::SlidingWindow { window_ms, .. } => {
                 sliding_window::refund(window_ms, current, counted_at_ms, cost)
             }
             Algorithm::TokenBucket {
-                period_ms, burst, ..
-            } => token_bucket::refund(period_ms, burst, current, cost),
+                rate,
+                period_ms,
+                burst,
+            } => {
+                // A state of another algorithm is a full bucket: nothing to give back.
+                let PolicyState::TokenBucket { updated_ms, .. } = stored else {
+                    return None;
+                };
+                token_bucket::refund(
+                    rate,
+                    period_ms,
+                    burst,
+                    updated_ms,
+                    current,
+                    counted_at_ms,
+                    cost,
+                )
+            }
         }
     }
 
@@ -588,6 +614,61 @@ mod tests {
         let back = a.refund(Some(counted), 0, 3, 1_000).expect("given back");
         assert_eq!(a.peek(Some(back), 1_000).remaining, 4);
         assert_eq!(a.refund(Some(back), 0, 1, 1_000), None);
+    }
+
+    /// Burst 2, one token a second: R1 admitted at 0; R2 and R3 admitted 1.2 s later
+    /// (the bucket had refilled to full); R1 given back 34 ms after that. Had R1 never
+    /// counted, the bucket would have been full at 1.2 s all the same and empty after R2
+    /// and R3: R4 must be refused.
+    #[test]
+    fn regression_a_token_bucket_refund_never_adds_tokens_the_bucket_refilled() {
+        let a = Algorithm::token_bucket(1, Duration::from_secs(1), 2);
+        let r1 = a.evaluate(None, 0);
+        let r2 = a.evaluate(Some(r1.admitted_state), 1_200);
+        let r3 = a.evaluate(Some(r2.admitted_state), 1_200);
+        assert!(r1.admitted && r2.admitted && r3.admitted);
+        let state = a
+            .refund(Some(r3.admitted_state), 0, 1, 1_234)
+            .unwrap_or(r3.admitted_state);
+        let r4 = a.evaluate(Some(state), 1_234);
+        let never_counted = a.evaluate(
+            Some(
+                a.evaluate(Some(a.evaluate(None, 1_200).admitted_state), 1_200)
+                    .admitted_state,
+            ),
+            1_234,
+        );
+        assert!(!never_counted.admitted);
+        assert!(
+            !r4.admitted,
+            "R4 admitted after the refund with {} tokens left",
+            r4.outcome.remaining
+        );
+    }
+
+    /// A request that read the clock at 1,000 but reached the bucket after one that read
+    /// 1,005 must not move the bucket's time back: the interval would be refilled twice.
+    #[test]
+    fn regression_a_token_bucket_time_never_moves_backwards() {
+        // One token a millisecond, 100 at most.
+        let a = Algorithm::token_bucket(1_000, Duration::from_secs(1), 100);
+        let first = a.evaluate_cost(None, 1_005, 50);
+        let late = a.evaluate_cost(Some(first.admitted_state), 1_000, 20);
+        let after = a.evaluate_cost(Some(late.admitted_state), 1_005, 1);
+        let in_order = a.evaluate_cost(
+            Some(
+                a.evaluate_cost(Some(first.admitted_state), 1_005, 20)
+                    .admitted_state,
+            ),
+            1_005,
+            1,
+        );
+        assert!(late.admitted && after.admitted);
+        assert_eq!(
+            after.outcome.remaining, in_order.outcome.remaining,
+            "the level after a late request: {:?}",
+            after.admitted_state
+        );
     }
 
     #[test]

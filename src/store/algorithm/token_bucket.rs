@@ -7,6 +7,10 @@ use super::{PolicyOutcome, PolicyState, ceil_div};
 
 /// The state brought to `now_ms`: the bucket refilled, or a full one. A state of another
 /// algorithm starts afresh.
+///
+/// The stored time never moves back: a request that read the clock before another but
+/// reached the bucket after it refills nothing and keeps the later time (moved back, the
+/// interval in between would be refilled a second time by the next request).
 pub(super) fn normalize(
     rate: u64,
     period_ms: u64,
@@ -15,16 +19,19 @@ pub(super) fn normalize(
     now_ms: u64,
 ) -> PolicyState {
     let capacity = u128::from(burst) * u128::from(period_ms);
-    let level = match state {
+    match state {
         Some(PolicyState::TokenBucket { level, updated_ms }) => {
             let elapsed = u128::from(now_ms.saturating_sub(updated_ms));
-            (u128::from(level) + elapsed * u128::from(rate)).min(capacity)
+            let level = (u128::from(level) + elapsed * u128::from(rate)).min(capacity);
+            PolicyState::TokenBucket {
+                level: level as u64,
+                updated_ms: updated_ms.max(now_ms),
+            }
         }
-        _ => capacity,
-    };
-    PolicyState::TokenBucket {
-        level: level as u64,
-        updated_ms: now_ms,
+        _ => PolicyState::TokenBucket {
+            level: capacity as u64,
+            updated_ms: now_ms,
+        },
     }
 }
 
@@ -40,19 +47,32 @@ pub(super) fn consume(period_ms: u64, state: PolicyState, cost: u64) -> Option<P
     })
 }
 
-/// The state with `cost` tokens put back, capped at the bucket's capacity; `None` when
-/// the bucket is already full.
+/// The state `current` (the stored state brought to now) with the tokens of a request of
+/// `cost` counted at `counted_at_ms` put back, as many as a bucket that never counted it
+/// would hold more; `None` when that is none. `stored_ms` is the stored state's time, the
+/// last write before now.
+///
+/// Such a bucket holds `cost` tokens more from the count on, less the refill it lost to
+/// being full, which this one did not. Up to the last write that loss is at most what
+/// flowed in since the count; after it this bucket only filled, so capping at the capacity
+/// accounts for the rest. A state written before the count does not hold it: nothing.
 pub(super) fn refund(
+    rate: u64,
     period_ms: u64,
     burst: u64,
-    state: PolicyState,
+    stored_ms: u64,
+    current: PolicyState,
+    counted_at_ms: u64,
     cost: u64,
 ) -> Option<PolicyState> {
-    let PolicyState::TokenBucket { level, updated_ms } = state else {
+    let PolicyState::TokenBucket { level, updated_ms } = current else {
         return None;
     };
+    let since = stored_ms.checked_sub(counted_at_ms)?;
     let capacity = u128::from(burst) * u128::from(period_ms);
-    let refilled = (u128::from(level) + u128::from(cost) * u128::from(period_ms)).min(capacity);
+    let owed = u128::from(cost.min(burst)) * u128::from(period_ms);
+    let back = owed.saturating_sub(u128::from(since) * u128::from(rate));
+    let refilled = (u128::from(level) + back).min(capacity);
     (refilled > u128::from(level)).then_some(PolicyState::TokenBucket {
         level: refilled as u64,
         updated_ms,

@@ -30,6 +30,13 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 /// (unless given one with [`InstanceRegistryBuilder::instance_id`]), so two registries with
 /// one prefix in one process (one per limiter, say) count that process once.
 ///
+/// Until its first heartbeat answers, a registry counts the instances it was told to expect
+/// ([`InstanceRegistryBuilder::initial_count`], which [`start`](InstanceRegistryBuilder::start)
+/// requires): an instance started, or restarted, while Redis is unreachable has never heard
+/// from the registry, and with no count given each of them would divide by 1 and admit the
+/// whole limit. Give the most instances the deployment runs (an autoscaler's maximum):
+/// a count too high only makes each share smaller until Redis answers.
+///
 /// When Redis loses the registry (a restart or a failover without the data) it is rebuilt
 /// by the next beats, one instance at a time, so for up to a liveness window the count is
 /// too low. A count that is lower than the one in use is taken only once the rebuilt registry
@@ -43,7 +50,8 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 ///
 /// # #[tokio::main] async fn main() {
 /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").prefix("orders").build().unwrap();
-/// let registry = InstanceRegistry::builder(&store).start().unwrap();
+/// // Four instances run: each divides by 4 until the registry answers, then by the count.
+/// let registry = InstanceRegistry::builder(&store).initial_count(4).start().unwrap();
 /// let limiter = Limiter::builder()
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
@@ -77,7 +85,7 @@ impl InstanceRegistry {
             store: store.clone(),
             every: Duration::from_secs(1),
             live_within: Duration::from_secs(3),
-            initial: 1,
+            initial: None,
             id: None,
         }
     }
@@ -115,7 +123,7 @@ pub struct InstanceRegistryBuilder {
     store: RedisBackend,
     every: Duration,
     live_within: Duration,
-    initial: u64,
+    initial: Option<u64>,
     id: Option<String>,
 }
 
@@ -135,9 +143,13 @@ impl InstanceRegistryBuilder {
         self
     }
 
-    /// The count to use until the first heartbeat answers (default 1).
+    /// The instances the deployment runs, counted until the first heartbeat answers:
+    /// required (at least 1), since an instance started while Redis is unreachable knows
+    /// no other count. Give the most the deployment runs; a count too high only makes each
+    /// share smaller until Redis answers, one too low lets the instances together admit
+    /// more than the limit.
     pub fn initial_count(mut self, count: u64) -> Self {
-        self.initial = count.max(1);
+        self.initial = Some(count);
         self
     }
 
@@ -154,7 +166,11 @@ impl InstanceRegistryBuilder {
     /// use tollgate::{InstanceRegistry, RedisBackend};
     ///
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
-    /// let registry = InstanceRegistry::builder(&store).instance_id("orders-7f9c").start().unwrap();
+    /// let registry = InstanceRegistry::builder(&store)
+    ///     .instance_id("orders-7f9c")
+    ///     .initial_count(4)
+    ///     .start()
+    ///     .unwrap();
     /// assert_eq!(registry.id(), "orders-7f9c");
     /// # }
     /// ```
@@ -167,7 +183,8 @@ impl InstanceRegistryBuilder {
     ///
     /// Fails if the heartbeat interval is not shorter than the liveness window (each
     /// instance would then count only itself, and a local share would be the whole limit),
-    /// if the instance id is not usable, or if called outside a Tokio runtime.
+    /// if the instance id is not usable, if no [`initial_count`](Self::initial_count) (or
+    /// 0) was given, or if called outside a Tokio runtime.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -176,8 +193,13 @@ impl InstanceRegistryBuilder {
     /// use tollgate::store::RegistryError;
     ///
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
-    /// let slow = InstanceRegistry::builder(&store).heartbeat_every(Duration::from_secs(5)).start();
+    /// let slow = InstanceRegistry::builder(&store)
+    ///     .initial_count(4)
+    ///     .heartbeat_every(Duration::from_secs(5))
+    ///     .start();
     /// assert!(matches!(slow, Err(RegistryError::HeartbeatNotShorterThanWindow { .. })));
+    /// let uncounted = InstanceRegistry::builder(&store).start();
+    /// assert!(matches!(uncounted, Err(RegistryError::NoInitialCount)));
     /// # }
     /// ```
     pub fn start(self) -> Result<InstanceRegistry, RegistryError> {
@@ -194,6 +216,10 @@ impl InstanceRegistryBuilder {
             Some(id) => id,
             None => PROCESS_INSTANCE_ID.clone(),
         };
+        let initial = match self.initial {
+            Some(count) if count >= 1 => count,
+            _ => return Err(RegistryError::NoInitialCount),
+        };
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| RegistryError::NoRuntime)?;
         let key = format!("{}:instances", self.store.prefix());
@@ -204,7 +230,7 @@ impl InstanceRegistryBuilder {
             "Live instances an InstanceRegistry counts and divides a local share by, by \
              registry key; kept through a store outage."
         );
-        let count = Arc::new(AtomicU64::new(self.initial));
+        let count = Arc::new(AtomicU64::new(initial));
         let heartbeat = runtime.spawn(beat(
             self.store,
             key.clone(),
@@ -249,6 +275,9 @@ pub enum RegistryError {
     },
     /// The instance id is empty or holds a control character.
     InvalidInstanceId(String),
+    /// No [`InstanceRegistryBuilder::initial_count`] (or 0) was given: an instance started
+    /// while Redis is unreachable would divide by 1 until its first heartbeat answers.
+    NoInitialCount,
     /// [`InstanceRegistryBuilder::start`] was called outside a Tokio runtime, where its
     /// background task cannot run.
     NoRuntime,
@@ -268,6 +297,11 @@ impl fmt::Display for RegistryError {
             Self::InvalidInstanceId(id) => write!(
                 f,
                 "the instance id {id:?} is empty or holds a control character"
+            ),
+            Self::NoInitialCount => f.write_str(
+                "the instance registry needs the deployment's instance count (initial_count), \
+                 used until the first heartbeat answers: an instance started while Redis is \
+                 unreachable would otherwise divide by 1",
             ),
             Self::NoRuntime => f.write_str(
                 "the instance registry must be started inside a Tokio runtime, which runs its \
