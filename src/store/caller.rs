@@ -5,8 +5,9 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
+
+use crate::store::inline_bytes::InlineBytes;
 
 /// Caller keys longer than this many bytes are replaced by their SHA-256 digest.
 pub const MAX_KEY_BYTES: usize = 128;
@@ -24,8 +25,8 @@ const TAG_ANONYMOUS: u8 = b'?';
 /// distinct: `acme` and `acme}` are two keys, and no raw key can collide with a digest or
 /// with [`CallerKey::anonymous`].
 ///
-/// Cloning is cheap: keys of up to 37 bytes (a UUID, an API key, a digest) are held
-/// inline, with no allocation, and longer ones are reference counted.
+/// Keys of up to 37 bytes (a UUID, an API key, a digest) are held inline: making or
+/// cloning one costs no allocation. Longer ones take one heap block.
 ///
 /// ```
 /// use tollgate::store::CallerKey;
@@ -47,38 +48,7 @@ pub struct CallerKey {
 /// costs no allocation. 38 keeps a key as small as 40 bytes.
 const INLINE_BYTES: usize = 38;
 
-#[derive(Clone)]
-enum Encoded {
-    Inline { len: u8, bytes: [u8; INLINE_BYTES] },
-    Shared(Bytes),
-}
-
-impl Encoded {
-    fn new(tag: u8, key: &[u8]) -> Self {
-        if key.len() < INLINE_BYTES {
-            let mut bytes = [0; INLINE_BYTES];
-            bytes[0] = tag;
-            bytes[1..=key.len()].copy_from_slice(key);
-            Encoded::Inline {
-                // At most INLINE_BYTES.
-                len: (1 + key.len()) as u8,
-                bytes,
-            }
-        } else {
-            let mut encoded = BytesMut::with_capacity(1 + key.len());
-            encoded.put_u8(tag);
-            encoded.put_slice(key);
-            Encoded::Shared(encoded.freeze())
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Encoded::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Encoded::Shared(bytes) => bytes,
-        }
-    }
-}
+type Encoded = InlineBytes<INLINE_BYTES>;
 
 // Keys compare, hash and order by their encoded bytes, however they are held.
 impl PartialEq for CallerKey {
@@ -112,9 +82,9 @@ impl CallerKey {
     pub fn new(key: impl AsRef<[u8]>) -> Self {
         let key = key.as_ref();
         let encoded = if key.len() > MAX_KEY_BYTES {
-            Encoded::new(TAG_DIGEST, &Sha256::digest(key))
+            Encoded::concat(&[TAG_DIGEST], &Sha256::digest(key))
         } else {
-            Encoded::new(TAG_RAW, key)
+            Encoded::concat(&[TAG_RAW], key)
         };
         Self { encoded }
     }
@@ -128,7 +98,7 @@ impl CallerKey {
     /// ```
     pub fn anonymous() -> Self {
         Self {
-            encoded: Encoded::new(TAG_ANONYMOUS, &[]),
+            encoded: Encoded::concat(&[TAG_ANONYMOUS], &[]),
         }
     }
 
@@ -291,16 +261,17 @@ mod tests {
     #[test]
     fn short_and_long_keys_are_held_apart_but_compare_by_bytes() {
         let short = CallerKey::new("acme");
-        assert!(matches!(short.encoded, Encoded::Inline { .. }));
+        assert!(short.encoded.is_inline());
         let uuid = CallerKey::new("0b6f2a3e-59d4-4c1e-9a0f-3f1c2d4e5b6a");
-        assert!(matches!(uuid.encoded, Encoded::Inline { .. }));
+        assert!(uuid.encoded.is_inline());
+        assert!(!CallerKey::new([b'k'; 38]).encoded.is_inline());
         let long = CallerKey::new([b'k'; 64]);
-        assert!(matches!(long.encoded, Encoded::Shared(_)));
+        assert!(!long.encoded.is_inline());
         assert_eq!(long.encoded().len(), 65);
         assert_eq!(long.clone(), long);
         assert!(short < CallerKey::new("acmf"));
         let digest = CallerKey::new(vec![1u8; MAX_KEY_BYTES + 1]);
-        assert!(matches!(digest.encoded, Encoded::Inline { .. }));
+        assert!(digest.encoded.is_inline());
         assert!(digest.is_digest());
     }
 

@@ -16,6 +16,7 @@ pub(crate) mod caller;
 pub(crate) mod clock;
 pub(crate) mod digest;
 pub(crate) mod evaluate;
+pub(crate) mod inline_bytes;
 pub(crate) mod instances;
 pub(crate) mod invalid_policy;
 pub(crate) mod lease;

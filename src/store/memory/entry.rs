@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use crate::store::algorithm::PolicyState;
+use crate::store::inline_bytes::InlineBytes;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
 /// [`MAX_KEY_BYTES`](crate::store::MAX_KEY_BYTES)) take one heap block. 22 keeps the key
@@ -12,36 +13,7 @@ use crate::store::algorithm::PolicyState;
 const INLINE_KEY_BYTES: usize = 22;
 
 /// A caller's encoded key, as the shard stores it.
-pub(super) enum StoredKey {
-    Inline {
-        len: u8,
-        bytes: [u8; INLINE_KEY_BYTES],
-    },
-    Boxed(Box<[u8]>),
-}
-
-impl StoredKey {
-    pub(super) fn new(encoded: &[u8]) -> Self {
-        if encoded.len() <= INLINE_KEY_BYTES {
-            let mut bytes = [0; INLINE_KEY_BYTES];
-            bytes[..encoded.len()].copy_from_slice(encoded);
-            StoredKey::Inline {
-                // At most INLINE_KEY_BYTES.
-                len: encoded.len() as u8,
-                bytes,
-            }
-        } else {
-            StoredKey::Boxed(encoded.into())
-        }
-    }
-
-    pub(super) fn as_bytes(&self) -> &[u8] {
-        match self {
-            StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            StoredKey::Boxed(bytes) => bytes,
-        }
-    }
-}
+type StoredKey = InlineBytes<INLINE_KEY_BYTES>;
 
 /// A counter's state, read and written through a shared reference. The entry's lock makes
 /// a decision's reads and writes one step; the atomics, all relaxed, only let safe code
@@ -251,17 +223,6 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn short_keys_stay_inline_and_long_ones_are_boxed() {
-        let short = StoredKey::new(b"=customer-0000000001");
-        assert!(matches!(short, StoredKey::Inline { .. }));
-        assert_eq!(short.as_bytes(), b"=customer-0000000001");
-        let long = [b'x'; 100];
-        let boxed = StoredKey::new(&long);
-        assert!(matches!(boxed, StoredKey::Boxed(_)));
-        assert_eq!(boxed.as_bytes(), &long[..]);
-    }
 
     #[test]
     fn counters_are_kept_apart() {
