@@ -22,7 +22,7 @@ use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
 use crate::limiter::mode::Mode;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{LeaseGrant, Refund};
 use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 
@@ -141,14 +141,26 @@ fn take(
     mode: Mode,
     span: &Span,
 ) -> Option<DecisionFuture> {
-    let permit = match inner.breaker.admit() {
+    let (reach, domain) = inner.domain_of(caller.key());
+    let admission = if reach.can_call() {
+        domain.breaker.admit()
+    } else {
+        Admission::Reject
+    };
+    let permit = match admission {
         Admission::Call(permit) => permit,
         Admission::Reject => {
             leasing.table.granted(caller.key(), set.id, None);
-            let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost, None);
+            let reason = if reach.can_call() {
+                FallbackReason::BreakerOpen
+            } else {
+                FallbackReason::NotConnected
+            };
+            let decision = inner.fall_back(&domain, caller, set, reason, cost, None);
             return Some(DecisionFuture::ready(inner.conclude(decision, mode, span)));
         }
     };
+    let domain = domain.to_shared();
     let Some(lease) = inner.backend.lease(caller.key(), &set.limits, cost, units) else {
         leasing.unsupported.store(true, Ordering::Relaxed);
         leasing.table.granted(caller.key(), set.id, None);
@@ -171,13 +183,7 @@ fn take(
             let mut taking = taking;
             let result = match tokio::time::timeout(inner.store_timeout, lease).await {
                 Ok(result) => result,
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!(
-                        "no lease within the store timeout of {:?}",
-                        inner.store_timeout
-                    ),
-                )),
+                Err(_) => Err(inner.timed_out(caller.key(), "lease")),
             };
             inner.metrics.store_latency(started.elapsed());
             let decision = match result {
@@ -186,12 +192,19 @@ fn take(
                     granted(&inner, &caller, &set, grant, cost, asked_ms)
                 }
                 Err(error) => {
-                    permit.failure();
+                    permit.failed(&error);
                     if let Some(leasing) = &inner.leases {
                         leasing.table.granted(caller.key(), set.id, None);
                     }
                     tracing::debug!(layer = %inner.name, %error, "taking a lease failed");
-                    inner.fall_back(&caller, &set, FallbackReason::of(&error), cost, None)
+                    inner.fall_back(
+                        &domain,
+                        &caller,
+                        &set,
+                        FallbackReason::of(&error),
+                        cost,
+                        None,
+                    )
                 }
             };
             taking.settled = true;
@@ -318,7 +331,8 @@ fn leased_info(
 /// Gives the unused units of an ended lease back to the store, in the background when
 /// the store does I/O; a failure leaves them consumed, the stricter outcome.
 fn give_back(inner: &Arc<Inner>, caller: &Caller, set: &PolicySet, refund: Refund) {
-    if inner.breaker.state() == BreakerState::Open {
+    let (reach, domain) = inner.domain_of(caller.key());
+    if !reach.can_call() || domain.breaker.state() == BreakerState::Open {
         return;
     }
     let mut future = inner.backend.refund(caller.key(), &set.limits, refund);
