@@ -7,6 +7,7 @@ mod bad_input;
 mod bucket_expiry;
 mod client_throttle;
 mod conformance;
+mod connection;
 mod counting;
 mod counts;
 mod custom_backend;
