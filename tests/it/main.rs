@@ -33,6 +33,7 @@ mod quickstart;
 mod recovery;
 mod redis_backend;
 mod redis_cluster;
+mod redis_sentinel;
 mod reload;
 mod request_cost;
 mod shed;

@@ -492,11 +492,13 @@ async fn with_the_defaults(away: Away, run: usize) -> Vec<(Duration, Option<Dura
     (0..REAL_INSTANCES)
         .map(|i| {
             let mine = || samples.iter().filter(move |s| s.0 == i && s.1 >= returned);
+            // By the time each request was sent (they are recorded as they are answered).
             let first = mine()
-                .find(|s| s.2)
+                .filter(|s| s.2)
                 .map(|s| s.1 - returned)
+                .min()
                 .unwrap_or_else(|| panic!("{away:?}: instance {i} never decided on Redis again"));
-            let last_not = mine().filter(|s| !s.2).map(|s| s.1 - returned).last();
+            let last_not = mine().filter(|s| !s.2).map(|s| s.1 - returned).max();
             (first, last_not)
         })
         .collect()
