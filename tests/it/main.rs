@@ -1,6 +1,7 @@
 //! tollgate's integration tests: one binary, a module per concern. Redis tests start their own
 //! redis-server processes on free ports (see `tollgate_testkit::redis`).
 
+mod alerts;
 mod algorithms;
 mod axum_router;
 mod bad_input;
