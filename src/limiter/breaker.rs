@@ -190,6 +190,9 @@ struct Shared {
     // without it, so that a refusal while open costs two atomic loads, not a lock.
     open_until_ms: AtomicU64,
     probe_in_flight: AtomicBool,
+    /// The latest failure found no connection to call on (the store was not asked): the
+    /// breaker then waits for the connection, not for its interval (see `connected`).
+    waiting_for_connection: AtomicBool,
     transitions: Mutex<Transitions>,
 }
 
@@ -236,6 +239,7 @@ impl Breaker {
                 consecutive_failures: AtomicU32::new(0),
                 open_until_ms: AtomicU64::new(0),
                 probe_in_flight: AtomicBool::new(false),
+                waiting_for_connection: AtomicBool::new(false),
                 transitions: Mutex::new(Transitions::default()),
             }),
         }
@@ -257,6 +261,8 @@ impl Breaker {
             .saturating_sub(now)
     }
 
+    /// [`admit_at`](Self::admit_at) on the breaker's own clock.
+    #[cfg(test)]
     pub(crate) fn admit(&self) -> Admission {
         self.admit_at(|| self.shared.clock.now_millis())
     }
@@ -329,6 +335,9 @@ impl Breaker {
             return;
         }
         self.shared.probe_in_flight.store(false, Ordering::Release);
+        self.shared
+            .waiting_for_connection
+            .store(false, Ordering::Relaxed);
         if self.state() != BreakerState::Closed {
             t.failed_probes = 0;
             self.shared.consecutive_failures.store(0, Ordering::Relaxed);
@@ -346,6 +355,9 @@ impl Breaker {
     /// it. Outcomes of calls made before are stale from now on.
     pub(crate) fn reset(&self) {
         let mut t = self.lock();
+        self.shared
+            .waiting_for_connection
+            .store(false, Ordering::Relaxed);
         if self.state() == BreakerState::Closed {
             return;
         }
@@ -409,6 +421,25 @@ impl Breaker {
         );
     }
 
+    /// The part of the store has a connection again. A breaker that opened (or stayed
+    /// open) because its calls found no connection lets the next call probe at once, rather
+    /// than after the rest of its interval: what it was waiting for is there. A breaker
+    /// opened by the store's own failures (timeouts, errors) keeps its interval.
+    pub(crate) fn connected(&self) {
+        if !self.shared.waiting_for_connection.load(Ordering::Relaxed) {
+            return;
+        }
+        let _t = self.lock();
+        if self
+            .shared
+            .waiting_for_connection
+            .swap(false, Ordering::Relaxed)
+            && self.state() == BreakerState::Open
+        {
+            self.shared.open_until_ms.store(0, Ordering::Release);
+        }
+    }
+
     fn release_probe(&self, epoch: u64) {
         let _t = self.lock();
         if self.current(epoch) {
@@ -457,13 +488,19 @@ impl Permit {
         }
     }
 
-    /// The call failed with `error`: a failure, unless no call was made at all (the store
-    /// had no connection to make it on), which says nothing about the store and leaves the
-    /// breaker as it was (a probe's slot is freed for the next request).
+    /// The call failed with `error`: a failure. One that found no connection to call on
+    /// (the store was not asked) counts too, so that an outage opens the breaker as it
+    /// always did; but the breaker then waits for the connection rather than for its
+    /// interval (see [`Breaker::connected`]).
     pub(crate) fn failed(self, error: &StoreError) {
-        if error.kind() != StoreErrorKind::NotConnected {
-            self.failure();
+        if let Some(breaker) = &self.breaker {
+            let no_connection = error.kind() == StoreErrorKind::NotConnected;
+            breaker
+                .shared
+                .waiting_for_connection
+                .store(no_connection, Ordering::Relaxed);
         }
+        self.failure();
     }
 }
 
@@ -686,29 +723,40 @@ mod tests {
     }
 
     #[test]
-    fn a_call_never_made_leaves_the_breaker_as_it_was() {
+    fn without_a_connection_the_breaker_opens_and_waits_for_the_connection() {
         let clock = ManualClock::new(0);
         let b = breaker(&clock, 0.0);
-        let not_connected = StoreError::new(StoreErrorKind::NotConnected, "no connection yet");
-        for _ in 0..20 {
+        let not_connected = StoreError::new(StoreErrorKind::NotConnected, "no connection");
+        // Calls that found no connection open the breaker like any failure.
+        for _ in 0..5 {
             call(&b).failed(&not_connected);
         }
-        assert_eq!(b.state(), BreakerState::Closed);
-        // Half-open: the probe that found no connection frees its slot, and the breaker
-        // stays half-open until a probe that reached the store answers.
-        fail_until_open(&b);
-        clock.advance(Duration::from_millis(250));
-        call(&b).failed(&not_connected);
-        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(matches!(b.admit(), Admission::Reject));
+        // The connection is back before the interval ends: the next call probes at once.
+        b.connected();
         let probe = call(&b);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
         probe.success();
         assert_eq!(b.state(), BreakerState::Closed);
-        // A real failure still counts.
+        // A probe that found no connection again keeps it waiting for the connection.
+        for _ in 0..5 {
+            call(&b).failed(&not_connected);
+        }
+        clock.advance(Duration::from_millis(250));
+        call(&b).failed(&not_connected);
+        assert_eq!(b.state(), BreakerState::Open);
+        b.connected();
+        call(&b).success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Opened by the store's own failures, the breaker keeps its interval.
         let refused = StoreError::new(StoreErrorKind::Unavailable, "refused");
         for _ in 0..5 {
             call(&b).failed(&refused);
         }
-        assert_eq!(b.state(), BreakerState::Open);
+        b.connected();
+        assert!(matches!(b.admit(), Admission::Reject));
+        assert_eq!(b.open_for_ms(), 250);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::limiter::breaker::{Admission, BreakerState, Permit};
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt, UnlimitedReason};
 use crate::limiter::denial_cache::DenialCache;
-use crate::limiter::domains::{Domain, DomainRef, Domains};
+use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
@@ -154,12 +154,7 @@ impl Limiter {
             return decision;
         }
         let (reach, domain) = inner.domain_of(caller.key());
-        if !reach.can_call() {
-            let reason = FallbackReason::NotConnected;
-            let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
-            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
-        }
-        let permit = match domain.breaker.admit_at(&mut now) {
+        let permit = match domain.admit_at(reach, &mut now) {
             Admission::Call(permit) => permit,
             Admission::Reject => {
                 let reason = FallbackReason::BreakerOpen;
@@ -167,6 +162,13 @@ impl Limiter {
                 return DecisionFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
+        if !reach.can_call() {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            let reason = FallbackReason::NotConnected;
+            let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
+            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
+        }
         let now = now();
         let started = Instant::now();
         let mut check = inner.backend.check(caller.key(), limits, cost);
@@ -282,7 +284,7 @@ impl Inner {
 
     /// The error of a store call that ran out of time, waiting for `what`: a timeout,
     /// unless the caller's part of the store is still not connected, when the call waited
-    /// for the connection, not for the store (which the breaker then does not count).
+    /// for the connection, not for the store (and the breaker waits for the connection).
     pub(super) fn timed_out(&self, caller: &CallerKey, what: &str) -> StoreError {
         if self.backend.failure_domain(caller).is_connected() {
             StoreError::new(

@@ -13,10 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::breaker::{Breaker, BreakerConfig, BreakerState, Jitter, default_jitter};
+use crate::limiter::breaker::{
+    Admission, Breaker, BreakerConfig, BreakerState, Jitter, default_jitter,
+};
 use crate::limiter::telemetry::FallbackCounters;
-use crate::store::backend::Backend;
+use crate::store::backend::{Backend, StoreError, StoreErrorKind};
 use crate::store::clock::Clock;
+use crate::store::domain::FailureDomain;
 
 /// A failure domain as the limiter keeps it: its breaker and its fallback counters.
 pub(crate) struct Domain {
@@ -35,6 +38,26 @@ struct Factory {
     jitter: Option<Jitter>,
     layer: Arc<str>,
     failure_policy: &'static str,
+}
+
+impl Domain {
+    /// Permission to call the store for a caller whose part of the store is `reach` (`now`
+    /// read only if the breaker is not closed). A part that has its connection again lets
+    /// a breaker that was waiting for it probe at once.
+    pub(crate) fn admit_at(&self, reach: FailureDomain, now: impl FnOnce() -> u64) -> Admission {
+        if reach.is_connected() {
+            self.breaker.connected();
+        }
+        self.breaker.admit_at(now)
+    }
+}
+
+/// The error of a decision whose part of the store has no connection: no call was made.
+pub(crate) fn not_connected() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::NotConnected,
+        "no connection to this part of the store: it was not asked",
+    )
 }
 
 impl Factory {

@@ -373,8 +373,9 @@ pub enum StoreErrorKind {
     /// The store could not be reached (connection refused or lost).
     Unavailable,
     /// The store has no connection to ask yet (it is still being made, or made again): the
-    /// call was not made. It says nothing about the store's health, so the limiter's
-    /// breaker does not count it.
+    /// call was not made. The limiter's breaker counts it as a failure, and then lets a
+    /// probe through as soon as the connection is there again, without waiting out its
+    /// interval.
     NotConnected,
     /// Anything else: a script error, a protocol error.
     Other,

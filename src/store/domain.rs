@@ -16,9 +16,11 @@
 /// A domain is connected, connecting (its first connection is being made: a call waits
 /// for it, within the limiter's store timeout), or not connected (its connection was lost
 /// and is being made again). A domain that is not connected is not asked at all: each
-/// decision falls back at once, counted with the reason `not_connected`, and its breaker
-/// is left as it is. A call to a connecting domain that runs out of time falls back with
-/// the same reason, since it was the connection, not the store, that it waited for.
+/// decision falls back at once, counted with the reason `not_connected`, and counted by the
+/// domain's breaker as a failure, so an outage opens it as usual. A call to a connecting
+/// domain that runs out of time falls back with the same reason. A breaker opened that way
+/// waits for the connection rather than for its interval: the first decision once the
+/// domain is connected again goes to the store.
 ///
 /// ```
 /// use tollgate::store::FailureDomain;

@@ -14,6 +14,7 @@ use tracing::{Instrument, Span};
 use crate::limiter::breaker::{Admission, BreakerState};
 use crate::limiter::check::Inner;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
+use crate::limiter::domains::not_connected;
 use crate::limiter::fallback::FallbackReason;
 use crate::limiter::future::DecisionFuture;
 use crate::limiter::lease::config::Leases;
@@ -142,20 +143,19 @@ fn take(
     span: &Span,
 ) -> Option<DecisionFuture> {
     let (reach, domain) = inner.domain_of(caller.key());
-    let admission = if reach.can_call() {
-        domain.breaker.admit()
-    } else {
-        Admission::Reject
+    let reason = match domain.admit_at(reach, || inner.clock.now_millis()) {
+        Admission::Call(permit) if reach.can_call() => Ok(permit),
+        Admission::Call(permit) => {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            Err(FallbackReason::NotConnected)
+        }
+        Admission::Reject => Err(FallbackReason::BreakerOpen),
     };
-    let permit = match admission {
-        Admission::Call(permit) => permit,
-        Admission::Reject => {
+    let permit = match reason {
+        Ok(permit) => permit,
+        Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
-            let reason = if reach.can_call() {
-                FallbackReason::BreakerOpen
-            } else {
-                FallbackReason::NotConnected
-            };
             let decision = inner.fall_back(&domain, caller, set, reason, cost, None);
             return Some(DecisionFuture::ready(inner.conclude(decision, mode, span)));
         }

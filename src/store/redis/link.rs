@@ -5,7 +5,7 @@
 //! the connection, and watches it. A call made before the first connection waits for it
 //! (within its own timeout; the connection goes on being made if the call gives up). A
 //! call that finds a lost connection fails at once with [`StoreErrorKind::NotConnected`],
-//! without waiting; the limiter falls back without counting it against the store. The
+//! without waiting, and the limiter falls back without a call to the store. The
 //! connection is given up, and made again at once, when:
 //!
 //! - a call on it fails because the connection dropped (the server died or restarted, a
