@@ -2,7 +2,9 @@
 //! that fails closed, and Prometheus metrics.
 //!
 //! ```text
-//! orders_api [--listen ADDR] [--redis URL | --redis-cluster URL[,URL...]]
+//! orders_api [--listen ADDR]
+//!            [--redis URL | --redis-cluster URL[,URL...]
+//!             | --redis-sentinel URL[,URL...] --sentinel-master NAME]
 //!            [--limit N] [--window-secs N] [--config FILE]
 //!            [--on-store-failure open|closed|local-share|static]
 //!            [--instances N | --expected-instances N]
@@ -23,9 +25,10 @@
 //! local share divides by `--instances`, or by the live instances that heartbeat into Redis
 //! when `--instances` is not given; `--expected-instances` is then required, the count
 //! divided by until the first heartbeat answers (an instance started during an outage
-//! knows no other). `--redis-cluster` does the same on a Redis Cluster,
-//! reached through any of the comma-separated node URLs (the others are discovered); it
-//! and `--redis` exclude each other.
+//! knows no other). `--redis-cluster` does the same on a Redis Cluster, reached through
+//! any of the comma-separated node URLs (the others are discovered); `--redis-sentinel`
+//! on the master that the Sentinels at the comma-separated URLs monitor as
+//! `--sentinel-master`, following its failovers. The three exclude each other.
 //!
 //! With `--config FILE` (instead of `--limit` and `--window-secs`), the policies of
 //! `/orders`, its plan tiers and which customer is on which plan come from a TOML file
@@ -88,6 +91,19 @@ struct Options {
     /// Keep the counters in the Redis Cluster reached through any of these node URLs
     #[arg(long, value_name = "URL[,URL...]", value_parser = parse_nodes)]
     redis_cluster: Option<Nodes>,
+    /// Keep the counters on the master that the Redis Sentinels at these URLs monitor as
+    /// --sentinel-master
+    #[arg(
+        long,
+        value_name = "URL[,URL...]",
+        value_parser = parse_nodes,
+        conflicts_with_all = ["redis", "redis_cluster"],
+        requires = "sentinel_master"
+    )]
+    redis_sentinel: Option<Nodes>,
+    /// The name the Sentinels of --redis-sentinel monitor the master under
+    #[arg(long, value_name = "NAME", requires = "redis_sentinel")]
+    sentinel_master: Option<String>,
     /// Requests per window per customer on /orders
     #[arg(long, value_name = "N", default_value_t = 50, value_parser = at_least_one)]
     limit: u64,
@@ -122,7 +138,8 @@ struct Options {
     trusted_proxies: Vec<String>,
 }
 
-/// The node URLs of `--redis-cluster`, at least one.
+/// The node URLs of `--redis-cluster`, or the Sentinel URLs of `--redis-sentinel`: at least
+/// one.
 #[derive(Clone, Debug)]
 struct Nodes(Vec<String>);
 
@@ -241,19 +258,30 @@ fn failure_policy(
 }
 
 fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String> {
-    match (&options.redis, &options.redis_cluster) {
-        (Some(url), _) => RedisBackend::builder(url.as_str())
+    if let Some(url) = &options.redis {
+        return RedisBackend::builder(url.as_str())
             .prefix(prefix)
             .build()
             .map(Some)
-            .map_err(|e| format!("--redis: {e}")),
-        (None, Some(Nodes(nodes))) => RedisBackend::cluster_builder(nodes.iter().cloned())
-            .prefix(prefix)
-            .build()
-            .map(Some)
-            .map_err(|e| format!("--redis-cluster: {e}")),
-        (None, None) => Ok(None),
+            .map_err(|e| format!("--redis: {e}"));
     }
+    if let Some(Nodes(nodes)) = &options.redis_cluster {
+        return RedisBackend::cluster_builder(nodes.iter().cloned())
+            .prefix(prefix)
+            .build()
+            .map(Some)
+            .map_err(|e| format!("--redis-cluster: {e}"));
+    }
+    if let (Some(Nodes(sentinels)), Some(master)) =
+        (&options.redis_sentinel, &options.sentinel_master)
+    {
+        return RedisBackend::sentinel_builder(sentinels.iter().cloned(), master.as_str())
+            .prefix(prefix)
+            .build()
+            .map(Some)
+            .map_err(|e| format!("--redis-sentinel: {e}"));
+    }
+    Ok(None)
 }
 
 fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollgate::LimiterBuilder {
@@ -374,10 +402,19 @@ async fn app(
         .try_build()
         .map_err(|e| e.to_string())?;
     let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
-    let where_ = match (&options.redis, &options.redis_cluster) {
-        (Some(url), _) => url.clone(),
-        (None, Some(Nodes(nodes))) => format!("the Redis Cluster at {}", nodes.join(",")),
-        (None, None) => "this process".to_owned(),
+    let where_ = match (
+        &options.redis,
+        &options.redis_cluster,
+        &options.redis_sentinel,
+    ) {
+        (Some(url), _, _) => url.clone(),
+        (None, Some(Nodes(nodes)), _) => format!("the Redis Cluster at {}", nodes.join(",")),
+        (None, None, Some(Nodes(sentinels))) => format!(
+            "the master {} of the Redis Sentinels at {}",
+            options.sentinel_master.as_deref().unwrap_or_default(),
+            sentinels.join(",")
+        ),
+        (None, None, None) => "this process".to_owned(),
     };
     eprintln!(
         "/orders: {described} per customer, counters in {where_}, on store failure: {}",

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::clock::Clock;
 use crate::store::random::RandomSource;
 
@@ -163,10 +164,10 @@ pub(crate) type Jitter = Arc<dyn Fn() -> f64 + Send + Sync>;
 /// Opens after consecutive failures, stays open for a jittered, exponentially growing
 /// interval, then lets exactly one probe through; only a successful probe closes it.
 ///
-/// Every opening starts a new epoch. A permit remembers the epoch it was admitted in, and
-/// the outcome of a call admitted before the latest opening is stale: it neither closes
-/// the breaker nor counts towards opening it again (an old call that answers late says
-/// nothing about the store now).
+/// Every opening (and every [reset](Breaker::reset)) starts a new epoch. A permit remembers
+/// the epoch it was admitted in, and the outcome of a call admitted before the latest
+/// opening is stale: it neither closes the breaker nor counts towards opening it again (an
+/// old call that answers late says nothing about the store now).
 #[derive(Clone)]
 pub(crate) struct Breaker {
     shared: Arc<Shared>,
@@ -177,6 +178,8 @@ struct Shared {
     clock: Arc<dyn Clock>,
     jitter: Jitter,
     name: Arc<str>,
+    /// The failure domain's label (a node's address), for logs.
+    node: Arc<str>,
     state_gauge: metrics::Gauge,
     // Read without the lock on the hot path; changed only under it.
     state: AtomicU8,
@@ -187,6 +190,9 @@ struct Shared {
     // without it, so that a refusal while open costs two atomic loads, not a lock.
     open_until_ms: AtomicU64,
     probe_in_flight: AtomicBool,
+    /// The latest failure found no connection to call on (the store was not asked): the
+    /// breaker then waits for the connection, not for its interval (see `connected`).
+    waiting_for_connection: AtomicBool,
     transitions: Mutex<Transitions>,
 }
 
@@ -212,24 +218,28 @@ pub(crate) enum Admission {
 }
 
 impl Breaker {
+    /// The breaker of limiter `name` in front of the failure domain labelled `node`.
     pub(crate) fn new(
         config: BreakerConfig,
         clock: Arc<dyn Clock>,
         jitter: Jitter,
         name: Arc<str>,
+        node: Arc<str>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 config,
                 clock,
                 jitter,
-                state_gauge: crate::limiter::telemetry::breaker_state(&name),
+                state_gauge: crate::limiter::telemetry::breaker_state(&name, &node),
                 name,
+                node,
                 state: AtomicU8::new(CLOSED),
                 epoch: AtomicU64::new(0),
                 consecutive_failures: AtomicU32::new(0),
                 open_until_ms: AtomicU64::new(0),
                 probe_in_flight: AtomicBool::new(false),
+                waiting_for_connection: AtomicBool::new(false),
                 transitions: Mutex::new(Transitions::default()),
             }),
         }
@@ -251,6 +261,8 @@ impl Breaker {
             .saturating_sub(now)
     }
 
+    /// [`admit_at`](Self::admit_at) on the breaker's own clock.
+    #[cfg(test)]
     pub(crate) fn admit(&self) -> Admission {
         self.admit_at(|| self.shared.clock.now_millis())
     }
@@ -318,13 +330,47 @@ impl Breaker {
             return;
         }
         let mut t = self.lock();
+        if !self.current(epoch) {
+            // A probe from before a reset: the breaker has started afresh since.
+            return;
+        }
         self.shared.probe_in_flight.store(false, Ordering::Release);
+        self.shared
+            .waiting_for_connection
+            .store(false, Ordering::Relaxed);
         if self.state() != BreakerState::Closed {
             t.failed_probes = 0;
             self.shared.consecutive_failures.store(0, Ordering::Relaxed);
             self.set_state(BreakerState::Closed);
-            tracing::warn!(layer = %self.shared.name, "store answers again: circuit breaker closed");
+            tracing::warn!(
+                layer = %self.shared.name,
+                node = %self.shared.node,
+                "store answers again: circuit breaker closed"
+            );
         }
+    }
+
+    /// Closes the breaker afresh, for a failure domain the store no longer has (a master
+    /// that left the cluster): nothing is asked of it any more, so nothing would ever close
+    /// it. Outcomes of calls made before are stale from now on.
+    pub(crate) fn reset(&self) {
+        let mut t = self.lock();
+        self.shared
+            .waiting_for_connection
+            .store(false, Ordering::Relaxed);
+        if self.state() == BreakerState::Closed {
+            return;
+        }
+        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        t.failed_probes = 0;
+        self.shared.consecutive_failures.store(0, Ordering::Relaxed);
+        self.shared.probe_in_flight.store(false, Ordering::Release);
+        self.set_state(BreakerState::Closed);
+        tracing::info!(
+            layer = %self.shared.name,
+            node = %self.shared.node,
+            "the store no longer has this part: its circuit breaker is reset"
+        );
     }
 
     fn on_failure(&self, probe: bool, epoch: u64) {
@@ -348,6 +394,9 @@ impl Breaker {
         let now = self.shared.clock.now_millis();
         let mut t = self.lock();
         if probe {
+            if !self.current(epoch) {
+                return;
+            }
             self.shared.probe_in_flight.store(false, Ordering::Release);
             t.failed_probes = t.failed_probes.saturating_add(1);
         } else if self.state() != BreakerState::Closed || !self.current(epoch) {
@@ -365,15 +414,37 @@ impl Breaker {
         self.set_state(BreakerState::Open);
         tracing::warn!(
             layer = %self.shared.name,
+            node = %self.shared.node,
             open_ms,
             failed_probes = t.failed_probes,
             "store failing: circuit breaker open"
         );
     }
 
-    fn release_probe(&self) {
+    /// The part of the store has a connection again. A breaker that opened (or stayed
+    /// open) because its calls found no connection lets the next call probe at once, rather
+    /// than after the rest of its interval: what it was waiting for is there. A breaker
+    /// opened by the store's own failures (timeouts, errors) keeps its interval.
+    pub(crate) fn connected(&self) {
+        if !self.shared.waiting_for_connection.load(Ordering::Relaxed) {
+            return;
+        }
         let _t = self.lock();
-        self.shared.probe_in_flight.store(false, Ordering::Release);
+        if self
+            .shared
+            .waiting_for_connection
+            .swap(false, Ordering::Relaxed)
+            && self.state() == BreakerState::Open
+        {
+            self.shared.open_until_ms.store(0, Ordering::Release);
+        }
+    }
+
+    fn release_probe(&self, epoch: u64) {
+        let _t = self.lock();
+        if self.current(epoch) {
+            self.shared.probe_in_flight.store(false, Ordering::Release);
+        }
     }
 
     fn set_state(&self, state: BreakerState) {
@@ -416,6 +487,21 @@ impl Permit {
             breaker.on_failure(self.probe, self.epoch);
         }
     }
+
+    /// The call failed with `error`: a failure. One that found no connection to call on
+    /// (the store was not asked) counts too, so that an outage opens the breaker as it
+    /// always did; but the breaker then waits for the connection rather than for its
+    /// interval (see [`Breaker::connected`]).
+    pub(crate) fn failed(self, error: &StoreError) {
+        if let Some(breaker) = &self.breaker {
+            let no_connection = error.kind() == StoreErrorKind::NotConnected;
+            breaker
+                .shared
+                .waiting_for_connection
+                .store(no_connection, Ordering::Relaxed);
+        }
+        self.failure();
+    }
 }
 
 impl Drop for Permit {
@@ -423,7 +509,7 @@ impl Drop for Permit {
         if let Some(breaker) = self.breaker.take()
             && self.probe
         {
-            breaker.release_probe();
+            breaker.release_probe(self.epoch);
         }
     }
 }
@@ -448,6 +534,7 @@ mod tests {
             Arc::new(clock.clone()),
             jitter,
             "test".into(),
+            "".into(),
         )
     }
 
@@ -631,6 +718,65 @@ mod tests {
         }
         assert_eq!(b.state(), BreakerState::Closed);
         // A fifth fresh failure opens it.
+        call(&b).failure();
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[test]
+    fn without_a_connection_the_breaker_opens_and_waits_for_the_connection() {
+        let clock = ManualClock::new(0);
+        let b = breaker(&clock, 0.0);
+        let not_connected = StoreError::new(StoreErrorKind::NotConnected, "no connection");
+        // Calls that found no connection open the breaker like any failure.
+        for _ in 0..5 {
+            call(&b).failed(&not_connected);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+        assert!(matches!(b.admit(), Admission::Reject));
+        // The connection is back before the interval ends: the next call probes at once.
+        b.connected();
+        let probe = call(&b);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        probe.success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        // A probe that found no connection again keeps it waiting for the connection.
+        for _ in 0..5 {
+            call(&b).failed(&not_connected);
+        }
+        clock.advance(Duration::from_millis(250));
+        call(&b).failed(&not_connected);
+        assert_eq!(b.state(), BreakerState::Open);
+        b.connected();
+        call(&b).success();
+        assert_eq!(b.state(), BreakerState::Closed);
+        // Opened by the store's own failures, the breaker keeps its interval.
+        let refused = StoreError::new(StoreErrorKind::Unavailable, "refused");
+        for _ in 0..5 {
+            call(&b).failed(&refused);
+        }
+        b.connected();
+        assert!(matches!(b.admit(), Admission::Reject));
+        assert_eq!(b.open_for_ms(), 250);
+    }
+
+    #[test]
+    fn a_reset_breaker_is_closed_and_ignores_older_calls() {
+        let clock = ManualClock::new(0);
+        let b = breaker(&clock, 0.0);
+        let old = call(&b);
+        fail_until_open(&b);
+        clock.advance(Duration::from_millis(250));
+        let probe = call(&b);
+        b.reset();
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.open_for_ms(), 0);
+        // Neither the probe out at the reset nor an older call counts afterwards.
+        probe.failure();
+        old.failure();
+        for _ in 0..4 {
+            call(&b).failure();
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
         call(&b).failure();
         assert_eq!(b.state(), BreakerState::Open);
     }

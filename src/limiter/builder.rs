@@ -7,9 +7,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use std::time::Duration;
 
-use crate::limiter::breaker::{Breaker, BreakerConfig, Jitter, default_jitter};
+use crate::limiter::breaker::{BreakerConfig, Jitter};
 use crate::limiter::check::{Inner, Limiter};
 use crate::limiter::denial_cache::DenialCache;
+use crate::limiter::domains::Domains;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::lease::config::Leases;
 use crate::limiter::lease::path::Leasing;
@@ -158,7 +159,8 @@ impl LimiterBuilder {
         self
     }
 
-    /// Configures the circuit breaker.
+    /// Configures the circuit breaker (one per part of the store: each master of a Redis
+    /// Cluster has its own, configured alike).
     pub fn breaker(mut self, config: BreakerConfig) -> Self {
         self.breaker = config;
         self
@@ -283,20 +285,18 @@ impl LimiterBuilder {
             });
         }
         let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
-        let metrics = LimiterMetrics::new(
-            &self.name,
-            self.limits.policy_names(),
-            self.on_store_failure.as_str(),
-        );
+        let metrics = LimiterMetrics::new(&self.name, self.limits.policy_names());
         let limits = ActiveLimits::new(self.limits, &scope, 0)?;
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
-        let breaker = Breaker::new(
+        let domains = Domains::new(
             self.breaker,
             self.clock.clone(),
-            self.jitter.unwrap_or_else(default_jitter),
+            self.jitter,
             self.name.clone(),
+            self.on_store_failure.as_str(),
+            &*backend,
         );
         let local = InMemoryBackend::builder()
             .clock(SharedClock(self.clock.clone()))
@@ -314,7 +314,7 @@ impl LimiterBuilder {
                 store_timeout: self.store_timeout,
                 mode: self.mode,
                 metrics,
-                breaker,
+                domains,
                 denials: self.denial_cache.map(DenialCache::new),
                 clock: self.clock,
                 local,

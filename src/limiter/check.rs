@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tracing::{Instrument, Span};
 
-use crate::limiter::breaker::{Admission, Breaker, BreakerState, Permit};
+use crate::limiter::breaker::{Admission, BreakerState, Permit};
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt, UnlimitedReason};
 use crate::limiter::denial_cache::DenialCache;
+use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
 use crate::limiter::future::DecisionFuture;
@@ -23,8 +24,9 @@ use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::{self, LimiterMetrics};
 use crate::store::backend::{Backend, CheckFuture, CheckResult, StoreError, StoreErrorKind};
-use crate::store::caller::Caller;
+use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
+use crate::store::domain::FailureDomain;
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
@@ -63,7 +65,8 @@ pub(super) struct Inner {
     pub(super) mode: ModeSwitch,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) metrics: LimiterMetrics,
-    pub(super) breaker: Breaker,
+    /// A circuit breaker per failure domain of the store.
+    pub(super) domains: Domains,
     pub(super) denials: Option<DenialCache>,
     /// Counters of the local share, kept apart from the store's.
     pub(super) local: InMemoryBackend,
@@ -154,22 +157,31 @@ impl Limiter {
         {
             return decision;
         }
-        let permit = match inner.breaker.admit_at(&mut now) {
+        let (reach, domain) = inner.domain_of(caller.key());
+        let permit = match domain.admit_at(reach, &mut now) {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                let decision =
-                    inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost, read_clock);
+                let reason = FallbackReason::BreakerOpen;
+                let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
                 return DecisionFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
+        if !reach.can_call() {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            let reason = FallbackReason::NotConnected;
+            let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
+            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
+        }
         let now = now();
         let started = Instant::now();
         let mut check = inner.backend.check(caller.key(), limits, cost);
         if let Some(result) = check.try_take_ready() {
             inner.metrics.store_latency(started.elapsed());
-            let decision = inner.finish(caller, set, result, permit, now, cost);
+            let decision = inner.finish(&domain, caller, set, result, permit, now, cost);
             return DecisionFuture::ready(inner.conclude(decision, mode, &span));
         }
+        let domain = domain.to_shared();
         let inner = self.inner.clone();
         let caller = caller.clone();
         let set = set.clone();
@@ -179,16 +191,10 @@ impl Limiter {
             async move {
                 let result = match tokio::time::timeout(inner.store_timeout, check).await {
                     Ok(result) => result,
-                    Err(_) => Err(StoreError::new(
-                        StoreErrorKind::Timeout,
-                        format!(
-                            "no answer within the store timeout of {:?}",
-                            inner.store_timeout
-                        ),
-                    )),
+                    Err(_) => Err(inner.timed_out(caller.key(), "answer")),
                 };
                 inner.metrics.store_latency(started.elapsed());
-                let decision = inner.finish(&caller, &set, result, permit, now, cost);
+                let decision = inner.finish(&domain, &caller, &set, result, permit, now, cost);
                 inner.conclude(decision, mode, &span)
             }
             .instrument(instrumented),
@@ -216,9 +222,34 @@ impl Limiter {
         &self.inner.name
     }
 
-    /// Where the circuit breaker stands.
+    /// Where the circuit breaker stands: with a store of several parts (the masters of a
+    /// Redis Cluster), each part has its own, and this is the most open of them (open if
+    /// any is open, else half-open if any is probing, else closed).
+    ///
+    /// ```
+    /// use tollgate::decision::BreakerState;
+    /// let limiter = tollgate::Limiter::builder()
+    ///     .policy(tollgate::Policy::sliding_window("per-second", tollgate::Quota::per_second(5)))
+    ///     .build();
+    /// assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    /// ```
     pub fn breaker_state(&self) -> BreakerState {
-        self.inner.breaker.state()
+        self.inner.domains.state()
+    }
+
+    /// Each part of the store's circuit breaker, by the part's label as the store gives it
+    /// (a cluster master's address; the label of a single-node store's one part), in the
+    /// order the limiter met them. The `node` label of `tollgate_breaker_state` is the same.
+    ///
+    /// ```
+    /// use tollgate::decision::BreakerState;
+    /// let limiter = tollgate::Limiter::builder()
+    ///     .policy(tollgate::Policy::sliding_window("per-second", tollgate::Quota::per_second(5)))
+    ///     .build();
+    /// assert_eq!(limiter.breaker_states(), [(String::new(), BreakerState::Closed)]);
+    /// ```
+    pub fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.inner.domains.states()
     }
 }
 
@@ -282,10 +313,42 @@ impl Inner {
         )
     }
 
+    /// Which part of the store decides `caller`, whether it is connected, and the limiter's
+    /// breaker for that part.
+    pub(super) fn domain_of(&self, caller: &CallerKey) -> (FailureDomain, DomainRef<'_>) {
+        let reach = self.backend.failure_domain(caller);
+        (reach, self.domains.get(reach.id(), &*self.backend))
+    }
+
+    /// The error of a store call that ran out of time, waiting for `what`: a timeout,
+    /// unless the caller's part of the store is still not connected, when the call waited
+    /// for the connection, not for the store (and the breaker waits for the connection).
+    pub(super) fn timed_out(&self, caller: &CallerKey, what: &str) -> StoreError {
+        if self.backend.failure_domain(caller).is_connected() {
+            StoreError::new(
+                StoreErrorKind::Timeout,
+                format!(
+                    "no {what} within the store timeout of {:?}",
+                    self.store_timeout
+                ),
+            )
+        } else {
+            StoreError::new(
+                StoreErrorKind::NotConnected,
+                format!(
+                    "no connection to the store within the store timeout of {:?}",
+                    self.store_timeout
+                ),
+            )
+        }
+    }
+
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
     /// `asked_ms` is when the store was asked.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
+        domain: &Domain,
         caller: &Caller,
         set: &PolicySet,
         result: CheckResult,
@@ -299,9 +362,9 @@ impl Inner {
                 self.decided(caller, set, Ok(outcome), Some(asked_ms), cost)
             }
             Err(error) => {
-                permit.failure();
-                tracing::debug!(layer = %self.name, %error, "store call failed");
-                self.fall_back(caller, set, FallbackReason::of(&error), cost, None)
+                permit.failed(&error);
+                tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
+                self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
             }
         }
     }
@@ -354,9 +417,11 @@ impl Inner {
                 }
             }
             // Only an in-process store's answer comes here unguarded; it does not fail, but
-            // if a custom one does (or does not answer in time), it gets the failure policy
-            // too.
-            Err(error) => self.fall_back(caller, set, FallbackReason::of(&error), cost, None),
+            // if a custom one does, it gets the failure policy too.
+            Err(error) => {
+                let (_, domain) = self.domain_of(caller.key());
+                self.fall_back(&domain, caller, set, FallbackReason::of(&error), cost, None)
+            }
         }
     }
 }
@@ -369,7 +434,7 @@ impl fmt::Debug for Limiter {
             .field("limits", &self.inner.limits)
             .field("on_store_failure", &self.inner.on_store_failure)
             .field("store_timeout", &self.inner.store_timeout)
-            .field("breaker", &self.inner.breaker)
+            .field("breakers", &self.inner.domains)
             .finish_non_exhaustive()
     }
 }

@@ -7,6 +7,7 @@ use crate::limiter::check::Inner;
 use crate::limiter::decision::{
     Decision, DecisionSource, RateLimitInfo, Receipt, UnlimitedReason, whole_seconds,
 };
+use crate::limiter::domains::Domain;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::backend::{StoreError, StoreErrorKind};
@@ -25,6 +26,9 @@ pub enum FallbackReason {
     OtherError,
     /// The breaker is open: the store was not asked.
     BreakerOpen,
+    /// The store has no connection yet (it is being made, or made again): it was not
+    /// asked.
+    NotConnected,
 }
 
 impl FallbackReason {
@@ -35,6 +39,7 @@ impl FallbackReason {
             FallbackReason::Refused => "refused",
             FallbackReason::OtherError => "other_error",
             FallbackReason::BreakerOpen => "breaker_open",
+            FallbackReason::NotConnected => "not_connected",
         }
     }
 
@@ -42,6 +47,7 @@ impl FallbackReason {
         match error.kind() {
             StoreErrorKind::Timeout => FallbackReason::Timeout,
             StoreErrorKind::Unavailable => FallbackReason::Refused,
+            StoreErrorKind::NotConnected => FallbackReason::NotConnected,
             _ => FallbackReason::OtherError,
         }
     }
@@ -51,16 +57,19 @@ impl FallbackReason {
 pub(super) type Share = (Arc<[Policy]>, u64, Arc<[Policy]>);
 
 impl Inner {
+    /// The store of failure domain `domain` could not decide, for `reason`: counts it, and
+    /// decides by the failure policy.
     pub(super) fn fall_back(
         &self,
+        domain: &Domain,
         caller: &Caller,
         set: &PolicySet,
         reason: FallbackReason,
         cost: u64,
         now: Option<u64>,
     ) -> Decision {
-        self.metrics.fallback(reason);
-        self.apply(&self.on_store_failure, caller, set, cost, now)
+        domain.fallbacks.count(reason);
+        self.apply(&self.on_store_failure, domain, caller, set, cost, now)
     }
 
     /// Decides a request of `cost` units by the failure policy `policy`; `now` is the time
@@ -68,6 +77,7 @@ impl Inner {
     pub(super) fn apply(
         &self,
         policy: &FailurePolicy,
+        domain: &Domain,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
@@ -77,7 +87,7 @@ impl Inner {
         match policy {
             FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
             FailurePolicy::Closed => Decision::Unavailable {
-                retry_after_secs: whole_seconds(self.breaker.open_for_ms()),
+                retry_after_secs: whole_seconds(domain.breaker.open_for_ms()),
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
@@ -90,7 +100,7 @@ impl Inner {
                 .unwrap_or(Decision::Unlimited(UnlimitedReason::StoreFailedOpen)),
             FailurePolicy::StaticThen(rest) => self
                 .cached_refusal(caller, set, cost)
-                .unwrap_or_else(|| self.apply(rest, caller, set, cost, now)),
+                .unwrap_or_else(|| self.apply(rest, domain, caller, set, cost, now)),
         }
     }
 

@@ -2,7 +2,8 @@
 //! or Redis type.
 //!
 //! In request-path order: [`check`] runs the path (the [`mode`], the [`denial_cache`], the
-//! [`breaker`], the store call under its timeout) and resolves a [`future`]; when the store
+//! [`breaker`] of the caller's part of the store from [`domains`], the store call under its
+//! timeout) and resolves a [`future`]; when the store
 //! cannot decide, [`fallback`] executes the route's [`failure`] policy, with the divisor
 //! of a local share from [`instances`]. [`cost`] refuses requests that cost more than a
 //! quota, and [`refund`] gives back what a request that did not count consumed.
@@ -17,6 +18,7 @@ pub(crate) mod check;
 pub(crate) mod cost;
 pub(crate) mod decision;
 pub(crate) mod denial_cache;
+pub(crate) mod domains;
 pub(crate) mod failure;
 pub(crate) mod fallback;
 pub(crate) mod future;

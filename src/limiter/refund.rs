@@ -73,13 +73,26 @@ impl Limiter {
             }
             // A lease's units were counted by the store: they go back there.
             DecisionSource::Store | DecisionSource::Lease => {
-                if inner.remote && inner.breaker.state() == BreakerState::Open {
-                    let result = Err(StoreError::new(
-                        StoreErrorKind::Unavailable,
-                        "the circuit breaker is open: the store is not asked",
-                    ));
-                    inner.refunded(caller.key(), receipt, &result);
-                    return RefundFuture::ready(result);
+                if inner.remote {
+                    let (reach, domain) = inner.domain_of(caller.key());
+                    let skipped = if !reach.can_call() {
+                        Some((
+                            StoreErrorKind::NotConnected,
+                            "the store has no connection yet",
+                        ))
+                    } else if domain.breaker.state() == BreakerState::Open {
+                        Some((
+                            StoreErrorKind::Unavailable,
+                            "the circuit breaker is open: the store is not asked",
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some((kind, message)) = skipped {
+                        let result = Err(StoreError::new(kind, message));
+                        inner.refunded(caller.key(), receipt, &result);
+                        return RefundFuture::ready(result);
+                    }
                 }
                 let mut future = inner.backend.refund(caller.key(), limits, refund);
                 if let Some(result) = future.try_take_ready() {

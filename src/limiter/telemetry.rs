@@ -44,12 +44,13 @@ fn describe() {
         FALLBACKS,
         Unit::Count,
         "Decisions the store could not make, by layer, reason (timeout, refused, other_error, \
-         breaker_open) and the failure policy applied instead."
+         breaker_open, not_connected), the failure policy applied instead, and node (the part \
+         of the store, such as a cluster master's address)."
     );
     metrics::describe_gauge!(
         BREAKER_STATE,
-        "State of the circuit breaker in front of the store, by layer: 0 closed, 1 open, \
-         2 half-open."
+        "State of the circuit breaker in front of each part of the store, by layer and node \
+         (a cluster master's address): 0 closed, 1 open, 2 half-open."
     );
     metrics::describe_histogram!(
         STORE_LATENCY,
@@ -127,12 +128,37 @@ pub(crate) fn record_decision(span: &Span, decision: &Decision) {
     }
 }
 
-const REASONS: [FallbackReason; 4] = [
+const REASONS: [FallbackReason; 5] = [
     FallbackReason::Timeout,
     FallbackReason::Refused,
     FallbackReason::OtherError,
     FallbackReason::BreakerOpen,
+    FallbackReason::NotConnected,
 ];
+
+/// One failure domain's fallback counters, one per reason.
+pub(crate) struct FallbackCounters([Counter; REASONS.len()]);
+
+impl FallbackCounters {
+    /// The counters of limiter `layer` applying `failure_policy`, for the failure domain
+    /// labelled `node`.
+    pub(crate) fn new(layer: &Arc<str>, failure_policy: &'static str, node: &Arc<str>) -> Self {
+        Self(REASONS.map(|reason| {
+            metrics::counter!(
+                FALLBACKS,
+                "layer" => SharedString::from_shared(layer.clone()),
+                "reason" => reason.as_str(),
+                "policy" => failure_policy,
+                "node" => SharedString::from_shared(node.clone()),
+            )
+        }))
+    }
+
+    pub(crate) fn count(&self, reason: FallbackReason) {
+        let index = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
+        self.0[index].increment(1);
+    }
+}
 
 /// Outcomes that carry no policy label.
 #[derive(Clone, Copy)]
@@ -162,7 +188,6 @@ pub(crate) struct LimiterMetrics {
     /// enforced, those of swapped-out limits included (a decision made under them may
     /// still be counted after the swap).
     limited: ArcSwap<HashMap<Arc<str>, [Counter; 2]>>,
-    fallbacks: [Counter; 4],
     denial_cache_hits: Counter,
     store_latency: Histogram,
     /// Refunds given back, and refunds that failed.
@@ -183,12 +208,11 @@ fn decision_counter(layer: &SharedString, outcome: &'static str, policy: SharedS
 }
 
 impl LimiterMetrics {
-    /// Registers the handles of limiter `name`, whose policies are named `policies` and
-    /// whose failure policy is called `failure_policy`.
+    /// Registers the handles of limiter `name`, whose policies are named `policies` (the
+    /// fallbacks are counted per failure domain, by [`FallbackCounters`]).
     pub(crate) fn new<'a>(
         name: &Arc<str>,
         policies: impl IntoIterator<Item = &'a Arc<str>>,
-        failure_policy: &'static str,
     ) -> Self {
         describe();
         let layer = SharedString::from_shared(name.clone());
@@ -201,14 +225,6 @@ impl LimiterMetrics {
             plain: PLAIN
                 .map(|(_, outcome)| decision_counter(&layer, outcome, SharedString::const_str(""))),
             limited: ArcSwap::from_pointee(limited),
-            fallbacks: REASONS.map(|reason| {
-                metrics::counter!(
-                    FALLBACKS,
-                    "layer" => layer.clone(),
-                    "reason" => reason.as_str(),
-                    "policy" => failure_policy,
-                )
-            }),
             denial_cache_hits: metrics::counter!(DENIAL_CACHE_HITS, "layer" => layer.clone()),
             refunds: ["given_back", "failed"].map(
                 |result| metrics::counter!(REFUNDS, "layer" => layer.clone(), "result" => result),
@@ -262,11 +278,6 @@ impl LimiterMetrics {
         }
     }
 
-    pub(crate) fn fallback(&self, reason: FallbackReason) {
-        let index = REASONS.iter().position(|r| *r == reason).unwrap_or(0);
-        self.fallbacks[index].increment(1);
-    }
-
     pub(crate) fn store_latency(&self, latency: Duration) {
         self.store_latency.record(latency.as_secs_f64());
     }
@@ -299,7 +310,11 @@ pub(crate) fn skipped_counter(layer: &str) -> Counter {
     )
 }
 
-/// The breaker state gauge of limiter `name`.
-pub(crate) fn breaker_state(name: &Arc<str>) -> Gauge {
-    metrics::gauge!(BREAKER_STATE, "layer" => SharedString::from_shared(name.clone()))
+/// The breaker state gauge of limiter `name` for the failure domain labelled `node`.
+pub(crate) fn breaker_state(name: &Arc<str>, node: &Arc<str>) -> Gauge {
+    metrics::gauge!(
+        BREAKER_STATE,
+        "layer" => SharedString::from_shared(name.clone()),
+        "node" => SharedString::from_shared(node.clone()),
+    )
 }

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::caller::CallerKey;
+use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
 /// A store that decides requests against a caller's counters.
@@ -121,6 +122,31 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn is_remote(&self) -> bool {
         true
     }
+
+    /// The part of the store that decides `caller`, and whether it is connected (default:
+    /// the whole store, [`FailureDomain::WHOLE`], connected). A remote store's limiter keeps
+    /// one circuit breaker per domain, and falls back at once, without a call, for a caller
+    /// whose domain is not connected. Called before every remote decision: keep it cheap.
+    ///
+    /// ```
+    /// use tollgate::store::{Backend, CallerKey, FailureDomain, InMemoryBackend};
+    /// let store = InMemoryBackend::new();
+    /// assert_eq!(store.failure_domain(&CallerKey::new("acme")), FailureDomain::WHOLE);
+    /// assert_eq!(store.failure_domain_label(0).as_deref(), Some(""));
+    /// ```
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        let _ = caller;
+        FailureDomain::WHOLE
+    }
+
+    /// What metrics call the failure domain `id`, as its `node` label: a node's address,
+    /// never a caller key (default: an empty label for domain 0). `None` once the store no
+    /// longer has that domain (a master that left the cluster, its slots served by
+    /// another): the limiter then resets that domain's breaker, so a node that is gone
+    /// leaves no breaker open behind it. Called when the limiter first meets a domain.
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        (id == 0).then(String::new)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -144,6 +170,14 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
     fn is_remote(&self) -> bool {
         (**self).is_remote()
+    }
+
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        (**self).failure_domain(caller)
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        (**self).failure_domain_label(id)
     }
 }
 
@@ -338,6 +372,11 @@ pub enum StoreErrorKind {
     Timeout,
     /// The store could not be reached (connection refused or lost).
     Unavailable,
+    /// The store has no connection to ask yet (it is still being made, or made again): the
+    /// call was not made. The limiter's breaker counts it as a failure, and then lets a
+    /// probe through as soon as the connection is there again, without waiting out its
+    /// interval.
+    NotConnected,
     /// Anything else: a script error, a protocol error.
     Other,
 }
@@ -348,6 +387,7 @@ impl StoreErrorKind {
         match self {
             StoreErrorKind::Timeout => "timeout",
             StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::NotConnected => "not_connected",
             StoreErrorKind::Other => "other",
         }
     }

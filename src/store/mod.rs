@@ -15,6 +15,7 @@ pub(crate) mod backend;
 pub(crate) mod caller;
 pub(crate) mod clock;
 pub(crate) mod digest;
+pub(crate) mod domain;
 pub(crate) mod evaluate;
 pub(crate) mod inline_bytes;
 pub(crate) mod instances;
@@ -33,6 +34,7 @@ pub use backend::{
 };
 pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use domain::FailureDomain;
 pub use evaluate::{Evaluated, evaluate};
 pub use instances::LiveInstances;
 pub use invalid_policy::InvalidPolicy;

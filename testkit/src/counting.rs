@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::Policy;
-use tollgate::store::{Backend, CallerKey, CheckFuture, LeaseFuture, Refund, RefundFuture};
+use tollgate::store::{
+    Backend, CallerKey, CheckFuture, FailureDomain, LeaseFuture, Refund, RefundFuture,
+};
 
 /// Wraps a store and counts every call made to it.
 #[derive(Clone, Debug)]
@@ -56,5 +58,13 @@ impl<B: Backend> Backend for Counting<B> {
 
     fn is_remote(&self) -> bool {
         self.inner.is_remote()
+    }
+
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        self.inner.failure_domain(caller)
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        self.inner.failure_domain_label(id)
     }
 }

@@ -1,9 +1,9 @@
 //! tollgate's test doubles, shared by its integration tests, examples and benchmarks.
 //!
-//! Everything here is real: [`redis`] starts redis-server processes (a single node or a
-//! Redis Cluster with replicas) on free ports in temporary directories, never the machine's
-//! own Redis on 6379; [`proxy`] is a TCP proxy that can pass, refuse, blackhole, delay and
-//! cut; [`counting`] counts the calls that reach a backend; [`recorder`] captures metrics;
+//! Everything here is real: [`redis`] starts redis-server processes (a single node, a
+//! Redis Cluster with replicas, or a master, its replica and three Sentinels) on free ports
+//! in temporary directories, never the machine's own Redis on 6379; [`proxy`] is a TCP
+//! proxy that can pass, refuse, blackhole, delay, cut and hold a connection's first bytes; [`counting`] counts the calls that reach a backend; [`recorder`] captures metrics;
 //! [`http`] sends raw HTTP/1.1 and parses the answer; [`rates`] measures admitted rates.
 
 pub mod counting;

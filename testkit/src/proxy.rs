@@ -1,6 +1,7 @@
 //! A TCP proxy in front of redis-server that injects real faults while traffic runs:
 //! pass, refuse connections, blackhole (accept and never answer, live connections
-//! included), delay, and cut live connections.
+//! included), delay, cut live connections, and hold each new connection's first bytes (a
+//! slow handshake: TLS, another zone).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,6 +30,8 @@ struct State {
     fault: Fault,
     /// Bumped to cut every live connection.
     generation: u64,
+    /// How long the first bytes each way of a new connection are held.
+    first_bytes_delay: Duration,
 }
 
 /// A proxy on a free loopback port, running on its own thread and runtime so that it keeps
@@ -49,6 +52,7 @@ impl FaultProxy {
         let (state, _) = watch::channel(State {
             fault: Fault::Pass,
             generation: 0,
+            first_bytes_delay: Duration::ZERO,
         });
         let state = Arc::new(state);
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
@@ -109,6 +113,14 @@ impl FaultProxy {
     pub fn cut(&self) {
         self.state.send_modify(|state| state.generation += 1);
     }
+
+    /// Holds the first bytes each way of every connection accepted from now on for
+    /// `delay` (zero: none), as a slow handshake would: a client's connection setup takes
+    /// two of these delays longer, the connection's later traffic none.
+    pub fn delay_first_bytes(&self, delay: Duration) {
+        self.state
+            .send_modify(|state| state.first_bytes_delay = delay);
+    }
 }
 
 impl Drop for FaultProxy {
@@ -166,7 +178,10 @@ async fn accept(listener: Option<&TcpListener>) -> Option<(TcpStream, SocketAddr
 }
 
 async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver<State>) {
-    let generation = state.borrow().generation;
+    let (generation, first_bytes_delay) = {
+        let state = state.borrow();
+        (state.generation, state.first_bytes_delay)
+    };
     let Ok(upstream) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
         return;
     };
@@ -174,8 +189,20 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
     let _ = upstream.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
     let (mut upstream_read, mut upstream_write) = upstream.into_split();
-    let requests = pump(&mut client_read, &mut upstream_write, state.clone(), true);
-    let replies = pump(&mut upstream_read, &mut client_write, state.clone(), false);
+    let requests = pump(
+        &mut client_read,
+        &mut upstream_write,
+        state.clone(),
+        true,
+        first_bytes_delay,
+    );
+    let replies = pump(
+        &mut upstream_read,
+        &mut client_write,
+        state.clone(),
+        false,
+        first_bytes_delay,
+    );
     let cut = async {
         while state.changed().await.is_ok() {
             if state.borrow().generation != generation {
@@ -190,12 +217,14 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
     }
 }
 
-/// Copies one direction, obeying the fault before each chunk is forwarded.
+/// Copies one direction, obeying the fault before each chunk is forwarded; the first
+/// chunk waits `first_delay` more.
 async fn pump(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     mut state: watch::Receiver<State>,
     requests: bool,
+    mut first_delay: Duration,
 ) {
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
@@ -204,6 +233,9 @@ async fn pump(
         };
         if read == 0 {
             return;
+        }
+        if !first_delay.is_zero() {
+            tokio::time::sleep(std::mem::take(&mut first_delay)).await;
         }
         loop {
             let fault = state.borrow_and_update().fault;

@@ -1,8 +1,9 @@
 //! Real redis-server processes on free ports, started and torn down by the tests.
 //!
-//! Never the machine's own Redis on 6379: every server here runs in its own temporary
-//! directory on a port the OS just handed out, and dies with the test (even a failing one)
-//! when its handle is dropped.
+//! A single server, a Redis Cluster with replicas, or a Sentinel deployment (a master, a
+//! replica and three Sentinels). Never the machine's own Redis on 6379: every server here
+//! runs in its own temporary directory on a port the OS just handed out, and dies with the
+//! test (even a failing one) when its handle is dropped.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -593,4 +594,248 @@ impl RedisCluster {
         });
         replica
     }
+}
+
+/// A Redis Sentinel deployment: a master, its replica and three `redis-server --sentinel`
+/// processes monitoring it as [`RedisSentinels::NAME`] (quorum 2), each on a free port in
+/// its own temporary directory.
+///
+/// The Sentinels run with `down-after-milliseconds 1000`, so a killed master is flagged
+/// down after about a second and its replica promoted a second or two later.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    /// The two data nodes: the master, then its replica (roles change with a failover).
+    pub nodes: Vec<RedisServer>,
+    /// The three Sentinels.
+    pub sentinels: Vec<SentinelServer>,
+}
+
+/// One `redis-server --sentinel` process.
+#[derive(Debug)]
+pub struct SentinelServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl SentinelServer {
+    /// Starts a Sentinel monitoring the master on `master_port` as `name`.
+    fn start(name: &str, master_port: u16) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-sentinel-{}-{}",
+            std::process::id(),
+            NEXT_DIR.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir for a sentinel");
+        for _ in 0..20 {
+            let port = free_port(false);
+            // The Sentinel rewrites its configuration file as it learns the deployment.
+            let config = dir.join("sentinel.conf");
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 5000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                dir = dir.display()
+            );
+            std::fs::write(&config, text).expect("write sentinel.conf");
+            let child = match Command::new("redis-server")
+                .arg(&config)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            {
+                Ok(child) => child,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                Err(e) => panic!("cannot run redis-server --sentinel: {e}"),
+            };
+            let mut sentinel = Self {
+                port,
+                dir: dir.clone(),
+                child: Some(child),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Some(child) = sentinel.child.as_mut()
+                    && let Ok(Some(_)) = child.try_wait()
+                {
+                    sentinel.child = None;
+                    break;
+                }
+                if sentinel.cli(&["PING"]).is_some_and(|o| o.trim() == "PONG") {
+                    return sentinel;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            sentinel.kill();
+        }
+        panic!("could not start a sentinel on a free port");
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Runs a command through redis-cli and returns its raw output.
+    pub fn cli(&self, args: &[&str]) -> Option<String> {
+        let output = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output();
+        match output {
+            Ok(output) if output.status.success() => {
+                Some(String::from_utf8_lossy(&output.stdout).into_owned())
+            }
+            Ok(_) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(_) => None,
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl RedisSentinels {
+    /// The name the Sentinels monitor the master under.
+    pub const NAME: &'static str = "tollgate";
+
+    /// Starts the master, its replica (and waits until it is in sync), then the three
+    /// Sentinels, and waits until every Sentinel knows the replica and the two others, so
+    /// that a failover can be authorized.
+    pub fn start() -> Self {
+        let master = RedisServer::start();
+        let master_port = master.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+        let deployment = Self {
+            nodes: vec![master, replica],
+            sentinels: Vec::new(),
+        };
+        deployment.wait_until("the replica is in sync", |d| {
+            d.nodes[1]
+                .cli(&["INFO", "replication"])
+                .is_some_and(|info| info.contains("master_link_status:up"))
+        });
+        let mut deployment = deployment;
+        deployment.sentinels = (0..3)
+            .map(|_| SentinelServer::start(Self::NAME, deployment.nodes[0].port()))
+            .collect();
+        deployment.wait_until(
+            "every Sentinel knows the replica and the other Sentinels",
+            |d| {
+                d.sentinels.iter().all(|s| {
+                    s.cli(&["SENTINEL", "CKQUORUM", Self::NAME])
+                        .is_some_and(|reply| reply.contains("3 usable Sentinels"))
+                        && s.cli(&["SENTINEL", "REPLICAS", Self::NAME])
+                            .is_some_and(|reply| reply.contains(&d.nodes[1].port().to_string()))
+                })
+            },
+        );
+        deployment
+    }
+
+    /// Polls `ready` every 50 ms for up to 30 s; panics with `what` if it never holds.
+    pub fn wait_until(&self, what: &str, mut ready: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready(self) {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The Sentinels' URLs.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(SentinelServer::url).collect()
+    }
+
+    /// `master` or `slave`, as `nodes[index]` reports its own role (`ROLE`); `None` if it
+    /// does not answer.
+    pub fn role(&self, index: usize) -> Option<String> {
+        self.nodes[index]
+            .cli(&["ROLE"])
+            .and_then(|reply| reply.lines().next().map(|line| line.trim().to_owned()))
+    }
+
+    /// The port of the master as every Sentinel that answers reports it, if they agree.
+    pub fn announced_master_port(&self) -> Option<u16> {
+        let ports: Vec<u16> = self
+            .sentinels
+            .iter()
+            .filter_map(|s| s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::NAME]))
+            .filter_map(|reply| reply.lines().nth(1).and_then(|p| p.trim().parse().ok()))
+            .collect();
+        let first = *ports.first()?;
+        ports.iter().all(|&p| p == first).then_some(first)
+    }
+
+    /// The port of the master as any Sentinel reports it.
+    pub fn any_announced_master_port(&self) -> Option<u16> {
+        self.sentinels
+            .iter()
+            .filter_map(|s| s.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", Self::NAME]))
+            .find_map(|reply| reply.lines().nth(1).and_then(|p| p.trim().parse().ok()))
+    }
+
+    /// Kills the master (SIGKILL) and returns when that was, when its replica first
+    /// reported itself master (`ROLE`), and when a Sentinel first named the replica as the
+    /// master (what a Sentinel client can learn).
+    pub fn kill_master_and_wait_for_promotion(&mut self) -> Failover {
+        let (master, replica) = (0, 1);
+        assert_eq!(self.role(master).as_deref(), Some("master"));
+        let replica_port = self.nodes[replica].port();
+        let killed = Instant::now();
+        self.nodes[master].kill();
+        let mut promoted = None;
+        let mut announced = None;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while promoted.is_none() || announced.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the replica was not promoted (promoted {promoted:?}, announced {announced:?})"
+            );
+            if promoted.is_none() && self.role(replica).as_deref() == Some("master") {
+                promoted = Some(Instant::now());
+            }
+            if announced.is_none() && self.any_announced_master_port() == Some(replica_port) {
+                announced = Some(Instant::now());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Failover {
+            killed,
+            promoted: promoted.unwrap(),
+            announced: announced.unwrap(),
+        }
+    }
+}
+
+/// When a Sentinel failover's steps happened.
+#[derive(Clone, Copy, Debug)]
+pub struct Failover {
+    /// The master was killed.
+    pub killed: Instant,
+    /// Its replica first reported itself master.
+    pub promoted: Instant,
+    /// A Sentinel first named the replica as the master.
+    pub announced: Instant,
 }

@@ -158,7 +158,7 @@ fn uses(query: &str) -> Uses {
 
 /// The scrape's series: name -> label -> the values seen.
 #[cfg(feature = "redis")]
-fn series(scrape: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+pub(crate) fn series(scrape: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let mut series: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for line in scrape
         .lines()
@@ -188,7 +188,7 @@ fn family(name: &str) -> &str {
 /// Checks that every metric, label and literal label value `texts` use is recorded, and
 /// returns the families they query.
 #[cfg(feature = "redis")]
-fn check_queries(texts: &[String]) -> BTreeSet<String> {
+pub(crate) fn check_queries(texts: &[String]) -> BTreeSet<String> {
     let recorded = series(prometheus_scrape());
     let mut queried = BTreeSet::new();
     for text in texts {

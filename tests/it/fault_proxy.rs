@@ -68,3 +68,34 @@ fn cut_drops_live_connections() {
         "the connection survived the cut"
     );
 }
+
+#[test]
+fn held_first_bytes_slow_a_new_connection_only() {
+    use std::io::{Read, Write};
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let round_trip = |stream: &mut std::net::TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let start = Instant::now();
+        stream.write_all(b"PING\r\n").unwrap();
+        let mut reply = [0u8; 7];
+        stream.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply, b"+PONG\r\n");
+        start.elapsed()
+    };
+    // Served (one exchange) before the delay is set.
+    let mut before = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    round_trip(&mut before);
+    proxy.delay_first_bytes(Duration::from_millis(100));
+    let mut fresh = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    // The first exchange of a new connection waits twice (each way), the next ones do not.
+    let first = round_trip(&mut fresh);
+    assert!(first >= Duration::from_millis(200), "{first:?}");
+    let second = round_trip(&mut fresh);
+    assert!(second < Duration::from_millis(100), "{second:?}");
+    // A connection accepted before the delay was set is not held at all.
+    let earlier = round_trip(&mut before);
+    assert!(earlier < Duration::from_millis(100), "{earlier:?}");
+}

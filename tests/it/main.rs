@@ -12,6 +12,11 @@
     reason = "a file of skipped/ stands in for every module it replaces, so that the output names each"
 )]
 
+#[cfg_attr(
+    not(all(feature = "axum", feature = "redis", feature = "serde")),
+    path = "skipped/orders_api.rs"
+)]
+mod alerts;
 mod algorithms;
 #[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]
 mod axum_router;
@@ -22,6 +27,8 @@ mod bucket_expiry;
 mod client_throttle;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod conformance;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod connection;
 mod counting;
 mod counts;
 mod custom_backend;
@@ -68,6 +75,11 @@ mod recovery;
 mod redis_backend;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod redis_cluster;
+#[cfg_attr(
+    not(all(feature = "axum", feature = "redis", feature = "serde")),
+    path = "skipped/orders_api.rs"
+)]
+mod redis_sentinel;
 mod reload;
 mod request_cost;
 mod shed;

@@ -405,3 +405,158 @@ async fn back_within_a_second_of_a_10_s_refused_store_on_real_redis() {
 async fn back_within_a_second_of_a_10_s_blackholed_store_on_real_redis() {
     on_real_redis(Fault::Blackhole).await;
 }
+
+// ---------------------------------------------------------------------------------------
+// With the library's defaults: killed and restarted, or blackholed
+
+/// How many times each default-settings scenario runs: the worst of them is what counts.
+#[cfg(feature = "redis")]
+const RUNS: usize = 3;
+/// How long the store is away in each run.
+#[cfg(feature = "redis")]
+const AWAY: Duration = Duration::from_secs(3);
+/// The bound of the default settings: back on the store within a second of its return,
+/// plus what a loaded 2-core machine adds to a probe (scheduling, a debug build).
+#[cfg(feature = "redis")]
+const DEFAULTS_BACK_WITHIN: Duration = Duration::from_millis(1_250);
+
+/// How the store goes away in a default-settings scenario.
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Away {
+    /// Killed (SIGKILL) and started again on the same port with no data.
+    Restarted,
+    /// Behind the fault proxy, accepting connections and never answering; the connections
+    /// that lived through it are cut when it ends.
+    Blackholed,
+}
+
+/// One run: `REAL_INSTANCES` limiters on the backend's defaults (only the prefix set),
+/// failing closed, each deciding one request every 5 ms; the store goes away for `AWAY`.
+/// Returns, per instance, how long after the store's return its first decision came from
+/// Redis, and how long after it its last decision did not.
+#[cfg(feature = "redis")]
+async fn with_the_defaults(away: Away, run: usize) -> Vec<(Duration, Option<Duration>)> {
+    let mut server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let url = match away {
+        Away::Restarted => server.url(),
+        Away::Blackholed => proxy.url(),
+    };
+    let limiters: Vec<Limiter> = (0..REAL_INSTANCES)
+        .map(|i| {
+            let store = RedisBackend::builder(url.as_str())
+                .prefix("defaults")
+                .build()
+                .expect("a valid URL");
+            Limiter::builder()
+                .name("defaults")
+                .backend(store)
+                .policy(Policy::sliding_window(
+                    "per-second",
+                    Quota::per_second(QUOTA),
+                ))
+                .on_store_failure(FailurePolicy::closed())
+                .store_timeout(STORE_TIMEOUT)
+                .breaker_jitter(jitter((run * REAL_INSTANCES + i) as u64 + 101))
+                .build()
+        })
+        .collect();
+    let start = Instant::now();
+    let samples: Arc<Mutex<Vec<(usize, Duration, bool)>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers: Vec<_> = limiters
+        .into_iter()
+        .enumerate()
+        .map(|(i, limiter)| {
+            let (samples, stop) = (samples.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(5));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut step = 0usize;
+                while !stop.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    let sent = start.elapsed();
+                    let caller = Caller::new(CUSTOMERS[(step + i) % CUSTOMERS.len()]);
+                    step += 1;
+                    let decision = limiter.check(&caller).await;
+                    let from_store = decision.info().is_some_and(|info| {
+                        info.source() == tollgate::decision::DecisionSource::Store
+                    });
+                    samples.lock().unwrap().push((i, sent, from_store));
+                }
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let proxy = Arc::new(proxy);
+    let returned = {
+        let proxy = proxy.clone();
+        tokio::task::spawn_blocking(move || {
+            match away {
+                Away::Restarted => server.kill(),
+                Away::Blackholed => proxy.set(Fault::Blackhole),
+            }
+            std::thread::sleep(AWAY);
+            match away {
+                Away::Restarted => server.restart(),
+                Away::Blackholed => proxy.set(Fault::Pass),
+            }
+            (start.elapsed(), server)
+        })
+    };
+    let (returned, _server) = returned.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    for driver in drivers {
+        driver.await.unwrap();
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    (0..REAL_INSTANCES)
+        .map(|i| {
+            let mine = || samples.iter().filter(move |s| s.0 == i && s.1 >= returned);
+            // By the time each request was sent (they are recorded as they are answered).
+            let first = mine()
+                .filter(|s| s.2)
+                .map(|s| s.1 - returned)
+                .min()
+                .unwrap_or_else(|| panic!("{away:?}: instance {i} never decided on Redis again"));
+            let last_not = mine().filter(|s| !s.2).map(|s| s.1 - returned).max();
+            (first, last_not)
+        })
+        .collect()
+}
+
+#[cfg(feature = "redis")]
+async fn back_within_a_second_with_the_defaults(away: Away) {
+    let _serial = SERIAL.lock().await;
+    let mut worst = Duration::ZERO;
+    for run in 0..RUNS {
+        let back = with_the_defaults(away, run).await;
+        println!(
+            "{away:?} ({AWAY:?}), library defaults, run {run}: per instance, (first decision \
+             from Redis, last decision not from Redis) after the store's return: {back:?}"
+        );
+        for (first, last_not) in back {
+            worst = worst.max(first).max(last_not.unwrap_or_default());
+        }
+    }
+    println!("{away:?}, library defaults: every instance back on Redis within {worst:?}");
+    assert!(
+        worst <= DEFAULTS_BACK_WITHIN,
+        "{away:?}: an instance decided without Redis {worst:?} after its return"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_within_a_second_of_a_restart_with_the_defaults() {
+    back_within_a_second_with_the_defaults(Away::Restarted).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_within_a_second_of_a_blackhole_with_the_defaults() {
+    back_within_a_second_with_the_defaults(Away::Blackholed).await;
+}

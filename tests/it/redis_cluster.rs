@@ -896,3 +896,249 @@ fn with_full_coverage_required_a_lost_master_stops_every_caller() {
     );
     assert!(run.reasons("healthy").contains_key("other_error"));
 }
+
+// ---------------------------------------------------------------------------------------
+// A hot caller on the master that dies.
+
+/// Which callers a decision was for, in the hot-caller scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// The hot caller, 120/s, whose keys live on the master that is killed.
+    Hot,
+    /// A background caller on the master that is killed.
+    OnLost,
+    /// A background caller on a healthy master.
+    Healthy,
+}
+
+/// One decision of the hot-caller scenario.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: Duration,
+    class: Class,
+    outcome: Outcome,
+    /// Failed closed: the request would have been answered 503.
+    unavailable: bool,
+}
+
+/// Two limiter instances failing closed, each with the default breaker and its own cluster
+/// connection; a store timeout a loaded 2-core machine never reaches for a healthy master
+/// (so any fallback of a caller on one is the dead master's doing, not the machine's).
+fn closed_instance(urls: &[String]) -> Limiter {
+    Limiter::builder()
+        .name("orders")
+        .store_timeout(Duration::from_millis(250))
+        .on_store_failure(FailurePolicy::closed())
+        .backend(
+            RedisBackend::cluster_builder(urls.iter().cloned())
+                .build()
+                .expect("valid URLs"),
+        )
+        .policy(Policy::sliding_window(
+            "per-second",
+            Quota::per_second(1_000_000),
+        ))
+        .build()
+}
+
+/// Sends `rate` decisions a second for `caller` (round robin over `limiters`) until `stop`.
+async fn send_at(
+    limiters: Vec<Limiter>,
+    caller: String,
+    class: Class,
+    rate: f64,
+    start: Instant,
+    stop: std::sync::Arc<AtomicBool>,
+    sent: std::sync::Arc<std::sync::Mutex<Vec<Sent>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tasks = Vec::new();
+    let mut n = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        tick.tick().await;
+        let limiter = limiters[n % limiters.len()].clone();
+        n += 1;
+        let (caller, sent) = (caller.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let at = start.elapsed();
+            let decision = limiter.check(&Caller::new(caller.as_str())).await;
+            sent.lock().unwrap().push(Sent {
+                at,
+                class,
+                outcome: outcome(&decision),
+                unavailable: matches!(decision, Decision::Unavailable { .. }),
+            });
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+#[test]
+fn a_hot_caller_on_a_lost_master_leaves_the_callers_on_healthy_masters_alone() {
+    const HOT_RATE: f64 = 120.0;
+    const BACKGROUND_RATE: f64 = 8.0;
+    let mut cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let lost = masters[0];
+    let hot = callers_on(&cluster, lost, "hot", 1).remove(0);
+    let lost_port = cluster.nodes[lost].port();
+    // Twelve background callers spread over the slots: four on each master.
+    let background: Vec<(String, Class)> = masters
+        .iter()
+        .flat_map(|&m| {
+            let class = if m == lost {
+                Class::OnLost
+            } else {
+                Class::Healthy
+            };
+            callers_on(&cluster, m, &format!("background-{m}"), 4)
+                .into_iter()
+                .map(move |c| (c, class))
+        })
+        .collect();
+    let urls = cluster.master_urls();
+    let start = Instant::now();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // On the recorder's thread, so that every limiter counts its fallbacks there.
+    let ((killed, promoted, settled), snapshot) = with_recorder(|_| async {
+        let limiters: Vec<Limiter> = (0..2).map(|_| closed_instance(&urls)).collect();
+        let mut senders = vec![tokio::spawn(send_at(
+            limiters.clone(),
+            hot.clone(),
+            Class::Hot,
+            HOT_RATE,
+            start,
+            stop.clone(),
+            sent.clone(),
+        ))];
+        for (caller, class) in &background {
+            senders.push(tokio::spawn(send_at(
+                limiters.clone(),
+                caller.clone(),
+                *class,
+                BACKGROUND_RATE,
+                start,
+                stop.clone(),
+                sent.clone(),
+            )));
+        }
+        let events = tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(1_500));
+            let killed = start.elapsed();
+            cluster.kill_master_and_wait_for_promotion(lost);
+            let promoted = start.elapsed();
+            cluster.wait_until(
+                "the cluster settles without the lost master",
+                RedisCluster::is_settled,
+            );
+            let settled = start.elapsed();
+            std::thread::sleep(Duration::from_millis(2_500));
+            ((killed, promoted, settled), cluster)
+        })
+        .await
+        .unwrap();
+        stop.store(true, Ordering::SeqCst);
+        for sender in senders {
+            sender.await.unwrap();
+        }
+        // The cluster goes only once the traffic has stopped.
+        drop(events.1);
+        events.0
+    });
+    let mut sent = std::mem::take(&mut *sent.lock().unwrap());
+    sent.sort_by_key(|s| s.at);
+    // Fallbacks by the node (failure domain) and reason the limiters counted them under.
+    let mut by_node: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for (key, _, _, value) in &snapshot {
+        let key = key.key();
+        if key.name() != "tollgate_fallbacks_total" {
+            continue;
+        }
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default()
+        };
+        if let metrics_util::debugging::DebugValue::Counter(count) = value
+            && *count > 0
+        {
+            *by_node
+                .entry(label("node"))
+                .or_default()
+                .entry(label("reason"))
+                .or_default() += count;
+        }
+    }
+    eprintln!(
+        "fallbacks by node and reason (the lost master was 127.0.0.1:{}): {by_node:?}",
+        lost_port
+    );
+    let of = |class: Class| sent.iter().filter(move |s| s.class == class);
+    let fallbacks = |class: Class| of(class).filter(|s| s.outcome == Outcome::Fallback).count();
+    let failed = |class: Class| of(class).filter(|s| s.unavailable).count();
+    let hot_fallbacks: Vec<Duration> = of(Class::Hot)
+        .filter(|s| s.outcome == Outcome::Fallback)
+        .map(|s| s.at)
+        .collect();
+    let back = of(Class::Hot)
+        .filter(|s| s.at > promoted && s.outcome == Outcome::Admitted)
+        .find(|s| s.at >= hot_fallbacks.last().copied().unwrap_or_default())
+        .map(|s| s.at);
+    eprintln!(
+        "hot caller ({HOT_RATE}/s) on the lost master: promotion {} ms after the kill (settled \
+         at {} ms); the hot caller: {} decisions, {} fallbacks, back on the store {} ms after \
+         the promotion; background callers on the lost master: {} decisions, {} fallbacks; \
+         background callers on the healthy masters: {} decisions, {} fallbacks, {} failed \
+         requests ({})",
+        ms(promoted - killed),
+        ms(settled - killed),
+        of(Class::Hot).count(),
+        fallbacks(Class::Hot),
+        back.map_or("never".to_owned(), |b| ms(b.saturating_sub(promoted))
+            .to_string()),
+        of(Class::OnLost).count(),
+        fallbacks(Class::OnLost),
+        of(Class::Healthy).count(),
+        fallbacks(Class::Healthy),
+        failed(Class::Healthy),
+        span(
+            &of(Class::Healthy)
+                .filter(|s| s.outcome == Outcome::Fallback)
+                .map(|s| s.at)
+                .collect::<Vec<_>>(),
+            killed,
+            "the kill"
+        ),
+    );
+    assert!(
+        !hot_fallbacks.is_empty(),
+        "killing the master changed nothing"
+    );
+    assert!(
+        of(Class::Healthy).count() > 200,
+        "too little background traffic"
+    );
+    assert_eq!(
+        fallbacks(Class::Healthy),
+        0,
+        "callers on healthy masters fell back"
+    );
+    assert_eq!(
+        failed(Class::Healthy),
+        0,
+        "callers on healthy masters failed"
+    );
+    // The lost master's slots are decided on its promoted replica again soon after the
+    // promotion (the topology is read every 250 ms; then one probe of a fresh breaker).
+    let back = back.expect("the hot caller never came back to the store");
+    assert!(
+        back <= settled.max(promoted) + Duration::from_millis(1_500),
+        "back {} ms after the promotion",
+        ms(back - promoted)
+    );
+}

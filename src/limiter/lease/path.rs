@@ -16,6 +16,7 @@ use tracing::{Instrument, Span};
 use crate::limiter::breaker::{Admission, BreakerState};
 use crate::limiter::check::Inner;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
+use crate::limiter::domains::not_connected;
 use crate::limiter::fallback::FallbackReason;
 use crate::limiter::future::DecisionFuture;
 use crate::limiter::lease::config::Leases;
@@ -145,14 +146,25 @@ fn take(
     mode: Mode,
     span: &Span,
 ) -> Option<DecisionFuture> {
-    let permit = match inner.breaker.admit() {
-        Admission::Call(permit) => permit,
-        Admission::Reject => {
+    let (reach, domain) = inner.domain_of(caller.key());
+    let reason = match domain.admit_at(reach, || inner.clock.now_millis()) {
+        Admission::Call(permit) if reach.can_call() => Ok(permit),
+        Admission::Call(permit) => {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            Err(FallbackReason::NotConnected)
+        }
+        Admission::Reject => Err(FallbackReason::BreakerOpen),
+    };
+    let permit = match reason {
+        Ok(permit) => permit,
+        Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
-            let decision = inner.fall_back(caller, set, FallbackReason::BreakerOpen, cost, None);
+            let decision = inner.fall_back(&domain, caller, set, reason, cost, None);
             return Some(DecisionFuture::ready(inner.conclude(decision, mode, span)));
         }
     };
+    let domain = domain.to_shared();
     let Some(lease) = inner.backend.lease(caller.key(), &set.limits, cost, units) else {
         leasing.unsupported.store(true, Ordering::Relaxed);
         leasing.table.granted(caller.key(), set.id, None);
@@ -187,13 +199,7 @@ fn take(
                     taking.lease = None;
                     result
                 }
-                Err(_) => Err(StoreError::new(
-                    StoreErrorKind::Timeout,
-                    format!(
-                        "no lease within the store timeout of {:?}",
-                        inner.store_timeout
-                    ),
-                )),
+                Err(_) => Err(inner.timed_out(caller.key(), "lease")),
             };
             inner.metrics.store_latency(started.elapsed());
             let decision = match result {
@@ -202,12 +208,19 @@ fn take(
                     granted(&inner, &caller, &set, grant, cost, asked_ms)
                 }
                 Err(error) => {
-                    permit.failure();
+                    permit.failed(&error);
                     if let Some(leasing) = &inner.leases {
                         leasing.table.granted(caller.key(), set.id, None);
                     }
                     tracing::debug!(layer = %inner.name, %error, "taking a lease failed");
-                    inner.fall_back(&caller, &set, FallbackReason::of(&error), cost, None)
+                    inner.fall_back(
+                        &domain,
+                        &caller,
+                        &set,
+                        FallbackReason::of(&error),
+                        cost,
+                        None,
+                    )
                 }
             };
             taking.settled = true;
@@ -382,7 +395,8 @@ fn leased_info(
 /// background when the store does I/O; a failure leaves them consumed, the stricter
 /// outcome.
 fn give_back(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) {
-    if inner.breaker.state() == BreakerState::Open {
+    let (reach, domain) = inner.domain_of(caller);
+    if !reach.can_call() || domain.breaker.state() == BreakerState::Open {
         return;
     }
     let mut future = inner.backend.refund(caller, limits, refund);

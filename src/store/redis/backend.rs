@@ -4,12 +4,13 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
-use tokio::sync::OnceCell;
 
+use super::cluster_link::ClusterLink;
+use super::link::{Endpoint, Link, LinkConfig};
+use super::sentinel::SentinelMaster;
+use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{
     Backend, CheckFuture, CheckOutcome, LeaseFuture, LeaseGrant, Refund, RefundFuture, StoreError,
@@ -17,6 +18,7 @@ use crate::store::backend::{
 };
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
+use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
 /// The decision script: the shared helpers, Redis's clock, then the entry point, which
@@ -57,6 +59,8 @@ static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_SCRIPT));
 const DEFAULT_PREFIX: &str = "rl";
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_RECONNECT_MIN: Duration = Duration::from_millis(25);
+const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 
 /// Counters in Redis, shared by every instance of a service.
 ///
@@ -91,14 +95,38 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 ///
 /// # Connections
 ///
-/// A single node is reached through one multiplexed connection that reconnects by itself
-/// with jittered exponential backoff; a cluster through the redis crate's cluster client,
-/// reading only from primaries and following the cluster through reshards and failovers
-/// (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected script
-/// never ran, so sending it again is safe). Both connect lazily, so a service starts while
-/// Redis is down. Commands are never queued for later or replayed: a decision that could
-/// not be made within the response timeout is an error, left to the limiter's failure
-/// policy.
+/// Three deployments, each reached one way:
+///
+/// - a single node ([`builder`](Self::builder)), through one multiplexed connection;
+/// - a master found through Redis Sentinel ([`sentinel_builder`](Self::sentinel_builder)),
+///   through one multiplexed connection to whichever node the Sentinels name as master,
+///   asked again whenever that connection is lost or its node is demoted, so a failover is
+///   followed without a restart;
+/// - a Redis Cluster ([`cluster_builder`](Self::cluster_builder)), through the redis
+///   crate's cluster client, each decision sent to the master that serves the caller's
+///   slot (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected
+///   script never ran, so sending it again is safe).
+///
+/// Replicas are never read. Connections are made in the background, never inside a
+/// decision: building the backend starts making them, and a service starts while Redis is
+/// down. A decision made before the first connection is there waits for it within its
+/// store timeout, and falls back (the limiter's `not_connected` reason) when that runs
+/// out; one made while a lost connection is made again falls back at once, with the same
+/// reason. A lost connection is
+/// noticed when a call finds it dropped, or within [100 ms of silence and a
+/// `PING`](RedisBackendBuilder::response_timeout) when nothing is being asked, and made again
+/// at once, then after a jittered backoff of 25 ms doubling to 250 ms
+/// ([`reconnect_backoff`](RedisBackendBuilder::reconnect_backoff)): a Redis that comes back
+/// (refused, blackholed, or restarted empty) is decided on again within about a second,
+/// the limiter's breaker included. Commands are never queued for later or replayed: a
+/// decision that could not be made within the response timeout is an error, left to the
+/// limiter's failure policy.
+///
+/// Each master of a cluster is a failure domain of its own
+/// ([`FailureDomain`](crate::store::FailureDomain)), labelled with its address: the
+/// limiter keeps a circuit breaker per master, so a master that dies sends only its own
+/// slots' decisions to the failure policy. A single node, or a Sentinel master, is one
+/// domain (labelled with its address, or the Sentinel master's name).
 ///
 /// Give the limiter its own Redis (or its own cluster), not a shared cache: an eviction
 /// policy that drops keys under memory pressure silently resets callers' counters, and a
@@ -121,6 +149,7 @@ const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct RedisBackend {
     connection: Connection,
     prefix: Arc<str>,
+    connect_timeout: Duration,
     response_timeout: Duration,
     caller_digest: Option<KeyedDigest>,
 }
@@ -137,13 +166,12 @@ fn push_digested_caller(out: &mut Vec<u8>, digest: &KeyedDigest, caller: &Caller
 
 #[derive(Clone)]
 pub(super) enum Connection {
-    Single(ConnectionManager),
-    Cluster(Arc<LazyCluster>),
-}
-
-pub(super) struct LazyCluster {
-    client: redis::cluster::ClusterClient,
-    connection: OnceCell<ClusterConnection>,
+    /// A single node, or the master Sentinel names, with the label of its failure domain.
+    Single {
+        link: Link,
+        label: Arc<str>,
+    },
+    Cluster(ClusterLink),
 }
 
 impl RedisBackend {
@@ -171,6 +199,37 @@ impl RedisBackend {
         RedisBackendBuilder::new(Target::Cluster(nodes.into_iter().map(Into::into).collect()))
     }
 
+    /// Starts configuring a backend on the master that the Redis Sentinels at `sentinels`
+    /// (`redis://host:port/` URLs of Sentinels, not of Redis nodes) monitor as `master`.
+    ///
+    /// The Sentinels are asked where the master is each time a connection is made; the
+    /// node they name is used only once `ROLE` there says it is a master. When it dies or
+    /// is demoted in a failover, its connection is given up and the Sentinels are asked
+    /// again until they name the promoted replica: no restart, and never a replica.
+    ///
+    /// ```no_run
+    /// use tollgate::RedisBackend;
+    /// # #[tokio::main] async fn main() {
+    /// let store = RedisBackend::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/", "redis://10.0.0.3:26379/"],
+    ///     "limiter",
+    /// )
+    /// .prefix("orders")
+    /// .build()
+    /// .expect("valid Sentinel URLs");
+    /// # drop(store); }
+    /// ```
+    pub fn sentinel_builder<I, S>(sentinels: I, master: impl Into<String>) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisBackendBuilder::new(Target::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            master: master.into(),
+        })
+    }
+
     /// The Redis key that holds `caller`'s counter for `limit`.
     ///
     /// ```
@@ -192,13 +251,19 @@ impl RedisBackend {
             Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + counter.len() + 40);
         key.extend_from_slice(self.prefix.as_bytes());
         key.extend_from_slice(b":{");
-        match &self.caller_digest {
-            Some(digest) => push_digested_caller(&mut key, digest, caller),
-            None => push_escaped_caller(&mut key, caller),
-        }
+        self.push_tag(&mut key, caller);
         key.extend_from_slice(b"}:");
         key.extend_from_slice(counter.as_bytes());
         key
+    }
+
+    /// Writes what goes between the braces of `caller`'s keys: the hash tag that puts them
+    /// in one slot.
+    fn push_tag(&self, out: &mut Vec<u8>, caller: &CallerKey) {
+        match &self.caller_digest {
+            Some(digest) => push_digested_caller(out, digest, caller),
+            None => push_escaped_caller(out, caller),
+        }
     }
 
     /// The key prefix.
@@ -206,9 +271,10 @@ impl RedisBackend {
         &self.prefix
     }
 
-    /// Connects now (connections are otherwise made on the first decision) and checks that
-    /// Redis answers: for start-up and health checks, so the first requests do not pay for
-    /// the connection.
+    /// Waits until the connection made in the background is there (at most the connect
+    /// timeout) and checks that Redis answers: for start-up and health checks. Decisions
+    /// made before the connection is there fall back at once, so a service that pings at
+    /// start-up makes its first decisions on the store.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() {
@@ -219,6 +285,10 @@ impl RedisBackend {
     /// # }
     /// ```
     pub async fn ping(&self) -> Result<(), StoreError> {
+        let waited = tokio::time::Instant::now();
+        while !self.connection.is_connected() && waited.elapsed() < self.connect_timeout {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let reply: i64 = self
             .connection
             .clone()
@@ -356,8 +426,17 @@ pub(super) async fn evaluate<T: redis::FromRedisValue>(
 }
 
 impl Connection {
+    /// Whether a call can be made now.
+    fn is_connected(&self) -> bool {
+        match self {
+            Connection::Single { link, .. } => link.is_connected(),
+            Connection::Cluster(cluster) => cluster.is_connected(),
+        }
+    }
+
     /// Runs `script` with `keys` and `args` within `timeout`; on timeout the call is
-    /// dropped, so nothing is queued or sent later.
+    /// dropped, so nothing is queued or sent later. Without a connection it fails at once
+    /// ([`StoreErrorKind::NotConnected`]).
     pub(super) async fn run<T: redis::FromRedisValue>(
         self,
         script: &Script,
@@ -367,24 +446,36 @@ impl Connection {
         timeout: Duration,
     ) -> Result<T, StoreError> {
         let call = async {
-            match self {
-                Connection::Single(mut manager) => {
-                    evaluate(&mut manager, script, source, keys, args).await
+            match &self {
+                Connection::Single { link, .. } => {
+                    let (mut connection, outcome) = link.connection().await?;
+                    let result = evaluate(&mut connection, script, source, keys, args).await;
+                    outcome.record(&result);
+                    result.map_err(|error| store_error(&error))
                 }
                 Connection::Cluster(cluster) => {
-                    let connection = cluster
-                        .connection
-                        .get_or_try_init(|| cluster.client.get_async_connection())
-                        .await?;
+                    let connection = cluster.connection().await?;
+                    let master = keys
+                        .first()
+                        .and_then(|key| cluster.topology().master(topology::slot(key)));
                     // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
                     // whose reply was lost.
-                    super::cluster::evaluate(connection, script, source, keys, args).await
+                    super::cluster::evaluate(
+                        &connection,
+                        master,
+                        || cluster.stale(),
+                        script,
+                        source,
+                        keys,
+                        args,
+                    )
+                    .await
+                    .map_err(|error| store_error(&error))
                 }
             }
         };
         match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(error)) => Err(store_error(&error)),
+            Ok(result) => result,
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Timeout,
                 format!("no answer from Redis within {timeout:?}"),
@@ -396,7 +487,11 @@ impl Connection {
 fn store_error(error: &RedisError) -> StoreError {
     let kind = if error.is_timeout() {
         StoreErrorKind::Timeout
-    } else if error.is_connection_refusal() || error.is_connection_dropped() || error.is_io_error()
+    } else if error.is_connection_refusal()
+        || error.is_connection_dropped()
+        || error.is_io_error()
+        // A cluster node the client has no connection to (it is down, or being reconnected).
+        || error.kind() == ErrorKind::ClusterConnectionNotFound
     {
         StoreErrorKind::Unavailable
     } else {
@@ -428,6 +523,25 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
 }
 
 impl Backend for RedisBackend {
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        match &self.connection {
+            Connection::Single { link, .. } => link.domain(),
+            Connection::Cluster(cluster) if cluster.is_connected() => {
+                let mut tag = Vec::with_capacity(caller.encoded().len() * 3 + 4);
+                self.push_tag(&mut tag, caller);
+                cluster.topology().domain(topology::slot_of_tag(&tag))
+            }
+            Connection::Cluster(cluster) => cluster.domain(),
+        }
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        match &self.connection {
+            Connection::Single { label, .. } => (id == 0).then(|| label.to_string()),
+            Connection::Cluster(cluster) => cluster.topology().label(id),
+        }
+    }
+
     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let mut args = script_args(limits);
@@ -488,7 +602,7 @@ impl Backend for RedisBackend {
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let topology = match self.connection {
-            Connection::Single(_) => "single node",
+            Connection::Single { .. } => "single node",
             Connection::Cluster(_) => "cluster",
         };
         f.debug_struct("RedisBackend")
@@ -504,6 +618,10 @@ impl fmt::Debug for RedisBackend {
 enum Target {
     Single(String),
     Cluster(Vec<String>),
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
 }
 
 /// Configures a [`RedisBackend`].
@@ -555,8 +673,8 @@ impl RedisBackendBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            reconnect_min: Duration::from_millis(50),
-            reconnect_max: Duration::from_secs(1),
+            reconnect_min: DEFAULT_RECONNECT_MIN,
+            reconnect_max: DEFAULT_RECONNECT_MAX,
             caller_secret: None,
         }
     }
@@ -590,9 +708,21 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Bounds of the jittered exponential backoff between reconnection attempts of a
-    /// single-node connection (default 50 ms growing to 1 s). The upper bound is about the
-    /// longest a recovered Redis waits before this instance uses it again.
+    /// Bounds of the jittered exponential backoff between failed connection attempts
+    /// (default 25 ms doubling to 250 ms; each pause is drawn between half its ceiling and
+    /// all of it). A lost connection is tried again at once; the upper bound is about the
+    /// longest a Redis that came back waits before this instance connects to it again, and
+    /// it adds to the limiter breaker's second. Keep it well under a second.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = tollgate::RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(100))
+    ///     .build()
+    ///     .unwrap();
+    /// # drop(store); }
+    /// ```
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.reconnect_min = min;
         self.reconnect_max = max.max(min);
@@ -614,17 +744,21 @@ impl RedisBackendBuilder {
     }
 
     /// How long one decision may wait for Redis before it is an error (default 500 ms).
-    /// The limiter's own store timeout, shorter, sits on top of this one.
+    /// The limiter's own store timeout, shorter, sits on top of this one. A connection that
+    /// has had no answer for 100 ms is checked with a `PING` (`ROLE` for a Sentinel
+    /// master), and given up and made again when that gets no answer within this timeout:
+    /// that is how a blackholed or frozen Redis is noticed while the service is idle.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// Builds the backend. Connections are made lazily, on the first decision, so this
+    /// Builds the backend and starts making its connection in the background, so this
     /// succeeds while Redis is down.
     ///
-    /// Fails on an invalid URL or prefix, and for a single node when called outside a Tokio
-    /// runtime (its connection's reconnecting task starts at once).
+    /// Fails on an invalid URL or prefix, and for a single node or a Sentinel master when
+    /// called outside a Tokio runtime (the task that keeps its connection starts at once).
+    /// A cluster backend built outside a runtime starts its task at its first decision.
     pub fn build(self) -> Result<RedisBackend, StoreError> {
         let invalid = |message: String| StoreError::new(StoreErrorKind::Other, message);
         if self.prefix.contains(['{', '}']) {
@@ -633,27 +767,53 @@ impl RedisBackendBuilder {
                 self.prefix
             )));
         }
+        let config = LinkConfig {
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            reconnect_min: self.reconnect_min,
+            reconnect_max: self.reconnect_max,
+        };
+        // The task that keeps a single connection is spawned now.
+        let runtime = || {
+            tokio::runtime::Handle::try_current().map_err(|_| {
+                invalid(
+                    "a single-node or Sentinel RedisBackend must be built inside a Tokio \
+                     runtime (for example in an async main under #[tokio::main])"
+                        .to_owned(),
+                )
+            })
+        };
         let connection = match self.target {
             Target::Single(url) => {
-                // The connection's reconnecting task is spawned now.
-                if tokio::runtime::Handle::try_current().is_err() {
-                    return Err(invalid(
-                        "a single-node RedisBackend must be built inside a Tokio runtime (for \
-                         example in an async main under #[tokio::main])"
-                            .to_owned(),
-                    ));
-                }
+                let runtime = runtime()?;
                 let client = redis::Client::open(url.as_str())
                     .map_err(|e| invalid(format!("{url}: {e}")))?;
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_min_delay(self.reconnect_min)
-                    .set_max_delay(self.reconnect_max)
-                    .set_number_of_retries(usize::MAX);
-                let manager = ConnectionManager::new_lazy_with_config(client, config)
-                    .map_err(|e| invalid(e.to_string()))?;
-                Connection::Single(manager)
+                let label: Arc<str> = client.get_connection_info().addr().to_string().into();
+                let link = Link::start(Endpoint::Node(client), config, label.clone(), &runtime);
+                Connection::Single { link, label }
+            }
+            Target::Sentinel { sentinels, master } => {
+                let runtime = runtime()?;
+                if sentinels.is_empty() {
+                    return Err(invalid("at least one Sentinel URL is needed".to_owned()));
+                }
+                if master.is_empty() {
+                    return Err(invalid("the Sentinel master's name is empty".to_owned()));
+                }
+                let endpoint = SentinelMaster::new(&sentinels, &master)
+                    .map_err(|e| invalid(format!("{}: {e}", sentinels.join(","))))?;
+                let label: Arc<str> = master.as_str().into();
+                let link = Link::start(
+                    Endpoint::Sentinel(endpoint),
+                    config,
+                    format!(
+                        "the master {master} of the Sentinels at {}",
+                        sentinels.join(",")
+                    )
+                    .into(),
+                    &runtime,
+                );
+                Connection::Single { link, label }
             }
             Target::Cluster(nodes) => {
                 let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
@@ -665,15 +825,13 @@ impl RedisBackendBuilder {
                     .retries(0)
                     .build()
                     .map_err(|e| invalid(e.to_string()))?;
-                Connection::Cluster(Arc::new(LazyCluster {
-                    client,
-                    connection: OnceCell::new(),
-                }))
+                Connection::Cluster(ClusterLink::new(client, config))
             }
         };
         Ok(RedisBackend {
             connection,
             prefix: self.prefix.into(),
+            connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             caller_digest: self.caller_secret.as_deref().map(KeyedDigest::new),
         })

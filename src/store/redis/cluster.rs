@@ -7,13 +7,16 @@
 //! retries, and this module follows the redirects itself:
 //!
 //! - `MOVED slot host:port`: the slot lives elsewhere now. The call goes again to the named
-//!   node; the client refreshes its slot map in the background on its own when it sees
-//!   `MOVED`, so later calls go straight to the right node.
+//!   node, and the slot map (see `cluster_link`) is read again at once, so later calls go
+//!   straight to the right node.
 //! - `ASK slot host:port`: the slot is migrating and this caller's keys are already on the
 //!   importing node. `ASKING` and the call go to the named node together, as one pipeline
 //!   on one connection, so no other command can slip between them.
 //! - `TRYAGAIN` (some of a caller's keys moved, some not yet) and `CLUSTERDOWN`: after a
 //!   short pause, the same call to the same place.
+//!
+//! A call goes first to the master that the backend's slot map names for its keys (the
+//! failure domain whose breaker it passed), else where the client's own map sends it.
 //!
 //! Each of these replies means the script did not run, so sending it again is safe. Any
 //! other error (a timeout, a refused or dropped connection, an I/O error, a script error)
@@ -27,6 +30,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, Script};
 use redis::{ServerErrorKind, Value};
+
+use super::topology::Address;
 
 /// How many redirects (or pauses) one call follows before it gives up.
 const MAX_REDIRECTS: usize = 5;
@@ -57,15 +62,22 @@ enum Next {
 }
 
 /// Runs `script` on the cluster with `keys` and `args` (`EVALSHA`, or `EVAL` on NOSCRIPT),
-/// following up to [`MAX_REDIRECTS`] redirects, never repeating a call that may have run.
+/// first on `master` (the node the slot map names for the keys) or else wherever the
+/// client's own map sends it, following up to [`MAX_REDIRECTS`] redirects, never repeating
+/// a call that may have run. `moved` is called on each `MOVED`: the slot map is stale.
 pub(super) async fn evaluate<T: FromRedisValue>(
     connection: &ClusterConnection,
+    master: Option<Address>,
+    moved: impl Fn(),
     script: &Script,
     source: &str,
     keys: &[Vec<u8>],
     args: &(impl redis::ToRedisArgs + Sync),
 ) -> Result<T, RedisError> {
-    let mut route = Route::BySlot;
+    let mut route = match master {
+        Some(Address { host, port }) => Route::Node { host, port },
+        None => Route::BySlot,
+    };
     let mut redirects = 0;
     loop {
         let mut routed = Routed {
@@ -80,6 +92,9 @@ pub(super) async fn evaluate<T: FromRedisValue>(
             return Err(error);
         }
         redirects += 1;
+        if error.kind() == ErrorKind::Server(ServerErrorKind::Moved) {
+            moved();
+        }
         route = match next(&error, &route) {
             Next::Go(next) => next,
             Next::Pause(next) => {

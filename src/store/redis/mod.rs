@@ -1,6 +1,11 @@
-//! Counters in Redis: the backend with its decision script, and the registry of live
-//! instances kept by heartbeats.
+//! Counters in Redis: the backend with its decision script, its connections (a single node,
+//! a Sentinel master, a cluster with its slot map), and the registry of live instances kept
+//! by heartbeats.
 
 pub(crate) mod backend;
 mod cluster;
+mod cluster_link;
+mod link;
 pub(crate) mod registry;
+mod sentinel;
+mod topology;

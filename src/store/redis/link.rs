@@ -1,0 +1,446 @@
+//! One connection to one Redis (a node, or the master that Sentinel names), made and made
+//! again in the background, never inside a decision.
+//!
+//! A task owns the connection's life: it connects (within the connect timeout), publishes
+//! the connection, and watches it. A call made before the first connection waits for it
+//! (within its own timeout; the connection goes on being made if the call gives up). A
+//! call that finds a lost connection fails at once with [`StoreErrorKind::NotConnected`],
+//! without waiting, and the limiter falls back without a call to the store. The
+//! connection is given up, and made again at once, when:
+//!
+//! - a call on it fails because the connection dropped (the server died or restarted, a
+//!   proxy cut it), reported by the call itself;
+//! - it has had no answer for a health-check interval and a `PING` (for a Sentinel master,
+//!   `ROLE`) gets none within the response timeout: a blackhole, a frozen server, or a cut
+//!   that no call has met yet because the service is idle;
+//! - for a Sentinel master, a call answers `READONLY`, or `ROLE` says it is a master no
+//!   more: it was demoted in a failover, and Sentinel is asked for the new one.
+//!
+//! Failed attempts are retried after a jittered backoff that doubles from the configured
+//! minimum to its maximum (25 ms to 250 ms by default), so a Redis that comes back is
+//! connected to again within about the maximum. Commands are never queued while there is
+//! no connection, and never replayed.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use tokio::sync::Notify;
+
+use super::sentinel::SentinelMaster;
+use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::domain::FailureDomain;
+use crate::store::random::RandomSource;
+
+/// How long a connection may go without an answer before it is checked.
+pub(super) const HEALTH_CHECK_EVERY: Duration = Duration::from_millis(100);
+
+/// How connections are made and watched.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LinkConfig {
+    pub(super) connect_timeout: Duration,
+    pub(super) response_timeout: Duration,
+    pub(super) reconnect_min: Duration,
+    pub(super) reconnect_max: Duration,
+}
+
+impl LinkConfig {
+    fn connection_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+    }
+}
+
+/// Where the connection goes.
+pub(super) enum Endpoint {
+    /// One node at a fixed address.
+    Node(redis::Client),
+    /// The master that the Sentinels name now.
+    Sentinel(SentinelMaster),
+}
+
+impl Endpoint {
+    async fn connect(
+        &mut self,
+        config: &AsyncConnectionConfig,
+    ) -> RedisResult<MultiplexedConnection> {
+        match self {
+            Endpoint::Node(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Endpoint::Sentinel(master) => master.connect(config).await,
+        }
+    }
+
+    /// Whether the connection must point at a master, checked with `ROLE`, and be given up
+    /// when it points at one no more.
+    fn follows_the_master(&self) -> bool {
+        matches!(self, Endpoint::Sentinel(_))
+    }
+}
+
+/// The connection in use, and which one it is.
+struct Connected {
+    connection: MultiplexedConnection,
+    generation: u64,
+}
+
+/// What the calls and the connecting task share.
+struct State {
+    current: ArcSwapOption<Connected>,
+    /// Whether `current` holds a connection: read on every decision.
+    connected: AtomicBool,
+    /// Whether there ever was a connection; until then calls wait for the first one.
+    ever_connected: AtomicBool,
+    first_connection: Notify,
+    /// The generation of the latest connection a call found lost.
+    lost: AtomicU64,
+    lost_signal: Notify,
+    /// A call got an answer since the last health check.
+    answered: AtomicBool,
+    follows_the_master: bool,
+}
+
+/// Stops the connecting task when the last clone of the link is dropped.
+struct Task(tokio::task::AbortHandle);
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A connection to one Redis, kept by a task of its own. Cheap to clone; clones share it.
+#[derive(Clone)]
+pub(super) struct Link {
+    state: Arc<State>,
+    _task: Arc<Task>,
+}
+
+impl Link {
+    /// Starts connecting to `endpoint` in the background, on the current Tokio runtime;
+    /// `what` names it in logs.
+    pub(super) fn start(
+        endpoint: Endpoint,
+        config: LinkConfig,
+        what: Arc<str>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Self {
+        let state = Arc::new(State {
+            current: ArcSwapOption::empty(),
+            connected: AtomicBool::new(false),
+            ever_connected: AtomicBool::new(false),
+            first_connection: Notify::new(),
+            lost: AtomicU64::new(0),
+            lost_signal: Notify::new(),
+            answered: AtomicBool::new(false),
+            follows_the_master: endpoint.follows_the_master(),
+        });
+        let task = runtime.spawn(keep_connected(endpoint, config, what, state.clone()));
+        Link {
+            state,
+            _task: Arc::new(Task(task.abort_handle())),
+        }
+    }
+
+    /// Whether there is a connection to call on now.
+    pub(super) fn is_connected(&self) -> bool {
+        self.state.connected.load(Ordering::Relaxed)
+    }
+
+    /// The link as a failure domain: connected, connecting for the first time, or not
+    /// connected (lost, being made again).
+    pub(super) fn domain(&self) -> FailureDomain {
+        if self.is_connected() {
+            FailureDomain::WHOLE
+        } else if self.state.ever_connected.load(Ordering::Relaxed) {
+            FailureDomain::WHOLE.not_connected()
+        } else {
+            FailureDomain::WHOLE.connecting()
+        }
+    }
+
+    /// The connection, and a handle that reports how calls on it went. Until the first
+    /// connection is made this waits for it (the caller bounds the wait); once one was
+    /// made and lost, a [`StoreErrorKind::NotConnected`] error comes at once.
+    pub(super) async fn connection(&self) -> Result<(MultiplexedConnection, Outcome), StoreError> {
+        loop {
+            let first = self.state.first_connection.notified();
+            let mut first = std::pin::pin!(first);
+            first.as_mut().enable();
+            if let Some(connected) = self.state.current.load().as_ref() {
+                return Ok((
+                    connected.connection.clone(),
+                    Outcome {
+                        state: self.state.clone(),
+                        generation: connected.generation,
+                    },
+                ));
+            }
+            if self.state.ever_connected.load(Ordering::Acquire) {
+                return Err(StoreError::new(
+                    StoreErrorKind::NotConnected,
+                    "the connection to Redis was lost: it is being made again in the background",
+                ));
+            }
+            first.await;
+        }
+    }
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+/// Reports how a call on a connection went, so that a lost connection is made again.
+pub(super) struct Outcome {
+    state: Arc<State>,
+    generation: u64,
+}
+
+impl Outcome {
+    pub(super) fn record<T>(&self, result: &RedisResult<T>) {
+        match result {
+            Ok(_) => self.state.answered.store(true, Ordering::Relaxed),
+            Err(error) if lost(error, self.state.follows_the_master) => {
+                self.state.lost.fetch_max(self.generation, Ordering::AcqRel);
+                self.state.lost_signal.notify_one();
+            }
+            // The server answered, with an error of its own: the connection works.
+            Err(error) if matches!(error.kind(), ErrorKind::Server(_)) => {
+                self.state.answered.store(true, Ordering::Relaxed);
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Whether `error` means the connection is gone, or (following the master) points at a
+/// master no more.
+fn lost(error: &RedisError, follows_the_master: bool) -> bool {
+    error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_unrecoverable_error()
+        || (error.is_io_error() && !error.is_timeout())
+        || (follows_the_master && error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
+}
+
+/// The jittered, doubling pause between failed connection attempts.
+pub(super) struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+    random: RandomSource,
+}
+
+impl Backoff {
+    pub(super) fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            next: min,
+            random: RandomSource::new(),
+        }
+    }
+
+    /// Between half the current ceiling and all of it; the ceiling doubles up to the
+    /// maximum.
+    pub(super) fn pause(&mut self) -> Duration {
+        let ceiling = self.next;
+        self.next = (self.next * 2).min(self.max);
+        ceiling.mul_f64(0.5 + 0.5 * self.random.next_f64())
+    }
+
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// The task behind a link: connect, publish, watch, and again, for as long as the link
+/// lives.
+async fn keep_connected(
+    mut endpoint: Endpoint,
+    config: LinkConfig,
+    what: Arc<str>,
+    state: Arc<State>,
+) {
+    let connection_config = config.connection_config();
+    let mut backoff = Backoff::new(config.reconnect_min, config.reconnect_max);
+    let mut generation = 0u64;
+    let mut failing = false;
+    loop {
+        let attempt =
+            tokio::time::timeout(config.connect_timeout, endpoint.connect(&connection_config))
+                .await;
+        let connection = match attempt {
+            Ok(Ok(connection)) => connection,
+            Ok(Err(error)) => {
+                retrying(&what, &mut failing, &error.to_string());
+                tokio::time::sleep(backoff.pause()).await;
+                continue;
+            }
+            Err(_) => {
+                retrying(
+                    &what,
+                    &mut failing,
+                    "no connection within the connect timeout",
+                );
+                tokio::time::sleep(backoff.pause()).await;
+                continue;
+            }
+        };
+        generation += 1;
+        backoff.reset();
+        failing = false;
+        state.current.store(Some(Arc::new(Connected {
+            connection: connection.clone(),
+            generation,
+        })));
+        state.connected.store(true, Ordering::Relaxed);
+        state.ever_connected.store(true, Ordering::Release);
+        state.first_connection.notify_waiters();
+        tracing::info!(redis = %what, "connected to Redis");
+        let why = watch(&state, connection, generation, &config).await;
+        state.connected.store(false, Ordering::Relaxed);
+        state.current.store(None);
+        tracing::warn!(redis = %what, why, "connection to Redis lost; making it again in the background");
+    }
+}
+
+/// Logs the first failed attempt of a spell at warn level, the others at debug level.
+fn retrying(what: &str, failing: &mut bool, error: &str) {
+    if *failing {
+        tracing::debug!(redis = %what, error, "cannot connect to Redis yet");
+    } else {
+        tracing::warn!(redis = %what, error, "cannot connect to Redis; retrying in the background");
+        *failing = true;
+    }
+}
+
+/// Returns when connection `generation` is to be given up, and why.
+async fn watch(
+    state: &State,
+    mut connection: MultiplexedConnection,
+    generation: u64,
+    config: &LinkConfig,
+) -> &'static str {
+    let mut checks = tokio::time::interval(HEALTH_CHECK_EVERY);
+    checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    checks.tick().await;
+    loop {
+        match race(state.lost_signal.notified(), checks.tick()).await {
+            Either::First(()) => {
+                if state.lost.load(Ordering::Acquire) >= generation {
+                    return "a call found it dropped";
+                }
+            }
+            Either::Second(_) => {
+                if state.answered.swap(false, Ordering::Relaxed) {
+                    continue;
+                }
+                let check = healthy(&mut connection, state.follows_the_master);
+                match tokio::time::timeout(config.response_timeout, check).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => return "it points at a master no more",
+                    Ok(Err(_)) => return "the health check failed",
+                    Err(_) => return "no answer to the health check within the response timeout",
+                }
+            }
+        }
+    }
+}
+
+/// Which of two futures finished first.
+pub(super) enum Either<A, B> {
+    First(A),
+    Second(B),
+}
+
+/// Waits for the first of `first` and `second` to finish (the first wins a tie), and drops
+/// the other.
+pub(super) async fn race<A: Future, B: Future>(
+    first: A,
+    second: B,
+) -> Either<A::Output, B::Output> {
+    let mut first = std::pin::pin!(first);
+    let mut second = std::pin::pin!(second);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = first.as_mut().poll(cx) {
+            return Poll::Ready(Either::First(output));
+        }
+        second.as_mut().poll(cx).map(Either::Second)
+    })
+    .await
+}
+
+/// `PING`, or for a connection that must point at a master, `ROLE`: whether it still does.
+async fn healthy(
+    connection: &mut MultiplexedConnection,
+    follows_the_master: bool,
+) -> RedisResult<bool> {
+    if follows_the_master {
+        let role: redis::Role = redis::cmd("ROLE").query_async(connection).await?;
+        Ok(matches!(role, redis::Role::Primary { .. }))
+    } else {
+        let _: String = redis::cmd("PING").query_async(connection).await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_to_its_cap_and_is_jittered() {
+        let mut backoff = Backoff::new(Duration::from_millis(25), Duration::from_millis(250));
+        let ceilings = [25, 50, 100, 200, 250, 250, 250];
+        for ceiling in ceilings {
+            let pause = backoff.pause();
+            let ceiling = Duration::from_millis(ceiling);
+            assert!(
+                pause >= ceiling / 2 && pause <= ceiling,
+                "{pause:?} for {ceiling:?}"
+            );
+        }
+        backoff.reset();
+        assert!(backoff.pause() <= Duration::from_millis(25));
+    }
+
+    #[test]
+    fn a_dropped_connection_is_lost_a_timeout_or_a_script_error_is_not() {
+        let io = |kind| RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(lost(&io(std::io::ErrorKind::ConnectionReset), false));
+        assert!(lost(&io(std::io::ErrorKind::BrokenPipe), false));
+        assert!(lost(&io(std::io::ErrorKind::ConnectionRefused), false));
+        assert!(!lost(&io(std::io::ErrorKind::TimedOut), false));
+        let reply = |text: &str| {
+            redis::parse_redis_value(text.as_bytes())
+                .and_then(redis::Value::extract_error)
+                .expect_err("an error reply")
+        };
+        let readonly = reply("-READONLY You can't write against a read only replica.\r\n");
+        assert!(
+            !lost(&readonly, false),
+            "a single node's READONLY is its own answer"
+        );
+        assert!(
+            lost(&readonly, true),
+            "a Sentinel master that answers READONLY was demoted"
+        );
+        assert!(!lost(&reply("-ERR user_script:1: boom\r\n"), true));
+    }
+}
