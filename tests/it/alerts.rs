@@ -96,6 +96,7 @@ fn orders_api_scrape() -> String {
     let proxy = FaultProxy::start(server.port());
     let mut child = std::process::Command::new(tollgate_testkit::example::binary("orders_api"))
         .args(["--listen", "127.0.0.1:0", "--redis", &proxy.url()])
+        .args(["--expected-instances", "1"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()

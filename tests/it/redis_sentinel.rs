@@ -358,6 +358,7 @@ fn the_instance_registry_beats_on_through_a_sentinel_failover() {
             .map(|id| {
                 InstanceRegistry::builder(&store)
                     .instance_id(id)
+                    .initial_count(3)
                     .heartbeat_every(Duration::from_millis(200))
                     .live_within(Duration::from_millis(1_000))
                     .start()
@@ -422,6 +423,7 @@ fn orders_api(deployment: &RedisSentinels) -> OrdersApi {
         .args(["--listen", "127.0.0.1:0", "--redis-sentinel"])
         .arg(deployment.sentinel_urls().join(","))
         .args(["--sentinel-master", RedisSentinels::NAME])
+        .args(["--expected-instances", "1"])
         .args(["--on-store-failure", "closed", "--store-timeout-ms", "100"])
         // Logins carry their client's address in X-Forwarded-For, from this test's loopback.
         .args(["--trusted-proxy", "127.0.0.1/32"])
