@@ -183,6 +183,6 @@ pub mod future {
 
     pub use crate::client::AdaptiveThrottleFuture;
     pub use crate::http::future::ResponseFuture;
-    pub use crate::limiter::future::DecisionFuture;
     pub use crate::shed::ShedFuture;
+    pub use crate::store::future::StoreFuture;
 }

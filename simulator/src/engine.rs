@@ -263,7 +263,8 @@ impl Scenario {
     /// use tollgate_simulator::{
     ///     FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError,
     /// };
-    /// use tollgate::store::{Backend, CallerKey, CheckFuture, StoreError, StoreErrorKind};
+    /// use tollgate::future::StoreFuture;
+    /// use tollgate::store::{Backend, CallerKey, CheckOutcome, StoreError, StoreErrorKind};
     /// use tollgate::{InMemoryBackend, Policy};
     ///
     /// /// A store that fails while its switch is on.
@@ -271,10 +272,15 @@ impl Scenario {
     /// struct Switchable(InMemoryBackend, Arc<AtomicBool>);
     ///
     /// impl Backend for Switchable {
-    ///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    ///     fn check(
+    ///         &self,
+    ///         caller: &CallerKey,
+    ///         limits: &Arc<[Policy]>,
+    ///         cost: u64,
+    ///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
     ///         if self.1.load(Ordering::SeqCst) {
     ///             let down = StoreError::new(StoreErrorKind::Unavailable, "down");
-    ///             return CheckFuture::ready(Err(down));
+    ///             return StoreFuture::ready(Err(down));
     ///         }
     ///         self.0.check(caller, limits, cost)
     ///     }

@@ -11,10 +11,9 @@ use tollgate::InMemoryBackend;
 use tollgate::Limiter;
 use tollgate::LimiterBuilder;
 use tollgate::Policy;
+use tollgate::future::StoreFuture;
 use tollgate::key::CallerKey;
-use tollgate::store::{
-    Backend, CheckFuture, LeaseFuture, Refund, RefundFuture, StoreError, StoreErrorKind,
-};
+use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 use tollgate::store::{Clock, SystemClock};
 
 use crate::scenario::FaultKind;
@@ -133,17 +132,22 @@ fn store_gone() -> StoreError {
 }
 
 impl Backend for FaultyStore {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         match self.fault.get() {
             None => self.counters.check(caller, limits, cost),
-            Some(FaultKind::Refuse) => CheckFuture::ready(Err(StoreError::new(
+            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "connection refused (simulated)",
             ))),
-            Some(FaultKind::Blackhole) => CheckFuture::boxed(std::future::pending()),
+            Some(FaultKind::Blackhole) => StoreFuture::boxed(std::future::pending()),
             Some(FaultKind::Slow) => {
                 let (caller, limits) = (caller.clone(), limits.clone());
-                CheckFuture::boxed(self.late(move |counters| async move {
+                StoreFuture::boxed(self.late(move |counters| async move {
                     counters.check(&caller, &limits, cost).await
                 }))
             }
@@ -156,17 +160,17 @@ impl Backend for FaultyStore {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         Some(match self.fault.get() {
             None => self.counters.lease(caller, limits, cost, units)?,
-            Some(FaultKind::Refuse) => Box::pin(std::future::ready(Err(StoreError::new(
+            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "connection refused (simulated)",
-            )))),
-            Some(FaultKind::Blackhole) => Box::pin(std::future::pending()),
+            ))),
+            Some(FaultKind::Blackhole) => StoreFuture::boxed(std::future::pending()),
             Some(FaultKind::Slow) => {
                 let (caller, limits) = (caller.clone(), limits.clone());
-                Box::pin(self.late(move |counters| async move {
+                StoreFuture::boxed(self.late(move |counters| async move {
                     match counters.lease(&caller, &limits, cost, units) {
                         Some(lease) => lease.await,
                         None => Err(store_gone()),
@@ -176,10 +180,15 @@ impl Backend for FaultyStore {
         })
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         match self.fault.get() {
             None => self.counters.refund(caller, limits, refund),
-            Some(_) => RefundFuture::ready(Err(StoreError::new(
+            Some(_) => StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "store down (simulated)",
             ))),
@@ -218,11 +227,21 @@ impl SharedStore {
 }
 
 impl Backend for SharedStore {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.0.check(caller, limits, cost)
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         self.0.refund(caller, limits, refund)
     }
 
@@ -232,7 +251,7 @@ impl Backend for SharedStore {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         self.0.lease(caller, limits, cost, units)
     }
 

@@ -18,9 +18,9 @@ use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
 use crate::http::refusal::{Protocol, Refusal};
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
-use crate::limiter::future::DecisionFuture;
-use crate::store::backend::RefundFuture;
+use crate::store::backend::StoreError;
 use crate::store::caller::{Caller, CallerKey};
+use crate::store::future::StoreFuture;
 
 pin_project! {
     /// The future of [`RateLimit`](crate::RateLimit)'s responses.
@@ -42,7 +42,7 @@ pin_project! {
         head: Head<K>,
         // The inner service's response while the units of a request that did not count
         // are given back. Boxed, as few requests take this path.
-        refunding: Option<Box<(RefundFuture, S::Response, Option<Decision>)>>,
+        refunding: Option<Box<(StoreFuture<Result<(), StoreError>>, S::Response, Option<Decision>)>>,
     }
 }
 
@@ -88,7 +88,7 @@ pin_project! {
             inner: Option<S>,
         },
         Decision {
-            decision: DecisionFuture,
+            decision: StoreFuture<Decision>,
             request: Option<Request<ReqBody>>,
             inner: Option<S>,
         },

@@ -17,16 +17,16 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::fallback::{FallbackReason, Share};
-use crate::limiter::future::DecisionFuture;
 use crate::limiter::lease::path::{Leasing, leased};
 use crate::limiter::limits::{ActiveLimits, LimitsHandle, SwappableLimits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::{self, LimiterMetrics};
-use crate::store::backend::{Backend, CheckFuture, CheckResult, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::domain::FailureDomain;
+use crate::store::future::StoreFuture;
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
@@ -84,7 +84,7 @@ impl Limiter {
     }
 
     /// Decides one request of `caller`, costing one unit.
-    pub fn check(&self, caller: &Caller) -> DecisionFuture {
+    pub fn check(&self, caller: &Caller) -> StoreFuture<Decision> {
         self.check_cost(caller, 1)
     }
 
@@ -108,11 +108,11 @@ impl Limiter {
     /// assert!(!limiter.check_cost(&acme, 21).await.is_allowed());
     /// # }
     /// ```
-    pub fn check_cost(&self, caller: &Caller, cost: u64) -> DecisionFuture {
+    pub fn check_cost(&self, caller: &Caller, cost: u64) -> StoreFuture<Decision> {
         let inner = &self.inner;
         let mode = inner.mode.get();
         if mode == Mode::Off {
-            return DecisionFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
+            return StoreFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
         }
         // Span::none() unless a subscriber wants decision spans; entered for the part of
         // the check done here, and carried by the future for the rest.
@@ -121,7 +121,7 @@ impl Limiter {
         let active = inner.limits_in_force();
         let set = active.for_caller(caller);
         if let Some(refusal) = set.unaffordable(cost) {
-            return DecisionFuture::ready(inner.conclude(refusal, mode, &span));
+            return StoreFuture::ready(inner.conclude(refusal, mode, &span));
         }
         let limits = &set.limits;
         if !inner.remote {
@@ -130,7 +130,7 @@ impl Limiter {
             if let Some(result) = check.try_take_ready() {
                 // Nothing to cache either: the denial cache is only read in front of a
                 // remote store, so the clock is not read for it.
-                return DecisionFuture::ready(inner.conclude(
+                return StoreFuture::ready(inner.conclude(
                     inner.decided(caller, set, result, None, cost),
                     mode,
                     &span,
@@ -150,7 +150,7 @@ impl Limiter {
             && let Some(info) = denials.get(caller.key(), set.id, now(), cost)
         {
             inner.metrics.denial_cache_hit();
-            return DecisionFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
+            return StoreFuture::ready(inner.conclude(Decision::Limited(info), mode, &span));
         }
         if let Some(leasing) = &inner.leases
             && let Some(decision) = leased(&self.inner, leasing, caller, set, cost, mode, &span)
@@ -163,7 +163,7 @@ impl Limiter {
             Admission::Reject => {
                 let reason = FallbackReason::BreakerOpen;
                 let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
-                return DecisionFuture::ready(inner.conclude(decision, mode, &span));
+                return StoreFuture::ready(inner.conclude(decision, mode, &span));
             }
         };
         if !reach.can_call() {
@@ -171,7 +171,7 @@ impl Limiter {
             permit.failed(&not_connected());
             let reason = FallbackReason::NotConnected;
             let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
-            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
+            return StoreFuture::ready(inner.conclude(decision, mode, &span));
         }
         let now = now();
         let started = Instant::now();
@@ -179,7 +179,7 @@ impl Limiter {
         if let Some(result) = check.try_take_ready() {
             inner.metrics.store_latency(started.elapsed());
             let decision = inner.finish(&domain, caller, set, result, permit, now, cost);
-            return DecisionFuture::ready(inner.conclude(decision, mode, &span));
+            return StoreFuture::ready(inner.conclude(decision, mode, &span));
         }
         let domain = domain.to_shared();
         let inner = self.inner.clone();
@@ -187,7 +187,7 @@ impl Limiter {
         let set = set.clone();
         let instrumented = span.clone();
         let span = span.clone();
-        DecisionFuture::boxed(
+        StoreFuture::boxed(
             async move {
                 let result = match tokio::time::timeout(inner.store_timeout, check).await {
                     Ok(result) => result,
@@ -283,18 +283,18 @@ impl Inner {
     /// store timeout; a timeout meets the failure policy.
     fn awaited_locally(
         self: &Arc<Self>,
-        check: CheckFuture,
+        check: StoreFuture<Result<CheckOutcome, StoreError>>,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
         mode: Mode,
         span: &Span,
-    ) -> DecisionFuture {
+    ) -> StoreFuture<Decision> {
         let inner = self.clone();
         let caller = caller.clone();
         let set = set.clone();
         let concluding = span.clone();
-        DecisionFuture::boxed(
+        StoreFuture::boxed(
             async move {
                 let result = match tokio::time::timeout(inner.store_timeout, check).await {
                     Ok(result) => result,
@@ -351,7 +351,7 @@ impl Inner {
         domain: &Domain,
         caller: &Caller,
         set: &PolicySet,
-        result: CheckResult,
+        result: Result<CheckOutcome, StoreError>,
         permit: Permit,
         asked_ms: u64,
         cost: u64,
@@ -377,7 +377,7 @@ impl Inner {
         &self,
         caller: &Caller,
         set: &PolicySet,
-        result: CheckResult,
+        result: Result<CheckOutcome, StoreError>,
         asked_ms: Option<u64>,
         cost: u64,
     ) -> Decision {

@@ -21,7 +21,6 @@ pub(crate) mod denial_cache;
 pub(crate) mod domains;
 pub(crate) mod failure;
 pub(crate) mod fallback;
-pub(crate) mod future;
 pub(crate) mod instances;
 pub(crate) mod lease;
 pub(crate) mod limits;

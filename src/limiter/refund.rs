@@ -12,8 +12,9 @@ use tracing::Instrument;
 use crate::limiter::breaker::BreakerState;
 use crate::limiter::check::{Inner, Limiter};
 use crate::limiter::decision::{Decision, DecisionSource, Receipt};
-use crate::store::backend::{Backend, Refund, RefundFuture, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
+use crate::store::future::StoreFuture;
 
 impl Limiter {
     /// Gives back what `decision` (of `caller`, made by this limiter) consumed.
@@ -44,20 +45,24 @@ impl Limiter {
     /// assert_eq!(next.info().and_then(|info| info.min_remaining()), Some(4));
     /// # }
     /// ```
-    pub fn refund(&self, caller: &Caller, decision: &Decision) -> RefundFuture {
+    pub fn refund(
+        &self,
+        caller: &Caller,
+        decision: &Decision,
+    ) -> StoreFuture<Result<(), StoreError>> {
         let info = match decision {
             Decision::Allowed(info) => info,
             Decision::Shadowed(would_be) => match would_be.as_ref() {
                 Decision::Allowed(info) => info,
-                _ => return RefundFuture::ready(Ok(())),
+                _ => return StoreFuture::ready(Ok(())),
             },
-            _ => return RefundFuture::ready(Ok(())),
+            _ => return StoreFuture::ready(Ok(())),
         };
         let Some(receipt) = info.receipt() else {
-            return RefundFuture::ready(Ok(()));
+            return StoreFuture::ready(Ok(()));
         };
         if info.cost() == 0 {
-            return RefundFuture::ready(Ok(()));
+            return StoreFuture::ready(Ok(()));
         }
         let inner = &self.inner;
         let refund = Refund::new(info.cost(), receipt.counted_at_ms);
@@ -69,7 +74,7 @@ impl Limiter {
                     .try_take_ready()
                     .unwrap_or_else(|| Err(StoreError::new(StoreErrorKind::Other, "pending")));
                 inner.refunded(caller.key(), receipt, &result);
-                RefundFuture::ready(result)
+                StoreFuture::ready(result)
             }
             // A lease's units were counted by the store: they go back there.
             DecisionSource::Store | DecisionSource::Lease => {
@@ -91,18 +96,18 @@ impl Limiter {
                     if let Some((kind, message)) = skipped {
                         let result = Err(StoreError::new(kind, message));
                         inner.refunded(caller.key(), receipt, &result);
-                        return RefundFuture::ready(result);
+                        return StoreFuture::ready(result);
                     }
                 }
                 let mut future = inner.backend.refund(caller.key(), limits, refund);
                 if let Some(result) = future.try_take_ready() {
                     inner.refunded(caller.key(), receipt, &result);
-                    return RefundFuture::ready(result);
+                    return StoreFuture::ready(result);
                 }
                 let inner = self.inner.clone();
                 let caller = caller.key().clone();
                 let span = tracing::Span::current();
-                RefundFuture::boxed(
+                StoreFuture::boxed(
                     async move {
                         let result = match tokio::time::timeout(inner.store_timeout, future).await {
                             Ok(result) => result,
@@ -120,7 +125,7 @@ impl Limiter {
                     .instrument(span),
                 )
             }
-            _ => RefundFuture::ready(Ok(())),
+            _ => StoreFuture::ready(Ok(())),
         }
     }
 }

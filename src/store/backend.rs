@@ -1,14 +1,12 @@
 //! The backend trait: what a store of counters must do, so that users can bring their own.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::caller::CallerKey;
 use crate::store::domain::FailureDomain;
+use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
 /// A store that decides requests against a caller's counters.
@@ -27,16 +25,21 @@ use crate::store::policy::Policy;
 /// use std::sync::{Arc, Mutex};
 /// use tollgate::Policy;
 /// use tollgate::store::{
-///     Backend, CallerKey, CheckFuture, CheckOutcome, Clock, PolicyState, Refund, RefundFuture,
-///     SystemClock,
+///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, Refund, StoreError, SystemClock,
 /// };
+/// use tollgate::future::StoreFuture;
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
 /// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
 ///
 /// impl Backend for LockedMap {
-///     fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+///     fn check(
+///         &self,
+///         caller: &CallerKey,
+///         limits: &Arc<[Policy]>,
+///         cost: u64,
+///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
@@ -53,10 +56,15 @@ use crate::store::policy::Policy;
 ///                 l.algorithm().peek_cost(map.get(&key(l)).copied(), now, cost)
 ///             }
 ///         }).collect();
-///         CheckFuture::ready(Ok(CheckOutcome::new(outcomes).counted_at(now)))
+///         StoreFuture::ready(Ok(CheckOutcome::new(outcomes).counted_at(now)))
 ///     }
 ///
-///     fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+///     fn refund(
+///         &self,
+///         caller: &CallerKey,
+///         limits: &Arc<[Policy]>,
+///         refund: Refund,
+///     ) -> StoreFuture<Result<(), StoreError>> {
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
 ///         for limit in limits.iter() {
@@ -71,7 +79,7 @@ use crate::store::policy::Policy;
 ///                 map.insert(key, state);
 ///             }
 ///         }
-///         RefundFuture::ready(Ok(()))
+///         StoreFuture::ready(Ok(()))
 ///     }
 /// }
 /// ```
@@ -80,7 +88,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// limit only if all of them admit it. Outcomes come back in the order of `limits`,
     /// with the store's time of the decision
     /// ([`CheckOutcome::counted_at`]) for a later [`refund`](Self::refund).
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture;
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>>;
 
     /// Gives back what an admitted request consumed from `limits`, when it turned out not
     /// to count (see [`Algorithm::refund`](crate::store::Algorithm::refund) for the exact
@@ -88,9 +101,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///
     /// The default answers an error: a store that does not implement refunds keeps every
     /// unit it counted, and the limiter logs and counts each refund it could not make.
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         let _ = (caller, limits, refund);
-        RefundFuture::ready(Err(StoreError::new(
+        StoreFuture::ready(Err(StoreError::new(
             StoreErrorKind::Other,
             "this store does not give units back",
         )))
@@ -111,7 +129,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         let _ = (caller, limits, cost, units);
         None
     }
@@ -150,11 +168,21 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         (**self).check(caller, limits, cost)
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         (**self).refund(caller, limits, refund)
     }
 
@@ -164,7 +192,7 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         (**self).lease(caller, limits, cost, units)
     }
 
@@ -216,9 +244,6 @@ impl LeaseGrant {
         &self.outcome
     }
 }
-
-/// The future of [`Backend::lease`].
-pub type LeaseFuture = Pin<Box<dyn Future<Output = Result<LeaseGrant, StoreError>> + Send>>;
 
 /// A store's answer for one request: one outcome per limit, in order, and when the store
 /// decided.
@@ -421,9 +446,6 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// The result type of a store call.
-pub type CheckResult = Result<CheckOutcome, StoreError>;
-
 /// What an admitted request consumed, to give back: its cost, and when the store counted
 /// it ([`CheckOutcome::counted_at_ms`]).
 ///
@@ -455,145 +477,5 @@ impl Refund {
     /// When the store counted them.
     pub fn counted_at_ms(&self) -> u64 {
         self.counted_at_ms
-    }
-}
-
-/// The future of [`Backend::refund`]: ready at once for in-process stores, boxed for
-/// stores that do I/O.
-///
-/// ```
-/// use tollgate::store::RefundFuture;
-/// let ready = RefundFuture::ready(Ok(()));
-/// let boxed = RefundFuture::boxed(async { Ok(()) });
-/// # drop((ready, boxed));
-/// ```
-pub struct RefundFuture {
-    inner: RefundFutureInner,
-}
-
-enum RefundFutureInner {
-    Ready(Option<Result<(), StoreError>>),
-    Boxed(Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>),
-}
-
-impl RefundFuture {
-    /// A refund already made (or refused).
-    pub fn ready(result: Result<(), StoreError>) -> Self {
-        Self {
-            inner: RefundFutureInner::Ready(Some(result)),
-        }
-    }
-
-    /// A refund that needs I/O.
-    pub fn boxed(future: impl Future<Output = Result<(), StoreError>> + Send + 'static) -> Self {
-        Self {
-            inner: RefundFutureInner::Boxed(Box::pin(future)),
-        }
-    }
-
-    /// Takes the result out without polling when it is already known.
-    pub fn try_take_ready(&mut self) -> Option<Result<(), StoreError>> {
-        match &mut self.inner {
-            RefundFutureInner::Ready(result) => result.take(),
-            RefundFutureInner::Boxed(_) => None,
-        }
-    }
-}
-
-impl fmt::Debug for RefundFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.inner {
-            RefundFutureInner::Ready(Some(_)) => "ready",
-            RefundFutureInner::Ready(None) => "taken",
-            RefundFutureInner::Boxed(_) => "pending",
-        };
-        f.debug_struct("RefundFuture")
-            .field("state", &state)
-            .finish()
-    }
-}
-
-impl Future for RefundFuture {
-    type Output = Result<(), StoreError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.inner {
-            RefundFutureInner::Ready(result) => Poll::Ready(
-                result
-                    .take()
-                    .expect("RefundFuture polled after it completed"),
-            ),
-            RefundFutureInner::Boxed(future) => future.as_mut().poll(cx),
-        }
-    }
-}
-
-/// The future a [`Backend`] returns: ready at once for in-process stores (no allocation),
-/// boxed for stores that do I/O.
-///
-/// ```
-/// use tollgate::store::{CheckFuture, CheckOutcome};
-/// let ready = CheckFuture::ready(Ok(CheckOutcome::new(Vec::new())));
-/// let boxed = CheckFuture::boxed(async { Ok(CheckOutcome::new(Vec::new())) });
-/// # drop((ready, boxed));
-/// ```
-pub struct CheckFuture {
-    inner: CheckFutureInner,
-}
-
-enum CheckFutureInner {
-    Ready(Option<CheckResult>),
-    Boxed(Pin<Box<dyn Future<Output = CheckResult> + Send>>),
-}
-
-impl CheckFuture {
-    /// An answer that is already known.
-    pub fn ready(result: CheckResult) -> Self {
-        Self {
-            inner: CheckFutureInner::Ready(Some(result)),
-        }
-    }
-
-    /// An answer that needs I/O.
-    pub fn boxed(future: impl Future<Output = CheckResult> + Send + 'static) -> Self {
-        Self {
-            inner: CheckFutureInner::Boxed(Box::pin(future)),
-        }
-    }
-
-    /// Takes the answer out without polling when it is already known.
-    pub fn try_take_ready(&mut self) -> Option<CheckResult> {
-        match &mut self.inner {
-            CheckFutureInner::Ready(result) => result.take(),
-            CheckFutureInner::Boxed(_) => None,
-        }
-    }
-}
-
-impl fmt::Debug for CheckFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.inner {
-            CheckFutureInner::Ready(Some(_)) => "ready",
-            CheckFutureInner::Ready(None) => "taken",
-            CheckFutureInner::Boxed(_) => "pending",
-        };
-        f.debug_struct("CheckFuture")
-            .field("state", &state)
-            .finish()
-    }
-}
-
-impl Future for CheckFuture {
-    type Output = CheckResult;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.inner {
-            CheckFutureInner::Ready(result) => Poll::Ready(
-                result
-                    .take()
-                    .expect("CheckFuture polled after it completed"),
-            ),
-            CheckFutureInner::Boxed(future) => future.as_mut().poll(cx),
-        }
     }
 }

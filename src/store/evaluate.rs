@@ -43,8 +43,9 @@ impl Evaluated {
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
 /// use tollgate::store::{
-///     Backend, CallerKey, CheckFuture, Clock, PolicyState, SystemClock, evaluate,
+///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, StoreError, SystemClock, evaluate,
 /// };
+/// use tollgate::future::StoreFuture;
 /// use tollgate::Policy;
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
@@ -52,7 +53,12 @@ impl Evaluated {
 /// struct LockedMap(Mutex<HashMap<(CallerKey, String), PolicyState>>);
 ///
 /// impl Backend for LockedMap {
-///     fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+///     fn check(
+///         &self,
+///         caller: &CallerKey,
+///         policies: &Arc<[Policy]>,
+///         cost: u64,
+///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
 ///         let mut map = self.0.lock().unwrap();
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
@@ -62,7 +68,7 @@ impl Evaluated {
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);
 ///         }
-///         CheckFuture::ready(Ok(outcome))
+///         StoreFuture::ready(Ok(outcome))
 ///     }
 /// }
 /// ```

@@ -17,6 +17,7 @@ pub(crate) mod clock;
 pub(crate) mod digest;
 pub(crate) mod domain;
 pub(crate) mod evaluate;
+pub(crate) mod future;
 pub(crate) mod inline_bytes;
 pub(crate) mod instances;
 pub(crate) mod invalid_policy;
@@ -28,10 +29,7 @@ pub(crate) mod random;
 pub(crate) mod redis;
 
 pub use algorithm::{Algorithm, Evaluation, MAX_SHARE_STRETCH, PolicyOutcome, PolicyState};
-pub use backend::{
-    Backend, CheckFuture, CheckOutcome, CheckResult, LeaseFuture, LeaseGrant, Refund, RefundFuture,
-    StoreError, StoreErrorKind,
-};
+pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 pub use caller::{CallerKey, MAX_KEY_BYTES};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use domain::FailureDomain;

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tollgate::Policy;
+use tollgate::future::StoreFuture;
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, FailureDomain, LeaseFuture, Refund, RefundFuture,
+    Backend, CallerKey, CheckOutcome, FailureDomain, LeaseGrant, Refund, StoreError,
 };
 
 /// Wraps a store and counts every call made to it.
@@ -35,12 +36,22 @@ impl<B> Counting<B> {
 }
 
 impl<B: Backend> Backend for Counting<B> {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.check(caller, limits, cost)
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         self.inner.refund(caller, limits, refund)
     }
 
@@ -50,7 +61,7 @@ impl<B: Backend> Backend for Counting<B> {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         let lease = self.inner.lease(caller, limits, cost, units)?;
         self.calls.fetch_add(1, Ordering::SeqCst);
         Some(lease)

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tollgate::Policy;
+use tollgate::future::StoreFuture;
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, InMemoryBackend, LeaseFuture, Refund, RefundFuture,
-    StoreError, StoreErrorKind,
+    Backend, CallerKey, CheckOutcome, InMemoryBackend, LeaseGrant, Refund, StoreError,
+    StoreErrorKind,
 };
 
 /// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.
@@ -34,9 +35,14 @@ impl Remote {
 }
 
 impl Backend for Remote {
-    fn check(&self, caller: &CallerKey, policies: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        policies: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return CheckFuture::ready(Err(StoreError::new(
+            return StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "taken down by the test",
             )));
@@ -44,9 +50,14 @@ impl Backend for Remote {
         self.store.check(caller, policies, cost)
     }
 
-    fn refund(&self, caller: &CallerKey, policies: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        policies: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return RefundFuture::ready(Err(StoreError::new(
+            return StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "taken down by the test",
             )));
@@ -60,12 +71,12 @@ impl Backend for Remote {
         policies: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         if self.down.load(Ordering::SeqCst) {
-            return Some(Box::pin(std::future::ready(Err(StoreError::new(
+            return Some(StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "taken down by the test",
-            )))));
+            ))));
         }
         self.store.lease(caller, policies, cost, units)
     }

@@ -13,8 +13,9 @@ use proptest::prelude::*;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
+use tollgate::future::StoreFuture;
 use tollgate::store::{
-    Algorithm, Backend, CallerKey, CheckFuture, CheckOutcome, ManualClock, PolicyOutcome,
+    Algorithm, Backend, CallerKey, CheckOutcome, ManualClock, PolicyOutcome, StoreError,
 };
 use tollgate::{
     BuildError, Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy,
@@ -396,7 +397,12 @@ struct SlowRefusal {
 }
 
 impl Backend for SlowRefusal {
-    fn check(&self, _: &CallerKey, limits: &Arc<[Policy]>, _cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        _: &CallerKey,
+        limits: &Arc<[Policy]>,
+        _cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.clock.advance(Duration::from_millis(300));
         let outcomes = limits
@@ -407,7 +413,7 @@ impl Backend for SlowRefusal {
                 reset_ms: 1_000,
             })
             .collect();
-        CheckFuture::ready(Ok(CheckOutcome::new(outcomes)))
+        StoreFuture::ready(Ok(CheckOutcome::new(outcomes)))
     }
 }
 

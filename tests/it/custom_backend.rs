@@ -12,10 +12,11 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::{BreakerState, UnlimitedReason};
+use tollgate::future::StoreFuture;
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, CheckOutcome, Clock, ManualClock, PolicyState, Refund,
-    RefundFuture, StoreError, StoreErrorKind, evaluate,
+    Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
+    StoreErrorKind, evaluate,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
@@ -95,13 +96,23 @@ impl LockedMap {
 }
 
 impl Backend for LockedMap {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.decide(caller, limits, cost)))
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        StoreFuture::ready(Ok(self.decide(caller, limits, cost)))
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         self.give_back(caller, limits, refund);
-        RefundFuture::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 }
 
@@ -110,11 +121,21 @@ impl Backend for LockedMap {
 struct Local(Arc<LockedMap>);
 
 impl Backend for Local {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.0.check(caller, limits, cost)
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         self.0.refund(caller, limits, refund)
     }
 
@@ -131,19 +152,29 @@ struct Slow {
 }
 
 impl Backend for Slow {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let (map, caller, limits, delay) =
             (self.map.clone(), caller.clone(), limits.clone(), self.delay);
-        CheckFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             tokio::time::sleep(delay).await;
             Ok(map.decide(&caller, &limits, cost))
         })
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         let (map, caller, limits, delay) =
             (self.map.clone(), caller.clone(), limits.clone(), self.delay);
-        RefundFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             tokio::time::sleep(delay).await;
             map.give_back(&caller, &limits, refund);
             Ok(())
@@ -157,9 +188,14 @@ impl Backend for Slow {
 struct EagerLocal(Arc<LockedMap>);
 
 impl Backend for EagerLocal {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let outcome = self.0.decide(caller, limits, cost);
-        CheckFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             tokio::task::yield_now().await;
             Ok(outcome)
         })
@@ -189,12 +225,17 @@ impl Down {
 }
 
 impl Backend for Down {
-    fn check(&self, _caller: &CallerKey, _limits: &Arc<[Policy]>, _cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        _caller: &CallerKey,
+        _limits: &Arc<[Policy]>,
+        _cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let error = StoreError::new(self.kind, "connection refused");
         match self.delay {
-            None => CheckFuture::ready(Err(error)),
-            Some(delay) => CheckFuture::boxed(async move {
+            None => StoreFuture::ready(Err(error)),
+            Some(delay) => StoreFuture::boxed(async move {
                 tokio::time::sleep(delay).await;
                 Err(error)
             }),

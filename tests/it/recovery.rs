@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::BreakerState;
+use tollgate::future::StoreFuture;
 use tollgate::store::{
-    Backend, CallerKey, CheckFuture, ManualClock, RandomSource, StoreError, StoreErrorKind,
+    Backend, CallerKey, CheckOutcome, ManualClock, RandomSource, StoreError, StoreErrorKind,
 };
 use tollgate::{Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota};
 #[cfg(feature = "redis")]
@@ -55,9 +56,14 @@ struct Switchable {
 }
 
 impl Backend for Switchable {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return CheckFuture::ready(Err(StoreError::new(
+            return StoreFuture::ready(Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the store is down",
             )));

@@ -18,15 +18,15 @@ use crate::limiter::check::Inner;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
 use crate::limiter::domains::not_connected;
 use crate::limiter::fallback::FallbackReason;
-use crate::limiter::future::DecisionFuture;
 use crate::limiter::lease::config::Leases;
 use crate::limiter::lease::metrics::LeaseMetrics;
 use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
 use crate::limiter::mode::Mode;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{LeaseFuture, LeaseGrant, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
+use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
 /// A limiter's leasing: its configuration, its callers' leases and its counters.
@@ -83,7 +83,7 @@ pub(in crate::limiter) fn leased(
     cost: u64,
     mode: Mode,
     span: &Span,
-) -> Option<DecisionFuture> {
+) -> Option<StoreFuture<Decision>> {
     // A peek consumes nothing; the store answers it exactly.
     if cost == 0 || leasing.unsupported.load(Ordering::Relaxed) {
         return None;
@@ -123,7 +123,7 @@ pub(in crate::limiter) fn leased(
         } => {
             leasing.metrics.served();
             let info = leased_info(set, &shared, left, cost, counted_at_ms);
-            Some(DecisionFuture::ready(inner.conclude(
+            Some(StoreFuture::ready(inner.conclude(
                 Decision::Allowed(info),
                 mode,
                 span,
@@ -145,7 +145,7 @@ fn take(
     asked_ms: u64,
     mode: Mode,
     span: &Span,
-) -> Option<DecisionFuture> {
+) -> Option<StoreFuture<Decision>> {
     let (reach, domain) = inner.domain_of(caller.key());
     let reason = match domain.admit_at(reach, || inner.clock.now_millis()) {
         Admission::Call(permit) if reach.can_call() => Ok(permit),
@@ -161,7 +161,7 @@ fn take(
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
             let decision = inner.fall_back(&domain, caller, set, reason, cost, None);
-            return Some(DecisionFuture::ready(inner.conclude(decision, mode, span)));
+            return Some(StoreFuture::ready(inner.conclude(decision, mode, span)));
         }
     };
     let domain = domain.to_shared();
@@ -182,7 +182,7 @@ fn take(
         lease: Some(lease),
         settled: false,
     };
-    Some(DecisionFuture::boxed(
+    Some(StoreFuture::boxed(
         async move {
             // The whole guard moves in, so it lives (and settles) with the future; it
             // holds the store's answer until it comes.
@@ -241,7 +241,7 @@ struct Taking {
     inner: Arc<Inner>,
     caller: Caller,
     set: PolicySet,
-    lease: Option<LeaseFuture>,
+    lease: Option<StoreFuture<Result<LeaseGrant, StoreError>>>,
     settled: bool,
 }
 
@@ -263,7 +263,12 @@ impl Drop for Taking {
 /// after the timeout all the same) consumed units that nobody holds. The answer and the
 /// give-back are awaited as long as the units could still weigh (the longest retention of
 /// the policies); a give-back does not wait for the breaker, since the store just answered.
-fn finish_late(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, lease: LeaseFuture) {
+fn finish_late(
+    inner: &Arc<Inner>,
+    caller: &CallerKey,
+    limits: &Arc<[Policy]>,
+    lease: StoreFuture<Result<LeaseGrant, StoreError>>,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -424,8 +429,9 @@ mod tests {
     use super::*;
     use crate::limiter::check::Limiter;
     use crate::limiter::failure::FailurePolicy;
-    use crate::store::backend::{Backend, CheckFuture, RefundFuture};
+    use crate::store::backend::{Backend, CheckOutcome};
     use crate::store::clock::ManualClock;
+    use crate::store::future::StoreFuture;
     use crate::store::memory::InMemoryBackend;
     use crate::store::policy::Quota;
 
@@ -441,7 +447,12 @@ mod tests {
     }
 
     impl Backend for Shared {
-        fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+        fn check(
+            &self,
+            caller: &CallerKey,
+            limits: &Arc<[Policy]>,
+            cost: u64,
+        ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
             self.store.check(caller, limits, cost)
         }
 
@@ -450,7 +461,7 @@ mod tests {
             caller: &CallerKey,
             limits: &Arc<[Policy]>,
             refund: Refund,
-        ) -> RefundFuture {
+        ) -> StoreFuture<Result<(), StoreError>> {
             self.store.refund(caller, limits, refund)
         }
 
@@ -460,11 +471,11 @@ mod tests {
             limits: &Arc<[Policy]>,
             cost: u64,
             units: u64,
-        ) -> Option<LeaseFuture> {
+        ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
             let grant =
                 crate::store::lease::lease_by_checks(&self.store, caller, limits, cost, units);
             let late = self.late;
-            Some(Box::pin(async move {
+            Some(StoreFuture::boxed(async move {
                 if let Some(late) = late {
                     tokio::time::sleep(late).await;
                 }

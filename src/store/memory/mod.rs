@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use self::entry::Entry;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
-use super::backend::{Backend, CheckFuture, CheckOutcome, LeaseFuture, Refund, RefundFuture};
+use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
 use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
+use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -358,13 +359,23 @@ impl fmt::Debug for InMemoryBackend {
 }
 
 impl Backend for InMemoryBackend {
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
-        CheckFuture::ready(Ok(self.decide(caller, limits, cost)))
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        StoreFuture::ready(Ok(self.decide(caller, limits, cost)))
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         self.give_back(caller, limits, refund);
-        RefundFuture::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 
     fn lease(
@@ -373,9 +384,9 @@ impl Backend for InMemoryBackend {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         let grant = super::lease::lease_by_checks(self, caller, limits, cost, units);
-        Some(Box::pin(std::future::ready(grant)))
+        Some(StoreFuture::ready(grant))
     }
 
     fn is_remote(&self) -> bool {

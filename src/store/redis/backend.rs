@@ -13,12 +13,12 @@ use super::sentinel::SentinelMaster;
 use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{
-    Backend, CheckFuture, CheckOutcome, LeaseFuture, LeaseGrant, Refund, RefundFuture, StoreError,
-    StoreErrorKind,
+    Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind,
 };
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
 use crate::store::domain::FailureDomain;
+use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
 /// The decision script: the shared helpers, Redis's clock, then the entry point, which
@@ -542,7 +542,12 @@ impl Backend for RedisBackend {
         }
     }
 
-    fn check(&self, caller: &CallerKey, limits: &Arc<[Policy]>, cost: u64) -> CheckFuture {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let mut args = script_args(limits);
         // The script takes a missing cost as 1: one argument less for Redis to read.
@@ -552,7 +557,7 @@ impl Backend for RedisBackend {
         let count = limits.len();
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
-        CheckFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
                 .run(&SCRIPT, CHECK_SCRIPT, &keys, &args, timeout)
                 .await?;
@@ -560,13 +565,18 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn refund(&self, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) -> RefundFuture {
+    fn refund(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let mut args = script_args(limits);
         args.extend_from_slice(&[refund.cost(), refund.counted_at_ms()]);
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
-        RefundFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             let _changed: i64 = connection
                 .run(&REFUND, REFUND_SCRIPT, &keys, &args, timeout)
                 .await?;
@@ -580,14 +590,14 @@ impl Backend for RedisBackend {
         limits: &Arc<[Policy]>,
         cost: u64,
         units: u64,
-    ) -> Option<LeaseFuture> {
+    ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
         let mut args = script_args(limits);
         args.extend_from_slice(&[cost, units.max(cost)]);
         let count = limits.len();
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
-        Some(Box::pin(async move {
+        Some(StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
                 .run(&LEASE, LEASE_SCRIPT, &keys, &args, timeout)
                 .await?;
