@@ -129,9 +129,10 @@ pub use http::key::{
 };
 pub use http::layer::RateLimitLayer;
 pub use http::service::RateLimit;
+pub use limiter::Limiter;
 pub use limiter::breaker::BreakerConfig;
-pub use limiter::builder::{BuildError, LimiterBuilder};
-pub use limiter::check::Limiter;
+pub use limiter::build_error::BuildError;
+pub use limiter::builder::LimiterBuilder;
 pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
@@ -151,10 +152,10 @@ pub mod decision {
     //! where it came from, and why a store could not make it.
 
     pub use crate::limiter::breaker::BreakerState;
+    pub use crate::limiter::decision::FallbackReason;
     pub use crate::limiter::decision::{
         Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
     };
-    pub use crate::limiter::fallback::FallbackReason;
 }
 
 pub mod key {

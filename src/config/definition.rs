@@ -10,8 +10,8 @@ use serde::Deserialize;
 use crate::config::duration;
 use crate::config::error::DefinitionError;
 use crate::http::key::{ClientIp, ConfiguredKey, GlobalKey, HeaderKey};
+use crate::limiter::Limiter;
 use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
-use crate::limiter::check::Limiter;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
 use crate::limiter::limits::Limits;
@@ -232,7 +232,7 @@ impl KeyDefinition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::builder::BuildError;
+    use crate::limiter::build_error::BuildError;
     use crate::store::invalid_policy::InvalidPolicy;
 
     fn read(text: &str) -> LimiterDefinition {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::limiter::builder::BuildError;
+use crate::limiter::build_error::BuildError;
 use crate::store::invalid_policy::InvalidPolicy;
 
 /// Why a [`LimiterDefinition`](super::LimiterDefinition) cannot be turned into limits, a

@@ -10,7 +10,7 @@ use metrics::Counter;
 
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::MissingKey;
-use crate::limiter::check::Limiter;
+use crate::limiter::Limiter;
 use crate::limiter::decision::Decision;
 
 /// Which responses carry the [`Decision`](crate::Decision) in their extensions.

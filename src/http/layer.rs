@@ -12,7 +12,7 @@ use crate::http::config::{Config, CostFn, CountOnly, DecisionExtension, RefusalH
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
-use crate::limiter::check::Limiter;
+use crate::limiter::Limiter;
 use crate::limiter::decision::Decision;
 use crate::limiter::telemetry;
 

@@ -1,21 +1,23 @@
-//! Configuring a limiter: the builder, and the typed error for a configuration that cannot
-//! work.
+//! Configuring a limiter: the builder, which assembles the limiter's parts.
 
 use std::fmt;
 use std::sync::Arc;
-
-use arc_swap::ArcSwap;
 use std::time::Duration;
 
+use crate::limiter::Limiter;
 use crate::limiter::breaker::{BreakerConfig, Jitter};
-use crate::limiter::check::{Inner, Limiter};
+use crate::limiter::build_error::BuildError;
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::Domains;
-use crate::limiter::failure::FailurePolicy;
+use crate::limiter::failure::{FailurePolicy, Fallback};
 use crate::limiter::lease::config::Leases;
 use crate::limiter::lease::path::Leasing;
-use crate::limiter::limits::{ActiveLimits, Limits, SwappableLimits};
+use crate::limiter::limits::{ActiveLimits, InForce, Limits};
 use crate::limiter::mode::ModeSwitch;
+use crate::limiter::path::Path;
+use crate::limiter::path::local::LocalPath;
+use crate::limiter::path::remote::{RemoteParts, RemotePath};
+use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::backend::Backend;
 use crate::store::clock::{Clock, SystemClock};
@@ -285,103 +287,41 @@ impl LimiterBuilder {
             });
         }
         let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
-        let metrics = LimiterMetrics::new(&self.name, self.limits.policy_names());
-        let limits = ActiveLimits::new(self.limits, &scope, 0)?;
+        let name = self.name;
+        let metrics = Arc::new(LimiterMetrics::new(&name, self.limits.policy_names()));
+        let active = ActiveLimits::new(self.limits, &scope, 0)?;
+        let limits = Arc::new(InForce::new(active, scope, name.clone(), metrics.clone()));
         let backend = self
             .backend
             .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
-        let domains = Domains::new(
-            self.breaker,
-            self.clock.clone(),
-            self.jitter,
-            self.name.clone(),
-            self.on_store_failure.as_str(),
-            &*backend,
-        );
-        let local = InMemoryBackend::builder()
-            .clock(SharedClock(self.clock.clone()))
-            .build();
-        let backend_is_remote = backend.is_remote();
-        let name = self.name;
-        Ok(Limiter {
-            inner: Arc::new(Inner {
+        let remote = backend.is_remote();
+        let store = StoreCall::new(backend, self.store_timeout, metrics.clone());
+        let fallback = Fallback::new(self.on_store_failure, self.clock.clone());
+        // Chosen once: an in-process store cannot be down, so it gets no breaker, denial
+        // cache or lease.
+        let path = if remote {
+            let domains = Domains::new(
+                self.breaker,
+                self.clock.clone(),
+                self.jitter,
+                name.clone(),
+                fallback.policy().as_str(),
+                store.backend(),
+            );
+            Path::Remote(Arc::new(RemotePath::new(RemoteParts {
                 name: name.clone(),
-                remote: backend.is_remote(),
-                backend,
-                limits: SwappableLimits::new(limits),
-                scope,
-                on_store_failure: self.on_store_failure,
-                store_timeout: self.store_timeout,
-                mode: self.mode,
-                metrics,
+                store,
+                clock: self.clock,
                 domains,
                 denials: self.denial_cache.map(DenialCache::new),
-                clock: self.clock,
-                local,
-                shares: ArcSwap::default(),
-                leases: self
-                    .leases
-                    .filter(|_| backend_is_remote)
-                    .map(|leases| Leasing::new(leases, &name)),
-            }),
-        })
-    }
-}
-
-/// Why [`LimiterBuilder::try_build`] refused a configuration.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BuildError {
-    /// The default set (`tier` is `None`) or a tier has no policy.
-    NoPolicies {
-        /// The tier without a policy, or `None` for the default policies.
-        tier: Option<String>,
-    },
-    /// Two policies of one set share a name (clients could not tell them apart).
-    DuplicatePolicy {
-        /// The tier, or `None` for the default policies.
-        tier: Option<String>,
-        /// The repeated name.
-        name: String,
-    },
-    /// The store timeout is under 1 ms, below any round trip: every remote decision would
-    /// time out and meet the failure policy.
-    StoreTimeoutTooShort {
-        /// The timeout asked for.
-        timeout: Duration,
-    },
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let set = |tier: &Option<String>| match tier {
-            Some(tier) => format!("tier {tier:?}"),
-            None => "the default policies".to_owned(),
+                fallback,
+                leases: self.leases.map(|leases| Leasing::new(leases, &name)),
+                metrics: metrics.clone(),
+            })))
+        } else {
+            Path::Local(Arc::new(LocalPath::new(store, fallback, &name)))
         };
-        match self {
-            BuildError::NoPolicies { tier } => {
-                write!(f, "{} need at least one policy", set(tier))
-            }
-            BuildError::DuplicatePolicy { tier, name } => {
-                write!(f, "{} name policy {name:?} twice", set(tier))
-            }
-            BuildError::StoreTimeoutTooShort { timeout } => write!(
-                f,
-                "the store timeout ({timeout:?}) is under 1 ms: every remote decision would \
-                 time out"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for BuildError {}
-
-#[derive(Debug)]
-struct SharedClock(Arc<dyn Clock>);
-
-impl Clock for SharedClock {
-    fn now_millis(&self) -> u64 {
-        self.0.now_millis()
+        Ok(Limiter::from_parts(name, self.mode, limits, metrics, path))
     }
 }
 

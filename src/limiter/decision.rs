@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::store::algorithm::PolicyOutcome;
+use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::policy::Policy;
 
 /// The outcome of one request, put in the response's extensions for handlers and logs.
@@ -466,4 +467,43 @@ impl<'a> PolicyReport<'a> {
 /// come back too early.
 pub(crate) fn whole_seconds(millis: u64) -> u64 {
     millis.div_ceil(1_000).max(1)
+}
+
+/// Why a decision fell back to the failure policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FallbackReason {
+    /// The store did not answer within the store timeout.
+    Timeout,
+    /// The store refused or dropped the connection.
+    Refused,
+    /// The store answered with an error.
+    OtherError,
+    /// The breaker is open: the store was not asked.
+    BreakerOpen,
+    /// The store has no connection yet (it is being made, or made again): it was not
+    /// asked.
+    NotConnected,
+}
+
+impl FallbackReason {
+    /// A short, stable name for logs and metric labels.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FallbackReason::Timeout => "timeout",
+            FallbackReason::Refused => "refused",
+            FallbackReason::OtherError => "other_error",
+            FallbackReason::BreakerOpen => "breaker_open",
+            FallbackReason::NotConnected => "not_connected",
+        }
+    }
+
+    pub(crate) fn of(error: &StoreError) -> Self {
+        match error.kind() {
+            StoreErrorKind::Timeout => FallbackReason::Timeout,
+            StoreErrorKind::Unavailable => FallbackReason::Refused,
+            StoreErrorKind::NotConnected => FallbackReason::NotConnected,
+            _ => FallbackReason::OtherError,
+        }
+    }
 }

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::builder::BuildError;
-use crate::limiter::check::Inner;
+use crate::limiter::build_error::BuildError;
 use crate::limiter::policy_set::PolicySet;
+use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 
@@ -139,18 +139,30 @@ impl ActiveLimits {
     }
 }
 
-/// The limits of one running limiter, swappable: the snapshot in force and the count of
-/// swaps so far.
-pub(crate) struct SwappableLimits {
+/// The limits of one running limiter, what a swap checks them under and registers for
+/// them: the snapshot in force, the count of swaps so far, the counters' scope, and the
+/// limiter's name and metrics.
+pub(crate) struct InForce {
     active: ArcSwap<ActiveLimits>,
     generation: AtomicU64,
+    scope: Arc<str>,
+    name: Arc<str>,
+    metrics: Arc<LimiterMetrics>,
 }
 
-impl SwappableLimits {
-    pub(crate) fn new(active: ActiveLimits) -> Self {
+impl InForce {
+    pub(crate) fn new(
+        active: ActiveLimits,
+        scope: Arc<str>,
+        name: Arc<str>,
+        metrics: Arc<LimiterMetrics>,
+    ) -> Self {
         Self {
             active: ArcSwap::from_pointee(active),
             generation: AtomicU64::new(0),
+            scope,
+            name,
+            metrics,
         }
     }
 
@@ -159,16 +171,19 @@ impl SwappableLimits {
         self.active.load()
     }
 
-    pub(crate) fn next_generation(&self) -> u64 {
-        self.generation.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    fn store(&self, active: ActiveLimits) {
+    /// Checks `limits` and swaps them in, or says why they cannot work.
+    fn replace(&self, limits: Limits) -> Result<(), BuildError> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let active = ActiveLimits::new(limits, &self.scope, generation)?;
+        // Counters first, so that a refusal by a newly named policy is counted.
+        self.metrics.register_policies(active.source.policy_names());
         self.active.store(Arc::new(active));
+        tracing::warn!(layer = %self.name, "rate limits replaced");
+        Ok(())
     }
 }
 
-impl fmt::Debug for SwappableLimits {
+impl fmt::Debug for InForce {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self.active.load(), f)
     }
@@ -223,41 +238,32 @@ impl fmt::Debug for SwappableLimits {
 /// ```
 #[derive(Clone)]
 pub struct LimitsHandle {
-    inner: Arc<Inner>,
+    limits: Arc<InForce>,
 }
 
 impl LimitsHandle {
-    pub(super) fn new(inner: Arc<Inner>) -> Self {
-        Self { inner }
+    pub(super) fn new(limits: Arc<InForce>) -> Self {
+        Self { limits }
     }
 
     /// Swaps `limits` in, or says why they cannot work and leaves the limits in force.
     /// Takes effect on the next decision; decisions already past reading the limits finish
     /// under the old ones.
     pub fn set(&self, limits: Limits) -> Result<(), BuildError> {
-        let inner = &self.inner;
-        let generation = inner.limits.next_generation();
-        let active = ActiveLimits::new(limits, &inner.scope, generation)?;
-        // Counters first, so that a refusal by a newly named policy is counted.
-        inner
-            .metrics
-            .register_policies(active.source.policy_names());
-        inner.limits.store(active);
-        tracing::warn!(layer = %inner.name, "rate limits replaced");
-        Ok(())
+        self.limits.replace(limits)
     }
 
     /// The limits in force, as they were given.
     pub fn get(&self) -> Limits {
-        self.inner.limits.load().source.clone()
+        self.limits.load().source.clone()
     }
 }
 
 impl fmt::Debug for LimitsHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LimitsHandle")
-            .field("limiter", &self.inner.name)
-            .field("limits", &self.inner.limits)
+            .field("limiter", &self.limits.name)
+            .field("limits", &self.limits)
             .finish()
     }
 }

@@ -1,30 +1,343 @@
 //! The decision floor: the limiter that runs the request path below HTTP, knowing no HTTP
 //! or Redis type.
 //!
-//! In request-path order: [`check`] runs the path (the [`mode`], the [`denial_cache`], the
-//! [`breaker`] of the caller's part of the store from [`domains`], the store call under its
-//! timeout) and resolves a [`future`]; when the store
-//! cannot decide, [`fallback`] executes the route's [`failure`] policy, with the divisor
-//! of a local share from [`instances`]. [`cost`] refuses requests that cost more than a
-//! quota, and [`refund`] gives back what a request that did not count consumed.
-//! [`decision`] is what comes out and [`telemetry`] counts it. [`builder`] assembles a
-//! limiter from [`limits`], checked into [`policy_set`]s, which a
-//! [`limits::LimitsHandle`] can swap while the limiter runs. A hot caller's decisions can
-//! be made locally from a [`lease`] of its quota.
+//! A [`Limiter`] owns its parts: the [`limits`] in force (checked into [`policy_set`]s,
+//! swapped by a [`limits::LimitsHandle`]), its [`mode`], its [`telemetry`], and the
+//! [`path`] its decisions take, chosen when the [`builder`] assembles it: straight to an
+//! in-process store, or through the [`denial_cache`], a hot caller's [`lease`], the
+//! [`breaker`] of the caller's part of the store from [`domains`], and the
+//! [`store_call`] under its timeout. When the store cannot decide, the route's [`failure`]
+//! policy decides, with the divisor of a local share from [`instances`]. [`cost`] refuses
+//! requests that cost more than a quota. [`decision`] is what comes out, concluded here
+//! once: shadowed, counted and recorded.
 
 pub(crate) mod breaker;
+pub(crate) mod build_error;
 pub(crate) mod builder;
-pub(crate) mod check;
 pub(crate) mod cost;
 pub(crate) mod decision;
 pub(crate) mod denial_cache;
 pub(crate) mod domains;
 pub(crate) mod failure;
-pub(crate) mod fallback;
 pub(crate) mod instances;
 pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod mode;
+pub(crate) mod path;
 pub(crate) mod policy_set;
-pub(crate) mod refund;
+pub(crate) mod store_call;
 pub(crate) mod telemetry;
+
+use std::fmt;
+use std::sync::Arc;
+
+use tracing::{Instrument, Span};
+
+use crate::limiter::breaker::BreakerState;
+use crate::limiter::builder::LimiterBuilder;
+use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
+use crate::limiter::limits::{InForce, LimitsHandle};
+use crate::limiter::mode::{Mode, ModeSwitch};
+use crate::limiter::path::Path;
+use crate::limiter::telemetry::LimiterMetrics;
+use crate::store::backend::{Refund, StoreError};
+use crate::store::caller::Caller;
+use crate::store::future::StoreFuture;
+use crate::store::policy::Policy;
+
+/// Decides requests for a set of policies on one store. Cheap to clone; clones share the
+/// store, the breaker, the denial cache and the configuration.
+///
+/// ```
+/// use tollgate::{Caller, Limiter, Policy, Quota};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let limiter = Limiter::builder()
+///     .policy(Policy::sliding_window("per-second", Quota::per_second(2)))
+///     .build();
+/// let acme = Caller::new("acme");
+/// assert!(limiter.check(&acme).await.is_allowed());
+/// assert!(limiter.check(&acme).await.is_allowed());
+/// assert!(!limiter.check(&acme).await.is_allowed());
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+/// What clones of a limiter share.
+struct Inner {
+    name: Arc<str>,
+    mode: ModeSwitch,
+    /// The policies in force, shared with the limiter's [`LimitsHandle`]s.
+    limits: Arc<InForce>,
+    metrics: Arc<LimiterMetrics>,
+    path: Path,
+}
+
+impl Limiter {
+    /// Starts configuring a limiter.
+    pub fn builder() -> LimiterBuilder {
+        LimiterBuilder::default()
+    }
+
+    /// Decides one request of `caller`, costing one unit.
+    pub fn check(&self, caller: &Caller) -> StoreFuture<Decision> {
+        self.check_cost(caller, 1)
+    }
+
+    /// Decides one request of `caller` that consumes `cost` units from every policy, all
+    /// or nothing.
+    ///
+    /// A cost above a policy's quota can never be admitted: it is refused at once, without
+    /// asking the store ([`RateLimitInfo::unaffordable`] names the policy). A cost of 0
+    /// consumes nothing and reports what remains (a peek).
+    ///
+    /// ```
+    /// use tollgate::{Caller, Decision, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let acme = Caller::new("acme");
+    /// let Decision::Allowed(info) = limiter.check_cost(&acme, 30).await else { panic!() };
+    /// assert_eq!(info.min_remaining(), Some(20));
+    /// assert!(!limiter.check_cost(&acme, 21).await.is_allowed());
+    /// # }
+    /// ```
+    pub fn check_cost(&self, caller: &Caller, cost: u64) -> StoreFuture<Decision> {
+        let inner = &self.inner;
+        let mode = inner.mode.get();
+        if mode == Mode::Off {
+            return StoreFuture::ready(Decision::Unlimited(UnlimitedReason::Off));
+        }
+        // Span::none() unless a subscriber wants decision spans; entered for the part of
+        // the check done here, and carried by the future for the rest.
+        let span = telemetry::decision_span(&inner.name);
+        let _entered = (!span.is_disabled()).then(|| span.enter());
+        // Read once, so a swap never splits a decision.
+        let active = inner.limits.load();
+        let set = active.for_caller(caller);
+        let mut decision = match set.unaffordable(cost) {
+            Some(refusal) => StoreFuture::ready(refusal),
+            None => inner.path.decide(caller, set, cost, &span),
+        };
+        if let Some(decision) = decision.try_take_ready() {
+            return StoreFuture::ready(inner.conclude(decision, mode, &span));
+        }
+        let inner = self.inner.clone();
+        let concluding = span.clone();
+        StoreFuture::boxed(async move {
+            let decision = decision.await;
+            inner.conclude(decision, mode, &concluding)
+        })
+    }
+
+    /// Gives back what `decision` (of `caller`, made by this limiter) consumed.
+    ///
+    /// Resolves to `Ok` once the store has taken the units back (or when there was
+    /// nothing to give back), to the store's error otherwise; either way the refund is
+    /// counted in `tollgate_refunds_total` and a failure is logged, so callers may ignore
+    /// the result. A refund invalidates the caller's cached refusal.
+    ///
+    /// In shadow mode the store counted the request as in enforce mode, so its units are
+    /// given back too: shadow mode keeps predicting what enforcement would do.
+    ///
+    /// Give each decision back at most once: a second refund of the same decision would
+    /// give back units that other requests consumed.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("attempts", Quota::per_minute(5)))
+    ///     .build();
+    /// let alice = Caller::new("alice");
+    /// let login = limiter.check(&alice).await;
+    /// // The password was right: the attempt does not count.
+    /// limiter.refund(&alice, &login).await.unwrap();
+    /// let next = limiter.check(&alice).await;
+    /// assert_eq!(next.info().and_then(|info| info.min_remaining()), Some(4));
+    /// # }
+    /// ```
+    pub fn refund(
+        &self,
+        caller: &Caller,
+        decision: &Decision,
+    ) -> StoreFuture<Result<(), StoreError>> {
+        let info = match decision {
+            Decision::Allowed(info) => info,
+            Decision::Shadowed(would_be) => match would_be.as_ref() {
+                Decision::Allowed(info) => info,
+                _ => return StoreFuture::ready(Ok(())),
+            },
+            _ => return StoreFuture::ready(Ok(())),
+        };
+        // Only a decision that counted units carries a receipt.
+        let Some(receipt) = info.receipt() else {
+            return StoreFuture::ready(Ok(()));
+        };
+        if info.cost() == 0 {
+            return StoreFuture::ready(Ok(()));
+        }
+        let refund = Refund::new(info.cost(), receipt.counted_at_ms);
+        let limits = info.policy_set();
+        let inner = &self.inner;
+        let mut given_back = match info.source() {
+            DecisionSource::LocalShare => {
+                StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
+            }
+            // A lease's units were counted by the store: they go back there.
+            DecisionSource::Store | DecisionSource::Lease => {
+                inner.path.refund(caller, receipt, limits, refund)
+            }
+            _ => return StoreFuture::ready(Ok(())),
+        };
+        if let Some(result) = given_back.try_take_ready() {
+            inner.refunded(&result);
+            return StoreFuture::ready(result);
+        }
+        let inner = self.inner.clone();
+        StoreFuture::boxed(
+            async move {
+                let result = given_back.await;
+                inner.refunded(&result);
+                result
+            }
+            .instrument(Span::current()),
+        )
+    }
+
+    /// The switch that moves this limiter between enforce, shadow and off.
+    pub fn mode_switch(&self) -> &ModeSwitch {
+        &self.inner.mode
+    }
+
+    /// The handle that replaces this limiter's policies and tiers while it runs.
+    pub fn limits_handle(&self) -> LimitsHandle {
+        LimitsHandle::new(self.inner.limits.clone())
+    }
+
+    /// The policies in force for callers without a tier, in order, counted under this
+    /// limiter's scope.
+    pub fn policies(&self) -> Arc<[Policy]> {
+        self.inner.limits.load().default_set().limits.clone()
+    }
+
+    /// The limiter's name, used in metric labels and logs.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Where the circuit breaker stands: with a store of several parts (the masters of a
+    /// Redis Cluster), each part has its own, and this is the most open of them (open if
+    /// any is open, else half-open if any is probing, else closed).
+    ///
+    /// ```
+    /// use tollgate::decision::BreakerState;
+    /// let limiter = tollgate::Limiter::builder()
+    ///     .policy(tollgate::Policy::sliding_window("per-second", tollgate::Quota::per_second(5)))
+    ///     .build();
+    /// assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+    /// ```
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.path.breaker_state()
+    }
+
+    /// Each part of the store's circuit breaker, by the part's label as the store gives it
+    /// (a cluster master's address; the label of a single-node store's one part), in the
+    /// order the limiter met them. The `node` label of `tollgate_breaker_state` is the same.
+    ///
+    /// ```
+    /// use tollgate::decision::BreakerState;
+    /// let limiter = tollgate::Limiter::builder()
+    ///     .policy(tollgate::Policy::sliding_window("per-second", tollgate::Quota::per_second(5)))
+    ///     .build();
+    /// assert_eq!(limiter.breaker_states(), [(String::new(), BreakerState::Closed)]);
+    /// ```
+    pub fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.inner.path.breaker_states()
+    }
+}
+
+impl Limiter {
+    /// A limiter of these parts, as the builder assembled them.
+    fn from_parts(
+        name: Arc<str>,
+        mode: ModeSwitch,
+        limits: Arc<InForce>,
+        metrics: Arc<LimiterMetrics>,
+        path: Path,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                name,
+                mode,
+                limits,
+                metrics,
+                path,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Limiter {
+    /// The remote path, for tests that look inside it.
+    pub(in crate::limiter) fn remote_path(&self) -> Option<&Arc<path::remote::RemotePath>> {
+        match &self.inner.path {
+            Path::Remote(path) => Some(path),
+            Path::Local(_) => None,
+        }
+    }
+}
+
+impl Inner {
+    /// Shadows the decision in shadow mode, then counts it and records it on its span:
+    /// every decision of the limiter passes here, once.
+    fn conclude(&self, decision: Decision, mode: Mode, span: &Span) -> Decision {
+        let decision = match mode {
+            Mode::Shadow => Decision::Shadowed(Box::new(decision)),
+            _ => decision,
+        };
+        self.metrics.decision(&decision);
+        telemetry::record_decision(span, &decision);
+        if let Decision::Limited(info) = &decision {
+            tracing::debug!(
+                layer = %self.name,
+                policy = info.violated().next().map(|p| p.name()).unwrap_or_default(),
+                retry_after_secs = info.retry_after_secs(),
+                "request refused"
+            );
+        }
+        decision
+    }
+
+    /// Counts a refund, and logs one that failed: never an error for the request, the
+    /// units stay consumed, which is the stricter outcome.
+    fn refunded(&self, result: &Result<(), StoreError>) {
+        match result {
+            Ok(()) => self.metrics.refund(true),
+            Err(error) => {
+                tracing::warn!(layer = %self.name, %error, "could not give units back to the store");
+                self.metrics.refund(false);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("name", &self.inner.name)
+            .field("backend", &self.inner.path.store().backend())
+            .field("limits", &self.inner.limits)
+            .field("on_store_failure", self.inner.path.fallback().policy())
+            .field("store_timeout", &self.inner.path.store().timeout())
+            .field("breakers", &self.inner.path.breaker_states())
+            .finish_non_exhaustive()
+    }
+}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::limiter::builder::BuildError;
+use crate::limiter::build_error::BuildError;
 use crate::store::policy::Policy;
 
 /// One set of policies a caller is decided against (the defaults, or a tier's), with an

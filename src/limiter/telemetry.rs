@@ -19,8 +19,8 @@ use arc_swap::ArcSwap;
 use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use tracing::Span;
 
+use crate::limiter::decision::FallbackReason;
 use crate::limiter::decision::{Decision, UnlimitedReason};
-use crate::limiter::fallback::FallbackReason;
 
 pub(crate) const DECISIONS: &str = "tollgate_decisions_total";
 pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";

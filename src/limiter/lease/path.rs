@@ -14,14 +14,12 @@ use metrics::SharedString;
 use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::{Admission, BreakerState};
-use crate::limiter::check::Inner;
-use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
+use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
 use crate::limiter::domains::not_connected;
-use crate::limiter::fallback::FallbackReason;
 use crate::limiter::lease::config::Leases;
 use crate::limiter::lease::metrics::LeaseMetrics;
 use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
-use crate::limiter::mode::Mode;
+use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
@@ -76,19 +74,18 @@ impl std::fmt::Debug for Leasing {
 /// when the request is for the store alone (the caller is not hot, a lease is being
 /// taken, or the store does not lease).
 pub(in crate::limiter) fn leased(
-    inner: &Arc<Inner>,
+    path: &Arc<RemotePath>,
     leasing: &Leasing,
     caller: &Caller,
     set: &PolicySet,
     cost: u64,
-    mode: Mode,
     span: &Span,
 ) -> Option<StoreFuture<Decision>> {
     // A peek consumes nothing; the store answers it exactly.
     if cost == 0 || leasing.unsupported.load(Ordering::Relaxed) {
         return None;
     }
-    let now = inner.clock.now_millis();
+    let now = path.clock.now_millis();
     let next = leasing
         .table
         .next(caller.key(), set.id, cost, now, leasing.sizing(&set.limits));
@@ -108,7 +105,7 @@ pub(in crate::limiter) fn leased(
     // callers' leases too.
     for unused in unused {
         give_back(
-            inner,
+            path,
             &unused.caller,
             &unused.limits,
             Refund::new(unused.units, unused.counted_at_ms),
@@ -123,31 +120,26 @@ pub(in crate::limiter) fn leased(
         } => {
             leasing.metrics.served();
             let info = leased_info(set, &shared, left, cost, counted_at_ms);
-            Some(StoreFuture::ready(inner.conclude(
-                Decision::Allowed(info),
-                mode,
-                span,
-            )))
+            Some(StoreFuture::ready(Decision::Allowed(info)))
         }
-        Step::Take { units } => take(inner, leasing, caller, set, cost, units, now, mode, span),
+        Step::Take { units } => take(path, leasing, caller, set, cost, units, now, span),
     }
 }
 
 /// Takes a lease of `units` for a request of `cost` units, asked at `asked_ms`.
 #[allow(clippy::too_many_arguments)]
 fn take(
-    inner: &Arc<Inner>,
+    path: &Arc<RemotePath>,
     leasing: &Leasing,
     caller: &Caller,
     set: &PolicySet,
     cost: u64,
     units: u64,
     asked_ms: u64,
-    mode: Mode,
     span: &Span,
 ) -> Option<StoreFuture<Decision>> {
-    let (reach, domain) = inner.domain_of(caller.key());
-    let reason = match domain.admit_at(reach, || inner.clock.now_millis()) {
+    let (reach, domain) = path.domain_of(caller.key());
+    let reason = match domain.admit_at(reach, || path.clock.now_millis()) {
         Admission::Call(permit) if reach.can_call() => Ok(permit),
         Admission::Call(permit) => {
             // No connection to call on: a failure for the breaker, without a call.
@@ -160,23 +152,26 @@ fn take(
         Ok(permit) => permit,
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
-            let decision = inner.fall_back(&domain, caller, set, reason, cost, None);
-            return Some(StoreFuture::ready(inner.conclude(decision, mode, span)));
+            let decision = path.fall_back(&domain, caller, set, reason, cost, None);
+            return Some(StoreFuture::ready(decision));
         }
     };
     let domain = domain.to_shared();
-    let Some(lease) = inner.backend.lease(caller.key(), &set.limits, cost, units) else {
+    let Some(lease) = path
+        .store
+        .backend()
+        .lease(caller.key(), &set.limits, cost, units)
+    else {
         leasing.unsupported.store(true, Ordering::Relaxed);
         leasing.table.granted(caller.key(), set.id, None);
         return None;
     };
     let started = std::time::Instant::now();
-    let inner = inner.clone();
+    let path = path.clone();
     let caller = caller.clone();
     let set = set.clone();
-    let concluding = span.clone();
     let taking = Taking {
-        inner: inner.clone(),
+        path: path.clone(),
         caller: caller.clone(),
         set: set.clone(),
         lease: Some(lease),
@@ -188,7 +183,7 @@ fn take(
             // holds the store's answer until it comes.
             let mut taking = taking;
             let answer = match taking.lease.as_mut() {
-                Some(lease) => tokio::time::timeout(inner.store_timeout, lease).await,
+                Some(lease) => tokio::time::timeout(path.store.timeout(), lease).await,
                 None => Ok(Err(StoreError::new(
                     StoreErrorKind::Other,
                     "the lease was answered already",
@@ -199,21 +194,21 @@ fn take(
                     taking.lease = None;
                     result
                 }
-                Err(_) => Err(inner.timed_out(caller.key(), "lease")),
+                Err(_) => Err(path.store.timed_out(caller.key(), "lease")),
             };
-            inner.metrics.store_latency(started.elapsed());
+            path.store.answered(started);
             let decision = match result {
                 Ok(grant) => {
                     permit.success();
-                    granted(&inner, &caller, &set, grant, cost, asked_ms)
+                    granted(&path, &caller, &set, grant, cost, asked_ms)
                 }
                 Err(error) => {
                     permit.failed(&error);
-                    if let Some(leasing) = &inner.leases {
+                    if let Some(leasing) = &path.leases {
                         leasing.table.granted(caller.key(), set.id, None);
                     }
-                    tracing::debug!(layer = %inner.name, %error, "taking a lease failed");
-                    inner.fall_back(
+                    tracing::debug!(layer = %path.name, %error, "taking a lease failed");
+                    path.fall_back(
                         &domain,
                         &caller,
                         &set,
@@ -224,7 +219,7 @@ fn take(
                 }
             };
             taking.settled = true;
-            inner.conclude(decision, mode, &concluding)
+            decision
         }
         .instrument(span.clone()),
     ))
@@ -238,7 +233,7 @@ fn take(
 /// at the store timeout), is awaited in the background: the store may still grant the
 /// lease, and what it grants goes back ([`finish_late`]).
 struct Taking {
-    inner: Arc<Inner>,
+    path: Arc<RemotePath>,
     caller: Caller,
     set: PolicySet,
     lease: Option<StoreFuture<Result<LeaseGrant, StoreError>>>,
@@ -248,12 +243,12 @@ struct Taking {
 impl Drop for Taking {
     fn drop(&mut self) {
         if !self.settled
-            && let Some(leasing) = &self.inner.leases
+            && let Some(leasing) = &self.path.leases
         {
             leasing.table.granted(self.caller.key(), self.set.id, None);
         }
         if let Some(lease) = self.lease.take() {
-            finish_late(&self.inner, self.caller.key(), &self.set.limits, lease);
+            finish_late(&self.path, self.caller.key(), &self.set.limits, lease);
         }
     }
 }
@@ -264,7 +259,7 @@ impl Drop for Taking {
 /// give-back are awaited as long as the units could still weigh (the longest retention of
 /// the policies); a give-back does not wait for the breaker, since the store just answered.
 fn finish_late(
-    inner: &Arc<Inner>,
+    path: &Arc<RemotePath>,
     caller: &CallerKey,
     limits: &Arc<[Policy]>,
     lease: StoreFuture<Result<LeaseGrant, StoreError>>,
@@ -280,7 +275,7 @@ fn finish_late(
             .unwrap_or(0)
             .max(1),
     );
-    let (inner, caller, limits) = (inner.clone(), caller.clone(), limits.clone());
+    let (path, caller, limits) = (path.clone(), caller.clone(), limits.clone());
     runtime.spawn(async move {
         let Ok(Ok(grant)) = tokio::time::timeout(weighs_for, lease).await else {
             return;
@@ -289,41 +284,39 @@ fn finish_late(
             return;
         }
         let refund = Refund::new(grant.granted(), grant.outcome().counted_at_ms());
-        let given_back = inner.backend.refund(&caller, &limits, refund);
-        let result = tokio::time::timeout(weighs_for, given_back).await;
-        if matches!(result, Ok(Ok(()))) {
-            if let Some(leasing) = &inner.leases {
-                leasing.metrics.returned();
-            }
-        } else {
-            tracing::debug!(layer = %inner.name, "a lease answered late could not be given back");
-        }
+        let returning = path.clone();
+        path.store
+            .give_back(&caller, &limits, refund, weighs_for, move |given_back| {
+                if given_back {
+                    if let Some(leasing) = &returning.leases {
+                        leasing.metrics.returned();
+                    }
+                } else {
+                    tracing::debug!(
+                        layer = %returning.name,
+                        "a lease answered late could not be given back"
+                    );
+                }
+            });
     });
 }
 
 /// The store answered a lease: the request is admitted from it (and the rest kept), or
 /// refused as the store would refuse it alone.
 fn granted(
-    inner: &Inner,
+    path: &RemotePath,
     caller: &Caller,
     set: &PolicySet,
     grant: LeaseGrant,
     cost: u64,
     asked_ms: u64,
 ) -> Decision {
-    let Some(leasing) = &inner.leases else {
-        return inner.decided(
-            caller,
-            set,
-            Ok(grant.outcome().clone()),
-            Some(asked_ms),
-            cost,
-        );
+    let Some(leasing) = &path.leases else {
+        return path.decided(caller, set, grant.outcome(), asked_ms, cost);
     };
     if grant.granted() < cost {
         leasing.table.granted(caller.key(), set.id, None);
-        let outcome = grant.outcome().clone();
-        return inner.decided(caller, set, Ok(outcome), Some(asked_ms), cost);
+        return path.decided(caller, set, grant.outcome(), asked_ms, cost);
     }
     leasing.metrics.taken();
     leasing.metrics.served();
@@ -399,35 +392,29 @@ fn leased_info(
 /// Gives the unused units of an ended lease of `caller` back to the store, in the
 /// background when the store does I/O; a failure leaves them consumed, the stricter
 /// outcome.
-fn give_back(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) {
-    let (reach, domain) = inner.domain_of(caller);
+fn give_back(path: &Arc<RemotePath>, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) {
+    let (reach, domain) = path.domain_of(caller);
     if !reach.can_call() || domain.breaker.state() == BreakerState::Open {
         return;
     }
-    let mut future = inner.backend.refund(caller, limits, refund);
-    let returned = |inner: &Inner, ok: bool| {
-        if ok && let Some(leasing) = &inner.leases {
-            leasing.metrics.returned();
-        }
-    };
-    if let Some(result) = future.try_take_ready() {
-        returned(inner, result.is_ok());
-        return;
-    }
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let inner = inner.clone();
-    runtime.spawn(async move {
-        let result = tokio::time::timeout(inner.store_timeout, future).await;
-        returned(&inner, matches!(result, Ok(Ok(()))));
-    });
+    let returning = path.clone();
+    path.store.give_back(
+        caller,
+        limits,
+        refund,
+        path.store.timeout(),
+        move |given_back| {
+            if given_back && let Some(leasing) = &returning.leases {
+                leasing.metrics.returned();
+            }
+        },
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::check::Limiter;
+    use crate::limiter::Limiter;
     use crate::limiter::failure::FailurePolicy;
     use crate::store::backend::{Backend, CheckOutcome};
     use crate::store::clock::ManualClock;
@@ -526,7 +513,13 @@ mod tests {
             late: None,
         };
         let limiter = limiter(&shared, &clock, Quota::per_minute(1_000));
-        let table = &limiter.inner.leases.as_ref().unwrap().table;
+        let table = &limiter
+            .remote_path()
+            .unwrap()
+            .leases
+            .as_ref()
+            .unwrap()
+            .table;
         let a = Caller::new("a");
         let b = (0..)
             .map(|i| Caller::new(format!("b{i}")))

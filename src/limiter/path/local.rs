@@ -1,0 +1,119 @@
+//! The path to an in-process store: the store is asked once, and what it answers is the
+//! decision. A custom in-process store that fails, or answers later than the store timeout,
+//! meets the failure policy all the same.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{Instrument, Span};
+
+use crate::limiter::decision::{Decision, FallbackReason};
+use crate::limiter::failure::{Failure, Fallback};
+use crate::limiter::path::{answered, decision};
+use crate::limiter::policy_set::PolicySet;
+use crate::limiter::store_call::StoreCall;
+use crate::limiter::telemetry::FallbackCounters;
+use crate::store::backend::{CheckOutcome, Refund, StoreError};
+use crate::store::caller::Caller;
+use crate::store::future::StoreFuture;
+use crate::store::policy::Policy;
+
+/// An in-process store and the failure policy for the rare store that fails.
+pub(in crate::limiter) struct LocalPath {
+    pub(super) store: StoreCall,
+    pub(super) fallback: Fallback,
+    /// The store's one part, as metrics label it.
+    label: Arc<str>,
+    fallbacks: FallbackCounters,
+}
+
+impl LocalPath {
+    pub(in crate::limiter) fn new(store: StoreCall, fallback: Fallback, layer: &Arc<str>) -> Self {
+        let label: Arc<str> = store
+            .backend()
+            .failure_domain_label(0)
+            .unwrap_or_default()
+            .into();
+        let fallbacks = FallbackCounters::new(layer, fallback.policy().as_str(), &label);
+        Self {
+            store,
+            fallback,
+            label,
+            fallbacks,
+        }
+    }
+
+    pub(super) fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub(super) fn decide(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        span: &Span,
+    ) -> StoreFuture<Decision> {
+        let started = Instant::now();
+        let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
+        if let Some(result) = check.try_take_ready() {
+            return StoreFuture::ready(self.decided(caller, set, result, cost));
+        }
+        // One that answers later (its work on a spawned task or a blocking pool) may have
+        // counted the request already: it is awaited, under the store timeout, never asked
+        // again.
+        let path = self.clone();
+        let caller = caller.clone();
+        let set = set.clone();
+        StoreFuture::boxed(
+            async move {
+                let result = path
+                    .store
+                    .wait(check, started, caller.key(), "answer")
+                    .await;
+                path.decided(&caller, &set, result, cost)
+            }
+            .instrument(span.clone()),
+        )
+    }
+
+    fn decided(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        result: Result<CheckOutcome, StoreError>,
+        cost: u64,
+    ) -> Decision {
+        match result {
+            Ok(outcome) => decision(outcome.admitted(), answered(set, &outcome, cost)),
+            Err(error) => {
+                let failure = Failure {
+                    reason: FallbackReason::of(&error),
+                    counters: &self.fallbacks,
+                    open_for_ms: 0,
+                    denials: None,
+                    now: None,
+                };
+                self.fallback.decide(&failure, caller, set, cost)
+            }
+        }
+    }
+
+    pub(super) fn refund(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
+        self.store.refund(caller.key(), limits, refund)
+    }
+}
+
+impl std::fmt::Debug for LocalPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalPath")
+            .field("store", &self.store)
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
+}

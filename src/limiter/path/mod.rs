@@ -1,0 +1,137 @@
+//! The way a decision goes, chosen once when the limiter is built: straight to an
+//! in-process store ([`local`]), or through the guards a remote store needs ([`remote`]).
+
+pub(super) mod local;
+pub(super) mod remote;
+
+use std::sync::Arc;
+
+use tracing::Span;
+
+use crate::limiter::breaker::BreakerState;
+use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
+use crate::limiter::failure::Fallback;
+use crate::limiter::policy_set::PolicySet;
+use crate::limiter::store_call::StoreCall;
+use crate::store::backend::{CheckOutcome, Refund, StoreError};
+use crate::store::caller::Caller;
+use crate::store::future::StoreFuture;
+use crate::store::policy::Policy;
+
+use local::LocalPath;
+use remote::RemotePath;
+
+/// The path of a limiter's decisions.
+#[derive(Debug)]
+pub(super) enum Path {
+    /// An in-process store: it cannot be down, so no breaker, denial cache or lease.
+    Local(Arc<LocalPath>),
+    /// A store across the network, behind its breakers, denial cache and leases.
+    Remote(Arc<RemotePath>),
+}
+
+impl Path {
+    /// Decides a request of `cost` units against `set`; `span` is the decision's.
+    pub(super) fn decide(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        span: &Span,
+    ) -> StoreFuture<Decision> {
+        match self {
+            Path::Local(path) => path.decide(caller, set, cost, span),
+            Path::Remote(path) => path.decide(caller, set, cost, span),
+        }
+    }
+
+    /// Gives back to the store what a request it admitted consumed.
+    pub(super) fn refund(
+        &self,
+        caller: &Caller,
+        receipt: Receipt,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
+        match self {
+            Path::Local(path) => path.refund(caller, limits, refund),
+            Path::Remote(path) => path.refund(caller, receipt, limits, refund),
+        }
+    }
+
+    /// Gives back to the local share what a request it admitted consumed.
+    pub(super) fn refund_share(
+        &self,
+        caller: &Caller,
+        receipt: Receipt,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> Result<(), StoreError> {
+        match self {
+            Path::Local(path) => path.fallback.refund(caller, limits, refund),
+            Path::Remote(path) => {
+                let result = path.fallback.refund(caller, limits, refund);
+                if result.is_ok() {
+                    path.forget_refusal(caller, receipt);
+                }
+                result
+            }
+        }
+    }
+
+    /// How the store is called.
+    pub(super) fn store(&self) -> &StoreCall {
+        match self {
+            Path::Local(path) => &path.store,
+            Path::Remote(path) => &path.store,
+        }
+    }
+
+    /// The failure policy, in execution.
+    pub(super) fn fallback(&self) -> &Fallback {
+        match self {
+            Path::Local(path) => &path.fallback,
+            Path::Remote(path) => &path.fallback,
+        }
+    }
+
+    /// The most open of the breakers (closed without a remote store).
+    pub(super) fn breaker_state(&self) -> BreakerState {
+        match self {
+            Path::Local(_) => BreakerState::Closed,
+            Path::Remote(path) => path.breaker_state(),
+        }
+    }
+
+    /// Each breaker by its part of the store.
+    pub(super) fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        match self {
+            Path::Local(path) => vec![(path.label().to_owned(), BreakerState::Closed)],
+            Path::Remote(path) => path.breaker_states(),
+        }
+    }
+}
+
+/// A store's answer as what the decision reports: each policy's outcome, and for an
+/// admission, the receipt a refund needs.
+fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo {
+    let info = RateLimitInfo::from_outcomes(&set.limits, outcome.limits(), DecisionSource::Store)
+        .for_cost(cost);
+    if outcome.admitted() {
+        info.with_receipt(Receipt {
+            counted_at_ms: outcome.counted_at_ms(),
+            set_id: set.id,
+        })
+    } else {
+        info
+    }
+}
+
+/// The decision of a store's answer, once what it reports is known.
+fn decision(admitted: bool, info: RateLimitInfo) -> Decision {
+    if admitted {
+        Decision::Allowed(info)
+    } else {
+        Decision::Limited(info)
+    }
+}

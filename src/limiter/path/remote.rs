@@ -1,0 +1,302 @@
+//! The path to a remote store: the denial cache, a hot caller's lease, the breaker of the
+//! caller's part of the store, the call under the store timeout, and the failure policy
+//! when the store cannot decide.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{Instrument, Span};
+
+use crate::limiter::breaker::{Admission, BreakerState, Permit};
+use crate::limiter::decision::{Decision, FallbackReason, Receipt};
+use crate::limiter::denial_cache::DenialCache;
+use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
+use crate::limiter::failure::{Failure, Fallback};
+use crate::limiter::lease::path::{Leasing, leased};
+use crate::limiter::path::{answered, decision};
+use crate::limiter::policy_set::PolicySet;
+use crate::limiter::store_call::StoreCall;
+use crate::limiter::telemetry::LimiterMetrics;
+use crate::store::backend::{CheckOutcome, Refund, StoreError, StoreErrorKind};
+use crate::store::caller::{Caller, CallerKey};
+use crate::store::clock::Clock;
+use crate::store::domain::FailureDomain;
+use crate::store::future::StoreFuture;
+use crate::store::policy::Policy;
+
+/// What deciding on a remote store takes.
+pub(in crate::limiter) struct RemotePath {
+    pub(in crate::limiter) name: Arc<str>,
+    pub(in crate::limiter) store: StoreCall,
+    pub(in crate::limiter) clock: Arc<dyn Clock>,
+    /// A circuit breaker per failure domain of the store.
+    domains: Domains,
+    denials: Option<DenialCache>,
+    pub(super) fallback: Fallback,
+    /// Hot callers' leases of quota, when the limiter leases.
+    pub(in crate::limiter) leases: Option<Leasing>,
+    metrics: Arc<LimiterMetrics>,
+}
+
+/// The parts of a [`RemotePath`], as the builder assembles them.
+pub(in crate::limiter) struct RemoteParts {
+    pub(in crate::limiter) name: Arc<str>,
+    pub(in crate::limiter) store: StoreCall,
+    pub(in crate::limiter) clock: Arc<dyn Clock>,
+    pub(in crate::limiter) domains: Domains,
+    pub(in crate::limiter) denials: Option<DenialCache>,
+    pub(in crate::limiter) fallback: Fallback,
+    pub(in crate::limiter) leases: Option<Leasing>,
+    pub(in crate::limiter) metrics: Arc<LimiterMetrics>,
+}
+
+impl RemotePath {
+    pub(in crate::limiter) fn new(parts: RemoteParts) -> Self {
+        let RemoteParts {
+            name,
+            store,
+            clock,
+            domains,
+            denials,
+            fallback,
+            leases,
+            metrics,
+        } = parts;
+        Self {
+            name,
+            store,
+            clock,
+            domains,
+            denials,
+            fallback,
+            leases,
+            metrics,
+        }
+    }
+
+    pub(super) fn decide(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        span: &Span,
+    ) -> StoreFuture<Decision> {
+        // Read once, and only if needed: by a cached refusal, an open breaker, or as the
+        // time the store was asked.
+        let mut read_clock = None;
+        let mut now = || *read_clock.get_or_insert_with(|| self.clock.now_millis());
+        if let Some(denials) = &self.denials
+            && !denials.is_empty()
+            && let Some(info) = denials.get(caller.key(), set.id, now(), cost)
+        {
+            self.metrics.denial_cache_hit();
+            return StoreFuture::ready(Decision::Limited(info));
+        }
+        if let Some(leasing) = &self.leases
+            && let Some(decision) = leased(self, leasing, caller, set, cost, span)
+        {
+            return decision;
+        }
+        let (reach, domain) = self.domain_of(caller.key());
+        let permit = match domain.admit_at(reach, &mut now) {
+            Admission::Call(permit) => permit,
+            Admission::Reject => {
+                let reason = FallbackReason::BreakerOpen;
+                return StoreFuture::ready(
+                    self.fall_back(&domain, caller, set, reason, cost, read_clock),
+                );
+            }
+        };
+        if !reach.can_call() {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            let reason = FallbackReason::NotConnected;
+            return StoreFuture::ready(
+                self.fall_back(&domain, caller, set, reason, cost, read_clock),
+            );
+        }
+        let now = now();
+        let started = Instant::now();
+        let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
+        if let Some(result) = check.try_take_ready() {
+            self.store.answered(started);
+            return StoreFuture::ready(
+                self.finish(&domain, caller, set, result, permit, now, cost),
+            );
+        }
+        let domain = domain.to_shared();
+        let path = self.clone();
+        let caller = caller.clone();
+        let set = set.clone();
+        StoreFuture::boxed(
+            async move {
+                let result = path
+                    .store
+                    .wait(check, started, caller.key(), "answer")
+                    .await;
+                path.finish(&domain, &caller, &set, result, permit, now, cost)
+            }
+            .instrument(span.clone()),
+        )
+    }
+
+    /// Which part of the store decides `caller`, whether it is connected, and the limiter's
+    /// breaker for that part.
+    pub(in crate::limiter) fn domain_of(
+        &self,
+        caller: &CallerKey,
+    ) -> (FailureDomain, DomainRef<'_>) {
+        let reach = self.store.backend().failure_domain(caller);
+        (reach, self.domains.get(reach.id(), self.store.backend()))
+    }
+
+    /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
+    /// `asked_ms` is when the store was asked.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        set: &PolicySet,
+        result: Result<CheckOutcome, StoreError>,
+        permit: Permit,
+        asked_ms: u64,
+        cost: u64,
+    ) -> Decision {
+        match result {
+            Ok(outcome) => {
+                permit.success();
+                self.decided(caller, set, &outcome, asked_ms, cost)
+            }
+            Err(error) => {
+                permit.failed(&error);
+                tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
+                self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
+            }
+        }
+    }
+
+    /// The store's answer as a decision. A refusal is cached until its retry time counted
+    /// from `asked_ms`: the store decided at some instant between the question and the
+    /// answer, so counting from the question never outlives the store's own refusal.
+    pub(in crate::limiter) fn decided(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        outcome: &CheckOutcome,
+        asked_ms: u64,
+        cost: u64,
+    ) -> Decision {
+        let info = answered(set, outcome, cost);
+        if let Some(denials) = &self.denials {
+            // A refusal holds until its retry time; so does the refusal that an admission
+            // leaving a policy at r=0 announces for the next request. Other instances can
+            // only make the caller's state stricter in the meantime, so a cached refusal
+            // never refuses what the store would admit.
+            let refusal = if outcome.admitted() {
+                info.next_refusal()
+            } else {
+                Some(info.clone())
+            };
+            if let Some(refusal) = refusal {
+                let retry_ms = refusal.retry_after_ms();
+                denials.insert(caller.key(), set.id, &refusal, asked_ms, retry_ms);
+            }
+        }
+        decision(outcome.admitted(), info)
+    }
+
+    /// The part `domain` of the store could not decide, for `reason`: the failure policy
+    /// decides. `now` is the limiter's time, when already read.
+    pub(in crate::limiter) fn fall_back(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        set: &PolicySet,
+        reason: FallbackReason,
+        cost: u64,
+        now: Option<u64>,
+    ) -> Decision {
+        let failure = Failure {
+            reason,
+            counters: &domain.fallbacks,
+            open_for_ms: domain.breaker.open_for_ms(),
+            denials: self.denials.as_ref(),
+            now,
+        };
+        self.fallback.decide(&failure, caller, set, cost)
+    }
+
+    /// Gives back to the store what a request it admitted (or a lease it granted)
+    /// consumed; not tried while the caller's part of the store is known to be down.
+    pub(super) fn refund(
+        self: &Arc<Self>,
+        caller: &Caller,
+        receipt: Receipt,
+        limits: &Arc<[Policy]>,
+        refund: Refund,
+    ) -> StoreFuture<Result<(), StoreError>> {
+        let (reach, domain) = self.domain_of(caller.key());
+        let skipped = if !reach.can_call() {
+            Some((
+                StoreErrorKind::NotConnected,
+                "the store has no connection yet",
+            ))
+        } else if domain.breaker.state() == BreakerState::Open {
+            Some((
+                StoreErrorKind::Unavailable,
+                "the circuit breaker is open: the store is not asked",
+            ))
+        } else {
+            None
+        };
+        if let Some((kind, message)) = skipped {
+            return StoreFuture::ready(Err(StoreError::new(kind, message)));
+        }
+        let mut call = self.store.refund(caller.key(), limits, refund);
+        match call.try_take_ready() {
+            Some(result) => {
+                if result.is_ok() {
+                    self.forget_refusal(caller, receipt);
+                }
+                StoreFuture::ready(result)
+            }
+            None => {
+                let path = self.clone();
+                let caller = caller.clone();
+                StoreFuture::boxed(async move {
+                    let result = call.await;
+                    if result.is_ok() {
+                        path.forget_refusal(&caller, receipt);
+                    }
+                    result
+                })
+            }
+        }
+    }
+
+    /// A refund landed: a refusal cached for the caller no longer holds.
+    pub(super) fn forget_refusal(&self, caller: &Caller, receipt: Receipt) {
+        if let Some(denials) = &self.denials {
+            denials.remove(caller.key(), receipt.set_id);
+        }
+    }
+
+    pub(super) fn breaker_state(&self) -> BreakerState {
+        self.domains.state()
+    }
+
+    pub(super) fn breaker_states(&self) -> Vec<(String, BreakerState)> {
+        self.domains.states()
+    }
+}
+
+impl std::fmt::Debug for RemotePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemotePath")
+            .field("store", &self.store)
+            .field("breakers", &self.domains)
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
+}
