@@ -14,5 +14,6 @@ pub(crate) mod headers;
 pub(crate) mod key;
 pub(crate) mod layer;
 pub(crate) mod refusal;
+pub(crate) mod render;
 pub(crate) mod response;
 pub(crate) mod service;
