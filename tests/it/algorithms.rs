@@ -567,6 +567,7 @@ fn worked_example_ten_second_window() {
 async fn worked_example_through_the_limiter() {
     let clock = ManualClock::new(19_000);
     let limiter = Limiter::builder()
+        .name("algorithms")
         .backend(InMemoryBackend::builder().clock(clock.clone()).build())
         .policy(Policy::sliding_window(
             "ten-seconds",
@@ -629,6 +630,7 @@ const DAY_MS: u64 = 86_400_000;
 
 fn per_second_and_per_day(clock: &ManualClock) -> Limiter {
     Limiter::builder()
+        .name("algorithms")
         .backend(InMemoryBackend::builder().clock(clock.clone()).build())
         .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
         .policy(Policy::sliding_window("per-day", Quota::per_day(7)))
@@ -733,6 +735,7 @@ async fn callers_do_not_share_counters() {
 async fn tiers_choose_the_quota() {
     let clock = ManualClock::new(1_000_000);
     let limiter = Limiter::builder()
+        .name("algorithms")
         .backend(InMemoryBackend::builder().clock(clock.clone()).build())
         .policy(Policy::sliding_window("per-second", Quota::per_second(2)))
         .tier(
@@ -775,6 +778,7 @@ async fn token_bucket_burst_then_steady_rate() {
     let clock = ManualClock::new(start);
     let backend = InMemoryBackend::builder().clock(clock.clone()).build();
     let limiter = Limiter::builder()
+        .name("algorithms")
         .backend(backend.clone())
         // 10 a second on average (one token per 100 ms), bursts of up to 20.
         .policy(Policy::token_bucket("smooth", Quota::per_second(10), 20))

@@ -271,6 +271,7 @@ fn a_hot_caller_is_served_from_leases_with_truthful_remaining() {
     let clock = ManualClock::new(5_000);
     let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
     let limiter = Limiter::builder()
+        .name("leases")
         .backend(shared.clone())
         .clock(clock.clone())
         .policy(Policy::new(

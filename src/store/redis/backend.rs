@@ -140,6 +140,7 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 ///     .prefix("orders")
 ///     .build()?;
 /// let limiter = Limiter::builder()
+///     .name("orders")
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
 ///     .build();
