@@ -169,7 +169,7 @@ impl Limiter {
         if !reach.can_call() {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
-            let reason = FallbackReason::NotConnected;
+            let reason = FallbackReason::without_a_connection(reach);
             let decision = inner.fall_back(&domain, caller, set, reason, cost, read_clock);
             return DecisionFuture::ready(inner.conclude(decision, mode, &span));
         }

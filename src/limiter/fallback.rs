@@ -12,6 +12,7 @@ use crate::limiter::failure::FailurePolicy;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::caller::Caller;
+use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
 /// Why a decision fell back to the failure policy.
@@ -20,7 +21,8 @@ use crate::store::policy::Policy;
 pub enum FallbackReason {
     /// The store did not answer within the store timeout.
     Timeout,
-    /// The store refused or dropped the connection.
+    /// The store refused or dropped the connection (a call failed so, or the latest
+    /// attempt to connect was refused and the store was not asked).
     Refused,
     /// The store answered with an error.
     OtherError,
@@ -40,6 +42,16 @@ impl FallbackReason {
             FallbackReason::OtherError => "other_error",
             FallbackReason::BreakerOpen => "breaker_open",
             FallbackReason::NotConnected => "not_connected",
+        }
+    }
+
+    /// The reason of a decision that did not call the store because `domain` has no
+    /// connection.
+    pub(crate) fn without_a_connection(domain: FailureDomain) -> Self {
+        if domain.is_refused() {
+            FallbackReason::Refused
+        } else {
+            FallbackReason::NotConnected
         }
     }
 
