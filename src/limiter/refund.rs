@@ -7,6 +7,8 @@
 //! fails is logged and counted, never an error for the request: the units stay consumed,
 //! which is the stricter outcome.
 
+use std::time::Instant;
+
 use tracing::Instrument;
 
 use crate::limiter::breaker::BreakerState;
@@ -94,8 +96,14 @@ impl Limiter {
                         return RefundFuture::ready(result);
                     }
                 }
+                // A store call like a decision's: its latency is recorded the same way (an
+                // in-process store's calls are not timed).
+                let started = Instant::now();
                 let mut future = inner.backend.refund(caller.key(), limits, refund);
                 if let Some(result) = future.try_take_ready() {
+                    if inner.remote {
+                        inner.metrics.store_latency(started.elapsed());
+                    }
                     inner.refunded(caller.key(), receipt, &result);
                     return RefundFuture::ready(result);
                 }
@@ -114,6 +122,9 @@ impl Limiter {
                                 ),
                             )),
                         };
+                        if inner.remote {
+                            inner.metrics.store_latency(started.elapsed());
+                        }
                         inner.refunded(&caller, receipt, &result);
                         result
                     }

@@ -55,8 +55,8 @@ fn describe() {
     metrics::describe_histogram!(
         STORE_LATENCY,
         Unit::Seconds,
-        "Duration of each store call that was made, by layer, from start to answer, error \
-         or timeout."
+        "Duration of each call made to a remote store (decisions, leases, refunds and lease \
+         give-backs), by layer, from start to answer, error or timeout."
     );
     metrics::describe_counter!(
         DENIAL_CACHE_HITS,

@@ -284,8 +284,10 @@ fn finish_late(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, l
             return;
         }
         let refund = Refund::new(grant.granted(), grant.outcome().counted_at_ms());
+        let started = std::time::Instant::now();
         let given_back = inner.backend.refund(&caller, &limits, refund);
         let result = tokio::time::timeout(weighs_for, given_back).await;
+        inner.metrics.store_latency(started.elapsed());
         if matches!(result, Ok(Ok(()))) {
             if let Some(leasing) = &inner.leases {
                 leasing.metrics.returned();
@@ -399,8 +401,10 @@ fn give_back(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, ref
     if !reach.can_call() || domain.breaker.state() == BreakerState::Open {
         return;
     }
+    let started = std::time::Instant::now();
     let mut future = inner.backend.refund(caller, limits, refund);
-    let returned = |inner: &Inner, ok: bool| {
+    let returned = move |inner: &Inner, ok: bool| {
+        inner.metrics.store_latency(started.elapsed());
         if ok && let Some(leasing) = &inner.leases {
             leasing.metrics.returned();
         }
@@ -409,6 +413,7 @@ fn give_back(inner: &Arc<Inner>, caller: &CallerKey, limits: &Arc<[Policy]>, ref
         returned(inner, result.is_ok());
         return;
     }
+    // Without a runtime the call is dropped unmade: nothing to record.
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
