@@ -78,7 +78,11 @@
 //!
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade, so any exporter works
 //! (the `orders_api` example serves them in the Prometheus format at `/metrics`). Labels
-//! never carry a caller key. Install the recorder before building limiters and layers.
+//! never carry a caller key. Install the recorder before building limiters and layers: the
+//! handles are registered when a limiter is built, so a recorder installed later never
+//! sees its metrics. That mistake is not silent: a limiter whose first decision finds
+//! another recorder in force than at its build logs one warning (through `tracing`) saying
+//! so. [`guide::getting_started`] shows the order.
 //!
 //! | name | type | labels | unit | what |
 //! |---|---|---|---|---|
@@ -118,6 +122,7 @@ mod limiter;
 pub mod client;
 #[cfg(feature = "serde")]
 pub mod config;
+pub mod guide;
 pub mod shed;
 pub mod store;
 
