@@ -198,6 +198,7 @@ impl LimiterBuilder {
     /// use tollgate::{InMemoryBackend, Limiter, Policy, Quota};
     ///
     /// let limiter = Limiter::builder()
+    ///     .name("orders")
     ///     .backend(InMemoryBackend::new())
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
     ///     .breaker_jitter(RandomSource::seeded(7).into_fn())
