@@ -14,13 +14,13 @@
 /// [`FailureDomain::WHOLE`].
 ///
 /// A domain is connected, connecting (its first connection is being made: a call waits
-/// for it, within the limiter's store timeout), or not connected (its connection was lost
+/// for it, within the limiter's store timeout), not connected (its connection was lost
 /// and is being made again), or refused (no connection, and the latest attempt to make one
-/// was refused). A domain that is not connected is not asked at all: each decision falls
-/// back at once, counted with the reason `not_connected` (`refused` for a refused one), and
-/// counted by the
-/// domain's breaker as a failure, so an outage opens it as usual. A call to a connecting
-/// domain that runs out of time falls back with the same reason. A breaker opened that way
+/// was refused). A domain that is not connected or refused is not asked at all: each
+/// decision falls back at once, counted with the reason `not_connected` (`refused` for a
+/// refused one), and counted by the domain's breaker as a failure, so an outage opens it
+/// as usual. A call to a connecting domain that runs out of time falls back as
+/// `not_connected`. A breaker opened that way
 /// waits for the connection rather than for its interval: the first decision once the
 /// domain is connected again goes to the store.
 ///
