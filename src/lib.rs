@@ -78,14 +78,18 @@
 //!
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade, so any exporter works
 //! (the `orders_api` example serves them in the Prometheus format at `/metrics`). Labels
-//! never carry a caller key. Install the recorder before building limiters and layers.
+//! never carry a caller key. Install the recorder before building limiters and layers: the
+//! handles are registered when a limiter is built, so a recorder installed later never
+//! sees its metrics. That mistake is not silent: a limiter whose first decision finds
+//! another recorder in force than at its build logs one warning (through `tracing`) saying
+//! so. [`guide::getting_started`] shows the order.
 //!
 //! | name | type | labels | unit | what |
 //! |---|---|---|---|---|
 //! | `tollgate_decisions_total` | counter | `layer`, `outcome`, `policy` | requests | one per decision; `outcome` is `allowed`, `limited`, `unavailable` (failed closed), `unlimited` (passed uncounted: no key, failed open), `skipped` (matched the layer's skip predicate), or in shadow mode `shadow_allowed`, `shadow_limited`, `shadow_unavailable`, `shadow_unlimited`; `policy` names the first refusing policy of a `limited` outcome and is empty otherwise |
-//! | `tollgate_fallbacks_total` | counter | `layer`, `reason`, `policy`, `node` | requests | decisions the store could not make; `reason` is `timeout`, `refused`, `other_error`, `breaker_open` or `not_connected` (no connection yet, or being made again: the store was not asked); `policy` is the failure policy applied (`open`, `closed`, `local_share`, `static`, `static_then_…`); `node` is the part of the store (a cluster master's address, a single node's address, a Sentinel master's name; empty for a store that names no parts) |
+//! | `tollgate_fallbacks_total` | counter | `layer`, `reason`, `policy`, `node` | requests | decisions the store could not make; `reason` is `timeout`, `refused` (the store refused or dropped the connection; also without a call while the latest attempt to connect was refused, as with a killed Redis or a closed port), `other_error`, `breaker_open` or `not_connected` (no connection yet, or being made again: the store was not asked); `policy` is the failure policy applied (`open`, `closed`, `local_share`, `static`, `static_then_…`); `node` is the part of the store (a cluster master's address, a single node's address, a Sentinel master's name; empty for a store that names no parts) |
 //! | `tollgate_breaker_state` | gauge | `layer`, `node` | state | the breaker in front of each part of the store: 0 closed, 1 open, 2 half-open |
-//! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each store call that was made, from start to answer, error or timeout |
+//! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each call made to a remote store (a decision, a lease taken, a refund, a lease's unused units given back), from start to answer, error or timeout; calls to an in-process store (an `InMemoryBackend` as the limiter's store, or the local share's) are not timed |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
 //! | `tollgate_refunds_total` | counter | `layer`, `result` | requests | admitted requests whose units were given back because they did not count (a layer's [`count_only`](RateLimitLayer::count_only), or [`Limiter::refund`]); `result` is `given_back` or `failed` (the store could not take them back: the units stay consumed) |
 //! | `tollgate_leases_total` | counter | `layer`, `event` | leases | leases of quota of a limiter with [`leases`](LimiterBuilder::leases); `event` is `taken` (from the store), `spent` (to the last unit), `expired` (ended with units left) or `returned` (those units given back to the store) |
@@ -118,6 +122,7 @@ mod limiter;
 pub mod client;
 #[cfg(feature = "serde")]
 pub mod config;
+pub mod guide;
 pub mod shed;
 pub mod store;
 

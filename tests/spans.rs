@@ -266,3 +266,46 @@ async fn an_extension_key_without_its_extension_says_once_where_the_auth_layer_g
         warnings[0]
     );
 }
+
+/// A recorder installed after a limiter was built never gets its metrics (the handles
+/// are registered at build time): the first decision says so, once. A limiter built with
+/// the recorder already in force says nothing.
+#[tokio::test]
+async fn a_recorder_installed_after_the_limiter_was_built_is_warned_about_once() {
+    use metrics_util::debugging::DebuggingRecorder;
+
+    let spans = Spans::new(LevelFilter::WARN);
+    let _subscriber = tracing::subscriber::set_default(spans.clone());
+    let policy = || Policy::sliding_window("per-minute", Quota::per_minute(5));
+    let early = Limiter::builder().name("early").policy(policy()).build();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    let late = Limiter::builder().name("late").policy(policy()).build();
+    let alice = Caller::new("alice");
+    for _ in 0..3 {
+        early.check(&alice).await;
+        late.check(&alice).await;
+    }
+    let warnings = spans.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("install the recorder before building limiters"),
+        "{}",
+        warnings[0]
+    );
+    // What the warning is about: only the limiter built under the recorder is recorded.
+    let layers: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, ..)| {
+            key.key()
+                .labels()
+                .find(|label| label.key() == "layer")
+                .map(|label| label.value().to_owned())
+        })
+        .collect();
+    assert!(layers.iter().all(|layer| layer == "late"), "{layers:?}");
+    assert!(!layers.is_empty());
+}

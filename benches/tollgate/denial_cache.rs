@@ -34,6 +34,7 @@ impl VirtualRun {
         ));
         let calls = store.counter();
         let limiter = Limiter::builder()
+            .name("denial-cache")
             .backend(store)
             .clock(clock.clone())
             .denial_cache(if cache { 10_000 } else { 0 })
@@ -72,6 +73,7 @@ async fn acme_on_redis(
 ) -> (u64, u64, u64, Duration) {
     let store = Counting::new(store);
     let limiter = Limiter::builder()
+        .name("denial-cache")
         .backend(store.clone())
         .store_timeout(SLOW_TEST_MACHINE)
         .denial_cache(if cache { 10_000 } else { 0 })

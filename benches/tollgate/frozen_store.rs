@@ -122,6 +122,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     };
     assert_eq!(info.source(), DecisionSource::LocalShare);
     let in_process = Limiter::builder()
+        .name("frozen-store")
         .backend(InMemoryBackend::new())
         .policy(big_window())
         .build();

@@ -75,6 +75,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             let governor_id = format!("governor_{suffix}");
 
             let limiter = Limiter::builder()
+                .name("in-process")
                 .backend(InMemoryBackend::new())
                 .policy(big_bucket())
                 .build();

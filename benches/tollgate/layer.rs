@@ -48,6 +48,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     });
     let tollgate = |mode: HeaderMode, extension: DecisionExtension| {
         let limiter = Limiter::builder()
+            .name("layer")
             .backend(InMemoryBackend::new())
             .policy(big_bucket())
             .build();

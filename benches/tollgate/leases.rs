@@ -49,6 +49,7 @@ fn instances(
             );
             let calls = store.counter();
             let mut builder = Limiter::builder()
+                .name("leases")
                 .backend(store)
                 .store_timeout(SLOW_TEST_MACHINE);
             for policy in policies {
@@ -216,6 +217,7 @@ pub(crate) fn bench(_c: &mut Criterion) {
     let (leased_p99, local_p99) = runtime.block_on(async {
         let (leased, _) = instances(&server.url(), "latency", &[big_window()], true);
         let local = Limiter::builder()
+            .name("leases")
             .backend(InMemoryBackend::new())
             .policy(big_window())
             .build();

@@ -42,6 +42,7 @@ pub(crate) fn measure(which: &str) {
             // A cap above the key count, so that all of them stay tracked.
             let backend = InMemoryBackend::builder().max_keys(2 * MEMORY_KEYS).build();
             let limiter = Limiter::builder()
+                .name("memory")
                 .backend(backend.clone())
                 .policy(Policy::sliding_window(
                     "per-minute",

@@ -25,7 +25,9 @@ use crate::store::policy::Policy;
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LimiterDefinition {
-    /// The limiter's name ([`LimiterBuilder::name`]).
+    /// The limiter's name ([`LimiterBuilder::name`]). Required once the limiter is given a
+    /// store with [`LimiterBuilder::backend`] (unless the code sets a counter scope):
+    /// `try_build` refuses it otherwise ([`BuildError::Unnamed`](crate::BuildError::Unnamed)).
     pub name: Option<String>,
     /// The policies of callers without a tier.
     #[serde(default)]

@@ -25,6 +25,13 @@ pub enum BuildError {
         /// The timeout asked for.
         timeout: Duration,
     },
+    /// The limiter was given a store ([`LimiterBuilder::backend`]) but no
+    /// [`name`](LimiterBuilder::name) nor [`counter_scope`](LimiterBuilder::counter_scope):
+    /// every unnamed limiter on that store would count in the same counters.
+    ///
+    /// [`LimiterBuilder::backend`]: crate::LimiterBuilder::backend
+    /// [`name`]: crate::LimiterBuilder::name
+    Unnamed,
 }
 
 impl fmt::Display for BuildError {
@@ -44,6 +51,11 @@ impl fmt::Display for BuildError {
                 f,
                 "the store timeout ({timeout:?}) is under 1 ms: every remote decision would \
                  time out"
+            ),
+            BuildError::Unnamed => f.write_str(
+                "a limiter given a store needs a name (LimiterBuilder::name, the same on \
+                 every instance) or a counter_scope: unnamed limiters on one store would \
+                 share their counters",
             ),
         }
     }

@@ -53,6 +53,7 @@ const DEFAULT_DENIAL_CACHE_CAPACITY: usize = 100_000;
 /// ```
 pub struct LimiterBuilder {
     name: Arc<str>,
+    named: bool,
     backend: Option<Arc<dyn Backend>>,
     limits: Limits,
     on_store_failure: FailurePolicy,
@@ -70,6 +71,7 @@ impl Default for LimiterBuilder {
     fn default() -> Self {
         Self {
             name: "default".into(),
+            named: false,
             backend: None,
             limits: Limits::new(),
             on_store_failure: FailurePolicy::default(),
@@ -97,13 +99,34 @@ impl fmt::Debug for LimiterBuilder {
 }
 
 impl LimiterBuilder {
-    /// Names the limiter in metric labels and logs (default `"default"`). Name each layer.
+    /// Names the limiter in metric labels and logs, and scopes its counters (unless a
+    /// [`counter_scope`](Self::counter_scope) is given). Give every instance of a deployment
+    /// the same name, so that they count together.
+    ///
+    /// Required with [`backend`](Self::backend): a store can be shared (clones of one
+    /// `InMemoryBackend`, every limiter on one Redis), and two unnamed limiters on it would
+    /// count in one counter. An unnamed limiter on its own private store is `"default"`.
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.name = name.into();
+        self.named = true;
         self
     }
 
-    /// Keeps counters in `backend` (default: a new [`InMemoryBackend`]).
+    /// Keeps counters in `backend` (default: a new [`InMemoryBackend`] of this limiter's
+    /// own). The limiter then needs a [`name`](Self::name) or a
+    /// [`counter_scope`](Self::counter_scope): without one, [`try_build`](Self::try_build)
+    /// refuses it with [`BuildError::Unnamed`] (and [`build`](Self::build) panics).
+    ///
+    /// ```
+    /// use tollgate::{BuildError, InMemoryBackend, Limiter, Policy, Quota};
+    /// let store = InMemoryBackend::new();
+    /// let per_minute = Policy::sliding_window("per-minute", Quota::per_minute(3));
+    /// let unnamed = Limiter::builder().backend(store.clone()).policy(per_minute.clone()).try_build();
+    /// assert!(matches!(unnamed, Err(BuildError::Unnamed)));
+    /// let search = Limiter::builder().name("search").backend(store.clone()).policy(per_minute.clone()).build();
+    /// let login = Limiter::builder().name("login").backend(store).policy(per_minute).build();
+    /// assert_ne!(search.policies()[0].counter(), login.policies()[0].counter());
+    /// ```
     pub fn backend(mut self, backend: impl Backend) -> Self {
         self.backend = Some(Arc::new(backend));
         self
@@ -177,6 +200,7 @@ impl LimiterBuilder {
     /// use tollgate::{InMemoryBackend, Limiter, Policy, Quota};
     ///
     /// let limiter = Limiter::builder()
+    ///     .name("orders")
     ///     .backend(InMemoryBackend::new())
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
     ///     .breaker_jitter(RandomSource::seeded(7).into_fn())
@@ -261,8 +285,9 @@ impl LimiterBuilder {
     }
 
     /// Builds the limiter, or says why the configuration cannot work: there is no default
-    /// policy, a tier has no policy, two policies of one set share a name, or the store
-    /// timeout is under 1 ms.
+    /// policy, a tier has no policy, two policies of one set share a name, the store
+    /// timeout is under 1 ms, or a limiter given a store has neither a name nor a counter
+    /// scope.
     ///
     /// ```
     /// use std::time::Duration;
@@ -285,6 +310,9 @@ impl LimiterBuilder {
             return Err(BuildError::StoreTimeoutTooShort {
                 timeout: self.store_timeout,
             });
+        }
+        if self.backend.is_some() && !self.named && self.counter_scope.is_none() {
+            return Err(BuildError::Unnamed);
         }
         let scope = self.counter_scope.unwrap_or_else(|| self.name.clone());
         let name = self.name;
@@ -328,6 +356,7 @@ impl LimiterBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::decision::Decision;
     use crate::store::policy::Quota;
 
     /// A store timeout of 0 (or under any round trip) sends every remote decision to the
@@ -351,5 +380,42 @@ mod tests {
             );
         }
         assert!(builder(Duration::from_millis(1)).try_build().is_ok());
+    }
+
+    /// Two limiters built without a name on clones of one store both counted under
+    /// `default`: the second refused after the first had used the quota. A store given
+    /// without a name or a scope is now refused, and named limiters keep their own counts.
+    #[tokio::test]
+    async fn regression_unnamed_limiters_on_one_store_do_not_share_counters() {
+        use crate::store::caller::Caller;
+        let store = InMemoryBackend::new();
+        let per_minute = || Policy::sliding_window("per-minute", Quota::per_minute(3));
+        let unnamed = || {
+            Limiter::builder()
+                .backend(store.clone())
+                .policy(per_minute())
+        };
+        assert_eq!(unnamed().try_build().unwrap_err(), BuildError::Unnamed);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unnamed().build()))
+            .unwrap_err();
+        let message = panicked.downcast_ref::<String>().unwrap();
+        assert!(message.contains("needs a name"), "{message}");
+        // A scope alone is a choice of counter: accepted.
+        assert!(unnamed().counter_scope("bulk").try_build().is_ok());
+        // Unnamed on a store of its own: nothing to share.
+        let private = Limiter::builder().policy(per_minute()).build();
+        assert_eq!(private.name(), "default");
+
+        let first = unnamed().name("search").build();
+        let second = unnamed().name("login").build();
+        let alice = Caller::new("alice");
+        for _ in 0..3 {
+            assert!(matches!(first.check(&alice).await, Decision::Allowed(_)));
+        }
+        assert!(matches!(first.check(&alice).await, Decision::Limited(_)));
+        assert!(
+            matches!(second.check(&alice).await, Decision::Allowed(_)),
+            "the second limiter counted the first one's requests"
+        );
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
 /// The outcome of one request, put in the response's extensions for handlers and logs.
@@ -475,7 +476,8 @@ pub(crate) fn whole_seconds(millis: u64) -> u64 {
 pub enum FallbackReason {
     /// The store did not answer within the store timeout.
     Timeout,
-    /// The store refused or dropped the connection.
+    /// The store refused or dropped the connection (a call failed so, or the latest
+    /// attempt to connect was refused and the store was not asked).
     Refused,
     /// The store answered with an error.
     OtherError,
@@ -495,6 +497,16 @@ impl FallbackReason {
             FallbackReason::OtherError => "other_error",
             FallbackReason::BreakerOpen => "breaker_open",
             FallbackReason::NotConnected => "not_connected",
+        }
+    }
+
+    /// The reason of a decision that did not call the store because `domain` has no
+    /// connection.
+    pub(crate) fn without_a_connection(domain: FailureDomain) -> Self {
+        if domain.is_refused() {
+            FallbackReason::Refused
+        } else {
+            FallbackReason::NotConnected
         }
     }
 

@@ -129,10 +129,13 @@ impl Limiter {
         }
         let inner = self.inner.clone();
         let concluding = span.clone();
-        StoreFuture::boxed(async move {
-            let decision = decision.await;
-            inner.conclude(decision, mode, &concluding)
-        })
+        StoreFuture::boxed(
+            async move {
+                let decision = decision.await;
+                inner.conclude(decision, mode, &concluding)
+            }
+            .instrument(span.clone()),
+        )
     }
 
     /// Gives back what `decision` (of `caller`, made by this limiter) consumed.

@@ -4,7 +4,10 @@
 //! key, which is untrusted input of unbounded cardinality. The handles are registered once,
 //! when a limiter is built, so recording a decision costs an atomic add, not a key lookup.
 //! Building a limiter also describes its metrics (help text and unit) to the recorder then
-//! installed, so a Prometheus scrape carries `# HELP` lines.
+//! installed, so a Prometheus scrape carries `# HELP` lines. A recorder installed after the
+//! limiter was built never sees its metrics: the first decision compares the recorder in
+//! force with the one at build time and logs one warning when they differ, so that the
+//! mistake is not silent.
 //!
 //! Each decision also gets a `tracing` span, `tollgate.decision` at debug level: `layer`,
 //! then `outcome` and `policy` once known. With no subscriber interested in it the span is
@@ -13,6 +16,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -55,8 +59,8 @@ fn describe() {
     metrics::describe_histogram!(
         STORE_LATENCY,
         Unit::Seconds,
-        "Duration of each store call that was made, by layer, from start to answer, error \
-         or timeout."
+        "Duration of each call made to a remote store (decisions, leases, refunds and lease \
+         give-backs), by layer, from start to answer, error or timeout."
     );
     metrics::describe_counter!(
         DENIAL_CACHE_HITS,
@@ -192,6 +196,21 @@ pub(crate) struct LimiterMetrics {
     store_latency: Histogram,
     /// Refunds given back, and refunds that failed.
     refunds: [Counter; 2],
+    /// The recorder the handles were registered with (see [`recorder_in_force`]).
+    recorder: usize,
+    /// Whether a decision has compared `recorder` with the recorder in force.
+    recorder_checked: AtomicBool,
+}
+
+/// The address of the recorder in force on this thread (a local one, the global one, or
+/// metrics' no-op recorder): enough to tell that another one was installed since. (A
+/// zero-sized recorder may share the no-op one's address: then nothing is told.)
+fn recorder_in_force() -> usize {
+    metrics::with_recorder(|recorder| {
+        (recorder as *const dyn metrics::Recorder)
+            .cast::<()>()
+            .addr()
+    })
 }
 
 /// The `limited` and `shadow_limited` counters of refusals by `policy`.
@@ -230,6 +249,25 @@ impl LimiterMetrics {
                 |result| metrics::counter!(REFUNDS, "layer" => layer.clone(), "result" => result),
             ),
             store_latency: metrics::histogram!(STORE_LATENCY, "layer" => layer),
+            recorder: recorder_in_force(),
+            recorder_checked: AtomicBool::new(false),
+        }
+    }
+
+    /// Once, at the first decision: warns when the recorder in force is not the one the
+    /// handles were registered with, which is where this limiter's metrics still go.
+    #[cold]
+    fn check_recorder(&self) {
+        if self.recorder_checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if recorder_in_force() != self.recorder {
+            tracing::warn!(
+                layer = %self.layer,
+                "this limiter's metrics go to the metrics recorder that was in force when it \
+                 was built (none, if no recorder was installed yet), not to the one in force \
+                 now: install the recorder before building limiters and layers"
+            );
         }
     }
 
@@ -256,6 +294,9 @@ impl LimiterMetrics {
 
     /// One decision, by outcome and (for refusals) the first refusing policy.
     pub(crate) fn decision(&self, decision: &Decision) {
+        if !self.recorder_checked.load(Ordering::Relaxed) {
+            self.check_recorder();
+        }
         let plain = |which: Plain| self.plain[which as usize].increment(1);
         let limited = |decision: &Decision, shadow: usize| {
             if let Some(policy) = decision.info().and_then(|info| info.violated().next())

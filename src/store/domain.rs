@@ -14,11 +14,13 @@
 /// [`FailureDomain::WHOLE`].
 ///
 /// A domain is connected, connecting (its first connection is being made: a call waits
-/// for it, within the limiter's store timeout), or not connected (its connection was lost
-/// and is being made again). A domain that is not connected is not asked at all: each
-/// decision falls back at once, counted with the reason `not_connected`, and counted by the
-/// domain's breaker as a failure, so an outage opens it as usual. A call to a connecting
-/// domain that runs out of time falls back with the same reason. A breaker opened that way
+/// for it, within the limiter's store timeout), not connected (its connection was lost
+/// and is being made again), or refused (no connection, and the latest attempt to make one
+/// was refused). A domain that is not connected or refused is not asked at all: each
+/// decision falls back at once, counted with the reason `not_connected` (`refused` for a
+/// refused one), and counted by the domain's breaker as a failure, so an outage opens it
+/// as usual. A call to a connecting domain that runs out of time falls back as
+/// `not_connected`. A breaker opened that way
 /// waits for the connection rather than for its interval: the first decision once the
 /// domain is connected again goes to the store.
 ///
@@ -30,6 +32,7 @@
 /// assert!(node.is_connected() && node.can_call());
 /// assert!(!node.connecting().is_connected() && node.connecting().can_call());
 /// assert!(!node.not_connected().can_call());
+/// assert!(!node.refused().can_call() && node.refused().is_refused());
 /// assert_eq!(FailureDomain::WHOLE.id(), 0);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,6 +46,7 @@ enum Reach {
     Connected,
     Connecting,
     NotConnected,
+    Refused,
 }
 
 impl FailureDomain {
@@ -73,6 +77,22 @@ impl FailureDomain {
         }
     }
 
+    /// The same domain, with no connection now because the latest attempt to make one was
+    /// refused (nothing listens there: the server was killed, or is not started): not
+    /// called, as [`not_connected`](Self::not_connected), but counted with the reason
+    /// `refused`.
+    pub const fn refused(self) -> Self {
+        Self {
+            reach: Reach::Refused,
+            ..self
+        }
+    }
+
+    /// Whether the latest attempt to connect to this domain was refused.
+    pub const fn is_refused(&self) -> bool {
+        matches!(self.reach, Reach::Refused)
+    }
+
     /// The domain's id, as the store assigned it.
     pub const fn id(&self) -> u32 {
         self.id
@@ -86,6 +106,6 @@ impl FailureDomain {
     /// Whether the limiter calls the store for this domain: connected, or connecting for
     /// the first time.
     pub const fn can_call(&self) -> bool {
-        !matches!(self.reach, Reach::NotConnected)
+        !matches!(self.reach, Reach::NotConnected | Reach::Refused)
     }
 }

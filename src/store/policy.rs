@@ -51,6 +51,47 @@ impl Quota {
         Self::new(count, Duration::from_secs(86_400))
     }
 
+    /// `count` requests in every `seconds` seconds: `Quota::per_seconds(100, 10)` is 100
+    /// requests in any 10 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    /// assert_eq!(Quota::per_seconds(100, 10).period(), Duration::from_secs(10));
+    /// ```
+    pub const fn per_seconds(count: u64, seconds: u64) -> Self {
+        Self::new(count, Duration::from_secs(seconds))
+    }
+
+    /// `count` requests in every `minutes` minutes, as people say it: 5 login attempts per
+    /// 15 minutes is `Quota::per_minutes(5, 15)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Policy, Quota};
+    /// let quota = Quota::per_minutes(5, 15);
+    /// assert_eq!((quota.count(), quota.period()), (5, Duration::from_secs(900)));
+    /// assert_eq!(Quota::per_minutes(5, 1), Quota::per_minute(5));
+    /// let login = Policy::sliding_window("per-15-minutes", quota);
+    /// assert_eq!(login.counter(), "per-15-minutes:w900000");
+    /// ```
+    pub const fn per_minutes(count: u64, minutes: u64) -> Self {
+        Self::new(count, Duration::from_secs(minutes.saturating_mul(60)))
+    }
+
+    /// `count` requests in every `hours` hours: 1,000 exports per 6 hours is
+    /// `Quota::per_hours(1_000, 6)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    /// assert_eq!(Quota::per_hours(1_000, 6).period(), Duration::from_secs(6 * 3_600));
+    /// assert_eq!(Quota::per_hours(10, 1), Quota::per_hour(10));
+    /// ```
+    pub const fn per_hours(count: u64, hours: u64) -> Self {
+        Self::new(count, Duration::from_secs(hours.saturating_mul(3_600)))
+    }
+
     /// How many requests.
     pub const fn count(&self) -> u64 {
         self.count
@@ -114,8 +155,57 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Counts with the sliding window counter: `quota.count()` requests in any window of
-    /// `quota.period()`, the previous fixed window weighted by its remaining overlap.
+    /// Counts with the sliding window counter: the requests of the current fixed window of
+    /// `quota.period()` plus those of the previous one, weighted by how much of it the
+    /// sliding window still overlaps, at most `quota.count()`.
+    ///
+    /// # How close to the quota
+    ///
+    /// The weighting assumes the previous window's requests were spread evenly; it is an
+    /// approximation, not a cap on every window. A full quota `q` spent at the very end of
+    /// one fixed window, then requests through the next one, admits up to `2q - 1` within
+    /// one period: the worst case. On steady random traffic over the quota it is close:
+    /// measured by the crate's own arithmetic (`tests/it/algorithms.rs`, Poisson arrivals
+    /// at 1.1, 2 and 10 times the quota), the busiest window held at most 1.6 q for q = 5,
+    /// 1.11 q for q = 100 and 1.03 q for q = 1,000, and the count over q, averaged over the
+    /// windows ending at each admitted request, stayed under 1% of q. Bursty traffic (floods
+    /// after quiet spells) comes nearer the worst case: up to 1.88 q, and 2.4% to 5.4% of q
+    /// over it on average.
+    ///
+    /// 5 per 10 s: 5 requests at 9.9 s, then one every 100 ms, admits 9 within 8.1 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::ManualClock;
+    /// use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let clock = ManualClock::new(9_900);
+    /// let limiter = Limiter::builder()
+    ///     .name("login")
+    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .clock(clock.clone())
+    ///     .policy(Policy::sliding_window("per-10s", Quota::per_seconds(5, 10)))
+    ///     .build();
+    /// let alice = Caller::new("alice");
+    /// let mut admitted = Vec::new();
+    /// for _ in 0..5 {
+    ///     assert!(limiter.check(&alice).await.is_allowed());
+    ///     admitted.push(9_900);
+    /// }
+    /// for t in (10_000..=19_800).step_by(100) {
+    ///     clock.set(t);
+    ///     if limiter.check(&alice).await.is_allowed() {
+    ///         admitted.push(t);
+    ///     }
+    /// }
+    /// assert_eq!(admitted, [9_900, 9_900, 9_900, 9_900, 9_900, 12_000, 14_000, 16_000, 18_000]);
+    /// # }
+    /// ```
+    ///
+    /// Where no window may ever hold more than `q` (credentials, one-time codes), no exact
+    /// sliding-window algorithm is offered yet: use a [token bucket](Self::token_bucket)
+    /// whose burst plus its refill per period is at most `q`, which no span can exceed.
     ///
     /// # Panics
     ///
@@ -127,6 +217,46 @@ impl Policy {
 
     /// Counts with a token bucket refilled at `rate` (`Quota::per_second(10)`: ten tokens a
     /// second) that holds at most `burst` tokens.
+    ///
+    /// # How close to the quota
+    ///
+    /// Exact: any span of time `T` admits at most `burst` plus what `rate` refills in `T`,
+    /// and this is reached (a full bucket spent at once, then each token as it comes). A
+    /// bucket with `burst = rate.count()` therefore admits up to twice the count within one
+    /// period, like the [sliding window](Self::sliding_window)'s worst case. For a hard cap
+    /// of `q` in every period, keep burst plus the refill per period at `q`: 5 login
+    /// attempts in any 15 minutes is a burst of 3 and 2 more per 15 minutes (at most 4 in
+    /// any span shorter than 15 minutes, 5 in one of exactly 15).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::ManualClock;
+    /// use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let clock = ManualClock::new(0);
+    /// let limiter = Limiter::builder()
+    ///     .name("login")
+    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .clock(clock.clone())
+    ///     .policy(Policy::token_bucket("attempts", Quota::per_minutes(2, 15), 3))
+    ///     .build();
+    /// let alice = Caller::new("alice");
+    /// // One attempt a second for an hour: never more than 4 in any 15 minutes.
+    /// let mut admitted = Vec::new();
+    /// for second in 0..3_600u64 {
+    ///     clock.set(second * 1_000);
+    ///     if limiter.check(&alice).await.is_allowed() {
+    ///         admitted.push(second);
+    ///     }
+    /// }
+    /// for (i, &start) in admitted.iter().enumerate() {
+    ///     let in_15_minutes = admitted[i..].iter().take_while(|&&t| t < start + 900).count();
+    ///     assert!(in_15_minutes <= 4, "{in_15_minutes} from {start} s");
+    /// }
+    /// assert_eq!(&admitted[..5], [0, 1, 2, 450, 900]);
+    /// # }
+    /// ```
     ///
     /// # Panics
     ///

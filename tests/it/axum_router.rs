@@ -26,9 +26,10 @@ fn limiter(policies: impl IntoIterator<Item = Policy>) -> Limiter {
         .build();
     policies
         .into_iter()
-        .fold(Limiter::builder().backend(backend), |builder, policy| {
-            builder.policy(policy)
-        })
+        .fold(
+            Limiter::builder().name("axum-router").backend(backend),
+            |builder, policy| builder.policy(policy),
+        )
         .build()
 }
 

@@ -97,6 +97,7 @@ async fn run(backend: impl Backend + Clone, scenario: &Scenario) -> Vec<Seen> {
         .cloned()
         .fold(
             Limiter::builder()
+                .name("conformance")
                 .store_timeout(SLOW_TEST_MACHINE)
                 .backend(backend),
             |b, p| b.policy(p),

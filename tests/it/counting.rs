@@ -19,7 +19,7 @@ use tollgate::{
 #[cfg(feature = "redis")]
 use tollgate::{Mode, ModeSwitch, RedisBackend};
 use tollgate_testkit::http::{Reply, get, send};
-use tollgate_testkit::recorder::{counter, with_recorder};
+use tollgate_testkit::recorder::{counter, histogram_len, with_recorder};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
@@ -321,4 +321,48 @@ async fn shadow_mode_gives_back_as_enforce_mode_would() {
         );
     }
     assert_eq!(attempt(&mut service, false).await.status, 429);
+}
+
+/// `tollgate_store_latency_seconds` records every call made to a remote store, refunds
+/// included: a decision and its refund are two values (the refund went unrecorded). An
+/// in-process store's calls are not timed, its refunds no more than its decisions.
+#[test]
+fn regression_store_latency_records_refunds() {
+    let ((), snapshot) = with_recorder(|_| async move {
+        let store = InMemoryBackend::new();
+        for (name, remote) in [("in-process", false), ("remote", true)] {
+            let builder = Limiter::builder().name(name).policy(attempts());
+            let limiter = if remote {
+                builder.backend(Remote::new(store.clone())).build()
+            } else {
+                builder.backend(store.clone()).build()
+            };
+            let alice = Caller::new("alice");
+            let decision = limiter.check(&alice).await;
+            assert_eq!(
+                decision.info().map(|i| i.source()),
+                Some(DecisionSource::Store)
+            );
+            limiter.refund(&alice, &decision).await.expect("given back");
+        }
+    });
+    for (layer, store_calls) in [("in-process", 0), ("remote", 2)] {
+        assert_eq!(
+            counter(
+                &snapshot,
+                "tollgate_refunds_total",
+                &[("layer", layer), ("result", "given_back")]
+            ),
+            1
+        );
+        assert_eq!(
+            histogram_len(
+                &snapshot,
+                "tollgate_store_latency_seconds",
+                &[("layer", layer)]
+            ),
+            store_calls,
+            "{layer}: the decision and its refund"
+        );
+    }
 }

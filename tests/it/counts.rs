@@ -170,6 +170,7 @@ async fn a_refusal_cached_for_one_tier_does_not_follow_the_caller_into_another()
     let clock = ManualClock::new(EPOCH_MS);
     let store = flaky(&clock);
     let limiter = Limiter::builder()
+        .name("counts")
         .backend(store.clone())
         .clock(clock.clone())
         .policy(Policy::sliding_window("per-day", Quota::per_day(3)))
@@ -206,6 +207,7 @@ async fn a_refusal_cached_for_one_tier_does_not_follow_the_caller_into_another()
 async fn tiers_reusing_a_name_in_other_units_keep_their_own_counts() {
     let store = InMemoryBackend::new();
     let limiter = Limiter::builder()
+        .name("counts")
         .backend(store)
         .policy(Policy::token_bucket("burst", Quota::per_second(10), 20))
         .tier(
@@ -422,6 +424,7 @@ async fn a_cached_refusal_expires_when_the_stores_does() {
     let clock = ManualClock::new(EPOCH_MS);
     let calls = Arc::new(AtomicU64::new(0));
     let limiter = Limiter::builder()
+        .name("counts")
         .backend(SlowRefusal {
             clock: clock.clone(),
             calls: calls.clone(),

@@ -355,18 +355,18 @@ fn assert_same_reply(step: usize, ours: &Reply, theirs: &Reply) {
 #[tokio::test]
 async fn a_custom_store_decides_like_the_in_process_one() {
     let clock = ManualClock::new(START_MS);
-    let reference = policies(Limiter::builder())
+    let reference = policies(Limiter::builder().name("custom-backend"))
         .backend(InMemoryBackend::builder().clock(clock.clone()).build())
         .build();
     let map = LockedMap::new(&clock);
     let local = LockedMap::new(&clock);
     // A remote store (breaker, timeout and denial cache on the limiter's clock), and the
     // same store declared in-process.
-    let remote_limiter = policies(Limiter::builder())
+    let remote_limiter = policies(Limiter::builder().name("custom-backend"))
         .backend(map.clone())
         .clock(clock.clone())
         .build();
-    let local_limiter = policies(Limiter::builder())
+    let local_limiter = policies(Limiter::builder().name("custom-backend"))
         .backend(Local(local.clone()))
         .build();
     let mut reference = layered(reference, customer_and_plan());
@@ -417,6 +417,7 @@ async fn the_store_is_called_once_per_keyed_request_only() {
     let clock = ManualClock::new(START_MS);
     let map = LockedMap::new(&clock);
     let limiter = Limiter::builder()
+        .name("custom-backend")
         .backend(map.clone())
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
         .denial_cache(0)
@@ -446,6 +447,7 @@ async fn the_store_is_called_once_per_keyed_request_only() {
 
 fn down_limiter(store: Arc<Down>, policy: Option<FailurePolicy>, clock: &ManualClock) -> Limiter {
     let builder = Limiter::builder()
+        .name("custom-backend")
         .backend(store)
         .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
         .clock(clock.clone());
@@ -574,6 +576,7 @@ async fn a_store_slower_than_the_timeout_meets_the_failure_policy() {
     let map = LockedMap::new(&ManualClock::new(START_MS));
     let slow = |policy| {
         Limiter::builder()
+            .name("custom-backend")
             .backend(Slow {
                 map: map.clone(),
                 delay: Duration::from_millis(300),
@@ -612,6 +615,7 @@ async fn a_store_slower_than_the_timeout_meets_the_failure_policy() {
 
 fn slow_limiter(map: &Arc<LockedMap>, limit: u64) -> Limiter {
     Limiter::builder()
+        .name("custom-backend")
         .backend(Slow {
             map: map.clone(),
             delay: Duration::from_millis(5),
@@ -729,6 +733,7 @@ async fn regression_a_local_store_that_answers_on_the_next_poll_is_asked_once() 
     let clock = ManualClock::new(START_MS);
     let map = LockedMap::new(&clock);
     let limiter = Limiter::builder()
+        .name("custom-backend")
         .backend(EagerLocal(map.clone()))
         .clock(clock.clone())
         .policy(Policy::sliding_window("per-second", Quota::per_second(3)))

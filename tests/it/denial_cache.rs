@@ -26,6 +26,7 @@ async fn acme_at_2_4x(instances: usize, cache: bool) -> (u64, u64, u64) {
     let limiters: Vec<Limiter> = (0..instances)
         .map(|_| {
             Limiter::builder()
+                .name("denial-cache")
                 .backend(store.clone())
                 .clock(clock.clone())
                 .denial_cache(if cache { 10_000 } else { 0 })
@@ -89,6 +90,7 @@ async fn a_cached_refusal_reports_the_time_left() {
         InMemoryBackend::builder().clock(clock.clone()).build(),
     ));
     let limiter = Limiter::builder()
+        .name("denial-cache")
         .backend(store.clone())
         .clock(clock.clone())
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
@@ -133,6 +135,7 @@ async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
                 .unwrap(),
         );
         let limiter = Limiter::builder()
+            .name("denial-cache")
             .backend(store.clone())
             .store_timeout(Duration::from_secs(5))
             .denial_cache(cache)

@@ -143,6 +143,7 @@ async fn fail_static_keeps_known_refusals_and_passes_the_rest() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let limiter = Limiter::builder()
+        .name("failure-policies")
         .backend(store(&proxy.url(), "daily"))
         .store_timeout(Duration::from_millis(200))
         // A long quota: acme's refusal holds for the rest of the hour.
@@ -216,6 +217,7 @@ async fn instances_with_skewed_clocks_agree_because_time_comes_from_redis() {
         .into_iter()
         .map(|millis| {
             Limiter::builder()
+                .name("failure-policies")
                 .backend(store(&server.url(), "clock"))
                 .store_timeout(Duration::from_secs(5))
                 .clock(ManualClock::new(millis))

@@ -330,6 +330,7 @@ async fn a_fail_closed_route_is_unavailable_during_an_outage() {
         .build()
         .unwrap();
     let limiter = Limiter::builder()
+        .name("grpc")
         .backend(backend)
         .store_timeout(Duration::from_millis(200))
         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))

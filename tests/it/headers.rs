@@ -23,9 +23,10 @@ fn limiter_at(clock: &ManualClock, policies: impl IntoIterator<Item = Policy>) -
     let backend = InMemoryBackend::builder().clock(clock.clone()).build();
     policies
         .into_iter()
-        .fold(Limiter::builder().backend(backend), |builder, policy| {
-            builder.policy(policy)
-        })
+        .fold(
+            Limiter::builder().name("headers").backend(backend),
+            |builder, policy| builder.policy(policy),
+        )
         .build()
 }
 
@@ -596,6 +597,7 @@ fn down_limiter(
         .into_iter()
         .fold(
             Limiter::builder()
+                .name("headers")
                 .backend(remote)
                 .clock(clock.clone())
                 .on_store_failure(on_failure),
@@ -873,6 +875,7 @@ async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
     let clock = ManualClock::new(START_MS);
     let backend = InMemoryBackend::builder().clock(clock.clone()).build();
     let limiter = Limiter::builder()
+        .name("headers")
         .backend(backend)
         .clock(clock.clone())
         .mode(ModeSwitch::new(Mode::Shadow))

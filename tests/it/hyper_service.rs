@@ -50,6 +50,7 @@ fn login_limiter(limit: u64) -> Limiter {
         .clock(ManualClock::new(1_000_000))
         .build();
     Limiter::builder()
+        .name("hyper-service")
         .backend(backend)
         .policy(Policy::sliding_window(
             "per-minute",

@@ -22,7 +22,7 @@ use tollgate::{Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, 
 use tollgate_simulator::{Phase, Scenario};
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
-use tollgate_testkit::recorder::{counter, with_recorder};
+use tollgate_testkit::recorder::{counter, histogram_len, with_recorder};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tollgate_testkit::remote::Remote;
@@ -271,6 +271,7 @@ fn a_hot_caller_is_served_from_leases_with_truthful_remaining() {
     let clock = ManualClock::new(5_000);
     let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
     let limiter = Limiter::builder()
+        .name("leases")
         .backend(shared.clone())
         .clock(clock.clone())
         .policy(Policy::new(
@@ -717,5 +718,63 @@ async fn regression_a_lease_answered_after_the_timeout_on_redis_gives_its_units_
         QUOTA - peek.limits()[0].remaining,
         0,
         "units the store counted for acme, none of them spent"
+    );
+}
+
+/// `tollgate_store_latency_seconds` records every call made to the store: each decision
+/// the store made, each lease taken, and the unused units of an ended lease given back
+/// (that last call went unrecorded).
+#[test]
+fn regression_store_latency_records_lease_give_backs() {
+    let (from_store, snapshot) = with_recorder(|_| async move {
+        let clock = ManualClock::new(5_000);
+        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let limiter = Limiter::builder()
+            .name("leased")
+            .backend(shared)
+            .clock(clock.clone())
+            .policy(Policy::sliding_window(
+                "per-minute",
+                Quota::per_minute(1_000),
+            ))
+            .leases(
+                Leases::new()
+                    .threshold_per_sec(10)
+                    .period(Duration::from_secs(1)),
+            )
+            .build();
+        let acme = Caller::new("acme");
+        let mut from_store = 0;
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(5));
+            let decision = limiter.check(&acme).await;
+            from_store +=
+                usize::from(decision.info().map(|i| i.source()) == Some(DecisionSource::Store));
+        }
+        // The lease ends with units left: the next decision gives them back.
+        clock.advance(Duration::from_secs(2));
+        let after = limiter.check(&acme).await;
+        from_store += usize::from(after.info().map(|i| i.source()) == Some(DecisionSource::Store));
+        from_store
+    });
+    let leases = |event| {
+        counter(
+            &snapshot,
+            "tollgate_leases_total",
+            &[("layer", "leased"), ("event", event)],
+        ) as usize
+    };
+    assert_eq!(leases("returned"), 1);
+    let recorded = histogram_len(
+        &snapshot,
+        "tollgate_store_latency_seconds",
+        &[("layer", "leased")],
+    );
+    assert_eq!(
+        recorded,
+        from_store + leases("taken") + leases("returned"),
+        "{from_store} decisions from the store, {} leases taken, {} given back",
+        leases("taken"),
+        leases("returned")
     );
 }

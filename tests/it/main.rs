@@ -80,6 +80,8 @@ mod redis_cluster;
     path = "skipped/orders_api.rs"
 )]
 mod redis_sentinel;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod refused_connections;
 mod reload;
 mod request_cost;
 mod shed;

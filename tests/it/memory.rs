@@ -230,6 +230,7 @@ fn a_flood_through_the_limiter() {
         .clock(clock.clone())
         .build();
     let limiter = Limiter::builder()
+        .name("memory")
         .backend(backend.clone())
         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
         .policy(Policy::sliding_window("per-hour", Quota::per_hour(1_000)))
@@ -335,6 +336,7 @@ fn idle_keys_go_away_from_every_shard_that_sees_traffic() {
         .clock(clock.clone())
         .build();
     let limiter = Limiter::builder()
+        .name("memory")
         .backend(backend.clone())
         .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
         .policy(Policy::token_bucket("smooth", Quota::per_second(10), 10))

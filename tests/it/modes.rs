@@ -54,6 +54,7 @@ async fn switching_modes_on_a_live_router_under_traffic() {
     let switch = ModeSwitch::new(Mode::Enforce);
     let app = router(
         Limiter::builder()
+            .name("modes")
             .backend(store)
             .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
             .mode(switch.clone())

@@ -25,6 +25,7 @@ fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
         .cloned()
         .fold(
             Limiter::builder()
+                .name("redis-backend")
                 .store_timeout(SLOW_TEST_MACHINE)
                 .backend(backend(server)),
             |b, p| b.policy(p),

@@ -21,6 +21,7 @@ const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5)
 
 fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
     Limiter::builder()
+        .name("redis-cluster")
         .store_timeout(SLOW_TEST_MACHINE)
         .backend(
             RedisBackend::cluster_builder(cluster.urls())
@@ -138,6 +139,7 @@ async fn exactly_the_limit_under_concurrency_on_a_cluster() {
     let limiters: Vec<Limiter> = (0..4)
         .map(|_| {
             Limiter::builder()
+                .name("redis-cluster")
                 .store_timeout(SLOW_TEST_MACHINE)
                 .backend(
                     RedisBackend::cluster_builder(cluster.urls())

@@ -97,6 +97,7 @@ async fn a_batch_consumes_its_cost_in_process() {
     // A frozen clock: the window never moves during the test.
     let clock = ManualClock::new(1_800_000_000_000);
     let limiter = Limiter::builder()
+        .name("request-cost")
         .backend(InMemoryBackend::builder().clock(clock.clone()).build())
         .clock(clock.clone())
         .policy(items())

@@ -94,9 +94,10 @@ where
                     tracing::warn!(
                         extension = std::any::type_name::<T>(),
                         "a request reached the rate-limit layer without the extension its \
-                         ExtensionKey reads, so it has no key: the middleware that inserts it \
-                         must run before the rate-limit layer (in axum, add that layer after \
-                         the rate-limit layer, so that it wraps it)"
+                         ExtensionKey reads, so it has no key. The likely cause: the \
+                         middleware that inserts it (authentication) sits inside the \
+                         rate-limit layer, but must run before the rate-limit layer (in axum, \
+                         add that layer after the rate-limit layer, so that it wraps it)"
                     );
                 }
                 Extracted::NoKey

@@ -144,7 +144,7 @@ fn take(
         Admission::Call(permit) => {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
-            Err(FallbackReason::NotConnected)
+            Err(FallbackReason::without_a_connection(reach))
         }
         Admission::Reject => Err(FallbackReason::BreakerOpen),
     };

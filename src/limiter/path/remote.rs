@@ -110,7 +110,7 @@ impl RemotePath {
         if !reach.can_call() {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
-            let reason = FallbackReason::NotConnected;
+            let reason = FallbackReason::without_a_connection(reach);
             return StoreFuture::ready(
                 self.fall_back(&domain, caller, set, reason, cost, read_clock),
             );

@@ -112,7 +112,10 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// down. A decision made before the first connection is there waits for it within its
 /// store timeout, and falls back (the limiter's `not_connected` reason) when that runs
 /// out; one made while a lost connection is made again falls back at once, with the same
-/// reason. A lost connection is
+/// reason. While Redis refuses the connection (it was killed, or nothing listens on its
+/// port), decisions fall back at once with the reason `refused`, and [`ping`](Self::ping)
+/// answers a [`StoreErrorKind::Unavailable`] error saying the connection was refused. A
+/// lost connection is
 /// noticed when a call finds it dropped, or within [100 ms of silence and a
 /// `PING`](RedisBackendBuilder::response_timeout) when nothing is being asked, and made again
 /// at once, then after a jittered backoff of 25 ms doubling to 250 ms
@@ -140,6 +143,7 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 ///     .prefix("orders")
 ///     .build()?;
 /// let limiter = Limiter::builder()
+///     .name("orders")
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
 ///     .build();
@@ -272,7 +276,9 @@ impl RedisBackend {
     }
 
     /// Waits until the connection made in the background is there (at most the connect
-    /// timeout) and checks that Redis answers: for start-up and health checks. Decisions
+    /// timeout) and checks that Redis answers: for start-up and health checks. A Redis
+    /// that refuses the connection (not started, killed, a closed port) is reported as
+    /// such: [`StoreErrorKind::Unavailable`], "refused the connection". Decisions
     /// made before the connection is there fall back at once, so a service that pings at
     /// start-up makes its first decisions on the store.
     ///

@@ -108,6 +108,10 @@ struct State {
     /// A call got an answer since the last health check.
     answered: AtomicBool,
     follows_the_master: bool,
+    /// While there is no connection: what the latest attempt got when it was refused
+    /// (nothing listens there: the server was killed, or is not started), so that calls
+    /// say so at once instead of waiting for a connection or being reported as a timeout.
+    refused: ArcSwapOption<String>,
 }
 
 /// Stops the connecting task when the last clone of the link is dropped.
@@ -144,6 +148,7 @@ impl Link {
             lost_signal: Notify::new(),
             answered: AtomicBool::new(false),
             follows_the_master: endpoint.follows_the_master(),
+            refused: ArcSwapOption::empty(),
         });
         let task = runtime.spawn(keep_connected(endpoint, config, what, state.clone()));
         Link {
@@ -157,11 +162,13 @@ impl Link {
         self.state.connected.load(Ordering::Relaxed)
     }
 
-    /// The link as a failure domain: connected, connecting for the first time, or not
-    /// connected (lost, being made again).
+    /// The link as a failure domain: connected, refused (the latest attempt to connect
+    /// was), connecting for the first time, or not connected (lost, being made again).
     pub(super) fn domain(&self) -> FailureDomain {
         if self.is_connected() {
             FailureDomain::WHOLE
+        } else if self.state.refused.load().is_some() {
+            FailureDomain::WHOLE.refused()
         } else if self.state.ever_connected.load(Ordering::Relaxed) {
             FailureDomain::WHOLE.not_connected()
         } else {
@@ -171,7 +178,8 @@ impl Link {
 
     /// The connection, and a handle that reports how calls on it went. Until the first
     /// connection is made this waits for it (the caller bounds the wait); once one was
-    /// made and lost, a [`StoreErrorKind::NotConnected`] error comes at once.
+    /// made and lost, a [`StoreErrorKind::NotConnected`] error comes at once, and while the
+    /// latest attempt was refused, a [`StoreErrorKind::Unavailable`] one saying so.
     pub(super) async fn connection(&self) -> Result<(MultiplexedConnection, Outcome), StoreError> {
         loop {
             let first = self.state.first_connection.notified();
@@ -184,6 +192,12 @@ impl Link {
                         state: self.state.clone(),
                         generation: connected.generation,
                     },
+                ));
+            }
+            if let Some(refused) = self.state.refused.load().as_ref() {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    format!("{refused}; retrying in the background"),
                 ));
             }
             if self.state.ever_connected.load(Ordering::Acquire) {
@@ -288,11 +302,21 @@ async fn keep_connected(
         let connection = match attempt {
             Ok(Ok(connection)) => connection,
             Ok(Err(error)) => {
+                let refused = error
+                    .is_connection_refusal()
+                    .then(|| Arc::new(format!("Redis at {what} refused the connection: {error}")));
+                let newly_refused = refused.is_some() && state.refused.load().is_none();
+                state.refused.store(refused);
+                if newly_refused {
+                    // Calls waiting for a first connection learn at once that it is refused.
+                    state.first_connection.notify_waiters();
+                }
                 retrying(&what, &mut failing, &error.to_string());
                 tokio::time::sleep(backoff.pause()).await;
                 continue;
             }
             Err(_) => {
+                state.refused.store(None);
                 retrying(
                     &what,
                     &mut failing,
@@ -305,6 +329,7 @@ async fn keep_connected(
         generation += 1;
         backoff.reset();
         failing = false;
+        state.refused.store(None);
         state.current.store(Some(Arc::new(Connected {
             connection: connection.clone(),
             generation,

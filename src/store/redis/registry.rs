@@ -53,6 +53,7 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 /// // Four instances run: each divides by 4 until the registry answers, then by the count.
 /// let registry = InstanceRegistry::builder(&store).initial_count(4).start().unwrap();
 /// let limiter = Limiter::builder()
+///     .name("orders")
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
 ///     // While Redis is down, each instance enforces 50 / (live instances).

@@ -91,6 +91,7 @@ pub(crate) fn bench(_: &mut Criterion) {
     let limiter = {
         let _guard = runtime.enter();
         Limiter::builder()
+            .name("frozen-store")
             .backend(
                 RedisBackend::builder(server.url())
                     .build()

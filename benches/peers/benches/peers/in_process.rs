@@ -21,6 +21,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     // hands them over after extracting it: one copy per decision is part of its path.
     let keys: Vec<String> = (0..CALLERS).map(|i| format!("customer-{i:07}")).collect();
     let limiter = Limiter::builder()
+        .name("in-process")
         .backend(InMemoryBackend::new())
         .policy(big_bucket())
         .build();

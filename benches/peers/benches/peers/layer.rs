@@ -49,6 +49,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     });
     let tollgate = |mode: HeaderMode| {
         let limiter = Limiter::builder()
+            .name("layer")
             .backend(InMemoryBackend::new())
             .policy(big_bucket())
             .build();

@@ -64,6 +64,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     let limiter = {
         let _guard = runtime.enter();
         Limiter::builder()
+            .name("redis")
             .store_timeout(SLOW_TEST_MACHINE)
             .backend(
                 RedisBackend::builder(server.url())
