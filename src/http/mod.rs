@@ -16,3 +16,4 @@ pub(crate) mod layer;
 pub(crate) mod refusal;
 pub(crate) mod response;
 pub(crate) mod service;
+pub(crate) mod typed_headers;
