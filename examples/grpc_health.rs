@@ -39,9 +39,8 @@ async fn serve(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
         .name("health")
         .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
         .build();
-    // gRPC metadata are HTTP/2 headers, so HeaderKey reads them. (ClientIp finds no peer
-    // address here: tonic's server records it as its own TcpConnectInfo, which an FnKey
-    // can read, not as the SocketAddr or axum ConnectInfo that ClientIp looks for.)
+    // gRPC metadata are HTTP/2 headers, so HeaderKey reads them. (ClientIp reads the peer
+    // address tonic's server records, its TcpConnectInfo, with tollgate's `tonic` feature.)
     let layer = RateLimitLayer::new(limiter)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));

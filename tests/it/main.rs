@@ -42,6 +42,8 @@ mod failure_policies;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod fault_proxy;
 mod grpc;
+#[cfg_attr(not(feature = "tonic"), path = "skipped/tonic.rs")]
+mod grpc_client_ip;
 mod headers;
 mod hyper_service;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
