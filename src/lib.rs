@@ -215,7 +215,7 @@ pub mod headers {
 pub mod future {
     //! The futures the layers and the limiter return.
 
-    pub use crate::client::AdaptiveThrottleFuture;
+    pub use crate::client::{AdaptiveThrottleFuture, HoldBackFuture};
     pub use crate::http::future::ResponseFuture;
     pub use crate::limiter::future::DecisionFuture;
     pub use crate::shed::ShedFuture;
