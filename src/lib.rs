@@ -94,6 +94,7 @@
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
+//! | `tollgate_client_held_back_total` | counter | `layer`, `reason`, `outcome` | requests | outgoing calls kept from a server that had said to wait, by [`HoldBackLayer`](client::HoldBackLayer); `reason` is `retry_after`, `ratelimit` or `grpc_pushback`; `outcome` is `failed` (answered locally, never sent) or `waited` (sent once the wait was over) |
 //!
 //! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
 //! layers' own `name`). Each metric is described (help text, and the unit where it has one)

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use headers::HeaderMapExt;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 use tollgate::client::{HoldBackError, HoldBackLayer};
 use tollgate::headers::{RateLimit, RetryAfter};
 use tower::{Layer, Service, ServiceExt};
@@ -133,6 +133,7 @@ fn most_in_a_second(times: &[Instant]) -> usize {
 mod http_orders {
     use super::*;
 
+    use http::StatusCode;
     use http_body_util::Empty;
     use hyper::body::Bytes;
     use hyper_util::client::legacy::Client;

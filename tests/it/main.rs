@@ -89,3 +89,4 @@ mod shed;
 mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
+mod typed_headers;

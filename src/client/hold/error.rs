@@ -158,7 +158,21 @@ impl HeldBack {
     /// The partition that is held.
     ///
     /// ```
-    /// # let _ = tollgate::client::HeldBack::partition;
+    /// # use http::{Request, Response};
+    /// # use tollgate::client::{HoldBackLayer, HoldReason};
+    /// # use tollgate::store::ManualClock;
+    /// # use tower::{Layer, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let backend = tower::service_fn(|_req: Request<()>| async {
+    /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
+    /// #     Ok::<_, std::convert::Infallible>(response)
+    /// # });
+    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
+    /// # client.clone().oneshot(call()).await.unwrap();
+    /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
+    /// assert_eq!(held.partition(), "api.example.com");
+    /// # }
     /// ```
     pub fn partition(&self) -> &str {
         &self.partition
@@ -167,7 +181,21 @@ impl HeldBack {
     /// What the server said.
     ///
     /// ```
-    /// # let _ = tollgate::client::HeldBack::reason;
+    /// # use http::{Request, Response};
+    /// # use tollgate::client::{HoldBackLayer, HoldReason};
+    /// # use tollgate::store::ManualClock;
+    /// # use tower::{Layer, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let backend = tower::service_fn(|_req: Request<()>| async {
+    /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
+    /// #     Ok::<_, std::convert::Infallible>(response)
+    /// # });
+    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
+    /// # client.clone().oneshot(call()).await.unwrap();
+    /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
+    /// assert_eq!(held.reason(), HoldReason::RateLimit);
+    /// # }
     /// ```
     pub fn reason(&self) -> HoldReason {
         self.reason
@@ -177,7 +205,21 @@ impl HeldBack {
     /// that is sent.
     ///
     /// ```
-    /// # let _ = tollgate::client::HeldBack::retry_after;
+    /// # use http::{Request, Response};
+    /// # use tollgate::client::{HoldBackLayer, HoldReason};
+    /// # use tollgate::store::ManualClock;
+    /// # use tower::{Layer, ServiceExt};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// # let backend = tower::service_fn(|_req: Request<()>| async {
+    /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
+    /// #     Ok::<_, std::convert::Infallible>(response)
+    /// # });
+    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
+    /// # client.clone().oneshot(call()).await.unwrap();
+    /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
+    /// assert_eq!(held.retry_after(), std::time::Duration::from_secs(4));
+    /// # }
     /// ```
     pub fn retry_after(&self) -> Duration {
         self.retry_after

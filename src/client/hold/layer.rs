@@ -41,7 +41,7 @@ use super::state::Shared;
 /// # With the adaptive throttle
 ///
 /// The two compose: put this layer outside the
-/// [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer), so that calls held back here
+/// [`AdaptiveThrottleLayer`](crate::client::AdaptiveThrottleLayer), so that calls held back here
 /// (never sent) do not count as requests the backend refused. The error is then
 /// `HoldBackError<ThrottleError<E>>`.
 ///
