@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use tollgate::{HeaderKey, Limiter, MissingKey, Policy, Quota, RateLimitLayer};
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
@@ -39,19 +40,22 @@ async fn serve(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
         .name("health")
         .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
         .build();
-    // gRPC metadata are HTTP/2 headers, so HeaderKey reads them. (ClientIp finds no peer
-    // address here: tonic's server records it as its own TcpConnectInfo, which an FnKey
-    // can read, not as the SocketAddr or axum ConnectInfo that ClientIp looks for.)
+    // gRPC metadata are HTTP/2 headers, so HeaderKey reads them. (ClientIp reads the peer
+    // address tonic's server records, its TcpConnectInfo, with tollgate's `tonic` feature.)
     let layer = RateLimitLayer::new(limiter)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
     let (_reporter, health) = tonic_health::server::health_reporter();
-    let addr = addr.parse()?;
-    println!("serving grpc.health.v1.Health on {addr}");
+    // Bound first, so that port 0 prints the port the system chose.
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!(
+        "serving grpc.health.v1.Health on {}",
+        listener.local_addr()?
+    );
     Server::builder()
         .layer(layer)
         .add_service(health)
-        .serve(addr)
+        .serve_with_incoming(TcpIncoming::from(listener))
         .await?;
     Ok(())
 }

@@ -98,6 +98,7 @@
 //! | `tollgate_shed_total` | counter | `layer` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
+//! | `tollgate_client_held_back_total` | counter | `layer`, `reason`, `outcome` | requests | outgoing calls kept from a server that had said to wait, by [`HoldBackLayer`](client::HoldBackLayer); `reason` is `retry_after`, `ratelimit` or `grpc_pushback`; `outcome` is `failed` (answered locally, never sent) or `waited` (sent once the wait was over) |
 //!
 //! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
 //! layers' own `name`). Each metric is described (help text, and the unit where it has one)
@@ -184,10 +185,44 @@ pub mod response {
     };
 }
 
+pub mod headers {
+    //! The fields the layer writes, as typed values for clients and for axum's
+    //! `TypedHeader`: [`RateLimitPolicy`] and [`RateLimit`] of
+    //! [draft 11](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/),
+    //! and a readable [`RetryAfter`].
+    //!
+    //! Each implements [`headers::Header`] (the `headers` crate, 0.4), so
+    //! `headers::HeaderMapExt::typed_get` and axum-extra's `TypedHeader<RateLimit>` decode
+    //! them. They are written by the same code that writes the layer's responses, and read
+    //! by a parser that accepts exactly the Structured Field lists RFC 9651 defines.
+    //!
+    //! ```
+    //! use headers::HeaderMapExt;
+    //! use tollgate::headers::{RateLimit, RateLimitPolicy, RetryAfter};
+    //!
+    //! // A refusal as a tollgate server writes it.
+    //! let mut headers = http::HeaderMap::new();
+    //! headers.insert("ratelimit-policy", r#""per-second";q=5;w=1"#.parse().unwrap());
+    //! headers.insert("ratelimit", r#""per-second";r=0;t=1"#.parse().unwrap());
+    //! headers.insert("retry-after", "1".parse().unwrap());
+    //!
+    //! let policy: RateLimitPolicy = headers.typed_get().unwrap();
+    //! let state: RateLimit = headers.typed_get().unwrap();
+    //! let after: RetryAfter = headers.typed_get().unwrap();
+    //! assert_eq!(policy.get("per-second").unwrap().quota(), 5);
+    //! assert_eq!(state.exhausted_for(), after.delay());
+    //! ```
+
+    pub use crate::http::typed_headers::error::InvalidField;
+    pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicy};
+    pub use crate::http::typed_headers::retry_after::RetryAfter;
+    pub use crate::http::typed_headers::state::{QuotaState, RateLimit};
+}
+
 pub mod future {
     //! The futures the layers and the limiter return.
 
-    pub use crate::client::AdaptiveThrottleFuture;
+    pub use crate::client::{AdaptiveThrottleFuture, HoldBackFuture};
     pub use crate::http::future::ResponseFuture;
     pub use crate::shed::ShedFuture;
     pub use crate::store::future::StoreFuture;

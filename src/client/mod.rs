@@ -15,10 +15,16 @@
 //! This layer needs no store and knows nothing of the rate limiter above it: its only
 //! inputs are the responses of the service it wraps, a [`Clock`](crate::store::Clock) and a
 //! [random source](crate::store::RandomSource).
+//!
+//! [`HoldBackLayer`] listens to what the server says instead: after a 429 or 503 with
+//! `Retry-After`, a `RateLimit` policy with nothing left, or gRPC's
+//! `grpc-retry-pushback-ms`, calls to that server (or partition of it) stay local until the
+//! advertised time. Put it outside the adaptive throttle; see its docs.
 
 mod builder;
 mod error;
 mod future;
+mod hold;
 mod layer;
 mod rejection;
 mod service;
@@ -28,6 +34,9 @@ mod window;
 pub use builder::AdaptiveThrottleBuilder;
 pub use error::{ThrottleError, Throttled};
 pub use future::AdaptiveThrottleFuture;
+pub use hold::{
+    HeldBack, HoldBack, HoldBackBuilder, HoldBackError, HoldBackFuture, HoldBackLayer, HoldReason,
+};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;
 pub use stats::ThrottleStats;

@@ -7,6 +7,7 @@ use arc_swap::ArcSwap;
 use bytes::{BufMut, BytesMut};
 use http::{HeaderValue, StatusCode};
 
+use crate::http::typed_headers::format;
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::digest::{DIGEST_LEN, KeyedDigest};
 use crate::store::policy::Policy;
@@ -117,7 +118,7 @@ pub(crate) fn policy_field_of<'a>(
     policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
-    list_field(policies, (b'q', b'w'), pk)
+    list_field(policies, (format::QUOTA, format::WINDOW), pk)
 }
 
 /// `RateLimit: "per-second";r=0;t=1`: the given policies' current state, `r` capped, with
@@ -140,7 +141,7 @@ pub(crate) fn state_field_of<'a>(
     policies: impl IntoIterator<Item = (&'a str, u64, u64)>,
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
-    list_field(policies, (b'r', b't'), pk)
+    list_field(policies, (format::REMAINING, format::RESET), pk)
 }
 
 // Fields are written into one thread-local buffer and split off it, so a response's field
@@ -161,24 +162,20 @@ thread_local! {
 /// escaped; a name that is not is left out, as a serializer would refuse it.
 fn list_field<'a>(
     items: impl IntoIterator<Item = (&'a str, u64, u64)>,
-    (first, second): (u8, u8),
+    (first, second): (&str, &str),
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
     with_field_buffer(|buffer| {
         for (name, a, b) in items {
-            if !name.bytes().all(|byte| (0x20..0x7f).contains(&byte)) {
+            if !format::is_sf_string(name) {
                 continue;
             }
-            if !buffer.is_empty() {
-                buffer.put_slice(b", ");
-            }
-            push_string(buffer, name);
-            push_integer(buffer, first, a);
-            push_integer(buffer, second, b);
+            format::push_separator(buffer);
+            format::push_string(buffer, name);
+            format::push_integer(buffer, first, a);
+            format::push_integer(buffer, second, b);
             if let Some(pk) = pk {
-                buffer.put_slice(b";pk=:");
-                push_base64(buffer, pk);
-                buffer.put_u8(b':');
+                format::push_bytes(buffer, format::PARTITION_KEY, pk);
             }
         }
         if buffer.is_empty() {
@@ -189,7 +186,7 @@ fn list_field<'a>(
 }
 
 /// Runs `write` on this thread's empty field buffer, whose contents `write` splits off.
-fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
+pub(crate) fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
     FIELDS.with(|buffer| {
         let mut buffer = buffer.borrow_mut();
         if buffer.capacity() < FIELD_BUFFER / 4 {
@@ -198,57 +195,6 @@ fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
         buffer.clear();
         write(&mut buffer)
     })
-}
-
-/// `"value"`, with `"` and `\` escaped.
-fn push_string(out: &mut BytesMut, value: &str) {
-    out.put_u8(b'"');
-    for byte in value.bytes() {
-        if byte == b'"' || byte == b'\\' {
-            out.put_u8(b'\\');
-        }
-        out.put_u8(byte);
-    }
-    out.put_u8(b'"');
-}
-
-// Structured Field integers have at most 15 digits.
-const MAX_INTEGER: u64 = 999_999_999_999_999;
-
-/// `;k=value`, the value capped at the largest Structured Field integer.
-fn push_integer(out: &mut BytesMut, key: u8, value: u64) {
-    out.put_slice(&[b';', key, b'=']);
-    let mut value = value.min(MAX_INTEGER);
-    let mut digits = [0u8; 15];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        // value % 10 < 10
-        digits[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.put_slice(&digits[start..]);
-}
-
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// `bytes` in base64 with padding, as a Structured Field byte sequence holds them.
-fn push_base64(out: &mut BytesMut, bytes: &[u8]) {
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
-        let sextet = |shift: u32| BASE64[((n >> shift) & 0x3f) as usize];
-        out.put_slice(&[sextet(18), sextet(12)]);
-        out.put_u8(if chunk.len() > 1 { sextet(6) } else { b'=' });
-        out.put_u8(if chunk.len() > 2 { sextet(0) } else { b'=' });
-    }
 }
 
 /// RateLimit-Policy values by policy set: the field depends on the set alone (names,

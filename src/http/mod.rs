@@ -17,3 +17,4 @@ pub(crate) mod refusal;
 pub(crate) mod render;
 pub(crate) mod response;
 pub(crate) mod service;
+pub(crate) mod typed_headers;

@@ -18,7 +18,7 @@ use crate::metrics::prometheus_scrape;
 mod skipped;
 
 /// Every metric family tollgate records, as the crate docs' table lists them.
-pub(crate) const FAMILIES: [&str; 10] = [
+pub(crate) const FAMILIES: [&str; 11] = [
     "tollgate_decisions_total",
     "tollgate_fallbacks_total",
     "tollgate_breaker_state",
@@ -29,6 +29,7 @@ pub(crate) const FAMILIES: [&str; 10] = [
     "tollgate_shed_total",
     "tollgate_in_flight",
     "tollgate_client_throttled_total",
+    "tollgate_client_held_back_total",
 ];
 
 const DASHBOARD: &str = include_str!("../../docs/grafana-dashboard.json");

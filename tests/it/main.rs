@@ -24,6 +24,7 @@ mod axum_router;
 mod bad_input;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod bucket_expiry;
+mod client_hold;
 mod client_throttle;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod conformance;
@@ -42,6 +43,8 @@ mod failure_policies;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod fault_proxy;
 mod grpc;
+#[cfg_attr(not(feature = "tonic"), path = "skipped/tonic.rs")]
+mod grpc_client_ip;
 mod headers;
 mod hyper_service;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
@@ -88,3 +91,4 @@ mod shed;
 mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
+mod typed_headers;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use tollgate::client::AdaptiveThrottleLayer;
+use tollgate::client::{AdaptiveThrottleLayer, HoldBackLayer};
 use tollgate::decision::BreakerState;
 use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::store::LiveInstances;
@@ -245,6 +245,22 @@ fn scripted_scrape() -> String {
                 .layer(service_fn(|_: Request<()>| async {
                     let mut response = Response::new(());
                     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    Ok::<_, Infallible>(response)
+                }));
+            for _ in 0..2 {
+                let _ = client.ready().await.unwrap().call(Request::new(())).await;
+            }
+
+            // A server that says to wait: the second call is held back.
+            let mut client = HoldBackLayer::builder()
+                .name("payments")
+                .build()
+                .layer(service_fn(|_: Request<()>| async {
+                    let response = Response::builder()
+                        .status(StatusCode::TOO_MANY_REQUESTS)
+                        .header("retry-after", "60")
+                        .body(())
+                        .unwrap();
                     Ok::<_, Infallible>(response)
                 }));
             for _ in 0..2 {

@@ -16,8 +16,10 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// proxies.
 ///
 /// The peer address comes from axum's `ConnectInfo<SocketAddr>` (serve the router with
-/// `into_make_service_with_connect_info::<SocketAddr>()`) or, for plain hyper services, from
-/// a [`SocketAddr`] in the request's extensions. A request without either has no key (see
+/// `into_make_service_with_connect_info::<SocketAddr>()`), from tonic's `TcpConnectInfo`
+/// (with the `tonic` feature: a layer on tonic's own `Server`, which records it for every
+/// request; a TLS server's `TlsConnectInfo` is not read), or, for plain hyper services,
+/// from a [`SocketAddr`] in the request's extensions. A request without any has no key (see
 /// [`MissingKey`](crate::MissingKey)); the first such request logs one warning (per
 /// extractor and its clones) that says how to fix the server.
 ///
@@ -109,6 +111,24 @@ impl ClientIp {
     /// // The peer is not a trusted proxy, so the spoofed header is ignored.
     /// assert_eq!(ClientIp::new().client_addr(&request), Ok(Some("203.0.113.7".parse().unwrap())));
     /// ```
+    ///
+    /// On tonic's server (with the `tonic` feature), the peer is the one tonic records:
+    ///
+    /// ```
+    /// # #[cfg(feature = "tonic")] {
+    /// use tollgate::{ClientIp, TrustedProxies};
+    /// use tonic::transport::server::TcpConnectInfo;
+    ///
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert(TcpConnectInfo {
+    ///     local_addr: Some("10.0.0.2:50051".parse().unwrap()),
+    ///     remote_addr: Some("10.0.0.9:41000".parse().unwrap()),
+    /// });
+    /// request.headers_mut().insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
+    /// let behind_lb = ClientIp::new().trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap());
+    /// assert_eq!(behind_lb.client_addr(&request), Ok(Some("198.51.100.1".parse().unwrap())));
+    /// # }
+    /// ```
     pub fn client_addr<B>(&self, request: &Request<B>) -> Result<Option<IpAddr>, KeyRejection> {
         let Some(peer) = peer_addr(request) else {
             self.warn_no_peer();
@@ -152,8 +172,9 @@ impl ClientIp {
                 "ClientIp found no peer address on a request, so no request keyed by client IP \
                  has a key until the server provides one: serve the axum router with \
                  `into_make_service_with_connect_info::<SocketAddr>()` (tollgate's `axum` \
-                 feature reads `ConnectInfo<SocketAddr>`), or, in a plain hyper service, insert \
-                 the connection's peer `SocketAddr` into the request extensions"
+                 feature reads `ConnectInfo<SocketAddr>`), on tonic's server enable tollgate's \
+                 `tonic` feature (it reads tonic's `TcpConnectInfo`), or, in a plain hyper \
+                 service, insert the connection's peer `SocketAddr` into the request extensions"
             );
         }
     }
@@ -195,6 +216,14 @@ fn peer_addr<B>(request: &Request<B>) -> Option<IpAddr> {
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(info.0.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(info) = request
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        && let Some(addr) = info.remote_addr()
+    {
+        return Some(addr.ip());
     }
     request.extensions().get::<SocketAddr>().map(SocketAddr::ip)
 }

@@ -1,0 +1,166 @@
+//! The layer: one set of holds, shared by every service it wraps.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use super::builder::HoldBackBuilder;
+use super::service::HoldBack;
+use super::signals::HoldReason;
+use super::state::Shared;
+
+/// Honours what servers say about their limits, on the client side: after a response that
+/// says to wait, calls to that server's partition are not sent until the wait is over.
+///
+/// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone`: hyper's
+/// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. A response
+/// holds its partition when it carries
+///
+/// - `Retry-After` on a 429 or 503 (seconds or an HTTP date),
+/// - a `RateLimit` field (draft 11) with a policy at `r=0`, for that policy's `t` (on any
+///   status: the next call would be refused), or
+/// - `grpc-retry-pushback-ms` (gRPC; read from the response headers, where a Trailers-Only
+///   refusal such as tollgate's carries it).
+///
+/// The longest of these wins, capped at [`max_hold`](HoldBackBuilder::max_hold); a hold
+/// is only ever lengthened by later responses. While a partition is held, a call to it
+/// fails at once with [`HoldBackError::HeldBack`](super::HoldBackError::HeldBack), or,
+/// with [`max_wait`](HoldBackBuilder::max_wait), waits for the hold to end if it ends
+/// within that time and is sent then. Calls already in flight when a hold starts are not
+/// recalled.
+///
+/// The partition is the request URI's authority by default, or what
+/// [`partition`](HoldBackBuilder::partition) chooses (a host and an API key's digest).
+///
+/// Each call held back increments `tollgate_client_held_back_total`, labelled `layer`,
+/// `reason` ([`HoldReason::as_str`]) and `outcome` (`failed`, or `waited` for a call sent
+/// after waiting), through the `metrics` facade.
+///
+/// # With the adaptive throttle
+///
+/// The two compose: put this layer outside the
+/// [`AdaptiveThrottleLayer`](crate::client::AdaptiveThrottleLayer), so that calls held back here
+/// (never sent) do not count as requests the backend refused. The error is then
+/// `HoldBackError<ThrottleError<E>>`.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tollgate::client::{AdaptiveThrottleLayer, HoldBackError, HoldBackLayer, ThrottleError};
+/// use tollgate::store::ManualClock;
+/// use tower::{ServiceBuilder, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let clock = ManualClock::new(1_800_000_000_000);
+/// let hold = HoldBackLayer::builder().name("orders").clock(clock.clone()).build();
+/// let throttle = AdaptiveThrottleLayer::builder().name("orders").clock(clock.clone()).build();
+/// // A server whose last unit was just spent: it answers, and says none is left for 2 s.
+/// let client = ServiceBuilder::new()
+///     .layer(hold.clone())
+///     .layer(throttle.clone())
+///     .service_fn(|_req: Request<()>| async {
+///         let response = Response::builder()
+///             .header("ratelimit", r#""per-second";r=0;t=2"#)
+///             .body(())
+///             .unwrap();
+///         Ok::<_, Infallible>(response)
+///     });
+/// let call = || Request::get("http://orders.internal/orders").body(()).unwrap();
+///
+/// assert_eq!(client.clone().oneshot(call()).await.unwrap().status(), 200);
+/// // Not sent: the server said to wait.
+/// let error = client.clone().oneshot(call()).await.unwrap_err();
+/// assert!(error.is_held_back());
+/// assert_eq!(hold.held_for("orders.internal"), Some(Duration::from_secs(2)));
+/// // The throttle saw one request, accepted.
+/// assert_eq!((throttle.stats().requests(), throttle.stats().accepts()), (1, 1));
+///
+/// clock.advance(Duration::from_secs(2));
+/// assert!(client.oneshot(call()).await.is_ok());
+/// # let _ = |e: HoldBackError<ThrottleError<Infallible>>| e;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct HoldBackLayer {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl HoldBackLayer {
+    /// A layer with the defaults: partitioned by authority, held calls fail at once, holds
+    /// of at most an hour, the system clock.
+    ///
+    /// ```
+    /// let layer = tollgate::client::HoldBackLayer::new();
+    /// assert_eq!(layer.name(), "default");
+    /// ```
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Configures a layer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let layer = tollgate::client::HoldBackLayer::builder()
+    ///     .max_wait(Duration::from_millis(250))
+    ///     .build();
+    /// # drop(layer);
+    /// ```
+    pub fn builder() -> HoldBackBuilder {
+        HoldBackBuilder::default()
+    }
+
+    /// How long calls to `partition` stay held from now, and why; `None` when they are sent.
+    ///
+    /// ```
+    /// let layer = tollgate::client::HoldBackLayer::new();
+    /// assert_eq!(layer.held_for("api.example.com"), None);
+    /// ```
+    pub fn held_for(&self, partition: &str) -> Option<Duration> {
+        self.shared.held_for(partition).map(|(wait, _)| wait)
+    }
+
+    /// Why `partition` is held, if it is.
+    ///
+    /// ```
+    /// let layer = tollgate::client::HoldBackLayer::new();
+    /// assert_eq!(layer.hold_reason("api.example.com"), None);
+    /// ```
+    pub fn hold_reason(&self, partition: &str) -> Option<HoldReason> {
+        self.shared.held_for(partition).map(|(_, reason)| reason)
+    }
+
+    /// The layer's name, used in metric labels and logs.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::client::HoldBackLayer::new().name(), "default");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+}
+
+impl Default for HoldBackLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for HoldBackLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HoldBackLayer")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for HoldBackLayer {
+    type Service = HoldBack<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HoldBack::new(inner, self.shared.clone())
+    }
+}

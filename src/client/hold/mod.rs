@@ -1,0 +1,20 @@
+//! Honouring what servers say about their limits: holds per partition, read from each
+//! response, that keep calls local until the server's wait is over.
+
+mod builder;
+mod error;
+mod future;
+mod layer;
+mod service;
+mod signals;
+mod state;
+
+#[cfg(test)]
+mod tests;
+
+pub use builder::HoldBackBuilder;
+pub use error::{HeldBack, HoldBackError};
+pub use future::HoldBackFuture;
+pub use layer::HoldBackLayer;
+pub use service::HoldBack;
+pub use signals::HoldReason;

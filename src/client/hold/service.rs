@@ -1,0 +1,137 @@
+//! The service: looks up the request's partition before each call.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::error::{HeldBack, HoldBackError};
+use super::future::HoldBackFuture;
+use super::state::Shared;
+
+/// A service whose calls a [`HoldBackLayer`](super::HoldBackLayer) holds back while their
+/// partition's server has said to wait. Clones share the layer's holds.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use tollgate::client::HoldBackLayer;
+/// use tower::{Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let backend = tower::service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new("ok")) });
+/// let client = HoldBackLayer::new().layer(backend);
+/// let response = client.oneshot(Request::get("http://a.example/").body(()).unwrap()).await.unwrap();
+/// assert_eq!(response.into_body(), "ok");
+/// # }
+/// ```
+pub struct HoldBack<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> HoldBack<S> {
+    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The wrapped service.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// assert_eq!(*tollgate::client::HoldBackLayer::new().layer(7).get_ref(), 7);
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// let mut client = tollgate::client::HoldBackLayer::new().layer(7);
+    /// *client.get_mut() += 1;
+    /// assert_eq!(*client.get_ref(), 8);
+    /// ```
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// assert_eq!(tollgate::client::HoldBackLayer::new().layer(7).into_inner(), 7);
+    /// ```
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for HoldBack<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for HoldBack<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HoldBack")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HoldBack<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    type Response = Response<ResBody>;
+    type Error = HoldBackError<S::Error>;
+    type Future = HoldBackFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(HoldBackError::Inner)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let partition: Arc<str> = (self.shared.config.partition)(&parts).into();
+        let request = Request::from_parts(parts, body);
+        let now = self.shared.now_ms();
+        let Some(hold) = self.shared.hold(&partition, now) else {
+            let future = self.inner.call(request);
+            return HoldBackFuture::called(future, self.shared.clone(), partition);
+        };
+        let remaining = hold.until_ms - now;
+        let max_wait = u64::try_from(self.shared.config.max_wait.as_millis()).unwrap_or(u64::MAX);
+        if remaining > max_wait {
+            // A rejected call leaves the inner service ready (any capacity it reserved in
+            // `poll_ready` serves the next call), as tower allows.
+            self.shared.count(hold.reason, "failed");
+            return HoldBackFuture::held_back(HeldBack {
+                partition,
+                reason: hold.reason,
+                retry_after: std::time::Duration::from_millis(remaining),
+            });
+        }
+        // The ready service goes with the waiting call, which calls it once the hold is
+        // over; this service continues with a clone, made ready again by its caller.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        HoldBackFuture::waiting(
+            ready,
+            request,
+            self.shared.clone(),
+            partition,
+            hold,
+            now.saturating_add(max_wait),
+        )
+    }
+}

@@ -1,0 +1,163 @@
+//! What a response says about when to call again: `Retry-After` on a 429 or 503, a
+//! `RateLimit` policy with no units left, gRPC's `grpc-retry-pushback-ms`.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, StatusCode};
+
+use crate::http::response::RATELIMIT;
+use crate::http::typed_headers::retry_after::RetryAfter;
+use crate::http::typed_headers::state::RateLimit;
+
+const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// Why calls to a partition are held back: what the server said.
+///
+/// ```
+/// use tollgate::client::HoldReason;
+/// assert_eq!(HoldReason::RetryAfter.as_str(), "retry_after");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HoldReason {
+    /// A 429 or 503 with `Retry-After`.
+    RetryAfter,
+    /// A `RateLimit` field with a policy at `r=0`, held for its `t`.
+    RateLimit,
+    /// gRPC's `grpc-retry-pushback-ms` (a non-negative value; a negative one asks not to
+    /// retry at all, which is the caller's retry policy's business, not a wait).
+    GrpcPushback,
+}
+
+impl HoldReason {
+    /// The reason as the metrics label it: `retry_after`, `ratelimit`, `grpc_pushback`.
+    ///
+    /// ```
+    /// use tollgate::client::HoldReason;
+    /// assert_eq!(HoldReason::GrpcPushback.as_str(), "grpc_pushback");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldReason::RetryAfter => "retry_after",
+            HoldReason::RateLimit => "ratelimit",
+            HoldReason::GrpcPushback => "grpc_pushback",
+        }
+    }
+}
+
+/// The longest wait `headers` ask for, and why, for a response that arrived at `now_ms`
+/// (Unix milliseconds, which a `Retry-After` date is measured from). A field that does not
+/// decode says nothing.
+pub(super) fn advertised_wait(
+    status: StatusCode,
+    headers: &HeaderMap,
+    now_ms: u64,
+) -> Option<(Duration, HoldReason)> {
+    let mut longest: Option<(Duration, HoldReason)> = None;
+    let mut consider = |wait: Duration, reason| {
+        if !wait.is_zero() && longest.is_none_or(|(w, _)| wait > w) {
+            longest = Some((wait, reason));
+        }
+    };
+    if (status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE)
+        && let Some(value) = headers.get(RETRY_AFTER)
+        && let Ok(after) = RetryAfter::parse(value.as_bytes())
+    {
+        let now = UNIX_EPOCH + Duration::from_millis(now_ms);
+        consider(after.wait_from(now), HoldReason::RetryAfter);
+    }
+    let mut lines = headers.get_all(RATELIMIT).iter();
+    if let Ok(state) = <RateLimit as headers::Header>::decode(&mut lines)
+        && let Some(wait) = state.exhausted_for()
+    {
+        consider(wait, HoldReason::RateLimit);
+    }
+    if let Some(value) = headers.get(GRPC_RETRY_PUSHBACK_MS)
+        && let Some(ms) = std::str::from_utf8(value.as_bytes())
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+    {
+        consider(Duration::from_millis(ms), HoldReason::GrpcPushback);
+    }
+    longest
+}
+
+/// `now_ms` as a [`SystemTime`], for tests that compare dates.
+#[cfg(test)]
+pub(super) fn system_time(now_ms: u64) -> std::time::SystemTime {
+    UNIX_EPOCH + Duration::from_millis(now_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.parse::<HeaderName>().unwrap(), v.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn the_longest_wait_wins() {
+        let h = headers(&[
+            ("retry-after", "2"),
+            ("ratelimit", r#""s";r=0;t=1, "m";r=0;t=30"#),
+            ("grpc-retry-pushback-ms", "1500"),
+        ]);
+        assert_eq!(
+            advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, 0),
+            Some((Duration::from_secs(30), HoldReason::RateLimit))
+        );
+        let h = headers(&[("retry-after", "2"), ("grpc-retry-pushback-ms", "2500")]);
+        assert_eq!(
+            advertised_wait(StatusCode::SERVICE_UNAVAILABLE, &h, 0),
+            Some((Duration::from_millis(2500), HoldReason::GrpcPushback))
+        );
+    }
+
+    #[test]
+    fn retry_after_counts_only_on_429_and_503_and_dates_count_from_now() {
+        let h = headers(&[("retry-after", "5")]);
+        assert_eq!(advertised_wait(StatusCode::MOVED_PERMANENTLY, &h, 0), None);
+        assert_eq!(advertised_wait(StatusCode::OK, &h, 0), None);
+        let now_ms = 1_700_000_000_000;
+        let date = httpdate::fmt_http_date(system_time(now_ms + 7_000));
+        let h = headers(&[("retry-after", &date)]);
+        assert_eq!(
+            advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, now_ms),
+            Some((Duration::from_secs(7), HoldReason::RetryAfter))
+        );
+        // A date already past asks for no wait.
+        assert_eq!(
+            advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, now_ms + 8_000),
+            None
+        );
+    }
+
+    #[test]
+    fn units_left_bad_fields_and_negative_pushback_ask_for_nothing() {
+        for h in [
+            headers(&[("ratelimit", r#""s";r=1;t=1"#)]),
+            headers(&[("ratelimit", r#""s";r=0"#)]),
+            headers(&[("ratelimit", "garbage;;")]),
+            headers(&[("retry-after", "soon")]),
+            headers(&[("grpc-retry-pushback-ms", "-1")]),
+            headers(&[("grpc-retry-pushback-ms", "0")]),
+        ] {
+            assert_eq!(
+                advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, 0),
+                None,
+                "{h:?}"
+            );
+        }
+        // r=0 counts on any status: the next call would be refused.
+        let h = headers(&[("ratelimit", r#""s";r=0;t=1"#)]);
+        assert_eq!(
+            advertised_wait(StatusCode::OK, &h, 0),
+            Some((Duration::from_secs(1), HoldReason::RateLimit))
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! The holds: per partition, until when calls stay local and why; shared by a layer, every
+//! service it wraps and their clones.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use metrics::SharedString;
+
+use super::builder::Config;
+use super::signals::{HoldReason, advertised_wait};
+
+/// The counter of calls held back, labelled `layer`, `reason` and `outcome`.
+pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
+
+/// Past this many partitions, expired holds are swept out when a new one is added.
+const SWEEP_ABOVE: usize = 1_024;
+
+/// A partition's hold: calls wait until `until_ms` (the layer's clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Hold {
+    pub(super) until_ms: u64,
+    pub(super) reason: HoldReason,
+}
+
+pub(super) struct Shared {
+    pub(super) config: Config,
+    holds: Mutex<HashMap<Arc<str>, Hold>>,
+}
+
+impl Shared {
+    pub(super) fn new(config: Config) -> Self {
+        // Described for each layer built, so a recorder installed after an earlier layer
+        // gets the description too.
+        metrics::describe_counter!(
+            HELD_BACK_TOTAL,
+            metrics::Unit::Count,
+            "Outgoing calls a HoldBackLayer kept from a server that had said to wait, by \
+             layer, reason (retry_after, ratelimit, grpc_pushback) and outcome (failed: \
+             answered locally without being sent; waited: sent once the wait was over)."
+        );
+        Self {
+            config,
+            holds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(super) fn now_ms(&self) -> u64 {
+        self.config.clock.now_millis()
+    }
+
+    /// The hold on `partition` at `now_ms`, if one is still running.
+    pub(super) fn hold(&self, partition: &str, now_ms: u64) -> Option<Hold> {
+        let mut holds = self.lock();
+        match holds.get(partition) {
+            Some(hold) if hold.until_ms > now_ms => Some(*hold),
+            Some(_) => {
+                holds.remove(partition);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Reads what a response of `partition` says and holds the partition accordingly: the
+    /// longest wait asked for, capped at the layer's longest hold, and never shortening a
+    /// hold already running.
+    pub(super) fn observe(&self, partition: &str, status: StatusCode, headers: &HeaderMap) {
+        let now = self.now_ms();
+        let Some((wait, reason)) = advertised_wait(status, headers, now) else {
+            return;
+        };
+        let wait = wait.min(self.config.max_hold);
+        let until_ms = now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        let mut holds = self.lock();
+        if let Some(hold) = holds.get_mut(partition) {
+            if hold.until_ms < until_ms {
+                *hold = Hold { until_ms, reason };
+            }
+            return;
+        }
+        if holds.len() >= SWEEP_ABOVE {
+            holds.retain(|_, hold| hold.until_ms > now);
+        }
+        holds.insert(partition.into(), Hold { until_ms, reason });
+        drop(holds);
+        tracing::debug!(
+            layer = %self.config.name,
+            partition,
+            reason = reason.as_str(),
+            wait_ms = wait.as_millis() as u64,
+            "client hold: the server said to wait"
+        );
+    }
+
+    /// Counts a call held back.
+    pub(super) fn count(&self, reason: HoldReason, outcome: &'static str) {
+        metrics::counter!(
+            HELD_BACK_TOTAL,
+            "layer" => SharedString::from_shared(self.config.name.clone()),
+            "reason" => reason.as_str(),
+            "outcome" => outcome,
+        )
+        .increment(1);
+    }
+
+    /// How long calls to `partition` stay held, from now.
+    pub(super) fn held_for(&self, partition: &str) -> Option<(Duration, HoldReason)> {
+        let now = self.now_ms();
+        self.hold(partition, now)
+            .map(|hold| (Duration::from_millis(hold.until_ms - now), hold.reason))
+    }
+
+    // Every update under this lock is a single map operation that cannot panic midway, so
+    // a poisoned lock is still sound.
+    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Hold>> {
+        self.holds
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,101 @@
+//! The one definition of the fields' format: the parameter names of draft 11 and the writer
+//! of their items. The layer's responses and the typed headers' `encode` both write through
+//! these functions, and the decoder reads the same names.
+
+use bytes::{BufMut, BytesMut};
+
+/// `q`: the quota of a `RateLimit-Policy` item.
+pub(crate) const QUOTA: &str = "q";
+/// `qu`: the unit the quota counts (`"request"` when absent).
+pub(crate) const QUOTA_UNIT: &str = "qu";
+/// `w`: the window of a `RateLimit-Policy` item, in seconds.
+pub(crate) const WINDOW: &str = "w";
+/// `pk`: the partition key, a byte sequence.
+pub(crate) const PARTITION_KEY: &str = "pk";
+/// `r`: the units left of a `RateLimit` item.
+pub(crate) const REMAINING: &str = "r";
+/// `t`: the seconds until a `RateLimit` item's quota resets.
+pub(crate) const RESET: &str = "t";
+
+/// The largest Structured Field integer (15 digits); larger values are written as it.
+pub(crate) const MAX_INTEGER: u64 = 999_999_999_999_999;
+
+/// Whether `value` can be written as a Structured Field string: printable ASCII only.
+pub(crate) fn is_sf_string(value: &str) -> bool {
+    value.bytes().all(|byte| (0x20..0x7f).contains(&byte))
+}
+
+/// The separator before every item but the first.
+pub(crate) fn push_separator(out: &mut BytesMut) {
+    if !out.is_empty() {
+        out.put_slice(b", ");
+    }
+}
+
+/// `"value"`, with `"` and `\` escaped. `value` must pass [`is_sf_string`].
+pub(crate) fn push_string(out: &mut BytesMut, value: &str) {
+    out.put_u8(b'"');
+    for byte in value.bytes() {
+        if byte == b'"' || byte == b'\\' {
+            out.put_u8(b'\\');
+        }
+        out.put_u8(byte);
+    }
+    out.put_u8(b'"');
+}
+
+/// `;key=value`, the value capped at [`MAX_INTEGER`].
+pub(crate) fn push_integer(out: &mut BytesMut, key: &str, value: u64) {
+    push_key(out, key);
+    let mut value = value.min(MAX_INTEGER);
+    let mut digits = [0u8; 15];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        // value % 10 < 10
+        digits[start] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.put_slice(&digits[start..]);
+}
+
+/// `;key="value"`. `value` must pass [`is_sf_string`].
+pub(crate) fn push_string_param(out: &mut BytesMut, key: &str, value: &str) {
+    push_key(out, key);
+    push_string(out, value);
+}
+
+/// `;key=:base64:`.
+pub(crate) fn push_bytes(out: &mut BytesMut, key: &str, bytes: &[u8]) {
+    push_key(out, key);
+    out.put_u8(b':');
+    push_base64(out, bytes);
+    out.put_u8(b':');
+}
+
+fn push_key(out: &mut BytesMut, key: &str) {
+    out.put_u8(b';');
+    out.put_slice(key.as_bytes());
+    out.put_u8(b'=');
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// `bytes` in base64 with padding, as a Structured Field byte sequence holds them.
+fn push_base64(out: &mut BytesMut, bytes: &[u8]) {
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        let sextet = |shift: u32| BASE64[((n >> shift) & 0x3f) as usize];
+        out.put_slice(&[sextet(18), sextet(12)]);
+        out.put_u8(if chunk.len() > 1 { sextet(6) } else { b'=' });
+        out.put_u8(if chunk.len() > 2 { sextet(0) } else { b'=' });
+    }
+}

@@ -1,0 +1,116 @@
+//! What both RateLimit fields share: a list of policy-name strings with parameters, read
+//! from every line of the field and written in one value.
+
+use std::borrow::Cow;
+
+use http::HeaderValue;
+
+use super::error::InvalidField;
+use super::parse::{BareItem, parse_list};
+use crate::http::headers::with_field_buffer;
+
+/// One decoded item: the policy name and its parameters.
+pub(crate) struct Item {
+    pub(crate) name: String,
+    params: Vec<(String, BareItem)>,
+}
+
+impl Item {
+    /// A non-negative integer parameter, if present.
+    pub(crate) fn integer(&self, key: &str) -> Result<Option<u64>, InvalidField> {
+        match self.param(key) {
+            None => Ok(None),
+            Some(BareItem::Integer(value)) => u64::try_from(*value).map(Some).map_err(|_| {
+                InvalidField::shape(format!("`{key}` of {:?} is negative", self.name))
+            }),
+            Some(_) => Err(InvalidField::shape(format!(
+                "`{key}` of {:?} is not an integer",
+                self.name
+            ))),
+        }
+    }
+
+    /// A required non-negative integer parameter.
+    pub(crate) fn required_integer(&self, key: &str) -> Result<u64, InvalidField> {
+        self.integer(key)?
+            .ok_or_else(|| InvalidField::shape(format!("{:?} has no `{key}` parameter", self.name)))
+    }
+
+    /// A string parameter, if present.
+    pub(crate) fn string(&self, key: &str) -> Result<Option<String>, InvalidField> {
+        match self.param(key) {
+            None => Ok(None),
+            Some(BareItem::String(value)) => Ok(Some(value.clone())),
+            Some(_) => Err(InvalidField::shape(format!(
+                "`{key}` of {:?} is not a string",
+                self.name
+            ))),
+        }
+    }
+
+    /// A byte-sequence parameter, if present.
+    pub(crate) fn bytes(&self, key: &str) -> Result<Option<Vec<u8>>, InvalidField> {
+        match self.param(key) {
+            None => Ok(None),
+            Some(BareItem::Bytes(value)) => Ok(Some(value.clone())),
+            Some(_) => Err(InvalidField::shape(format!(
+                "`{key}` of {:?} is not a byte sequence",
+                self.name
+            ))),
+        }
+    }
+
+    fn param(&self, key: &str) -> Option<&BareItem> {
+        self.params
+            .iter()
+            .find_map(|(k, value)| (k == key).then_some(value))
+    }
+}
+
+/// The items of a field value. Parameters the draft does not define are ignored, as it
+/// asks; an inner list, or an item that is not a string, is an error.
+pub(crate) fn items(input: &[u8]) -> Result<Vec<Item>, InvalidField> {
+    parse_list(input)?
+        .into_iter()
+        .map(|member| match member {
+            None => Err(InvalidField::shape("an inner list where a policy belongs")),
+            Some((BareItem::String(name), params)) => Ok(Item { name, params }),
+            Some(_) => Err(InvalidField::shape(
+                "a list item that is not a policy name string",
+            )),
+        })
+        .collect()
+}
+
+/// Every line of a field as one value: lines join with `, `, as Structured Field lists
+/// split over lines do. No line at all is an error (the field is absent).
+pub(crate) fn joined<'i>(
+    values: &mut impl Iterator<Item = &'i HeaderValue>,
+) -> Result<Cow<'i, [u8]>, headers::Error> {
+    let first = values.next().ok_or_else(headers::Error::invalid)?;
+    let Some(second) = values.next() else {
+        return Ok(Cow::Borrowed(first.as_bytes()));
+    };
+    let mut all = first.as_bytes().to_vec();
+    for value in std::iter::once(second).chain(values) {
+        all.extend_from_slice(b", ");
+        all.extend_from_slice(value.as_bytes());
+    }
+    Ok(Cow::Owned(all))
+}
+
+/// A field value written by `write` into the layer's field buffer; nothing for an empty
+/// list (a Structured Field list with no members is not sent).
+pub(crate) fn encode(
+    values: &mut impl Extend<HeaderValue>,
+    write: impl FnOnce(&mut bytes::BytesMut),
+) {
+    let value = with_field_buffer(|buffer| {
+        write(buffer);
+        if buffer.is_empty() {
+            return None;
+        }
+        HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
+    });
+    values.extend(value);
+}

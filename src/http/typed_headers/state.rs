@@ -1,0 +1,256 @@
+//! `RateLimit`: where each policy stands for the request.
+
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+
+use super::error::InvalidField;
+use super::format::{self, MAX_INTEGER, PARTITION_KEY, REMAINING, RESET};
+use super::list::{self, Item};
+
+/// The `RateLimit` field of draft 11: each policy's state for this request, as a list of
+/// `"name";r=remaining;t=reset` items (with an optional `pk`, the partition key).
+///
+/// A [`headers::Header`], so axum-extra's `TypedHeader` and `headers::HeaderMapExt` read and
+/// write it. A field the draft does not allow (not a Structured Field list, an item that is
+/// not a string, no `r`, a negative or non-integer `r` or `t`) is an error; parameters the
+/// draft does not define are ignored.
+///
+/// ```
+/// use std::time::Duration;
+/// use headers::HeaderMapExt;
+/// use tollgate::headers::{QuotaState, RateLimit};
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert("ratelimit", r#""per-second";r=0;t=1, "daily";r=812;t=40000"#.parse().unwrap());
+/// let state: RateLimit = headers.typed_get().unwrap();
+/// // The policy that runs out first decides when to call again.
+/// assert_eq!(state.exhausted_for(), Some(Duration::from_secs(1)));
+/// assert_eq!(state.get("daily").unwrap().remaining(), 812);
+///
+/// let mut headers = http::HeaderMap::new();
+/// headers.typed_insert(RateLimit::new().state(QuotaState::new("per-minute", 3).unwrap().with_reset_secs(20)));
+/// assert_eq!(headers["ratelimit"], r#""per-minute";r=3;t=20"#);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RateLimit {
+    states: Vec<QuotaState>,
+}
+
+/// One item of [`RateLimit`]: a named policy's remaining units and reset.
+///
+/// ```
+/// use tollgate::headers::QuotaState;
+///
+/// let state = QuotaState::new("per-second", 0).unwrap().with_reset_secs(1).with_partition_key(vec![9]);
+/// assert_eq!((state.name(), state.remaining(), state.reset_secs()), ("per-second", 0, Some(1)));
+/// assert_eq!(state.partition_key(), Some(&[9u8][..]));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuotaState {
+    name: String,
+    remaining: u64,
+    reset: Option<u64>,
+    partition_key: Option<Vec<u8>>,
+}
+
+impl RateLimit {
+    /// A field with no state yet (encoded as no field line until one is added).
+    ///
+    /// ```
+    /// assert!(tollgate::headers::RateLimit::new().states().is_empty());
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a policy's state, after those already added.
+    ///
+    /// ```
+    /// use tollgate::headers::{QuotaState, RateLimit};
+    /// let field = RateLimit::new().state(QuotaState::new("a", 1).unwrap());
+    /// assert_eq!(field.states()[0].remaining(), 1);
+    /// ```
+    pub fn state(mut self, state: QuotaState) -> Self {
+        self.states.push(state);
+        self
+    }
+
+    /// The states, in the field's order.
+    ///
+    /// ```
+    /// let field = tollgate::headers::RateLimit::parse(br#""a";r=1, "b";r=2;t=5"#).unwrap();
+    /// assert_eq!(field.states().len(), 2);
+    /// ```
+    pub fn states(&self) -> &[QuotaState] {
+        &self.states
+    }
+
+    /// The first state of the policy named `name`.
+    ///
+    /// ```
+    /// let field = tollgate::headers::RateLimit::parse(br#""a";r=1"#).unwrap();
+    /// assert!(field.get("a").is_some());
+    /// ```
+    pub fn get(&self, name: &str) -> Option<&QuotaState> {
+        self.states.iter().find(|state| state.name == name)
+    }
+
+    /// How long the field says no request will be admitted: the longest `t` among the
+    /// policies with `r=0` (a policy with `r=0` and no `t` gives no time), or `None` when
+    /// every policy has units left.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::headers::RateLimit;
+    /// let field = RateLimit::parse(br#""a";r=0;t=3, "b";r=0;t=30, "c";r=5;t=60"#).unwrap();
+    /// assert_eq!(field.exhausted_for(), Some(Duration::from_secs(30)));
+    /// assert_eq!(RateLimit::parse(br#""a";r=2;t=3"#).unwrap().exhausted_for(), None);
+    /// ```
+    pub fn exhausted_for(&self) -> Option<Duration> {
+        self.states
+            .iter()
+            .filter(|state| state.remaining == 0)
+            .filter_map(|state| state.reset)
+            .max()
+            .map(Duration::from_secs)
+    }
+
+    /// Decodes one field value (all lines joined with `, `), saying what is wrong if it does
+    /// not follow the draft.
+    ///
+    /// ```
+    /// use tollgate::headers::RateLimit;
+    /// assert_eq!(RateLimit::parse(br#""a";r=1;t=2;x=?1"#).unwrap().states()[0].reset_secs(), Some(2));
+    /// assert!(RateLimit::parse(br#""a";r=1.5"#).is_err());
+    /// assert!(RateLimit::parse(b"\"a\";r=1;;").is_err());
+    /// ```
+    pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
+        let states = list::items(value)?
+            .into_iter()
+            .map(|item| QuotaState::from_item(&item))
+            .collect::<Result<_, _>>()?;
+        Ok(Self { states })
+    }
+}
+
+impl QuotaState {
+    /// A state with `remaining` units left; values above 999,999,999,999,999 (the largest
+    /// Structured Field integer) are taken as it. The name must be printable ASCII.
+    ///
+    /// ```
+    /// assert!(tollgate::headers::QuotaState::new("\n", 1).is_err());
+    /// ```
+    pub fn new(name: impl Into<String>, remaining: u64) -> Result<Self, InvalidField> {
+        let name = name.into();
+        if !format::is_sf_string(&name) {
+            return Err(InvalidField::shape(format!(
+                "policy name {name:?} is not printable ASCII"
+            )));
+        }
+        Ok(Self {
+            name,
+            remaining: remaining.min(MAX_INTEGER),
+            reset: None,
+            partition_key: None,
+        })
+    }
+
+    /// Sets `t`, the seconds until the quota resets (capped as `r` is).
+    ///
+    /// ```
+    /// let s = tollgate::headers::QuotaState::new("a", 0).unwrap().with_reset_secs(4);
+    /// assert_eq!(s.reset_secs(), Some(4));
+    /// ```
+    pub fn with_reset_secs(mut self, secs: u64) -> Self {
+        self.reset = Some(secs.min(MAX_INTEGER));
+        self
+    }
+
+    /// Sets `pk`, the partition key.
+    ///
+    /// ```
+    /// let s = tollgate::headers::QuotaState::new("a", 0).unwrap().with_partition_key(vec![1]);
+    /// assert_eq!(s.partition_key(), Some(&[1u8][..]));
+    /// ```
+    pub fn with_partition_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.partition_key = Some(key.into());
+        self
+    }
+
+    /// The policy's name.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::headers::QuotaState::new("a", 1).unwrap().name(), "a");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `r`: the units left.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::headers::QuotaState::new("a", 1).unwrap().remaining(), 1);
+    /// ```
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// `t`: the seconds until the quota resets, if the field gives it.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::headers::QuotaState::new("a", 1).unwrap().reset_secs(), None);
+    /// ```
+    pub fn reset_secs(&self) -> Option<u64> {
+        self.reset
+    }
+
+    /// `pk`: the partition key, if the field gives one.
+    ///
+    /// ```
+    /// assert_eq!(tollgate::headers::QuotaState::new("a", 1).unwrap().partition_key(), None);
+    /// ```
+    pub fn partition_key(&self) -> Option<&[u8]> {
+        self.partition_key.as_deref()
+    }
+
+    fn from_item(item: &Item) -> Result<Self, InvalidField> {
+        Ok(Self {
+            name: item.name.clone(),
+            remaining: item.required_integer(REMAINING)?,
+            reset: item.integer(RESET)?,
+            partition_key: item.bytes(PARTITION_KEY)?,
+        })
+    }
+}
+
+impl headers::Header for RateLimit {
+    fn name() -> &'static HeaderName {
+        static NAME: HeaderName = crate::http::response::RATELIMIT;
+        &NAME
+    }
+
+    fn decode<'i, I>(values: &mut I) -> Result<Self, headers::Error>
+    where
+        I: Iterator<Item = &'i HeaderValue>,
+    {
+        let value = list::joined(values)?;
+        Self::parse(&value).map_err(|_| headers::Error::invalid())
+    }
+
+    fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {
+        list::encode(values, |buffer| {
+            for state in &self.states {
+                format::push_separator(buffer);
+                format::push_string(buffer, &state.name);
+                format::push_integer(buffer, REMAINING, state.remaining);
+                if let Some(reset) = state.reset {
+                    format::push_integer(buffer, RESET, reset);
+                }
+                if let Some(pk) = &state.partition_key {
+                    format::push_bytes(buffer, PARTITION_KEY, pk);
+                }
+            }
+        });
+    }
+}
