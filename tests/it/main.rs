@@ -86,3 +86,5 @@ mod shed;
 mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod window_expiry;
