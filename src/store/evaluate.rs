@@ -1,5 +1,5 @@
 //! One decision over all of a caller's policies, all or nothing: the loop every backend
-//! runs around the per-policy arithmetic (lua/check.lua is its transcription for Redis).
+//! runs around the per-policy arithmetic (lua/policies.lua is its transcription for Redis).
 
 use crate::store::algorithm::{Evaluation, PolicyState};
 use crate::store::backend::CheckOutcome;

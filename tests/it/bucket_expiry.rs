@@ -130,7 +130,7 @@ async fn the_key_outlives_every_state_written() {
     bucket.assert_covered(&server, &key, "a refund of a lease");
 }
 
-/// An older version of lua/check.lua set the expiry to a full refill from its own time on
+/// An older version of the decision script set the expiry to a full refill from its own time on
 /// every write; one writing between two of today's decisions may bring the expiry earlier
 /// than today's scripts last set it, and the next decision must still be covered.
 #[tokio::test]

@@ -658,7 +658,7 @@ async fn redis_and_the_in_process_store_grant_the_same_leases() {
 }
 
 /// Leases answered by a real redis-server after the store timeout (the fault proxy delays
-/// every reply past it): Redis ran lease.lua and consumed the units all the same. They
+/// every reply past it): Redis ran the lease and consumed the units all the same. They
 /// come back, and the store's count ends at what was spent: nothing, the requests having
 /// met the failure policy.
 #[cfg(feature = "redis")]

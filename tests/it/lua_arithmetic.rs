@@ -1,8 +1,10 @@
 //! The Lua that Redis runs and the Rust that the in-process backend runs are the same
-//! arithmetic: the shipped lua/ files (the decision script itself, and the algorithm
-//! modules refunds use), driven with explicit timestamps through a test-only harness, agree
-//! with `Algorithm::evaluate_cost` and `Algorithm::refund` on every step of random
-//! sequences of requests of random costs (above the quota included) and refunds.
+//! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
+//! explicit timestamps through a test-only harness, agrees with `Algorithm::evaluate_cost`
+//! and `Algorithm::refund` on every step of random sequences of requests of random costs
+//! (above the quota included), leases and refunds; and after every step the key expires
+//! no earlier than its state stops weighing in decisions, and no later than the longest
+//! such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,38 +13,29 @@ use proptest::prelude::*;
 use tollgate::store::{Algorithm, PolicyState};
 use tollgate_testkit::redis::RedisServer;
 
-/// The shipped lua/check.lua, run at `now` given as an argument instead of Redis's TIME,
-/// for a decision, and lua/refund.lua's steps through the shipped algorithm modules for a
-/// refund, so both sides can be stepped through the same instants. Arguments: kind, the
-/// three policy numbers, now, cost, then the refunded decision's time or -1 to decide.
+/// The shipped lua/policies.lua, run at `now` given as an argument instead of Redis's TIME,
+/// so both sides can be stepped through the same instants. Arguments: kind, the three
+/// policy numbers, now, then the script's own trailing arguments (the cost, and for a
+/// lease or a refund a number and the operation).
 fn harness() -> String {
     [
         include_str!("../../lua/common.lua"),
-        include_str!("../../lua/sliding_window.lua"),
-        include_str!("../../lua/token_bucket.lua"),
         r#"
-local algorithms = { sliding_window, token_bucket }
-local algorithm = algorithms[tonumber(ARGV[1])]
-local a, b, c, now = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local cost, refund_of = tonumber(ARGV[6]), tonumber(ARGV[7])
-if refund_of >= 0 then
-  -- as lua/refund.lua does: nothing for a key that is gone
-  if redis.call('EXISTS', KEYS[1]) == 1 then
-    local st = algorithm.load(KEYS[1], now, a, b, c)
-    if algorithm.refund(st, refund_of, cost, a, b, c) then
-      algorithm.store(KEYS[1], st, now, a, b, c)
-    end
-  end
-  return {}
-end
 -- the parameters stand in for the script's ARGV and lua/clock.lua's `now`
-local function check(ARGV, now)
+local function policies(ARGV, now)
 "#,
-        include_str!("../../lua/check.lua"),
+        include_str!("../../lua/policies.lua"),
         r#"
 end
-local reply = check({ ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6] }, now)
-return { reply[2], reply[3], reply[4] }
+local args = { ARGV[1], ARGV[2], ARGV[3], ARGV[4] }
+for i = 6, #ARGV do
+  args[#args + 1] = ARGV[i]
+end
+local reply = policies(args, tonumber(ARGV[5]))
+if type(reply) == 'number' then
+  return reply
+end
+return { reply[1], reply[2], reply[3], reply[4] }
 "#,
     ]
     .concat()
@@ -74,6 +67,113 @@ fn algorithms() -> impl Strategy<Value = Algorithm> {
     ]
 }
 
+/// Asserts what the key of `algorithm` holds after `after` expires when its state stops
+/// weighing in decisions, or after, and no later than the longest such a state can weigh:
+/// - a sliding window's state (s, p, c) weighs until s + 2w while c > 0 (c becomes the
+///   previous count at s + w), until s + w while only p > 0; it never weighs past s + 2w;
+/// - a token bucket's level l at t weighs until it has refilled, t + ceil((capacity - l) /
+///   rate); its expiry is a full refill after a write at the latest, and never before x.
+fn assert_expiry(
+    connection: &mut redis::Connection,
+    key: &str,
+    algorithm: &Algorithm,
+    after: &str,
+) -> Result<(), TestCaseError> {
+    let expires_at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(connection)
+        .unwrap();
+    if expires_at == -2 {
+        // never written: nothing to outlive
+        return Ok(());
+    }
+    prop_assert!(
+        expires_at >= 0,
+        "after {}: {} has no expiry ({})",
+        after,
+        key,
+        expires_at
+    );
+    let expires_at = expires_at as u64;
+    match *algorithm {
+        Algorithm::SlidingWindow { window_ms, .. } => {
+            let (s, p, c): (u64, u64, u64) = redis::cmd("HMGET")
+                .arg(key)
+                .arg(&["s", "p", "c"])
+                .query(connection)
+                .unwrap();
+            let weighs_until = if c > 0 {
+                s + 2 * window_ms
+            } else if p > 0 {
+                s + window_ms
+            } else {
+                0
+            };
+            prop_assert!(
+                weighs_until <= expires_at && expires_at <= s + 2 * window_ms,
+                "after {}: {} (s {}, p {}, c {}) expires at {}, its state weighs until {}, \
+                 and no state of that window past {}",
+                after,
+                key,
+                s,
+                p,
+                c,
+                expires_at,
+                weighs_until,
+                s + 2 * window_ms
+            );
+        }
+        Algorithm::TokenBucket {
+            rate,
+            period_ms,
+            burst,
+        } => {
+            let (level, updated, x): (u64, u64, u64) = redis::cmd("HMGET")
+                .arg(key)
+                .arg(&["l", "t", "x"])
+                .query(connection)
+                .unwrap();
+            let capacity = burst * period_ms;
+            let refilled_at = updated + (capacity - level).div_ceil(rate);
+            let full_refill_at = updated + capacity.div_ceil(rate);
+            prop_assert!(
+                refilled_at <= expires_at && x <= expires_at && expires_at <= full_refill_at,
+                "after {}: {} (l {}, t {}, x {}) expires at {}, its level refills at {}, \
+                 a full refill from t ends at {}",
+                after,
+                key,
+                level,
+                updated,
+                x,
+                expires_at,
+                refilled_at,
+                full_refill_at
+            );
+        }
+        other => panic!("no script for {other:?}"),
+    }
+    Ok(())
+}
+
+/// What a step does.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    /// Decides `burst` requests of the step's cost.
+    Decide,
+    /// Gives back one of the admitted requests (or leases), chosen at random.
+    Refund,
+    /// Leases up to the step's cost plus `extra` units, the cost at least 1.
+    Lease { extra: u64 },
+}
+
+fn steps() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => Just(Step::Decide),
+        2 => Just(Step::Refund),
+        2 => (0u64..120).prop_map(|extra| Step::Lease { extra }),
+    ]
+}
+
 static CASE: AtomicU64 = AtomicU64::new(0);
 
 proptest! {
@@ -83,7 +183,7 @@ proptest! {
     fn lua_and_rust_agree(
         algorithm in algorithms(),
         steps in prop::collection::vec(
-            (0u64..3_000, 1usize..6, 0u64..120, prop::bool::weighted(0.3), any::<prop::sample::Index>()),
+            (0u64..3_000, 1usize..6, 0u64..120, steps(), any::<prop::sample::Index>()),
             1..60,
         ),
     ) {
@@ -97,8 +197,8 @@ proptest! {
             let key = format!("case:{}", CASE.fetch_add(1, Ordering::Relaxed));
             let [kind, a, b, c] = args(&algorithm);
 
-            // From the real clock: a token bucket's key expires at an absolute time
-            // (PEXPIREAT) computed from `now`, which must not lie in the server's past.
+            // From the real clock: keys expire at absolute times (PEXPIREAT) computed from
+            // `now`, which must not lie in the server's past.
             let mut now = u64::try_from(
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
@@ -107,41 +207,79 @@ proptest! {
             )
             .unwrap();
             let mut state: Option<PolicyState> = None;
-            // Admitted requests as (cost, when), the ones a refund may give back.
+            // Admitted requests and leases as (cost, when), the ones a refund may give back.
             let mut admitted: Vec<(u64, u64)> = Vec::new();
-            for (step, (advance, burst, percent, refund, which)) in steps.iter().enumerate() {
+            for (step, (advance, burst, percent, what, which)) in steps.iter().enumerate() {
                 now += advance;
                 // Costs from 0 to a little over the quota.
                 let cost = algorithm.quota() * percent / 100;
-                // Any admitted request, so refunds come at random delays after their
-                // decisions.
-                if *refund && !admitted.is_empty() {
-                    let (cost, counted_at) = admitted.remove(which.index(admitted.len()));
-                    if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
-                        state = Some(given_back);
+                match *what {
+                    // Any admitted request, so refunds come at random delays after their
+                    // decisions.
+                    Step::Refund if !admitted.is_empty() => {
+                        let (cost, counted_at) = admitted.remove(which.index(admitted.len()));
+                        if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
+                            state = Some(given_back);
+                        }
+                        let _: u64 = script
+                            .key(&key)
+                            .arg(kind).arg(a).arg(b).arg(c).arg(now)
+                            .arg(cost).arg(counted_at).arg("refund")
+                            .invoke(&mut connection)
+                            .unwrap();
+                        assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a refund"))?;
                     }
-                    let _: Vec<u64> = script
-                        .key(&key)
-                        .arg(kind).arg(a).arg(b).arg(c).arg(now).arg(cost).arg(counted_at)
-                        .invoke(&mut connection)
-                        .unwrap();
-                }
-                for _ in 0..*burst {
-                    let rust = algorithm.evaluate_cost(state, now, cost);
-                    if rust.admitted {
-                        state = Some(rust.admitted_state);
-                        admitted.push((cost, now));
+                    Step::Refund => {}
+                    Step::Lease { extra } => {
+                        // As the lease's grant is made: the most every policy admits at
+                        // once, up to the units wanted, or none below the cost.
+                        let cost = cost.max(1);
+                        let wanted = cost + extra * algorithm.quota() / 100;
+                        let room = algorithm.evaluate_cost(state, now, 0).outcome.remaining;
+                        let grant = room.min(wanted);
+                        let rust = if grant >= cost {
+                            let rust = algorithm.evaluate_cost(state, now, grant);
+                            prop_assert!(rust.admitted, "a grant of {} refused: {:?}", grant, rust);
+                            state = Some(rust.admitted_state);
+                            admitted.push((grant, now));
+                            vec![grant, 1, rust.outcome.remaining, rust.outcome.reset_ms]
+                        } else {
+                            let rust = algorithm.evaluate_cost(state, now, cost);
+                            vec![0, u64::from(rust.admitted), rust.outcome.remaining, rust.outcome.reset_ms]
+                        };
+                        let lua: Vec<u64> = script
+                            .key(&key)
+                            .arg(kind).arg(a).arg(b).arg(c).arg(now)
+                            .arg(cost).arg(wanted).arg("lease")
+                            .invoke(&mut connection)
+                            .unwrap();
+                        prop_assert_eq!(
+                            lua, rust,
+                            "step {} at {} ms, a lease of {} to {}, with {:?}", step, now, cost, wanted, algorithm
+                        );
+                        assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a lease"))?;
                     }
-                    let lua: Vec<u64> = script
-                        .key(&key)
-                        .arg(kind).arg(a).arg(b).arg(c).arg(now).arg(cost).arg(-1)
-                        .invoke(&mut connection)
-                        .unwrap();
-                    prop_assert_eq!(
-                        lua,
-                        vec![u64::from(rust.admitted), rust.outcome.remaining, rust.outcome.reset_ms],
-                        "step {} at {} ms, cost {}, with {:?}", step, now, cost, algorithm
-                    );
+                    Step::Decide => {
+                        for _ in 0..*burst {
+                            let rust = algorithm.evaluate_cost(state, now, cost);
+                            if rust.admitted {
+                                state = Some(rust.admitted_state);
+                                admitted.push((cost, now));
+                            }
+                            let lua: Vec<u64> = script
+                                .key(&key)
+                                .arg(kind).arg(a).arg(b).arg(c).arg(now).arg(cost)
+                                .invoke(&mut connection)
+                                .unwrap();
+                            prop_assert_eq!(
+                                &lua[1..],
+                                &[u64::from(rust.admitted), rust.outcome.remaining, rust.outcome.reset_ms][..],
+                                "step {} at {} ms, cost {}, with {:?}", step, now, cost, algorithm
+                            );
+                            prop_assert_eq!(lua[0], u64::from(rust.admitted));
+                            assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a decision"))?;
+                        }
+                    }
                 }
             }
             Ok(())
@@ -166,24 +304,33 @@ fn regression_a_lua_token_bucket_refund_never_adds_tokens_the_bucket_refilled() 
             .as_millis(),
     )
     .unwrap();
-    let mut step = |at: u64, refund_of: i64| -> Vec<u64> {
-        script
-            .key("bucket")
+    // A decision at `at`, or with `refund_of` the refund of the decision made then.
+    let mut step = |at: u64, refund_of: Option<u64>| -> Vec<u64> {
+        let mut invocation = script.key("bucket");
+        invocation
             .arg(kind)
             .arg(a)
             .arg(b)
             .arg(c)
             .arg(start + at)
-            .arg(1)
-            .arg(refund_of)
-            .invoke(&mut connection)
-            .unwrap()
+            .arg(1);
+        match refund_of {
+            Some(counted_at) => {
+                let _changed: u64 = invocation
+                    .arg(start + counted_at)
+                    .arg("refund")
+                    .invoke(&mut connection)
+                    .unwrap();
+                Vec::new()
+            }
+            None => invocation.invoke(&mut connection).unwrap(),
+        }
     };
-    assert_eq!(step(0, -1)[0], 1, "R1");
-    assert_eq!(step(1_200, -1)[0], 1, "R2");
-    assert_eq!(step(1_200, -1)[0], 1, "R3");
-    step(1_234, i64::try_from(start).unwrap());
-    let r4 = step(1_234, -1);
+    assert_eq!(step(0, None)[0], 1, "R1");
+    assert_eq!(step(1_200, None)[0], 1, "R2");
+    assert_eq!(step(1_200, None)[0], 1, "R3");
+    step(1_234, Some(0));
+    let r4 = step(1_234, None);
     assert_eq!(
         r4[0], 0,
         "R4 admitted after the refund: {r4:?} (admitted, remaining, reset)"

@@ -92,3 +92,5 @@ mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
 mod typed_headers;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod window_expiry;

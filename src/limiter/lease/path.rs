@@ -426,7 +426,7 @@ mod tests {
     const START_MS: u64 = 1_800_000_000_000;
 
     /// The in-process store declared remote, so the limiter leases from it; its lease is
-    /// granted when asked (as lease.lua runs) and answered `late` afterwards.
+    /// granted when asked (as the Redis script runs a lease) and answered `late` afterwards.
     #[derive(Clone, Debug)]
     struct Shared {
         store: InMemoryBackend,

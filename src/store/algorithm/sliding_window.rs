@@ -1,5 +1,5 @@
 //! The sliding window counter: the previous fixed window's count, weighted by how much of
-//! it still overlaps the sliding window, plus the current window's count. lua/sliding_window.lua
+//! it still overlaps the sliding window, plus the current window's count. lua/policies.lua
 //! is its transcription for Redis.
 
 use super::{PolicyOutcome, PolicyState};

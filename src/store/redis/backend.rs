@@ -21,36 +21,17 @@ use crate::store::domain::FailureDomain;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
-/// The decision script: the shared helpers, Redis's clock, then the entry point, which
-/// spells both algorithms out itself (Redis runs a script's whole body on every call, so
-/// loading the algorithm modules too would rebuild them for every decision).
-const CHECK_SCRIPT: &str = concat!(
+/// The one script for decisions, leases and refunds: the shared helpers, Redis's clock,
+/// then lua/policies.lua, which spells each algorithm out once, inline (Redis runs a
+/// script's whole body on every call, so functions defined in it would be built again for
+/// every decision).
+const SCRIPT_SOURCE: &str = concat!(
     include_str!("../../../lua/common.lua"),
     include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/check.lua"),
+    include_str!("../../../lua/policies.lua"),
 );
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(CHECK_SCRIPT));
-
-/// The refund script: the same helpers and algorithms, then the refund entry point.
-const REFUND_SCRIPT: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/sliding_window.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/refund.lua"),
-);
-
-static REFUND: LazyLock<Script> = LazyLock::new(|| Script::new(REFUND_SCRIPT));
-
-/// The lease script: the same helpers and algorithms, then the lease entry point.
-const LEASE_SCRIPT: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/sliding_window.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/lease.lua"),
-);
-
-static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(LEASE_SCRIPT));
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 
 // A script without keys runs on any node, so a ping also warms a cluster connection.
 const PING_SCRIPT: &str = "return 1";
@@ -324,20 +305,20 @@ impl RedisBackend {
         self.response_timeout
     }
 
-    /// The decision script's source, as loaded into Redis (for `redis-benchmark` and for
-    /// operators who want to read it).
+    /// The script's source, as loaded into Redis (for `redis-benchmark` and for operators
+    /// who want to read it): decisions, leases and refunds all run it.
     pub fn script_source() -> &'static str {
-        CHECK_SCRIPT
+        SCRIPT_SOURCE
     }
 
-    /// The SHA-1 that `EVALSHA` calls the decision script by.
+    /// The SHA-1 that `EVALSHA` calls the script by.
     pub fn script_sha() -> &'static str {
         SCRIPT.get_hash()
     }
 }
 
-/// The script's arguments for `limits`: four numbers per policy (see lua/check.lua); the
-/// cost (and for a refund, the time) follow.
+/// The script's arguments for `limits`: four numbers per policy (see lua/policies.lua);
+/// the cost (and for a lease or a refund, a number and the operation) follow.
 pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
     let mut args = Vec::with_capacity(limits.len() * 4);
     for limit in limits {
@@ -565,7 +546,7 @@ impl Backend for RedisBackend {
         let timeout = self.response_timeout;
         StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
-                .run(&SCRIPT, CHECK_SCRIPT, &keys, &args, timeout)
+                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &args, timeout)
                 .await?;
             parse_reply(&reply, count)
         })
@@ -584,7 +565,7 @@ impl Backend for RedisBackend {
         let timeout = self.response_timeout;
         StoreFuture::boxed(async move {
             let _changed: i64 = connection
-                .run(&REFUND, REFUND_SCRIPT, &keys, &args, timeout)
+                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &(args, "refund"), timeout)
                 .await?;
             Ok(())
         })
@@ -605,9 +586,9 @@ impl Backend for RedisBackend {
         let timeout = self.response_timeout;
         Some(StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
-                .run(&LEASE, LEASE_SCRIPT, &keys, &args, timeout)
+                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &(args, "lease"), timeout)
                 .await?;
-            // The reply has check.lua's shape, with the grant in place of the verdict.
+            // The reply has a decision's shape, with the grant in place of the verdict.
             let outcome = parse_reply(&reply, count)?;
             let granted = u64::try_from(reply[0]).unwrap_or(0);
             Ok(LeaseGrant::new(granted, outcome))

@@ -1,0 +1,310 @@
+-- tollgate: every operation on one caller's policies, atomically: a decision, a lease, a
+-- refund. Each algorithm's arithmetic and the expiry of its keys are written here once.
+--
+-- KEYS[i]  policy i's key; all of one caller's keys share a hash tag: rl:{acme}:per-second
+-- ARGV     four numbers per policy: kind (1 sliding window, 2 token bucket), then
+--          limit, window_ms, 0 (sliding window) or rate, period_ms, burst (token bucket);
+--          then one of
+--            nothing or the cost (1 when absent): decides one request of `cost` units;
+--            the cost, the units wanted (at least the cost), 'lease': grants the largest
+--              count up to the units wanted that every policy admits at once;
+--            the cost, the time of the decision that counted it, 'refund': gives it back
+-- Returns  a decision or a lease: { admitted (0/1), or the units granted, then per policy:
+--            admitted (0/1), remaining, reset_ms, then the time of the decision (ms), which
+--            a refund names }; a refund: the number of policies whose state changed
+--
+-- Runs after lua/common.lua and lua/clock.lua (`now`). A decision writes nothing unless
+-- every policy admits: a refused request consumes nothing. A lease grant below the cost is
+-- no grant: nothing is written and the reply is the decision's refusal of the request. A
+-- refund never admits more than not counting the request at all, and creates no key.
+--
+-- This runs in Redis's single thread on every decision, and Redis runs the whole script
+-- body on every call, so every function or table defined here is built again per call
+-- (defining the two algorithms as modules of functions cost a seventh of a decision, and
+-- each Lua call about a hundredth). Hence one straight-line pass per phase, plain locals
+-- and one flat table for the whole call, each algorithm a branch of each phase.
+-- tests/it/lua_arithmetic.rs drives this file against the Rust algorithms.
+--
+-- The sliding window counter. Its key holds a hash:
+--   s = start of the current fixed window (ms), p = previous window's count, c = current count.
+-- A request of `cost` units (at most limit) fits when p * (w - elapsed) + c * w <= (limit - cost) * w.
+-- A state weighs in decisions until two windows after its start: at s + w its count becomes
+-- the previous one, at s + 2w it is forgotten. So the key expires at exactly s + 2w
+-- (PEXPIREAT, on the same clock as `now`), set whenever s is written; a write that keeps s
+-- keeps the expiry. Older versions of this script set it 2w after their own time, at or
+-- after s: never earlier than this rule.
+--
+-- The token bucket. Its key holds a hash:
+--   l = level in units where one token is `period` units and `rate` units flow in per ms,
+--   t = when the level was computed (ms),
+--   x = a time (ms) before which the key does not expire.
+-- A state matters until it has refilled: after writing level l at `now` the key must live
+-- until now + ceil_div(capacity - l, rate) at least. A write whose x reaches that far
+-- writes l and t only; any other sets x = now + one full refill and the key's expiry to
+-- exactly x (PEXPIREAT, on the same clock as `now`). So a busy key that stays well above
+-- empty sets its expiry about once per full refill instead of on every write; one kept
+-- near empty (at its limit) still sets it on most admitted writes.
+-- x stays a lower bound of the key's expiry whatever writes the key: a write that skips
+-- leaves the expiry alone; a write that sets x sets the expiry to x with it; the key's
+-- expiry or deletion takes x with it. Older versions of this script leave x alone and on
+-- every write set the expiry one full refill after a moment of their own run (PEXPIRE is
+-- relative): Redis runs one script at a time, so on a clock that does not go back that
+-- moment is at or after the `now` that wrote x, and the expiry they set is at or after x.
+-- That is also why x is one full refill ahead and no more: with a longer x, an older
+-- version's write could bring the expiry before it, and a later write trusting x could
+-- outlive the key.
+
+local policies = #KEYS
+-- 'check', 'lease' or 'refund'; `given` is the units wanted or the refunded decision's time
+local operation, cost, given = 'check', 1, nil
+if #ARGV == 4 * policies + 1 then
+  -- '1' is the common cost: compared as a string, it needs no parsing
+  if ARGV[#ARGV] ~= '1' then
+    cost = tonumber(ARGV[#ARGV])
+    if cost == nil or cost < 0 or cost ~= math.floor(cost) then
+      return redis.error_reply('tollgate: the cost must be a whole number of units, got ' .. tostring(ARGV[#ARGV]))
+    end
+  end
+elseif #ARGV == 4 * policies + 3 then
+  operation, cost, given = ARGV[#ARGV], tonumber(ARGV[#ARGV - 2]), tonumber(ARGV[#ARGV - 1])
+  if operation == 'lease' then
+    if cost == nil or given == nil or cost < 1 or cost ~= math.floor(cost) or given < cost or given ~= math.floor(given) then
+      return redis.error_reply('tollgate: a lease needs whole numbers 1 <= cost <= units, got ' .. tostring(ARGV[#ARGV - 2]) .. ' and ' .. tostring(ARGV[#ARGV - 1]))
+    end
+  elseif operation == 'refund' then
+    if cost == nil or given == nil then
+      return redis.error_reply('tollgate: a refund needs a cost and a time, got ' .. tostring(ARGV[#ARGV - 2]) .. ' and ' .. tostring(ARGV[#ARGV - 1]))
+    end
+  else
+    return redis.error_reply('tollgate: unknown operation ' .. tostring(operation))
+  end
+elseif #ARGV ~= 4 * policies then
+  return redis.error_reply('tollgate: expected 4 arguments per key and a cost, or a cost, a number and an operation, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+end
+local refunding = operation == 'refund'
+if policies == 0 then
+  if refunding then
+    return 0
+  end
+  return { operation == 'lease' and given or 1, now }
+end
+
+-- Load every policy's state, then weigh the request (or apply the refund) against it,
+-- keeping ten values per policy in `loaded`: whether the request fits (for a refund,
+-- whether the state changed), the policy's kind and three numbers (a sliding window's
+-- limit and window; a token bucket's rate, period and burst), then its state: a sliding
+-- window's s, p, c (rolled to `now`'s window), elapsed (now - s, at least 0) and whether
+-- the whole state is to be written (s moved, or a refund changed p), or a token bucket's
+-- level (refilled to `now`), stored time and x. Each policy's remaining units before this
+-- request go in its place in the reply. Built presized for one policy, the common case.
+local loaded = { false, false, false, false, false, false, false, false, false, false }
+local reply = { 1, 0, 0, 0, 0 }
+local admitted = true
+-- a lease's grant: the least that remains, at most the units wanted
+local grant = nil
+if operation == 'lease' then
+  grant = given
+end
+for i = 1, policies do
+  local base = 10 * i - 10
+  local argv = 4 * i - 4
+  local kind = ARGV[argv + 1]
+  local fits, remaining = false, 0
+  if kind == '1' then
+    local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
+    local stored = redis.call('HMGET', KEYS[i], 's', 'p', 'c')
+    local start = now - now % window
+    local s, p, c = tonumber(stored[1]), tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
+    local whole = true
+    if s == start then
+      whole = false
+    elseif s == nil then
+      s, p, c = start, 0, 0
+    elseif s + window == start then
+      s, p, c = start, c, 0
+    elseif s > start then
+      -- a state from the future (the clock moved back): keep it, it is only stricter
+      whole = false
+    else
+      s, p, c = start, 0, 0
+    end
+    local elapsed = now - s
+    if elapsed < 0 then
+      elapsed = 0
+    end
+    if refunding then
+      -- the units come off the window they were counted in while it still weighs, never
+      -- below 0
+      local counted_in = given - given % window
+      if counted_in == s and c > 0 then
+        c, fits = math.max(c - cost, 0), true
+      elseif counted_in + window == s and p > 0 then
+        p, fits, whole = math.max(p - cost, 0), true, true
+      end
+    else
+      local used = p * (window - elapsed) + c * window
+      fits = cost <= limit and used <= (limit - cost) * window
+      if limit * window > used then
+        remaining = floor_div(limit * window - used, window)
+      end
+    end
+    loaded[base + 3], loaded[base + 4] = limit, window
+    loaded[base + 5], loaded[base + 6], loaded[base + 7] = s, p, c
+    loaded[base + 8], loaded[base + 9] = elapsed, whole
+  elseif kind == '2' then
+    local rate, period, burst = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3]), tonumber(ARGV[argv + 4])
+    local capacity = burst * period
+    local stored = redis.call('HMGET', KEYS[i], 'l', 't', 'x')
+    local level, updated = tonumber(stored[1]), tonumber(stored[2])
+    if level == nil or updated == nil then
+      level = capacity
+    else
+      local elapsed = now - updated
+      if elapsed < 0 then
+        elapsed = 0
+      end
+      -- past this much silence the bucket is full; checking first keeps products small
+      if elapsed >= ceil_div(capacity, rate) then
+        level = capacity
+      else
+        level = level + elapsed * rate
+        if level > capacity then
+          level = capacity
+        end
+      end
+    end
+    if refunding then
+      -- puts back as many tokens as a bucket that never counted the request would hold
+      -- more: its cost, less what flowed in between the count and the last write (that
+      -- bucket may have been full meanwhile and lost it; since the last write this one
+      -- only filled, which the cap accounts for), capped at the capacity. A state written
+      -- before the count does not hold it.
+      if level < capacity and updated ~= nil and updated >= given then
+        local owed = math.min(cost, burst) * period
+        local since = updated - given
+        -- checked first, so the product below stays under `owed`
+        if since < ceil_div(owed, rate) then
+          level, fits = math.min(capacity, level + owed - since * rate), true
+        end
+      end
+    else
+      fits = cost <= burst and level >= cost * period
+      remaining = floor_div(level, period)
+    end
+    loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
+    loaded[base + 6], loaded[base + 7], loaded[base + 8] = level, updated, tonumber(stored[3])
+  else
+    return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
+  end
+  loaded[base + 1], loaded[base + 2] = fits, kind
+  admitted = admitted and fits
+  reply[3 * i] = remaining
+  if grant and remaining < grant then
+    grant = remaining
+  end
+end
+
+-- Whether to take units from every policy, and how many: a decision takes the cost when
+-- every policy admits it, a lease its grant, a refund none.
+local take, units = admitted, cost
+if operation == 'lease' then
+  if grant >= cost then
+    take, units = true, grant
+  else
+    take, grant = false, 0
+  end
+  reply[1] = grant
+elseif refunding then
+  take, units = false, 0
+elseif not admitted then
+  reply[1] = 0
+end
+
+-- Write each policy's state that changed, and report each: what remains, and the wait
+-- until one more unit fits (for a refusal, until `cost` do).
+local changed = 0
+for i = 1, policies do
+  local base = 10 * i - 10
+  -- a granted lease shows every policy as admitting
+  local fits = take or loaded[base + 1]
+  local write = take or (refunding and fits)
+  local remaining, reset = reply[3 * i], 0
+  if take then
+    remaining = remaining - units
+  end
+  local wanted = cost
+  if fits then
+    wanted = remaining + 1
+  end
+  if loaded[base + 2] == '1' then
+    local limit, window = loaded[base + 3], loaded[base + 4]
+    local p, c, elapsed = loaded[base + 6], loaded[base + 7], loaded[base + 8]
+    if write then
+      c = c + units
+      if loaded[base + 9] then
+        local s = loaded[base + 5]
+        redis.call('HSET', KEYS[i], 's', s, 'p', p, 'c', c)
+        redis.call('PEXPIREAT', KEYS[i], s + 2 * window)
+      else
+        redis.call('HSET', KEYS[i], 'c', c)
+      end
+    end
+    if not ((fits and remaining >= limit) or wanted > limit or refunding) then
+      -- milliseconds until `wanted` more fit
+      if c + wanted <= limit then
+        if p > 0 then
+          -- the previous window's share falls enough at `earliest` into this one
+          local earliest = window - floor_div((limit - c - wanted) * window, p)
+          if earliest > elapsed then
+            reset = earliest - elapsed
+          end
+        end
+      else
+        -- only the next window has room, once this one's share of it falls enough
+        local earliest = 0
+        if c > 0 then
+          earliest = window - floor_div((limit - wanted) * window, c)
+          if earliest < 0 then
+            earliest = 0
+          end
+        end
+        reset = window - elapsed + earliest
+      end
+    end
+  else
+    local rate, period, burst = loaded[base + 3], loaded[base + 4], loaded[base + 5]
+    local level = loaded[base + 6]
+    if write then
+      level = level - units * period
+      -- the stored time never moves back (a clock that went back): moved back, the
+      -- interval in between would be refilled twice
+      local at = loaded[base + 7]
+      if at == nil or at < now then
+        at = now
+      end
+      local x = loaded[base + 8]
+      if x and x - at >= ceil_div(burst * period - level, rate) then
+        redis.call('HSET', KEYS[i], 'l', level, 't', at)
+      else
+        x = at + ceil_div(burst * period, rate)
+        redis.call('HSET', KEYS[i], 'l', level, 't', at, 'x', x)
+        redis.call('PEXPIREAT', KEYS[i], x)
+      end
+    end
+    if not ((fits and remaining >= burst) or wanted > burst or refunding) then
+      local missing = wanted * period - level
+      if missing > 0 then
+        reset = ceil_div(missing, rate)
+      end
+    end
+  end
+  if write then
+    changed = changed + 1
+  end
+  reply[3 * i - 1], reply[3 * i], reply[3 * i + 1] = fits and 1 or 0, remaining, reset
+end
+if refunding then
+  return changed
+end
+reply[3 * policies + 2] = now
+return reply
