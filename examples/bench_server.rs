@@ -24,8 +24,9 @@ use axum::routing::{get, post};
 use clap::{ArgAction, Parser};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::{
-    ClientIp, FailurePolicy, HeaderKey, HeaderMode, InMemoryBackend, InstanceCount, Limiter,
-    MissingKey, Policy, Quota, RateLimitLayer,
+    FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota, RateLimitLayer,
+    key::{ClientIp, HeaderKey, MissingKey},
+    response::HeaderMode,
 };
 
 /// The orders_api router on the in-process store, for the HTTP benchmark.

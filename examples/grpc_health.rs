@@ -14,7 +14,10 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use tollgate::{HeaderKey, Limiter, MissingKey, Policy, Quota, RateLimitLayer};
+use tollgate::{
+    Limiter, Policy, Quota, RateLimitLayer,
+    key::{HeaderKey, MissingKey},
+};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;

@@ -72,9 +72,10 @@ use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
 use tollgate::key::Extracted;
 use tollgate::{
-    Caller, ClientIp, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry,
-    KeyExtractor, Limiter, Limits, LimitsHandle, MissingKey, Policy, Quota, RateLimitLayer,
-    RedisBackend, TrustedProxies,
+    Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Limiter, Policy,
+    Quota, RateLimitLayer, RedisBackend,
+    key::{ClientIp, KeyExtractor, MissingKey, TrustedProxies},
+    reload::{Limits, LimitsHandle},
 };
 
 /// An orders API rate-limited per customer, a login form that fails closed, and Prometheus

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use axum::{Router, routing::get};
-use tollgate::{ClientIp, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::ClientIp};
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {

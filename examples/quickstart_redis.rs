@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use axum::{Router, routing::get};
-use tollgate::{ClientIp, Limiter, Policy, Quota, RateLimitLayer, RedisBackend};
+use tollgate::{Limiter, Policy, Quota, RateLimitLayer, RedisBackend, key::ClientIp};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -5,7 +5,7 @@
 //! - [`getting_started`]: the dependencies (the metrics exporter that pairs with the
 //!   crate's `metrics` version, a `tracing` subscriber), the order of setup (the recorder
 //!   first), and a first limited route.
-//! - [`recipes`]: authentication middleware with [`ExtensionKey`](crate::ExtensionKey)
+//! - [`recipes`]: authentication middleware with [`ExtensionKey`](crate::key::ExtensionKey)
 //!   and the layer order it needs (and the `NewError` inference error on the way), one
 //!   Redis store for many limiters, a 15-minute login limit.
 

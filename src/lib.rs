@@ -14,8 +14,8 @@
 //!
 //! # The request path
 //!
-//! A request meets, in this order: the [key extractor](KeyExtractor) (who is calling); the
-//! [`Limiter`]'s [mode](Mode) (enforce, shadow or off); the denial cache (a caller known to
+//! A request meets, in this order: the [key extractor](key::KeyExtractor) (who is calling); the
+//! [`Limiter`]'s [mode](reload::Mode) (enforce, shadow or off); the denial cache (a caller known to
 //! be over a limit is refused without a store call); the circuit breaker; the
 //! [store](store::Backend) under a short timeout, or on failure the route's
 //! [`FailurePolicy`]; then either the inner service, whose response gains the
@@ -29,7 +29,7 @@
 //!   [future](future::ResponseFuture) and [body](response::ResponseBody), [key](key)
 //!   extraction, headers and refusals.
 //! - Decision (`src/limiter/`): [`Limiter`] and its builder, the breaker, the denial cache,
-//!   executing the [`FailurePolicy`], [`Mode`], the [`Decision`], metrics.
+//!   executing the [`FailurePolicy`], the [mode](reload::Mode), the [`Decision`], metrics.
 //! - Store (`src/store/`, public as [`store`] for backend authors): the
 //!   [`Backend`](store::Backend) trait, [`Policy`] and [`Quota`], the
 //!   [`Algorithm`](store::Algorithm) arithmetic and the all-or-nothing
@@ -50,7 +50,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+//! use tollgate::{InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::HeaderKey};
 //!
 //! # fn global_store() -> InMemoryBackend { InMemoryBackend::new() }
 //! // Per instance: at most 30 a second per customer, bursts of 30.
@@ -127,12 +127,6 @@ pub mod guide;
 pub mod shed;
 pub mod store;
 
-pub use http::config::DecisionExtension;
-pub use http::headers::HeaderMode;
-pub use http::key::{
-    AsyncFnKey, ClientIp, ConfiguredKey, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor,
-    MissingKey, TrustedProxies,
-};
 pub use http::layer::RateLimitLayer;
 pub use http::service::RateLimit;
 pub use limiter::Limiter;
@@ -143,8 +137,6 @@ pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
 pub use limiter::lease::config::Leases;
-pub use limiter::limits::{Limits, LimitsHandle};
-pub use limiter::mode::{Mode, ModeSwitch};
 pub use store::caller::Caller;
 pub use store::memory::InMemoryBackend;
 pub use store::policy::{Policy, Quota};
@@ -154,13 +146,13 @@ pub use store::redis::backend::RedisBackend;
 pub use store::redis::registry::InstanceRegistry;
 
 pub mod decision {
-    //! What a decision says: the [`Decision`] itself, the state of each policy it reports,
+    //! What a decision says: the [`Decision`](crate::Decision) itself, the state of each policy it reports,
     //! where it came from, and why a store could not make it.
 
     pub use crate::limiter::breaker::BreakerState;
     pub use crate::limiter::decision::FallbackReason;
     pub use crate::limiter::decision::{
-        Decision, DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
+        DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
     };
 }
 
@@ -172,7 +164,6 @@ pub mod key {
         ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, MissingKey,
         TrustedProxies,
     };
-    pub use crate::store::caller::{Caller, CallerKey};
 }
 
 pub mod response {
@@ -180,14 +171,16 @@ pub mod response {
     //! the body type the layer answers with.
 
     pub use crate::http::body::ResponseBody;
+    pub use crate::http::config::DecisionExtension;
+    pub use crate::http::headers::HeaderMode;
     pub use crate::http::response::{
-        COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_POLICY, TEMPORARY_REDUCED_CAPACITY,
+        COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
     };
 }
 
 pub mod headers {
     //! The fields the layer writes, as typed values for clients and for axum's
-    //! `TypedHeader`: [`RateLimitPolicy`] and [`RateLimit`] of
+    //! `TypedHeader`: [`RateLimitPolicyHeader`] and [`RateLimitHeader`] of
     //! [draft 11](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/),
     //! and a readable [`RetryAfter`].
     //!
@@ -198,7 +191,7 @@ pub mod headers {
     //!
     //! ```
     //! use headers::HeaderMapExt;
-    //! use tollgate::headers::{RateLimit, RateLimitPolicy, RetryAfter};
+    //! use tollgate::headers::{RateLimitHeader, RateLimitPolicyHeader, RetryAfter};
     //!
     //! // A refusal as a tollgate server writes it.
     //! let mut headers = http::HeaderMap::new();
@@ -206,24 +199,31 @@ pub mod headers {
     //! headers.insert("ratelimit", r#""per-second";r=0;t=1"#.parse().unwrap());
     //! headers.insert("retry-after", "1".parse().unwrap());
     //!
-    //! let policy: RateLimitPolicy = headers.typed_get().unwrap();
-    //! let state: RateLimit = headers.typed_get().unwrap();
+    //! let policy: RateLimitPolicyHeader = headers.typed_get().unwrap();
+    //! let state: RateLimitHeader = headers.typed_get().unwrap();
     //! let after: RetryAfter = headers.typed_get().unwrap();
     //! assert_eq!(policy.get("per-second").unwrap().quota(), 5);
     //! assert_eq!(state.exhausted_for(), after.delay());
     //! ```
 
     pub use crate::http::typed_headers::error::InvalidField;
-    pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicy};
+    pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicyHeader};
     pub use crate::http::typed_headers::retry_after::RetryAfter;
-    pub use crate::http::typed_headers::state::{QuotaState, RateLimit};
+    pub use crate::http::typed_headers::state::{QuotaState, RateLimitHeader};
 }
 
 pub mod future {
     //! The futures the layers and the limiter return.
 
-    pub use crate::client::{AdaptiveThrottleFuture, HoldBackFuture};
     pub use crate::http::future::ResponseFuture;
-    pub use crate::shed::ShedFuture;
     pub use crate::store::future::StoreFuture;
+}
+
+pub mod reload {
+    //! Changing a running limiter: its limits ([`LimitsHandle`], from
+    //! [`Limiter::limits_handle`](crate::Limiter::limits_handle)) and its mode
+    //! ([`ModeSwitch`]), without rebuilding the router.
+
+    pub use crate::limiter::limits::{Limits, LimitsHandle};
+    pub use crate::limiter::mode::{Mode, ModeSwitch};
 }

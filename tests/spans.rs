@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
-use tollgate::{Caller, Limiter, Mode, ModeSwitch, Policy, Quota};
+use tollgate::{
+    Caller, Limiter, Policy, Quota,
+    reload::{Mode, ModeSwitch},
+};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tracing::level_filters::LevelFilter;
@@ -224,7 +227,7 @@ async fn no_decision_span_when_the_subscriber_wants_nothing_below_info() {
 #[tokio::test]
 async fn an_extension_key_without_its_extension_says_once_where_the_auth_layer_goes() {
     use std::convert::Infallible;
-    use tollgate::{ExtensionKey, RateLimitLayer};
+    use tollgate::{RateLimitLayer, key::ExtensionKey};
     use tower::{ServiceBuilder, ServiceExt};
 
     #[derive(Clone)]

@@ -8,7 +8,9 @@ use axum::body::Body;
 use criterion::{Criterion, Throughput};
 use http::{HeaderValue, Request, Response};
 use tollgate::{
-    DecisionExtension, HeaderKey, HeaderMode, InMemoryBackend, Limiter, RateLimitLayer,
+    InMemoryBackend, Limiter, RateLimitLayer,
+    key::HeaderKey,
+    response::{DecisionExtension, HeaderMode},
 };
 use tower::ServiceBuilder;
 use tower_governor::GovernorError;

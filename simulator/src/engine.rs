@@ -19,12 +19,12 @@ use tower_service::Service;
 
 use tollgate::BuildError;
 use tollgate::Decision;
-use tollgate::HeaderKey;
 use tollgate::InMemoryBackend;
 use tollgate::Limiter;
 use tollgate::RateLimit;
 use tollgate::RateLimitLayer;
 use tollgate::decision::BreakerState;
+use tollgate::key::HeaderKey;
 use tollgate::store::Backend;
 
 use crate::report::{Counts, GroupReport, Report, Traced};

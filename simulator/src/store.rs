@@ -12,7 +12,7 @@ use tollgate::Limiter;
 use tollgate::LimiterBuilder;
 use tollgate::Policy;
 use tollgate::future::StoreFuture;
-use tollgate::key::CallerKey;
+use tollgate::store::CallerKey;
 use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 use tollgate::store::{Clock, SystemClock};
 

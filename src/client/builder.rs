@@ -165,23 +165,17 @@ impl AdaptiveThrottleBuilder {
 
     /// Replaces the random source: a number in `[0, 1)` per call, drawn only when the
     /// rejection probability is above 0; the request is rejected when the number is below
-    /// it. For tests. The default is the crate's [`RandomSource`](crate::store::RandomSource),
-    /// seeded per layer; a [seeded](crate::store::RandomSource::seeded) one repeats its
-    /// sequence from run to run.
+    /// it. For tests. The default is the crate's own random source, seeded per layer.
     ///
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
     /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tollgate::store::RandomSource;
     ///
     /// // A deterministic sequence: 0.0, 0.1, ..., 0.9, 0.0, ...
     /// let n = Arc::new(AtomicU64::new(0));
     /// let builder = AdaptiveThrottleLayer::builder()
     ///     .random(move || (n.fetch_add(1, Ordering::Relaxed) % 10) as f64 / 10.0);
-    /// # drop(builder);
-    /// // The same pseudo-random sequence on every run.
-    /// let builder = AdaptiveThrottleLayer::builder().random(RandomSource::seeded(7).into_fn());
     /// # drop(builder);
     /// ```
     pub fn random(mut self, random: impl Fn() -> f64 + Send + Sync + 'static) -> Self {

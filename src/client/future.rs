@@ -20,7 +20,7 @@ pin_project! {
     /// use std::convert::Infallible;
     /// use http::{Request, Response};
     /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tollgate::future::AdaptiveThrottleFuture;
+    /// use tollgate::client::AdaptiveThrottleFuture;
     /// use tower::{Layer, Service, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -76,7 +76,7 @@ pub struct AdaptiveThrottleLayer {
 impl AdaptiveThrottleLayer {
     /// A layer with the defaults: K = 2, two minutes in 120 buckets, 429 and 503 count as
     /// rejections, the [`SystemClock`](crate::store::SystemClock), a per-layer
-    /// [`RandomSource`](crate::store::RandomSource).
+    /// random source.
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;

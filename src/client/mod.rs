@@ -14,7 +14,7 @@
 //!
 //! This layer needs no store and knows nothing of the rate limiter above it: its only
 //! inputs are the responses of the service it wraps, a [`Clock`](crate::store::Clock) and a
-//! [random source](crate::store::RandomSource).
+//! random source (replaceable in tests).
 //!
 //! [`HoldBackLayer`] listens to what the server says instead: after a 429 or 503 with
 //! `Retry-After`, a `RateLimit` policy with nothing left, or gRPC's

@@ -114,7 +114,7 @@ pub enum KeyDefinition {
 impl LimiterDefinition {
     /// The default policies and tiers, checked as
     /// [`LimiterBuilder::try_build`] checks them: ready for
-    /// [`LimitsHandle::set`](crate::LimitsHandle::set) or [`LimiterBuilder::limits`].
+    /// [`LimitsHandle::set`](crate::reload::LimitsHandle::set) or [`LimiterBuilder::limits`].
     pub fn limits(&self) -> Result<Limits, DefinitionError> {
         let mut limits = Limits::new();
         for policy in &self.policies {

@@ -55,7 +55,7 @@
 //! ```
 //!
 //! A counter keeps its count across such a change when its policy keeps its name,
-//! algorithm and unit (see [`LimitsHandle`](crate::LimitsHandle)).
+//! algorithm and unit (see [`LimitsHandle`](crate::reload::LimitsHandle)).
 
 mod definition;
 mod duration;

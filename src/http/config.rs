@@ -20,7 +20,7 @@ use crate::limiter::decision::Decision;
 /// middleware does not read the decision of admitted requests can leave it off them.
 ///
 /// ```
-/// use tollgate::DecisionExtension;
+/// use tollgate::response::DecisionExtension;
 /// assert_eq!(DecisionExtension::default(), DecisionExtension::Always);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -19,7 +19,7 @@ use crate::store::policy::Policy;
 /// although following it costs nothing here (the redirect was already counted).
 ///
 /// ```
-/// use tollgate::HeaderMode;
+/// use tollgate::response::HeaderMode;
 /// assert_eq!(HeaderMode::default(), HeaderMode::ExceptRedirects);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

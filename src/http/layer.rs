@@ -49,12 +49,12 @@ use crate::limiter::telemetry;
 /// gRPC-Web requests (`application/grpc-web`) get the HTTP refusals: put the layer inside
 /// the gRPC-Web translation so that it sees gRPC. Behind tonic's own server, [`ClientIp`]
 /// finds no peer address (tonic records it as its `TcpConnectInfo`): key on metadata with
-/// [`HeaderKey`](crate::HeaderKey), or read `TcpConnectInfo` in an
-/// [`FnKey`](crate::FnKey).
+/// [`HeaderKey`](crate::key::HeaderKey), or read `TcpConnectInfo` in an
+/// [`FnKey`](crate::key::FnKey).
 ///
 /// ```
 /// use std::convert::Infallible;
-/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -85,7 +85,7 @@ use crate::limiter::telemetry;
 /// ```
 /// use axum::{Router, routing::{get, post}};
 /// use http::StatusCode;
-/// use tollgate::{FailurePolicy, HeaderKey, Limiter, MissingKey, Policy, Quota, RateLimitLayer};
+/// use tollgate::{FailurePolicy, Limiter, Policy, Quota, RateLimitLayer, key::{HeaderKey, MissingKey}};
 ///
 /// let orders = Limiter::builder()
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
@@ -182,7 +182,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// [`DecisionExtension::Always`]). Refusals always carry it.
     ///
     /// ```
-    /// use tollgate::{DecisionExtension, GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, response::DecisionExtension, key::GlobalKey};
     ///
     /// // Nothing outside reads the decision of admitted requests: skip the insert.
     /// let layer = RateLimitLayer::new(
@@ -217,7 +217,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// ```
     /// use std::convert::Infallible;
     /// use std::time::Duration;
-    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -272,7 +272,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{HeaderKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::HeaderKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -349,8 +349,8 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::decision::{Decision, UnlimitedReason};
-    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Decision, decision::UnlimitedReason};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -410,8 +410,8 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// use std::convert::Infallible;
     /// use bytes::Bytes;
     /// use http::header::CONTENT_TYPE;
-    /// use tollgate::decision::Decision;
-    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::Decision;
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -467,7 +467,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -533,7 +533,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// ```
     /// use std::convert::Infallible;
     /// use http::StatusCode;
-    /// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

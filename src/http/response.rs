@@ -15,9 +15,9 @@ use crate::limiter::decision::Decision;
 use crate::store::policy::Policy;
 
 /// The `RateLimit-Policy` field name.
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The `RateLimit` field name.
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The problem type of a 429, as the IETF RateLimit draft registers it.
 pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";

@@ -18,7 +18,7 @@ use crate::http::key::AsyncKeyExtractor;
 /// use std::convert::Infallible;
 /// use bytes::Bytes;
 /// use http_body_util::Full;
-/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-/// Why [`LimiterBuilder::try_build`] refused a configuration.
+/// Why [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build) refused a configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BuildError {
@@ -26,11 +26,11 @@ pub enum BuildError {
         timeout: Duration,
     },
     /// The limiter was given a store ([`LimiterBuilder::backend`]) but no
-    /// [`name`](LimiterBuilder::name) nor [`counter_scope`](LimiterBuilder::counter_scope):
+    /// [`name`](crate::LimiterBuilder::name) nor
+    /// [`counter_scope`](crate::LimiterBuilder::counter_scope):
     /// every unnamed limiter on that store would count in the same counters.
     ///
     /// [`LimiterBuilder::backend`]: crate::LimiterBuilder::backend
-    /// [`name`]: crate::LimiterBuilder::name
     Unnamed,
 }
 

@@ -160,7 +160,7 @@ impl LimiterBuilder {
     /// runs.
     ///
     /// ```
-    /// use tollgate::{Limiter, Limits, Policy, Quota};
+    /// use tollgate::{Limiter, Policy, Quota, reload::Limits};
     /// let limits = Limits::new().policy(Policy::sliding_window("per-second", Quota::per_second(50)));
     /// let limiter = Limiter::builder().limits(limits).build();
     /// assert_eq!(limiter.policies()[0].quota(), 50);
@@ -192,18 +192,17 @@ impl LimiterBuilder {
     }
 
     /// Replaces the breaker's jitter source (numbers in `[0, 1)`), for tests. The default is
-    /// the crate's [`RandomSource`](crate::store::RandomSource), seeded per limiter; a
-    /// [seeded](crate::store::RandomSource::seeded) one repeats its sequence on every run.
+    /// the crate's own random source, seeded per limiter; a seeded one (or a constant, as
+    /// below) repeats its sequence on every run.
     ///
     /// ```
-    /// use tollgate::store::RandomSource;
     /// use tollgate::{InMemoryBackend, Limiter, Policy, Quota};
     ///
     /// let limiter = Limiter::builder()
     ///     .name("orders")
     ///     .backend(InMemoryBackend::new())
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
-    ///     .breaker_jitter(RandomSource::seeded(7).into_fn())
+    ///     .breaker_jitter(|| 0.5)
     ///     .build();
     /// # drop(limiter);
     /// ```
@@ -227,7 +226,7 @@ impl LimiterBuilder {
     }
 
     /// Starts in the mode of `switch`, and follows it when it is switched (default: a
-    /// switch of its own, in [`Mode::Enforce`](crate::Mode::Enforce)). Share one switch between limiters to
+    /// switch of its own, in [`Mode::Enforce`](crate::reload::Mode::Enforce)). Share one switch between limiters to
     /// switch them together.
     pub fn mode(mut self, switch: ModeSwitch) -> Self {
         self.mode = switch;

@@ -22,7 +22,7 @@ use crate::store::policy::Policy;
 /// [`LimitsHandle::set`] swaps in while it runs.
 ///
 /// ```
-/// use tollgate::{Limits, Policy, Quota};
+/// use tollgate::{Policy, Quota, reload::Limits};
 ///
 /// let limits = Limits::new()
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
@@ -211,7 +211,7 @@ impl fmt::Debug for InForce {
 /// made under the old limits outlives them.
 ///
 /// ```
-/// use tollgate::{Caller, Limiter, Limits, Policy, Quota};
+/// use tollgate::{Caller, Limiter, Policy, Quota, reload::Limits};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let limiter = Limiter::builder()

@@ -91,7 +91,7 @@ impl Limiter {
     /// or nothing.
     ///
     /// A cost above a policy's quota can never be admitted: it is refused at once, without
-    /// asking the store ([`RateLimitInfo::unaffordable`] names the policy). A cost of 0
+    /// asking the store ([`RateLimitInfo::unaffordable`](crate::decision::RateLimitInfo::unaffordable) names the policy). A cost of 0
     /// consumes nothing and reports what remains (a peek).
     ///
     /// ```

@@ -49,7 +49,7 @@ impl Mode {
 /// kill switch for all of a service's limits).
 ///
 /// ```
-/// use tollgate::{Caller, Limiter, Mode, ModeSwitch, Policy, Quota};
+/// use tollgate::{Caller, Limiter, Policy, Quota, reload::{Mode, ModeSwitch}};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let switch = ModeSwitch::new(Mode::Enforce);

@@ -147,7 +147,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// whose domain is not connected. Called before every remote decision: keep it cheap.
     ///
     /// ```
-    /// use tollgate::store::{Backend, CallerKey, FailureDomain, InMemoryBackend};
+    /// use tollgate::{InMemoryBackend, store::{Backend, CallerKey, FailureDomain}};
     /// let store = InMemoryBackend::new();
     /// assert_eq!(store.failure_domain(&CallerKey::new("acme")), FailureDomain::WHOLE);
     /// assert_eq!(store.failure_domain_label(0).as_deref(), Some(""));

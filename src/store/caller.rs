@@ -9,9 +9,6 @@ use sha2::{Digest, Sha256};
 
 use crate::store::inline_bytes::InlineBytes;
 
-/// Caller keys longer than this many bytes are replaced by their SHA-256 digest.
-pub const MAX_KEY_BYTES: usize = 128;
-
 // The first byte of the encoded form says what follows, so that a raw key can never
 // equal a digest or the anonymous bucket, whatever bytes the caller sends.
 const TAG_RAW: u8 = b'=';
@@ -21,7 +18,7 @@ const TAG_ANONYMOUS: u8 = b'?';
 /// The key a caller is counted under: any bytes, bounded in length.
 ///
 /// Keys come from untrusted input, so a key accepts any bytes (not only UTF-8) and a key
-/// longer than [`MAX_KEY_BYTES`] is stored as its SHA-256 digest. Distinct inputs stay
+/// longer than [`MAX_KEY_BYTES`](CallerKey::MAX_KEY_BYTES) is stored as its SHA-256 digest. Distinct inputs stay
 /// distinct: `acme` and `acme}` are two keys, and no raw key can collide with a digest or
 /// with [`CallerKey::anonymous`].
 ///
@@ -37,7 +34,7 @@ const TAG_ANONYMOUS: u8 = b'?';
 ///
 /// let long = CallerKey::new(vec![b'x'; 10_000]);
 /// assert!(long.is_digest());
-/// assert!(long.encoded().len() <= 1 + tollgate::store::MAX_KEY_BYTES);
+/// assert!(long.encoded().len() <= 1 + tollgate::store::CallerKey::MAX_KEY_BYTES);
 /// ```
 #[derive(Clone)]
 pub struct CallerKey {
@@ -78,10 +75,14 @@ impl Ord for CallerKey {
 }
 
 impl CallerKey {
-    /// A key from any bytes; keys over [`MAX_KEY_BYTES`] are hashed.
+    /// The longest key kept as given, in bytes: a longer one is kept as its SHA-256
+    /// digest, so a caller's storage stays bounded whatever the client sends.
+    pub const MAX_KEY_BYTES: usize = 128;
+
+    /// A key from any bytes; keys over [`MAX_KEY_BYTES`](Self::MAX_KEY_BYTES) are hashed.
     pub fn new(key: impl AsRef<[u8]>) -> Self {
         let key = key.as_ref();
-        let encoded = if key.len() > MAX_KEY_BYTES {
+        let encoded = if key.len() > Self::MAX_KEY_BYTES {
             Encoded::concat(&[TAG_DIGEST], &Sha256::digest(key))
         } else {
             Encoded::concat(&[TAG_RAW], key)
@@ -113,7 +114,7 @@ impl CallerKey {
         self.encoded.as_bytes()
     }
 
-    /// Whether the key was longer than [`MAX_KEY_BYTES`] and is kept as its digest.
+    /// Whether the key was longer than [`MAX_KEY_BYTES`](Self::MAX_KEY_BYTES) and is kept as its digest.
     ///
     /// ```
     /// use tollgate::store::CallerKey;
@@ -243,7 +244,7 @@ mod tests {
 
     #[test]
     fn raw_keys_never_equal_digests() {
-        let long = vec![7u8; MAX_KEY_BYTES + 1];
+        let long = vec![7u8; CallerKey::MAX_KEY_BYTES + 1];
         let digest = CallerKey::new(&long);
         // A raw key made of the digest's own bytes stays distinct.
         let forged = CallerKey::new(&digest.encoded()[1..]);
@@ -253,9 +254,9 @@ mod tests {
 
     #[test]
     fn keys_at_the_bound_stay_raw() {
-        let key = CallerKey::new(vec![b'a'; MAX_KEY_BYTES]);
+        let key = CallerKey::new(vec![b'a'; CallerKey::MAX_KEY_BYTES]);
         assert!(!key.is_digest());
-        assert_eq!(key.encoded().len(), MAX_KEY_BYTES + 1);
+        assert_eq!(key.encoded().len(), CallerKey::MAX_KEY_BYTES + 1);
     }
 
     #[test]
@@ -270,7 +271,7 @@ mod tests {
         assert_eq!(long.encoded().len(), 65);
         assert_eq!(long.clone(), long);
         assert!(short < CallerKey::new("acmf"));
-        let digest = CallerKey::new(vec![1u8; MAX_KEY_BYTES + 1]);
+        let digest = CallerKey::new(vec![1u8; CallerKey::MAX_KEY_BYTES + 1]);
         assert!(digest.encoded.is_inline());
         assert!(digest.is_digest());
     }

@@ -4,7 +4,7 @@
 //! [`Backend`] trait. [`evaluate`] runs the all-or-nothing decision over the per-policy
 //! arithmetic of [`Algorithm`], so a backend only keeps [`PolicyState`]s under one lock or
 //! transaction, keyed by the caller's [`CallerKey`] and each policy's
-//! [`counter`](crate::Policy::counter). The in-process [`InMemoryBackend`] and, with the
+//! [`counter`](crate::Policy::counter). The in-process [`InMemoryBackend`](crate::InMemoryBackend) and, with the
 //! `redis` feature, `RedisBackend` (with its Lua and its `InstanceRegistry`) are built
 //! this way.
 //!
@@ -28,17 +28,16 @@ pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-pub use algorithm::{Algorithm, Evaluation, MAX_SHARE_STRETCH, PolicyOutcome, PolicyState};
+pub use algorithm::{Algorithm, Evaluation, PolicyOutcome, PolicyState};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
-pub use caller::{CallerKey, MAX_KEY_BYTES};
+pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use domain::FailureDomain;
 pub use evaluate::{Evaluated, evaluate};
 pub use instances::LiveInstances;
 pub use invalid_policy::InvalidPolicy;
-pub use memory::{InMemoryBackend, InMemoryBackendBuilder};
-pub use random::RandomSource;
+pub use memory::InMemoryBackendBuilder;
 #[cfg(feature = "redis")]
-pub use redis::backend::{RedisBackend, RedisBackendBuilder};
+pub use redis::backend::RedisBackendBuilder;
 #[cfg(feature = "redis")]
-pub use redis::registry::{InstanceRegistry, InstanceRegistryBuilder, RegistryError};
+pub use redis::registry::{InstanceRegistryBuilder, RegistryError};

@@ -324,7 +324,7 @@ impl Policy {
     }
 
     /// The shared name, cheap to clone.
-    pub fn name_arc(&self) -> &Arc<str> {
+    pub(crate) fn name_arc(&self) -> &Arc<str> {
         &self.name
     }
 
@@ -354,7 +354,7 @@ impl Policy {
     }
 
     /// The counter's identity, cheap to clone.
-    pub fn counter_arc(&self) -> &Arc<str> {
+    pub(crate) fn counter_arc(&self) -> &Arc<str> {
         &self.counter
     }
 

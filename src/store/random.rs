@@ -6,34 +6,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Spreads small seeds (1, 2, 3, ...) over the whole state space (the 64-bit golden ratio).
+#[cfg(test)]
 const SEED_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// The crate's one pseudo-random source: numbers in `[0, 1)` from a small, fast xorshift64
 /// generator. Not for anything secret.
 ///
 /// It is what the circuit breaker draws its jitter from and what the
-/// [adaptive client throttle](crate::client) draws its rejections from. Both take any
-/// `Fn() -> f64` instead
-/// ([`LimiterBuilder::breaker_jitter`](crate::LimiterBuilder::breaker_jitter),
-/// [`AdaptiveThrottleBuilder::random`](crate::client::AdaptiveThrottleBuilder::random)):
-/// give them a [`seeded`](Self::seeded) source, through [`into_fn`](Self::into_fn), to
-/// make a test or a simulation repeat itself exactly, as a
-/// [`ManualClock`](super::ManualClock) does for time.
+/// [adaptive client throttle](crate::client) draws its rejections from, unless they are
+/// given any `Fn() -> f64` instead, as tests give a seeded one.
 ///
 /// Clones draw from one sequence: a number one of them draws, the others do not.
 ///
-/// ```
-/// use tollgate::store::RandomSource;
-///
-/// let a = RandomSource::seeded(42);
-/// let b = RandomSource::seeded(42);
-/// let drawn: Vec<f64> = (0..5).map(|_| a.next_f64()).collect();
-/// assert!(drawn.iter().all(|x| (0.0..1.0).contains(x)));
-/// // The same seed, the same sequence.
-/// assert_eq!(drawn, (0..5).map(|_| b.next_f64()).collect::<Vec<_>>());
-/// ```
 #[derive(Clone)]
-pub struct RandomSource {
+pub(crate) struct RandomSource {
     state: Arc<AtomicU64>,
 }
 
@@ -42,13 +28,7 @@ impl RandomSource {
     /// unless told otherwise, so instances that lost the store together do not probe it
     /// together.
     ///
-    /// ```
-    /// use tollgate::store::RandomSource;
-    ///
-    /// let x = RandomSource::new().next_f64();
-    /// assert!((0.0..1.0).contains(&x));
-    /// ```
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // std's RandomState takes fresh keys for each call (random per process, then
         // stepped), and the time is mixed in as well.
         let seed =
@@ -59,13 +39,8 @@ impl RandomSource {
     /// A source that draws the same sequence each time it is made with the same `seed`;
     /// neighbouring seeds (1, 2, 3, ...) give unrelated sequences.
     ///
-    /// ```
-    /// use tollgate::store::RandomSource;
-    ///
-    /// assert_eq!(RandomSource::seeded(7).next_f64(), RandomSource::seeded(7).next_f64());
-    /// assert_ne!(RandomSource::seeded(7).next_f64(), RandomSource::seeded(8).next_f64());
-    /// ```
-    pub fn seeded(seed: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn seeded(seed: u64) -> Self {
         Self::from_state(seed.wrapping_mul(SEED_MIX))
     }
 
@@ -78,14 +53,7 @@ impl RandomSource {
 
     /// The next number, in `[0, 1)`.
     ///
-    /// ```
-    /// use tollgate::store::RandomSource;
-    ///
-    /// let random = RandomSource::seeded(1);
-    /// let mean = (0..10_000).map(|_| random.next_f64()).sum::<f64>() / 10_000.0;
-    /// assert!((0.45..0.55).contains(&mean), "{mean}");
-    /// ```
-    pub fn next_f64(&self) -> f64 {
+    pub(crate) fn next_f64(&self) -> f64 {
         // Draws from several threads at once may repeat a number; a source of jitter can
         // afford that, and it costs no compare-and-swap loop.
         let mut x = self.state.load(Ordering::Relaxed);
@@ -99,16 +67,7 @@ impl RandomSource {
 
     /// The source as the closure the builders take.
     ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tollgate::store::RandomSource;
-    ///
-    /// let layer = AdaptiveThrottleLayer::builder()
-    ///     .random(RandomSource::seeded(42).into_fn())
-    ///     .build();
-    /// # drop(layer);
-    /// ```
-    pub fn into_fn(self) -> impl Fn() -> f64 + Clone + Send + Sync + 'static {
+    pub(crate) fn into_fn(self) -> impl Fn() -> f64 + Clone + Send + Sync + 'static {
         move || self.next_f64()
     }
 }

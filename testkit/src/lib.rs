@@ -10,6 +10,7 @@ pub mod counting;
 pub mod example;
 pub mod http;
 pub mod proxy;
+pub mod random;
 pub mod rates;
 pub mod recorder;
 pub mod redis;

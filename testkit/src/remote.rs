@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tollgate::Policy;
 use tollgate::future::StoreFuture;
-use tollgate::store::{
-    Backend, CallerKey, CheckOutcome, InMemoryBackend, LeaseGrant, Refund, StoreError,
-    StoreErrorKind,
+use tollgate::{
+    InMemoryBackend,
+    store::{Backend, CallerKey, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind},
 };
 
 /// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.

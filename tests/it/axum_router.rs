@@ -11,8 +11,9 @@ use http_body_util::Full;
 use tokio::net::TcpListener;
 use tollgate::store::ManualClock;
 use tollgate::{
-    ClientIp, Decision, DecisionExtension, HeaderKey, InMemoryBackend, Limiter, MissingKey, Policy,
-    Quota, RateLimitLayer,
+    Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
+    key::{ClientIp, HeaderKey, MissingKey},
+    response::DecisionExtension,
 };
 use tollgate_testkit::http::{Reply, exchange, get as get_request, parse_response, send};
 

@@ -12,10 +12,12 @@ use http_body_util::Full;
 use proptest::prelude::*;
 use tollgate::key::{Extracted, ForwardedHeader};
 use tollgate::response::ResponseBody;
-use tollgate::store::{CallerKey, MAX_KEY_BYTES};
+use tollgate::store::CallerKey;
+
+const MAX_KEY_BYTES: usize = CallerKey::MAX_KEY_BYTES;
 use tollgate::{
-    ClientIp, HeaderKey, KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer,
-    TrustedProxies,
+    Limiter, Policy, Quota, RateLimitLayer,
+    key::{ClientIp, HeaderKey, KeyExtractor, MissingKey, TrustedProxies},
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use headers::HeaderMapExt;
 use http::HeaderMap;
 use tollgate::client::{HoldBackError, HoldBackLayer};
-use tollgate::headers::{RateLimit, RetryAfter};
+use tollgate::headers::{RateLimitHeader, RetryAfter};
 use tower::{Layer, Service, ServiceExt};
 
 #[cfg(not(all(feature = "axum", feature = "redis", feature = "serde")))]
@@ -79,7 +79,7 @@ impl Log {
     /// Records what `headers` say, as the layer reads them.
     fn answered(&self, refused: bool, headers: &HeaderMap) {
         let mut wait = headers
-            .typed_get::<RateLimit>()
+            .typed_get::<RateLimitHeader>()
             .and_then(|state| state.exhausted_for())
             .unwrap_or_default();
         if refused

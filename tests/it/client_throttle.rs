@@ -15,7 +15,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tollgate::client::{AdaptiveThrottleLayer, ThrottleError, Throttled};
-use tollgate::store::{ManualClock, RandomSource};
+use tollgate::store::ManualClock;
 use tower::{Layer, Service, ServiceExt};
 
 /// Aligned to whole seconds, so one-second buckets start on the clock's seconds.
@@ -195,7 +195,7 @@ async fn traffic_reaching_an_overloaded_backend_settles_at_k_times_what_it_accep
     let layer = AdaptiveThrottleLayer::builder()
         .name("inventory")
         .clock(clock.clone())
-        .random(RandomSource::seeded(1).into_fn())
+        .random(tollgate_testkit::random::seeded(1))
         .build();
     let mut client = layer.layer(backend.service());
 
@@ -263,7 +263,7 @@ async fn k_is_configurable() {
         let layer = AdaptiveThrottleLayer::builder()
             .k(k)
             .clock(clock.clone())
-            .random(RandomSource::seeded(2).into_fn())
+            .random(tollgate_testkit::random::seeded(2))
             .build();
         let mut client = layer.layer(backend.service());
         offer(&mut client, &clock, &backend, 360, 100).await;
@@ -289,7 +289,7 @@ async fn a_backend_refusing_a_fixed_share_of_whatever_reaches_it_gets_a_trickle(
     let backend = Backend::new(Behaviour::EveryNth(10), &clock);
     let layer = AdaptiveThrottleLayer::builder()
         .clock(clock.clone())
-        .random(RandomSource::seeded(3).into_fn())
+        .random(tollgate_testkit::random::seeded(3))
         .build();
     let mut client = layer.layer(backend.service());
     let settling = offer(&mut client, &clock, &backend, 360, 100).await;
@@ -697,7 +697,7 @@ fn local_rejections_are_counted_in_metrics_by_layer() {
     let layer = AdaptiveThrottleLayer::builder()
         .name("payments")
         .clock(ManualClock::new(START))
-        .random(RandomSource::seeded(7).into_fn())
+        .random(tollgate_testkit::random::seeded(7))
         .build();
     let mut client = layer.layer(backend.clone());
     backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 1_000);

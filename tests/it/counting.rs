@@ -13,11 +13,14 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::DecisionSource;
 use tollgate::{
-    Caller, Decision, FailurePolicy, GlobalKey, InMemoryBackend, InstanceCount, Limiter, Policy,
-    Quota, RateLimitLayer,
+    Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
+    RateLimitLayer, key::GlobalKey,
 };
 #[cfg(feature = "redis")]
-use tollgate::{Mode, ModeSwitch, RedisBackend};
+use tollgate::{
+    RedisBackend,
+    reload::{Mode, ModeSwitch},
+};
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, histogram_len, with_recorder};
 #[cfg(feature = "redis")]

@@ -19,8 +19,9 @@ use tollgate::store::{
     StoreErrorKind, evaluate,
 };
 use tollgate::{
-    Caller, Decision, FailurePolicy, FnKey, HeaderKey, InMemoryBackend, KeyExtractor, Limiter,
-    LimiterBuilder, MissingKey, Policy, Quota, RateLimitLayer,
+    Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, LimiterBuilder, Policy, Quota,
+    RateLimitLayer,
+    key::{FnKey, HeaderKey, KeyExtractor, MissingKey},
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;

@@ -13,8 +13,9 @@ use http_body_util::BodyExt;
 use tollgate::decision::{BreakerState, DecisionSource};
 use tollgate::store::ManualClock;
 use tollgate::{
-    BreakerConfig, Caller, ClientIp, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter,
-    Policy, Quota, RateLimitLayer, RedisBackend,
+    BreakerConfig, Caller, Decision, FailurePolicy, InstanceCount, Limiter, Policy, Quota,
+    RateLimitLayer, RedisBackend,
+    key::{ClientIp, HeaderKey},
 };
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::recorder::{counter, with_recorder};

@@ -22,8 +22,8 @@ use tollgate::store::{Clock, SystemClock};
 #[cfg(feature = "redis")]
 use tollgate::{BreakerConfig, FailurePolicy};
 use tollgate::{
-    Caller, Decision, FnKey, HeaderKey, KeyExtractor, Limiter, MissingKey, Policy, Quota,
-    RateLimitLayer,
+    Caller, Decision, Limiter, Policy, Quota, RateLimitLayer,
+    key::{FnKey, HeaderKey, KeyExtractor, MissingKey},
 };
 use tollgate_testkit::http::{Reply, exchange, parse_response};
 #[cfg(feature = "redis")]

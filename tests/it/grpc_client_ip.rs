@@ -6,7 +6,10 @@ use std::net::SocketAddr;
 
 use http::StatusCode;
 use tokio::net::TcpListener;
-use tollgate::{ClientIp, Limiter, MissingKey, Policy, Quota, RateLimitLayer, TrustedProxies};
+use tollgate::{
+    Limiter, Policy, Quota, RateLimitLayer,
+    key::{ClientIp, MissingKey, TrustedProxies},
+};
 use tonic::Code;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};

@@ -9,8 +9,11 @@ use http_body_util::Full;
 use tollgate::response::{QUOTA_EXCEEDED, ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::ManualClock;
 use tollgate::{
-    Decision, FailurePolicy, GlobalKey, HeaderKey, HeaderMode, InMemoryBackend, InstanceCount,
-    Limiter, Mode, ModeSwitch, Policy, Quota, RateLimitLayer,
+    Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
+    RateLimitLayer,
+    key::{GlobalKey, HeaderKey},
+    reload::{Mode, ModeSwitch},
+    response::HeaderMode,
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tollgate_testkit::remote::Remote;

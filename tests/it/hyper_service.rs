@@ -13,8 +13,8 @@ use tokio::net::TcpListener;
 use tollgate::response::ResponseBody;
 use tollgate::store::ManualClock;
 use tollgate::{
-    ClientIp, Decision, InMemoryBackend, Limiter, MissingKey, Policy, Quota, RateLimit,
-    RateLimitLayer,
+    Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimit, RateLimitLayer,
+    key::{ClientIp, MissingKey},
 };
 use tollgate_testkit::http::{Reply, exchange, get, parse_response, send};
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};

@@ -18,8 +18,11 @@ use tollgate::key::{AsyncKeyExtractor, Extracted, ForwardedHeader, KeyRejection}
 use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
-    AsyncFnKey, Caller, ClientIp, Decision, ExtensionKey, FnKey, GlobalKey, HeaderKey,
-    KeyExtractor, Limiter, MissingKey, Policy, Quota, RateLimitLayer, TrustedProxies,
+    Caller, Decision, Limiter, Policy, Quota, RateLimitLayer,
+    key::{
+        AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
+        TrustedProxies,
+    },
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;

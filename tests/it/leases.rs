@@ -17,8 +17,11 @@ use proptest::prelude::*;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
-use tollgate::store::{Algorithm, Clock, InMemoryBackend, ManualClock};
 use tollgate::{Caller, Decision, FailurePolicy, InstanceCount, Leases, Limiter, Policy, Quota};
+use tollgate::{
+    InMemoryBackend,
+    store::{Algorithm, Clock, ManualClock},
+};
 use tollgate_simulator::{Phase, Scenario};
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};

@@ -6,7 +6,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
-use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, RedisBackend};
+use tollgate::{
+    InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, RedisBackend, key::HeaderKey,
+};
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::redis::RedisServer;
 use tower::ServiceExt;

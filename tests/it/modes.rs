@@ -14,7 +14,9 @@ use tollgate::store::ManualClock;
 #[cfg(feature = "redis")]
 use tollgate::{BreakerConfig, Caller, Decision, FailurePolicy};
 use tollgate::{
-    HeaderKey, InMemoryBackend, Limiter, Mode, ModeSwitch, Policy, Quota, RateLimitLayer,
+    InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
+    key::HeaderKey,
+    reload::{Mode, ModeSwitch},
 };
 use tollgate_testkit::counting::Counting;
 #[cfg(feature = "redis")]

@@ -16,8 +16,8 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use tollgate::decision::DecisionSource;
 use tollgate::{
-    BreakerConfig, Decision, FailurePolicy, HeaderKey, InstanceCount, Limiter, Policy, Quota,
-    RateLimitLayer, RedisBackend,
+    BreakerConfig, Decision, FailurePolicy, InstanceCount, Limiter, Policy, Quota, RateLimitLayer,
+    RedisBackend, key::HeaderKey,
 };
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::proxy::{Fault, FaultProxy};

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 use tollgate::RedisBackend;
 use tollgate::decision::BreakerState;
 use tollgate::future::StoreFuture;
-use tollgate::store::{
-    Backend, CallerKey, CheckOutcome, ManualClock, RandomSource, StoreError, StoreErrorKind,
-};
+use tollgate::store::{Backend, CallerKey, CheckOutcome, ManualClock, StoreError, StoreErrorKind};
 use tollgate::{Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota};
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
@@ -40,7 +38,7 @@ const QUOTA: u64 = 100_000;
 
 /// A distinct, reproducible jitter source per instance.
 fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
-    RandomSource::seeded(seed).into_fn()
+    tollgate_testkit::random::seeded(seed)
 }
 
 // ---------------------------------------------------------------------------------------

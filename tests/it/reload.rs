@@ -10,7 +10,8 @@ use std::time::Duration;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::{
-    Caller, Decision, GlobalKey, InMemoryBackend, Limiter, Limits, Policy, Quota, RateLimitLayer,
+    Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey,
+    reload::Limits,
 };
 use tollgate_testkit::http::{get, ok_handler, send};
 use tollgate_testkit::recorder::{counter, with_recorder};

@@ -16,7 +16,7 @@ use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
 use tollgate::response::{COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, ResponseBody};
 use tollgate::store::ManualClock;
-use tollgate::{Decision, GlobalKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;

@@ -18,10 +18,11 @@ use http::{Response, StatusCode};
 use tollgate::FailurePolicy;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
-use tollgate::decision::{Decision, UnlimitedReason};
-use tollgate::response::{RATELIMIT, RATELIMIT_POLICY};
+const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 use tollgate::store::ManualClock;
-use tollgate::{HeaderKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate::{Decision, decision::UnlimitedReason};
+use tollgate::{InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::HeaderKey};
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::http::{Reply, get as get_request, send};
 #[cfg(feature = "redis")]

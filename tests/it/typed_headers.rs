@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use headers::HeaderMapExt;
-use tollgate::headers::{RateLimit, RateLimitPolicy, RetryAfter};
+use tollgate::headers::{RateLimitHeader, RateLimitPolicyHeader, RetryAfter};
 use tollgate::store::ManualClock;
-use tollgate::{GlobalKey, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate::{InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 use tollgate_testkit::http::{get, ok_handler, send};
 use tower::{ServiceBuilder, service_fn};
 
@@ -32,13 +32,14 @@ async fn an_allowed_response_and_a_refusal_decode_to_what_the_limiter_decided() 
 
     let allowed = send(&mut service, get("/", &[])).await;
     assert_eq!(allowed.status, 200);
-    let policy: RateLimitPolicy = allowed.headers.typed_get().expect("RateLimit-Policy");
+    let policy: RateLimitPolicyHeader =
+        allowed.headers.typed_get().expect("RateLimitHeader-Policy");
     let per_second = policy.get("per-second").unwrap();
     assert_eq!((per_second.quota(), per_second.window_secs()), (2, Some(1)));
     assert_eq!(policy.get("per-minute").unwrap().quota(), 100);
     let pk = per_second.partition_key().expect("pk").to_vec();
     assert_eq!(pk.len(), 16);
-    let state: RateLimit = allowed.headers.typed_get().expect("RateLimit");
+    let state: RateLimitHeader = allowed.headers.typed_get().expect("RateLimitHeader");
     assert_eq!(state.get("per-second").unwrap().remaining(), 1);
     assert_eq!(
         state.get("per-second").unwrap().partition_key(),
@@ -49,7 +50,7 @@ async fn an_allowed_response_and_a_refusal_decode_to_what_the_limiter_decided() 
     send(&mut service, get("/", &[])).await;
     let refused = send(&mut service, get("/", &[])).await;
     assert_eq!(refused.status, 429);
-    let state: RateLimit = refused.headers.typed_get().expect("RateLimit");
+    let state: RateLimitHeader = refused.headers.typed_get().expect("RateLimitHeader");
     let after: RetryAfter = refused.headers.typed_get().expect("Retry-After");
     let per_second = state.get("per-second").unwrap();
     assert_eq!(per_second.remaining(), 0);

@@ -194,7 +194,7 @@ impl HeldBack {
     /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
     /// # client.clone().oneshot(call()).await.unwrap();
     /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
-    /// assert_eq!(held.reason(), HoldReason::RateLimit);
+    /// assert_eq!(held.reason(), HoldReason::RateLimitHeader);
     /// # }
     /// ```
     pub fn reason(&self) -> HoldReason {
@@ -230,7 +230,7 @@ impl fmt::Display for HeldBack {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let said = match self.reason {
             HoldReason::RetryAfter => "Retry-After",
-            HoldReason::RateLimit => "a RateLimit policy with nothing left",
+            HoldReason::RateLimitHeader => "a RateLimitHeader policy with nothing left",
             HoldReason::GrpcPushback => "grpc-retry-pushback-ms",
         };
         write!(

@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderName, StatusCode};
 
 use crate::http::response::RATELIMIT;
 use crate::http::typed_headers::retry_after::RetryAfter;
-use crate::http::typed_headers::state::RateLimit;
+use crate::http::typed_headers::state::RateLimitHeader;
 
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
@@ -24,7 +24,7 @@ pub enum HoldReason {
     /// A 429 or 503 with `Retry-After`.
     RetryAfter,
     /// A `RateLimit` field with a policy at `r=0`, held for its `t`.
-    RateLimit,
+    RateLimitHeader,
     /// gRPC's `grpc-retry-pushback-ms` (a non-negative value; a negative one asks not to
     /// retry at all, which is the caller's retry policy's business, not a wait).
     GrpcPushback,
@@ -40,7 +40,7 @@ impl HoldReason {
     pub fn as_str(self) -> &'static str {
         match self {
             HoldReason::RetryAfter => "retry_after",
-            HoldReason::RateLimit => "ratelimit",
+            HoldReason::RateLimitHeader => "ratelimit",
             HoldReason::GrpcPushback => "grpc_pushback",
         }
     }
@@ -68,10 +68,10 @@ pub(super) fn advertised_wait(
         consider(after.wait_from(now), HoldReason::RetryAfter);
     }
     let mut lines = headers.get_all(RATELIMIT).iter();
-    if let Ok(state) = <RateLimit as headers::Header>::decode(&mut lines)
+    if let Ok(state) = <RateLimitHeader as headers::Header>::decode(&mut lines)
         && let Some(wait) = state.exhausted_for()
     {
-        consider(wait, HoldReason::RateLimit);
+        consider(wait, HoldReason::RateLimitHeader);
     }
     if let Some(value) = headers.get(GRPC_RETRY_PUSHBACK_MS)
         && let Some(ms) = std::str::from_utf8(value.as_bytes())
@@ -109,7 +109,7 @@ mod tests {
         ]);
         assert_eq!(
             advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, 0),
-            Some((Duration::from_secs(30), HoldReason::RateLimit))
+            Some((Duration::from_secs(30), HoldReason::RateLimitHeader))
         );
         let h = headers(&[("retry-after", "2"), ("grpc-retry-pushback-ms", "2500")]);
         assert_eq!(
@@ -157,7 +157,7 @@ mod tests {
         let h = headers(&[("ratelimit", r#""s";r=0;t=1"#)]);
         assert_eq!(
             advertised_wait(StatusCode::OK, &h, 0),
-            Some((Duration::from_secs(1), HoldReason::RateLimit))
+            Some((Duration::from_secs(1), HoldReason::RateLimitHeader))
         );
     }
 }

@@ -115,7 +115,10 @@ async fn an_exhausted_ratelimit_policy_holds_even_an_allowed_response() {
     let layer = HoldBackLayer::builder().clock(clock.clone()).build();
     let client = layer.layer(backend.clone());
     assert_eq!(send(&client, "a.example").await.unwrap(), 200);
-    assert_eq!(layer.hold_reason("a.example"), Some(HoldReason::RateLimit));
+    assert_eq!(
+        layer.hold_reason("a.example"),
+        Some(HoldReason::RateLimitHeader)
+    );
     assert_eq!(layer.held_for("a.example"), Some(Duration::from_secs(1)));
     assert!(send(&client, "a.example").await.unwrap_err().is_held_back());
     assert_eq!(backend.calls(), 1);

@@ -20,7 +20,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// (with the `tonic` feature: a layer on tonic's own `Server`, which records it for every
 /// request; a TLS server's `TlsConnectInfo` is not read), or, for plain hyper services,
 /// from a [`SocketAddr`] in the request's extensions. A request without any has no key (see
-/// [`MissingKey`](crate::MissingKey)); the first such request logs one warning (per
+/// [`MissingKey`](crate::key::MissingKey)); the first such request logs one warning (per
 /// extractor and its clones) that says how to fix the server.
 ///
 /// - A peer that is not a trusted proxy is the client; its forwarding headers are ignored,
@@ -36,7 +36,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// ```
-/// use tollgate::{ClientIp, TrustedProxies};
+/// use tollgate::key::{ClientIp, TrustedProxies};
 /// use tollgate::key::ForwardedHeader;
 ///
 /// let behind_lb = ClientIp::new()
@@ -91,7 +91,7 @@ impl ClientIp {
     /// every address apart). Values above 128 are taken as 128.
     ///
     /// ```
-    /// let per_address = tollgate::ClientIp::new().ipv6_prefix(128);
+    /// let per_address = tollgate::key::ClientIp::new().ipv6_prefix(128);
     /// # drop(per_address);
     /// ```
     pub fn ipv6_prefix(mut self, bits: u8) -> Self {
@@ -103,7 +103,7 @@ impl ClientIp {
     ///
     /// ```
     /// use std::net::SocketAddr;
-    /// use tollgate::ClientIp;
+    /// use tollgate::key::ClientIp;
     ///
     /// let mut request = http::Request::new(());
     /// request.extensions_mut().insert("203.0.113.7:5000".parse::<SocketAddr>().unwrap());
@@ -116,7 +116,7 @@ impl ClientIp {
     ///
     /// ```
     /// # #[cfg(feature = "tonic")] {
-    /// use tollgate::{ClientIp, TrustedProxies};
+    /// use tollgate::key::{ClientIp, TrustedProxies};
     /// use tonic::transport::server::TcpConnectInfo;
     ///
     /// let mut request = http::Request::new(());
@@ -306,7 +306,7 @@ fn parse_forwarded_element(element: &[u8]) -> Hop {
 /// Networks whose forwarding headers are believed, as CIDR blocks.
 ///
 /// ```
-/// use tollgate::TrustedProxies;
+/// use tollgate::key::TrustedProxies;
 ///
 /// let trusted = TrustedProxies::parse(["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]).unwrap();
 /// assert!(trusted.contains("10.1.2.3".parse().unwrap()));
@@ -344,7 +344,7 @@ impl TrustedProxies {
 /// A CIDR block that did not parse.
 ///
 /// ```
-/// let error = tollgate::TrustedProxies::parse(["nonsense"]).unwrap_err();
+/// let error = tollgate::key::TrustedProxies::parse(["nonsense"]).unwrap_err();
 /// assert!(error.to_string().contains("nonsense"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

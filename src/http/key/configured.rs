@@ -11,7 +11,7 @@ use crate::http::key::{Extracted, GlobalKey, KeyExtractor};
 /// one type whichever it is.
 ///
 /// ```
-/// use tollgate::{ConfiguredKey, HeaderKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::{ConfiguredKey, HeaderKey}};
 ///
 /// let from_config = "x-customer-id";
 /// let key = ConfiguredKey::Header(HeaderKey::new(from_config));

@@ -13,14 +13,14 @@ use crate::store::caller::Caller;
 ///
 /// The value is turned into a [`Caller`] with `Into`, so an auth layer can insert its own
 /// type and implement `From<&Principal> for Caller` to choose the key (and the plan tier).
-/// A request without the extension has no key (see [`MissingKey`](crate::MissingKey)); the
+/// A request without the extension has no key (see [`MissingKey`](crate::key::MissingKey)); the
 /// first such request logs one warning (per extractor and its clones) naming the usual
 /// cause: the middleware that inserts the extension runs inside the rate-limit layer
 /// instead of outside it. In axum, a layer added later wraps the ones added before, so add
 /// the authentication layer after the rate-limit layer.
 ///
 /// ```
-/// use tollgate::{Caller, ExtensionKey};
+/// use tollgate::{Caller, key::ExtensionKey};
 ///
 /// #[derive(Clone)]
 /// struct Principal { account: String, plan: &'static str }

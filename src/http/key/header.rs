@@ -7,11 +7,11 @@ use crate::store::caller::Caller;
 ///
 /// The value is taken as raw bytes (non-UTF-8 is fine) and bounded like every
 /// [`CallerKey`](crate::store::CallerKey). A request without the header, or with an empty value,
-/// has no key and is handled by the layer's [`MissingKey`](crate::MissingKey) choice. When
+/// has no key and is handled by the layer's [`MissingKey`](crate::key::MissingKey) choice. When
 /// the header is repeated, the first value counts.
 ///
 /// ```
-/// use tollgate::HeaderKey;
+/// use tollgate::key::HeaderKey;
 ///
 /// let by_customer = HeaderKey::new("x-customer-id");
 /// assert_eq!(by_customer.name().as_str(), "x-customer-id");
@@ -38,7 +38,7 @@ impl HeaderKey {
     /// Keys on the given header.
     ///
     /// ```
-    /// use tollgate::HeaderKey;
+    /// use tollgate::key::HeaderKey;
     /// let by_auth = HeaderKey::from_name(http::header::AUTHORIZATION);
     /// # drop(by_auth);
     /// ```

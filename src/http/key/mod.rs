@@ -80,7 +80,7 @@ impl<T: Into<Extracted>> From<Result<T, KeyRejection>> for Extracted {
 ///
 /// ```
 /// use http::Request;
-/// use tollgate::{Caller, KeyExtractor};
+/// use tollgate::{Caller, key::KeyExtractor};
 /// use tollgate::key::Extracted;
 ///
 /// /// Counts callers by the first path segment, e.g. `/tenants/acme/...` -> `tenants`.
@@ -220,7 +220,7 @@ impl fmt::Display for KeyRejection {
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate::MissingKey;
+/// use tollgate::key::MissingKey;
 ///
 /// let reject = MissingKey::Reject(StatusCode::UNAUTHORIZED);
 /// assert_eq!(MissingKey::default(), MissingKey::Reject(StatusCode::BAD_REQUEST));
@@ -246,7 +246,7 @@ impl Default for MissingKey {
 /// One key for every request: a limit on the whole route rather than per caller.
 ///
 /// ```
-/// use tollgate::{GlobalKey, Limiter, Policy, Quota, RateLimitLayer};
+/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 ///
 /// // At most 1,000 requests a second to this route, whoever sends them.
 /// let limiter = Limiter::builder()
@@ -272,7 +272,7 @@ impl KeyExtractor for GlobalKey {
 /// itself.
 ///
 /// ```
-/// use tollgate::{Caller, FnKey};
+/// use tollgate::{Caller, key::FnKey};
 ///
 /// // Count callers by tenant, taken from the host name.
 /// let by_host = FnKey::new(|request: &http::Request<()>| request.uri().host().map(Caller::new));
@@ -314,7 +314,7 @@ where
 /// the caller's plan.
 ///
 /// ```
-/// use tollgate::{AsyncFnKey, Caller};
+/// use tollgate::{Caller, key::AsyncFnKey};
 /// use tollgate::key::Extracted;
 ///
 /// let with_plan = AsyncFnKey::new(|request: &http::Request<()>| {

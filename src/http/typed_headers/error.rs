@@ -9,11 +9,11 @@ use std::fmt;
 /// `parse` functions of each type answer this one, which says what was wrong.
 ///
 /// ```
-/// use tollgate::headers::RateLimit;
+/// use tollgate::headers::RateLimitHeader;
 ///
-/// let error = RateLimit::parse(b"\"per-second\";t=1").unwrap_err();
+/// let error = RateLimitHeader::parse(b"\"per-second\";t=1").unwrap_err();
 /// assert!(error.to_string().contains("`r`"), "{error}");
-/// let error = RateLimit::parse(b"\"per-second\";r=1,").unwrap_err();
+/// let error = RateLimitHeader::parse(b"\"per-second\";r=1,").unwrap_err();
 /// assert!(error.to_string().contains("trailing"), "{error}");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

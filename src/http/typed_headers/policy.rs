@@ -17,28 +17,28 @@ use super::list::{self, Item};
 ///
 /// ```
 /// use headers::HeaderMapExt;
-/// use tollgate::headers::{QuotaPolicy, RateLimitPolicy};
+/// use tollgate::headers::{QuotaPolicy, RateLimitPolicyHeader};
 ///
 /// let mut headers = http::HeaderMap::new();
 /// headers.insert("ratelimit-policy", r#""per-second";q=50;w=1, "daily";q=1000;w=86400"#.parse().unwrap());
-/// let policy: RateLimitPolicy = headers.typed_get().unwrap();
+/// let policy: RateLimitPolicyHeader = headers.typed_get().unwrap();
 /// assert_eq!(policy.policies().len(), 2);
 /// assert_eq!(policy.get("daily").unwrap().quota(), 1000);
 /// assert_eq!(policy.get("daily").unwrap().window_secs(), Some(86_400));
 ///
 /// // Written by the same code that writes the rate limit layer's responses.
 /// let mut headers = http::HeaderMap::new();
-/// let policy = RateLimitPolicy::new()
+/// let policy = RateLimitPolicyHeader::new()
 ///     .policy(QuotaPolicy::new("per-minute", 100).unwrap().with_window_secs(60));
 /// headers.typed_insert(policy);
 /// assert_eq!(headers["ratelimit-policy"], r#""per-minute";q=100;w=60"#);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RateLimitPolicy {
+pub struct RateLimitPolicyHeader {
     policies: Vec<QuotaPolicy>,
 }
 
-/// One item of [`RateLimitPolicy`]: a named quota.
+/// One item of [`RateLimitPolicyHeader`]: a named quota.
 ///
 /// ```
 /// use tollgate::headers::QuotaPolicy;
@@ -64,11 +64,11 @@ pub struct QuotaPolicy {
     partition_key: Option<Vec<u8>>,
 }
 
-impl RateLimitPolicy {
+impl RateLimitPolicyHeader {
     /// A field with no policy yet (encoded as no field line until one is added).
     ///
     /// ```
-    /// assert!(tollgate::headers::RateLimitPolicy::new().policies().is_empty());
+    /// assert!(tollgate::headers::RateLimitPolicyHeader::new().policies().is_empty());
     /// ```
     pub fn new() -> Self {
         Self::default()
@@ -77,8 +77,8 @@ impl RateLimitPolicy {
     /// Adds a policy, after those already added.
     ///
     /// ```
-    /// use tollgate::headers::{QuotaPolicy, RateLimitPolicy};
-    /// let field = RateLimitPolicy::new().policy(QuotaPolicy::new("a", 1).unwrap());
+    /// use tollgate::headers::{QuotaPolicy, RateLimitPolicyHeader};
+    /// let field = RateLimitPolicyHeader::new().policy(QuotaPolicy::new("a", 1).unwrap());
     /// assert_eq!(field.policies()[0].name(), "a");
     /// ```
     pub fn policy(mut self, policy: QuotaPolicy) -> Self {
@@ -89,7 +89,7 @@ impl RateLimitPolicy {
     /// The policies, in the field's order.
     ///
     /// ```
-    /// let field = tollgate::headers::RateLimitPolicy::parse(br#""a";q=1, "b";q=2"#).unwrap();
+    /// let field = tollgate::headers::RateLimitPolicyHeader::parse(br#""a";q=1, "b";q=2"#).unwrap();
     /// assert_eq!(field.policies().iter().map(|p| p.quota()).sum::<u64>(), 3);
     /// ```
     pub fn policies(&self) -> &[QuotaPolicy] {
@@ -99,7 +99,7 @@ impl RateLimitPolicy {
     /// The first policy named `name`.
     ///
     /// ```
-    /// let field = tollgate::headers::RateLimitPolicy::parse(br#""a";q=1"#).unwrap();
+    /// let field = tollgate::headers::RateLimitPolicyHeader::parse(br#""a";q=1"#).unwrap();
     /// assert!(field.get("b").is_none());
     /// ```
     pub fn get(&self, name: &str) -> Option<&QuotaPolicy> {
@@ -110,11 +110,11 @@ impl RateLimitPolicy {
     /// not follow the draft.
     ///
     /// ```
-    /// use tollgate::headers::RateLimitPolicy;
-    /// let field = RateLimitPolicy::parse(br#""burst";q=100;w=60;qu="request";x-vendor=1"#).unwrap();
+    /// use tollgate::headers::RateLimitPolicyHeader;
+    /// let field = RateLimitPolicyHeader::parse(br#""burst";q=100;w=60;qu="request";x-vendor=1"#).unwrap();
     /// assert_eq!(field.policies()[0].unit(), Some("request"));
-    /// assert!(RateLimitPolicy::parse(br#""burst";q=-1"#).is_err());
-    /// assert!(RateLimitPolicy::parse(b"burst;q=100").is_err()); // a token, not a string
+    /// assert!(RateLimitPolicyHeader::parse(br#""burst";q=-1"#).is_err());
+    /// assert!(RateLimitPolicyHeader::parse(b"burst;q=100").is_err()); // a token, not a string
     /// ```
     pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
         let policies = list::items(value)?
@@ -245,7 +245,7 @@ impl QuotaPolicy {
     }
 }
 
-impl headers::Header for RateLimitPolicy {
+impl headers::Header for RateLimitPolicyHeader {
     fn name() -> &'static HeaderName {
         static NAME: HeaderName = crate::http::response::RATELIMIT_POLICY;
         &NAME

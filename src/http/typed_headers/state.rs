@@ -19,25 +19,25 @@ use super::list::{self, Item};
 /// ```
 /// use std::time::Duration;
 /// use headers::HeaderMapExt;
-/// use tollgate::headers::{QuotaState, RateLimit};
+/// use tollgate::headers::{QuotaState, RateLimitHeader};
 ///
 /// let mut headers = http::HeaderMap::new();
 /// headers.insert("ratelimit", r#""per-second";r=0;t=1, "daily";r=812;t=40000"#.parse().unwrap());
-/// let state: RateLimit = headers.typed_get().unwrap();
+/// let state: RateLimitHeader = headers.typed_get().unwrap();
 /// // The policy that runs out first decides when to call again.
 /// assert_eq!(state.exhausted_for(), Some(Duration::from_secs(1)));
 /// assert_eq!(state.get("daily").unwrap().remaining(), 812);
 ///
 /// let mut headers = http::HeaderMap::new();
-/// headers.typed_insert(RateLimit::new().state(QuotaState::new("per-minute", 3).unwrap().with_reset_secs(20)));
+/// headers.typed_insert(RateLimitHeader::new().state(QuotaState::new("per-minute", 3).unwrap().with_reset_secs(20)));
 /// assert_eq!(headers["ratelimit"], r#""per-minute";r=3;t=20"#);
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RateLimit {
+pub struct RateLimitHeader {
     states: Vec<QuotaState>,
 }
 
-/// One item of [`RateLimit`]: a named policy's remaining units and reset.
+/// One item of [`RateLimitHeader`]: a named policy's remaining units and reset.
 ///
 /// ```
 /// use tollgate::headers::QuotaState;
@@ -54,11 +54,11 @@ pub struct QuotaState {
     partition_key: Option<Vec<u8>>,
 }
 
-impl RateLimit {
+impl RateLimitHeader {
     /// A field with no state yet (encoded as no field line until one is added).
     ///
     /// ```
-    /// assert!(tollgate::headers::RateLimit::new().states().is_empty());
+    /// assert!(tollgate::headers::RateLimitHeader::new().states().is_empty());
     /// ```
     pub fn new() -> Self {
         Self::default()
@@ -67,8 +67,8 @@ impl RateLimit {
     /// Adds a policy's state, after those already added.
     ///
     /// ```
-    /// use tollgate::headers::{QuotaState, RateLimit};
-    /// let field = RateLimit::new().state(QuotaState::new("a", 1).unwrap());
+    /// use tollgate::headers::{QuotaState, RateLimitHeader};
+    /// let field = RateLimitHeader::new().state(QuotaState::new("a", 1).unwrap());
     /// assert_eq!(field.states()[0].remaining(), 1);
     /// ```
     pub fn state(mut self, state: QuotaState) -> Self {
@@ -79,7 +79,7 @@ impl RateLimit {
     /// The states, in the field's order.
     ///
     /// ```
-    /// let field = tollgate::headers::RateLimit::parse(br#""a";r=1, "b";r=2;t=5"#).unwrap();
+    /// let field = tollgate::headers::RateLimitHeader::parse(br#""a";r=1, "b";r=2;t=5"#).unwrap();
     /// assert_eq!(field.states().len(), 2);
     /// ```
     pub fn states(&self) -> &[QuotaState] {
@@ -89,7 +89,7 @@ impl RateLimit {
     /// The first state of the policy named `name`.
     ///
     /// ```
-    /// let field = tollgate::headers::RateLimit::parse(br#""a";r=1"#).unwrap();
+    /// let field = tollgate::headers::RateLimitHeader::parse(br#""a";r=1"#).unwrap();
     /// assert!(field.get("a").is_some());
     /// ```
     pub fn get(&self, name: &str) -> Option<&QuotaState> {
@@ -102,10 +102,10 @@ impl RateLimit {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::headers::RateLimit;
-    /// let field = RateLimit::parse(br#""a";r=0;t=3, "b";r=0;t=30, "c";r=5;t=60"#).unwrap();
+    /// use tollgate::headers::RateLimitHeader;
+    /// let field = RateLimitHeader::parse(br#""a";r=0;t=3, "b";r=0;t=30, "c";r=5;t=60"#).unwrap();
     /// assert_eq!(field.exhausted_for(), Some(Duration::from_secs(30)));
-    /// assert_eq!(RateLimit::parse(br#""a";r=2;t=3"#).unwrap().exhausted_for(), None);
+    /// assert_eq!(RateLimitHeader::parse(br#""a";r=2;t=3"#).unwrap().exhausted_for(), None);
     /// ```
     pub fn exhausted_for(&self) -> Option<Duration> {
         self.states
@@ -120,10 +120,10 @@ impl RateLimit {
     /// not follow the draft.
     ///
     /// ```
-    /// use tollgate::headers::RateLimit;
-    /// assert_eq!(RateLimit::parse(br#""a";r=1;t=2;x=?1"#).unwrap().states()[0].reset_secs(), Some(2));
-    /// assert!(RateLimit::parse(br#""a";r=1.5"#).is_err());
-    /// assert!(RateLimit::parse(b"\"a\";r=1;;").is_err());
+    /// use tollgate::headers::RateLimitHeader;
+    /// assert_eq!(RateLimitHeader::parse(br#""a";r=1;t=2;x=?1"#).unwrap().states()[0].reset_secs(), Some(2));
+    /// assert!(RateLimitHeader::parse(br#""a";r=1.5"#).is_err());
+    /// assert!(RateLimitHeader::parse(b"\"a\";r=1;;").is_err());
     /// ```
     pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
         let states = list::items(value)?
@@ -224,7 +224,7 @@ impl QuotaState {
     }
 }
 
-impl headers::Header for RateLimit {
+impl headers::Header for RateLimitHeader {
     fn name() -> &'static HeaderName {
         static NAME: HeaderName = crate::http::response::RATELIMIT;
         &NAME

@@ -7,9 +7,9 @@ use proptest::prelude::*;
 
 use super::error::InvalidField;
 use super::format::MAX_INTEGER;
-use super::policy::{QuotaPolicy, RateLimitPolicy};
+use super::policy::{QuotaPolicy, RateLimitPolicyHeader};
 use super::retry_after::RetryAfter;
-use super::state::{QuotaState, RateLimit};
+use super::state::{QuotaState, RateLimitHeader};
 use crate::http::headers::{policy_field_of, state_field_of};
 
 fn encoded<H: Header>(header: &H) -> Vec<HeaderValue> {
@@ -56,8 +56,8 @@ fn sfv_items(input: &[u8]) -> Result<Vec<(String, sfv::Parameters)>, ()> {
         .collect()
 }
 
-fn sfv_policy(input: &[u8]) -> Result<RateLimitPolicy, ()> {
-    let mut field = RateLimitPolicy::new();
+fn sfv_policy(input: &[u8]) -> Result<RateLimitPolicyHeader, ()> {
+    let mut field = RateLimitPolicyHeader::new();
     for (name, params) in sfv_items(input)? {
         let mut policy = QuotaPolicy::new(name, sfv_integer(&params, "q")?.ok_or(())?).unwrap();
         if let Some(w) = sfv_integer(&params, "w")? {
@@ -78,8 +78,8 @@ fn sfv_policy(input: &[u8]) -> Result<RateLimitPolicy, ()> {
     Ok(field)
 }
 
-fn sfv_state(input: &[u8]) -> Result<RateLimit, ()> {
-    let mut field = RateLimit::new();
+fn sfv_state(input: &[u8]) -> Result<RateLimitHeader, ()> {
+    let mut field = RateLimitHeader::new();
     for (name, params) in sfv_items(input)? {
         let mut state = QuotaState::new(name, sfv_integer(&params, "r")?.ok_or(())?).unwrap();
         if let Some(t) = sfv_integer(&params, "t")? {
@@ -108,7 +108,7 @@ fn integer() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn policy_field() -> impl Strategy<Value = RateLimitPolicy> {
+fn policy_field() -> impl Strategy<Value = RateLimitPolicyHeader> {
     let item = (
         name(),
         integer(),
@@ -132,11 +132,11 @@ fn policy_field() -> impl Strategy<Value = RateLimitPolicy> {
     proptest::collection::vec(item, 1..5).prop_map(|items| {
         items
             .into_iter()
-            .fold(RateLimitPolicy::new(), RateLimitPolicy::policy)
+            .fold(RateLimitPolicyHeader::new(), RateLimitPolicyHeader::policy)
     })
 }
 
-fn state_field() -> impl Strategy<Value = RateLimit> {
+fn state_field() -> impl Strategy<Value = RateLimitHeader> {
     let item = (
         name(),
         integer(),
@@ -153,8 +153,11 @@ fn state_field() -> impl Strategy<Value = RateLimit> {
             }
             state
         });
-    proptest::collection::vec(item, 1..5)
-        .prop_map(|items| items.into_iter().fold(RateLimit::new(), RateLimit::state))
+    proptest::collection::vec(item, 1..5).prop_map(|items| {
+        items
+            .into_iter()
+            .fold(RateLimitHeader::new(), RateLimitHeader::state)
+    })
 }
 
 /// Inputs near the fields' grammar: pieces of valid and invalid syntax, so that random
@@ -221,13 +224,13 @@ fn mutated(input: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
 
 fn agree(input: &[u8]) -> Result<(), TestCaseError> {
     prop_assert_eq!(
-        RateLimit::parse(input).ok(),
+        RateLimitHeader::parse(input).ok(),
         sfv_state(input).ok(),
         "{:?}",
         String::from_utf8_lossy(input)
     );
     prop_assert_eq!(
-        RateLimitPolicy::parse(input).ok(),
+        RateLimitPolicyHeader::parse(input).ok(),
         sfv_policy(input).ok(),
         "{:?}",
         String::from_utf8_lossy(input)
@@ -242,7 +245,7 @@ proptest! {
     fn policies_read_back_what_they_write(field in policy_field()) {
         let values = encoded(&field);
         prop_assert_eq!(values.len(), 1);
-        prop_assert_eq!(decoded::<RateLimitPolicy>(&values).unwrap(), field.clone());
+        prop_assert_eq!(decoded::<RateLimitPolicyHeader>(&values).unwrap(), field.clone());
         // A general parser reads the same.
         prop_assert_eq!(sfv_policy(values[0].as_bytes()), Ok(field));
     }
@@ -251,15 +254,15 @@ proptest! {
     fn states_read_back_what_they_write(field in state_field()) {
         let values = encoded(&field);
         prop_assert_eq!(values.len(), 1);
-        prop_assert_eq!(decoded::<RateLimit>(&values).unwrap(), field.clone());
+        prop_assert_eq!(decoded::<RateLimitHeader>(&values).unwrap(), field.clone());
         prop_assert_eq!(sfv_state(values[0].as_bytes()), Ok(field));
     }
 
     #[test]
     fn fields_split_over_lines_read_as_one(a in state_field(), b in state_field()) {
         let values = [encoded(&a), encoded(&b)].concat();
-        let both = b.states().iter().cloned().fold(a, RateLimit::state);
-        prop_assert_eq!(decoded::<RateLimit>(&values).unwrap(), both);
+        let both = b.states().iter().cloned().fold(a, RateLimitHeader::state);
+        prop_assert_eq!(decoded::<RateLimitHeader>(&values).unwrap(), both);
     }
 
     #[test]
@@ -286,13 +289,13 @@ proptest! {
         agree(&input)?;
         // No Structured Field holds a control byte (tab aside) or a non-ASCII one.
         if input.iter().any(|b| !(*b == b'\t' || (0x20..0x7f).contains(b))) {
-            prop_assert!(RateLimit::parse(&input).is_err());
-            prop_assert!(RateLimitPolicy::parse(&input).is_err());
+            prop_assert!(RateLimitHeader::parse(&input).is_err());
+            prop_assert!(RateLimitPolicyHeader::parse(&input).is_err());
         }
         if let Ok(value) = HeaderValue::from_bytes(&input) {
             let values = [value];
-            let _ = decoded::<RateLimit>(&values);
-            let _ = decoded::<RateLimitPolicy>(&values);
+            let _ = decoded::<RateLimitHeader>(&values);
+            let _ = decoded::<RateLimitPolicyHeader>(&values);
             let _ = decoded::<RetryAfter>(&values);
         }
     }
@@ -304,7 +307,7 @@ proptest! {
     ) {
         let triples: Vec<(&str, u64, u64)> = items.iter().map(|(n, a, b)| (n.as_str(), *a, *b)).collect();
         let written = state_field_of(triples.iter().copied(), pk.as_deref()).unwrap();
-        let typed = items.iter().fold(RateLimit::new(), |field, (n, r, t)| {
+        let typed = items.iter().fold(RateLimitHeader::new(), |field, (n, r, t)| {
             let state = QuotaState::new(n.clone(), *r).unwrap().with_reset_secs(*t);
             field.state(match &pk {
                 Some(pk) => state.with_partition_key(pk.clone()),
@@ -312,10 +315,10 @@ proptest! {
             })
         });
         prop_assert_eq!(&encoded(&typed)[0], &written);
-        prop_assert_eq!(decoded::<RateLimit>(&[written]).unwrap(), typed);
+        prop_assert_eq!(decoded::<RateLimitHeader>(&[written]).unwrap(), typed);
 
         let written = policy_field_of(triples.iter().copied(), pk.as_deref()).unwrap();
-        let typed = items.iter().fold(RateLimitPolicy::new(), |field, (n, q, w)| {
+        let typed = items.iter().fold(RateLimitPolicyHeader::new(), |field, (n, q, w)| {
             let policy = QuotaPolicy::new(n.clone(), *q).unwrap().with_window_secs(*w);
             field.policy(match &pk {
                 Some(pk) => policy.with_partition_key(pk.clone()),
@@ -323,7 +326,7 @@ proptest! {
             })
         });
         prop_assert_eq!(&encoded(&typed)[0], &written);
-        prop_assert_eq!(decoded::<RateLimitPolicy>(&[written]).unwrap(), typed);
+        prop_assert_eq!(decoded::<RateLimitPolicyHeader>(&[written]).unwrap(), typed);
     }
 
     #[test]
@@ -337,11 +340,14 @@ proptest! {
 
 #[test]
 fn an_absent_field_is_an_error_and_an_empty_one_an_empty_list() {
-    assert!(decoded::<RateLimit>(&[]).is_err());
+    assert!(decoded::<RateLimitHeader>(&[]).is_err());
     assert!(decoded::<RetryAfter>(&[]).is_err());
-    assert_eq!(RateLimit::parse(b"").unwrap(), RateLimit::new());
-    assert_eq!(RateLimit::parse(b"   ").unwrap(), RateLimit::new());
-    assert!(encoded(&RateLimit::new()).is_empty());
+    assert_eq!(RateLimitHeader::parse(b"").unwrap(), RateLimitHeader::new());
+    assert_eq!(
+        RateLimitHeader::parse(b"   ").unwrap(),
+        RateLimitHeader::new()
+    );
+    assert!(encoded(&RateLimitHeader::new()).is_empty());
 }
 
 #[test]
@@ -355,7 +361,7 @@ fn errors_say_what_is_wrong() {
         (b"\"a\";r=1;pk=1", "not a byte sequence"),
     ];
     for (input, what) in cases {
-        let error: InvalidField = RateLimit::parse(input).unwrap_err();
+        let error: InvalidField = RateLimitHeader::parse(input).unwrap_err();
         assert!(error.to_string().contains(what), "{input:?}: {error}");
     }
 }
@@ -373,11 +379,14 @@ fn edge_cases_read_as_a_general_parser_reads_them() {
         b"",
     ];
     for input in ok {
-        let ours = RateLimit::parse(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
+        let ours = RateLimitHeader::parse(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));
         assert_eq!(Ok(ours), sfv_state(input), "{input:?}");
     }
     assert_eq!(
-        RateLimit::parse(b"\"a\";r=1;t=2;r=3").unwrap().states()[0].remaining(),
+        RateLimitHeader::parse(b"\"a\";r=1;t=2;r=3")
+            .unwrap()
+            .states()[0]
+            .remaining(),
         3
     );
     let err: [&[u8]; 9] = [
@@ -392,7 +401,7 @@ fn edge_cases_read_as_a_general_parser_reads_them() {
         b"\t\"a\";r=1",
     ];
     for input in err {
-        assert!(RateLimit::parse(input).is_err(), "{input:?}");
+        assert!(RateLimitHeader::parse(input).is_err(), "{input:?}");
         assert!(sfv_state(input).is_err(), "{input:?}");
     }
 }

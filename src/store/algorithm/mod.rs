@@ -16,7 +16,7 @@ const MAX_EXACT: u128 = 1 << 53;
 
 /// The most a local share stretches a window to keep its rate exact (see
 /// [`Algorithm::divided_by`]).
-pub const MAX_SHARE_STRETCH: u64 = 4;
+pub(crate) const MAX_SHARE_STRETCH: u64 = 4;
 
 /// How a policy counts.
 ///
@@ -179,7 +179,7 @@ impl Algorithm {
     /// windows, for every quota and every divisor. The share keeps the exact rate where it
     /// can: 50 per second shared by 4 is 25 per 2 seconds (12.5 a second), not 12 per
     /// second, stretching the window (or refill period) by the smallest factor that makes
-    /// the quota whole, up to [`MAX_SHARE_STRETCH`]. Beyond that the quota is rounded down.
+    /// the quota whole, up to 4 times. Beyond that the quota is rounded down.
     /// A quota smaller than the divisor becomes one request per as long a window as it
     /// takes: 1 per minute shared by 10 is 1 per 10 minutes each. A token bucket's burst
     /// is divided and rounded down (at least 1).

@@ -8,7 +8,7 @@ use crate::store::algorithm::PolicyState;
 use crate::store::inline_bytes::InlineBytes;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
-/// [`MAX_KEY_BYTES`](crate::store::MAX_KEY_BYTES)) take one heap block. 22 keeps the key
+/// [`MAX_KEY_BYTES`](crate::store::CallerKey::MAX_KEY_BYTES)) take one heap block. 22 keeps the key
 /// as small as the boxed form it replaces.
 const INLINE_KEY_BYTES: usize = 22;
 
