@@ -1,4 +1,5 @@
-//! The README's first program with the counters in Redis, shared by every instance.
+//! The quickstart with the counters in Redis, shared by every instance, as the guide's Redis
+//! page shows it.
 //! `cargo run --features redis --example quickstart_redis [ADDR] [REDIS_URL]`.
 
 use std::net::SocketAddr;

@@ -1,14 +1,35 @@
-// The README is the crate docs' opening (as written by build.rs, with the chart inlined).
-// Its examples use Redis, so it is included only when the redis feature is on (docs.rs
-// builds with every feature); without it the docs open with a short summary instead, and
-// the doctests of a build without Redis are the ones that can run there.
-#![cfg_attr(feature = "redis", doc = include_str!(concat!(env!("OUT_DIR"), "/README.md")))]
-#![cfg_attr(
-    not(feature = "redis"),
-    doc = "Per-caller rate limiting for axum and hyper services, as a tower layer, with \
-           in-process counters (`InMemoryBackend`), or in Redis with the `redis` feature. \
-           The README, with its examples, opens these docs when that feature is on."
-)]
+//! Per-caller rate limiting for axum and hyper services, as a tower layer, with the counters
+//! in process ([`InMemoryBackend`]) or in Redis (`RedisBackend`, with the `redis` feature),
+//! and a [`FailurePolicy`] per route for when the store cannot answer.
+//!
+//! Each caller (an API key, a customer id, an authenticated principal, a client IP behind
+//! trusted proxies) is counted against named quotas; a refusal is a 429 with the IETF
+//! RateLimit fields, `Retry-After` and an RFC 9457 problem body.
+//!
+//! ```
+//! use tollgate::{Caller, Limiter, Policy, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let limiter = Limiter::builder()
+//!     .name("hello")
+//!     .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
+//!     .build();
+//! let caller = Caller::new("203.0.113.7");
+//! for _ in 0..5 {
+//!     assert!(limiter.check(&caller).await.is_allowed());
+//! }
+//! // The sixth request within the second is refused.
+//! assert!(!limiter.check(&caller).await.is_allowed());
+//! # }
+//! ```
+//!
+//! The [`guide`] starts from an empty project ([`guide::getting_started`]), then has
+//! recipes and a page per topic: [the failure policies](guide::failure_policies), the
+//! [responses and headers](guide::headers), [request cost and counting only
+//! failures](guide::cost_and_counting), [leases](guide::leases),
+//! [operating it](guide::operating), [changing limits at run time](guide::reload),
+//! [gRPC](guide::grpc), [Redis deployments](guide::redis_deployments) and [the outage
+//! simulator](guide::simulator). [`RateLimitLayer`] is where a router starts.
 // On docs.rs (nightly rustdoc), each item shows the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 //!
@@ -26,8 +47,8 @@
 //! source tree shows them as folders in the order a request meets them:
 //!
 //! - HTTP (`src/http/`): [`RateLimitLayer`], [`RateLimit`], its
-//!   [future](future::ResponseFuture) and [body](response::ResponseBody), [key](key)
-//!   extraction, headers and refusals.
+//!   [future](future::ResponseFuture) and [body](response::ResponseBody), [key
+//!   extraction](key), headers and refusals.
 //! - Decision (`src/limiter/`): [`Limiter`] and its builder, the breaker, the denial cache,
 //!   executing the [`FailurePolicy`], the [mode](reload::Mode), the [`Decision`], metrics.
 //! - Store (`src/store/`, public as [`store`] for backend authors): the

@@ -214,8 +214,8 @@ fn free_port(with_bus: bool) -> u16 {
 ///
 /// Nodes run with a short `cluster-node-timeout` (1 s) so a failover in a test takes a
 /// couple of seconds, and with `cluster-require-full-coverage no` so that the masters that
-/// are up keep serving their slots while a lost master's replica takes over (as the README
-/// advises for a limiter's own cluster).
+/// are up keep serving their slots while a lost master's replica takes over (as the guide's
+/// Redis page advises for a limiter's own cluster).
 #[derive(Debug)]
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,

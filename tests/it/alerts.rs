@@ -1,4 +1,4 @@
-//! The alert rules in docs/alerts.yml are the README's, query only what the crate records,
+//! The alert rules in docs/alerts.yml are the ones the operating guide shows, query only what the crate records,
 //! and docs/alerts.test.yml (run by `promtool test rules` in scripts/test) feeds them series
 //! exactly as `orders_api` exports them: the same names, the same label names, label values
 //! it records. A metric or label renamed in the crate fails here, before an alert silently
@@ -16,7 +16,7 @@ use crate::dashboard::{check_queries, series};
 
 const RULES: &str = include_str!("../../docs/alerts.yml");
 const RULE_TESTS: &str = include_str!("../../docs/alerts.test.yml");
-const README: &str = include_str!("../../README.md");
+const OPERATING_GUIDE: &str = include_str!("../../docs/guide/operating.md");
 
 /// Labels a Prometheus scrape adds to every series, which no exporter writes.
 const SCRAPE_LABELS: [&str; 2] = ["instance", "job"];
@@ -34,13 +34,14 @@ fn values_of<'a>(text: &'a str, key: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// The queries of the README's alerting block (the first `promql` block), comments aside.
-fn readme_alerts() -> Vec<String> {
-    let block = README
+/// The queries of the operating guide's alerting block (its first `promql` block), comments
+/// aside.
+fn guide_alerts() -> Vec<String> {
+    let block = OPERATING_GUIDE
         .split("```promql")
         .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("a promql block in the README");
+        .expect("a promql block in docs/guide/operating.md");
     block
         .lines()
         .map(str::trim)
@@ -50,13 +51,13 @@ fn readme_alerts() -> Vec<String> {
 }
 
 #[test]
-fn the_readme_shows_the_rules_of_docs_alerts_yml() {
+fn the_operating_guide_shows_the_rules_of_docs_alerts_yml() {
     let rules: Vec<String> = values_of(RULES, "expr")
         .into_iter()
         .map(str::to_owned)
         .collect();
     assert_eq!(rules.len(), 4, "{rules:?}");
-    assert_eq!(rules, readme_alerts());
+    assert_eq!(rules, guide_alerts());
     // The rules query recorded metrics, labels and values only.
     let queried = check_queries(&rules);
     for family in [

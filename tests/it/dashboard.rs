@@ -1,8 +1,8 @@
 //! The Grafana dashboard in docs/ queries only what tollgate records: every metric name in
 //! its PromQL is a series of a Prometheus scrape taken after a scripted run (see
 //! [`crate::metrics::prometheus_scrape`]), with the labels and label values it selects on,
-//! and it has a panel for each thing an operator watches. The README's alerting queries
-//! are held to the same check.
+//! and it has a panel for each thing an operator watches. The operating guide's
+//! alerting and shadow-mode queries (docs/guide/operating.md) are held to the same check.
 
 #[cfg(feature = "redis")]
 use std::collections::BTreeMap;
@@ -34,7 +34,7 @@ pub(crate) const FAMILIES: [&str; 11] = [
 
 const DASHBOARD: &str = include_str!("../../docs/grafana-dashboard.json");
 #[cfg(feature = "redis")]
-const README: &str = include_str!("../../README.md");
+const OPERATING_GUIDE: &str = include_str!("../../docs/guide/operating.md");
 
 /// Every PromQL text in the dashboard: panel targets and template variable queries.
 #[cfg(feature = "redis")]
@@ -305,11 +305,11 @@ fn every_panel_has_a_title_a_query_and_a_place() {
 
 #[cfg(feature = "redis")]
 #[test]
-fn the_readme_alerts_query_only_what_the_crate_records() {
-    // The lines of the README's `promql` blocks, comments aside.
+fn the_operating_guide_queries_only_what_the_crate_records() {
+    // The lines of the guide's `promql` blocks, comments aside.
     let mut texts = Vec::new();
     let mut inside = false;
-    for line in README.lines() {
+    for line in OPERATING_GUIDE.lines() {
         match line.trim() {
             "```promql" => inside = true,
             "```" => inside = false,
@@ -328,7 +328,7 @@ fn the_readme_alerts_query_only_what_the_crate_records() {
     ] {
         assert!(
             queried.contains(family),
-            "the README never queries {family}"
+            "the operating guide never queries {family}"
         );
     }
 }

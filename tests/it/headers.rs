@@ -165,7 +165,7 @@ async fn policy_field_lists_every_policy_with_q_and_w() {
     let reply = send(&mut svc, get("/", &[])).await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(policy_field(&reply), expected);
-    // Exactly as the README shows it, parameters in order q then w.
+    // Exactly as docs/guide/headers.md shows it, parameters in order q then w.
     assert_eq!(
         reply.policy_params("ratelimit-policy")[0].1,
         [("q".to_owned(), 50), ("w".to_owned(), 1)]

@@ -1,5 +1,5 @@
-//! The README's complete programs: each is the text of an example (so what a new user copies
-//! is what CI builds), and each serves a limited route with ClientIp keyed on the peer
+//! The quickstart programs of the README and of the guide's Redis page: each is the text of
+//! an example (so what a new user copies is what CI builds), and each serves a limited route with ClientIp keyed on the peer
 //! address from ConnectInfo, in process and on a real redis-server.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,16 +13,17 @@ use tollgate_testkit::redis::RedisServer;
 #[path = "skipped/redis.rs"]
 mod skipped;
 
-/// The README's fenced Rust blocks, as text.
-fn readme_blocks() -> Vec<String> {
-    let readme = include_str!("../../README.md");
+/// The fenced Rust blocks of a Markdown page, as text, without the lines rustdoc hides
+/// (`# ` and a lone `#`), which a reader never sees.
+fn rust_blocks(page: &str) -> Vec<String> {
     let mut blocks = Vec::new();
     let mut current: Option<String> = None;
-    for line in readme.lines() {
+    for line in page.lines() {
         match current.as_mut() {
             None if line.starts_with("```rust") => current = Some(String::new()),
             None => {}
             Some(_) if line == "```" => blocks.extend(current.take()),
+            Some(_) if line == "#" || line.starts_with("# ") => {}
             Some(block) => {
                 block.push_str(line);
                 block.push('\n');
@@ -33,13 +34,21 @@ fn readme_blocks() -> Vec<String> {
 }
 
 #[test]
-fn the_readme_shows_each_quickstart_example_verbatim() {
-    let blocks = readme_blocks();
-    for example in [
-        include_str!("../../examples/quickstart.rs"),
-        include_str!("../../examples/quickstart_redis.rs"),
+fn the_docs_show_each_quickstart_example_verbatim() {
+    for (page_name, page, example) in [
+        (
+            "README.md",
+            include_str!("../../README.md"),
+            include_str!("../../examples/quickstart.rs"),
+        ),
+        (
+            "docs/guide/redis_deployments.md",
+            include_str!("../../docs/guide/redis_deployments.md"),
+            include_str!("../../examples/quickstart_redis.rs"),
+        ),
     ] {
-        // The README block is the program without its leading `//!` lines.
+        let blocks = rust_blocks(page);
+        // The block is the program without its leading `//!` lines.
         let program: String = example
             .lines()
             .skip_while(|line| line.starts_with("//!") || line.is_empty())
@@ -47,7 +56,7 @@ fn the_readme_shows_each_quickstart_example_verbatim() {
             .collect();
         assert!(
             blocks.contains(&program),
-            "README.md has no ```rust block equal to this example (copy it again):\n{program}"
+            "{page_name} has no ```rust block equal to this example (copy it again):\n{program}"
         );
     }
 }

@@ -875,10 +875,10 @@ async fn a_caller_split_by_a_migration_gets_a_bounded_retry_and_no_count() {
     assert_eq!(limiter.breaker_state(), BreakerState::Closed);
 }
 
-/// Why the harness (and the README) runs the cluster with `cluster-require-full-coverage no`:
-/// with the default `yes`, once the lost master is flagged as failed every node answers
-/// CLUSTERDOWN for every slot until its replica is promoted, so callers on the healthy
-/// masters fall back too.
+/// Why the harness (and docs/guide/redis_deployments.md) runs the cluster with
+/// `cluster-require-full-coverage no`: with the default `yes`, once the lost master is
+/// flagged as failed every node answers CLUSTERDOWN for every slot until its replica is
+/// promoted, so callers on the healthy masters fall back too.
 #[test]
 fn with_full_coverage_required_a_lost_master_stops_every_caller() {
     let run = lose_a_master(

@@ -1,10 +1,10 @@
-//! The outage simulator (the `tollgate-simulator` crate), run through its library API: the defaults
-//! reproduce the README's table of the running example, the other faults and the token
-//! bucket tell the same story, the scenario's settings change it, a limiter of the
-//! caller's own replays the same outage, and bad numbers are typed errors. It runs the
-//! library's default breaker unless the scenario overrides it, so its recovery is what a
-//! user gets: every group back on the store within about a second. A few tests run the
-//! command line (examples/simulate/) for what only it does: flags, tables and JSON.
+//! The outage simulator (the `tollgate-simulator` crate), run through its library API: the
+//! defaults reproduce the table of the running example (docs/guide/simulator.md), the other
+//! faults and the token bucket tell the same story, the scenario's settings change it, a
+//! limiter of the caller's own replays the same outage, and bad numbers are typed errors. It
+//! runs the library's default breaker unless the scenario overrides it, so its recovery is
+//! what a user gets: every group back on the store within about a second. A few tests run
+//! the command line (examples/simulate/) for what only it does: flags, tables and JSON.
 //!
 //! The simulator runs on virtual time, so even a debug build simulates the 90 s of the
 //! defaults in seconds.
