@@ -54,11 +54,13 @@ impl LocalPath {
         cost: u64,
         span: &Span,
     ) -> StoreFuture<Decision> {
-        let started = Instant::now();
         let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
         if let Some(result) = check.try_take_ready() {
             return StoreFuture::ready(self.decided(caller, set, result, cost));
         }
+        // The clock is read only for an answer that keeps the request waiting: a ready one
+        // costs no clock read.
+        let started = Instant::now();
         // One that answers later (its work on a spawned task or a blocking pool) may have
         // counted the request already: it is awaited, under the store timeout, never asked
         // again.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput};
 use http::{HeaderValue, Request, Response};
-use tollgate::{HeaderKey, HeaderMode, InMemoryBackend, Limiter};
+use tollgate::{InMemoryBackend, Limiter, key::HeaderKey, response::HeaderMode};
 use tower::ServiceBuilder;
 use tower_rate_limiter::{MemoryGcra, RateLimitError, RateLimitFields};
 
