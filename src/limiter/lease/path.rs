@@ -13,7 +13,7 @@ use std::time::Duration;
 use metrics::SharedString;
 use tracing::{Instrument, Span};
 
-use crate::limiter::breaker::{Admission, BreakerState};
+use crate::limiter::breaker::Admission;
 use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
 use crate::limiter::domains::not_connected;
 use crate::limiter::lease::config::Leases;
@@ -393,8 +393,7 @@ fn leased_info(
 /// background when the store does I/O; a failure leaves them consumed, the stricter
 /// outcome.
 fn give_back(path: &Arc<RemotePath>, caller: &CallerKey, limits: &Arc<[Policy]>, refund: Refund) {
-    let (reach, domain) = path.domain_of(caller);
-    if !reach.can_call() || domain.breaker.state() == BreakerState::Open {
+    if path.not_asked_to_give_back(caller).is_some() {
         return;
     }
     let returning = path.clone();

@@ -236,22 +236,8 @@ impl RemotePath {
         limits: &Arc<[Policy]>,
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
-        let (reach, domain) = self.domain_of(caller.key());
-        let skipped = if !reach.can_call() {
-            Some((
-                StoreErrorKind::NotConnected,
-                "the store has no connection yet",
-            ))
-        } else if domain.breaker.state() == BreakerState::Open {
-            Some((
-                StoreErrorKind::Unavailable,
-                "the circuit breaker is open: the store is not asked",
-            ))
-        } else {
-            None
-        };
-        if let Some((kind, message)) = skipped {
-            return StoreFuture::ready(Err(StoreError::new(kind, message)));
+        if let Some(not_asked) = self.not_asked_to_give_back(caller.key()) {
+            return StoreFuture::ready(Err(not_asked));
         }
         let mut call = self.store.refund(caller.key(), limits, refund);
         match call.try_take_ready() {
@@ -272,6 +258,28 @@ impl RemotePath {
                     result
                 })
             }
+        }
+    }
+
+    /// Why the store is not asked to give units of `caller` back now, if it is not: the
+    /// caller's part of the store has no connection, or its breaker is open.
+    pub(in crate::limiter) fn not_asked_to_give_back(
+        &self,
+        caller: &CallerKey,
+    ) -> Option<StoreError> {
+        let (reach, domain) = self.domain_of(caller);
+        if !reach.can_call() {
+            Some(StoreError::new(
+                StoreErrorKind::NotConnected,
+                "the store has no connection yet",
+            ))
+        } else if domain.breaker.state() == BreakerState::Open {
+            Some(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the circuit breaker is open: the store is not asked",
+            ))
+        } else {
+            None
         }
     }
 
