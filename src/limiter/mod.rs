@@ -122,7 +122,7 @@ impl Limiter {
         let set = active.for_caller(caller);
         let mut decision = match set.unaffordable(cost) {
             Some(refusal) => StoreFuture::ready(refusal),
-            None => inner.path.decide(caller, set, cost, &span),
+            None => inner.path.decide(caller, set, cost),
         };
         if let Some(decision) = decision.try_take_ready() {
             return StoreFuture::ready(inner.conclude(decision, mode, &span));

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use metrics::SharedString;
-use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::Admission;
 use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
@@ -79,7 +78,6 @@ pub(in crate::limiter) fn leased(
     caller: &Caller,
     set: &PolicySet,
     cost: u64,
-    span: &Span,
 ) -> Option<StoreFuture<Decision>> {
     // A peek consumes nothing; the store answers it exactly.
     if cost == 0 || leasing.unsupported.load(Ordering::Relaxed) {
@@ -122,7 +120,7 @@ pub(in crate::limiter) fn leased(
             let info = leased_info(set, &shared, left, cost, counted_at_ms);
             Some(StoreFuture::ready(Decision::Allowed(info)))
         }
-        Step::Take { units } => take(path, leasing, caller, set, cost, units, now, span),
+        Step::Take { units } => take(path, leasing, caller, set, cost, units, now),
     }
 }
 
@@ -136,7 +134,6 @@ fn take(
     cost: u64,
     units: u64,
     asked_ms: u64,
-    span: &Span,
 ) -> Option<StoreFuture<Decision>> {
     let (reach, domain) = path.domain_of(caller.key());
     let reason = match domain.admit_at(reach, || path.clock.now_millis()) {
@@ -177,52 +174,49 @@ fn take(
         lease: Some(lease),
         settled: false,
     };
-    Some(StoreFuture::boxed(
-        async move {
-            // The whole guard moves in, so it lives (and settles) with the future; it
-            // holds the store's answer until it comes.
-            let mut taking = taking;
-            let answer = match taking.lease.as_mut() {
-                Some(lease) => tokio::time::timeout(path.store.timeout(), lease).await,
-                None => Ok(Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    "the lease was answered already",
-                ))),
-            };
-            let result = match answer {
-                Ok(result) => {
-                    taking.lease = None;
-                    result
+    Some(StoreFuture::boxed(async move {
+        // The whole guard moves in, so it lives (and settles) with the future; it
+        // holds the store's answer until it comes.
+        let mut taking = taking;
+        let answer = match taking.lease.as_mut() {
+            Some(lease) => tokio::time::timeout(path.store.timeout(), lease).await,
+            None => Ok(Err(StoreError::new(
+                StoreErrorKind::Other,
+                "the lease was answered already",
+            ))),
+        };
+        let result = match answer {
+            Ok(result) => {
+                taking.lease = None;
+                result
+            }
+            Err(_) => Err(path.store.timed_out(caller.key(), "lease")),
+        };
+        path.store.answered(started);
+        let decision = match result {
+            Ok(grant) => {
+                permit.success();
+                granted(&path, &caller, &set, grant, cost, asked_ms)
+            }
+            Err(error) => {
+                permit.failed(&error);
+                if let Some(leasing) = &path.leases {
+                    leasing.table.granted(caller.key(), set.id, None);
                 }
-                Err(_) => Err(path.store.timed_out(caller.key(), "lease")),
-            };
-            path.store.answered(started);
-            let decision = match result {
-                Ok(grant) => {
-                    permit.success();
-                    granted(&path, &caller, &set, grant, cost, asked_ms)
-                }
-                Err(error) => {
-                    permit.failed(&error);
-                    if let Some(leasing) = &path.leases {
-                        leasing.table.granted(caller.key(), set.id, None);
-                    }
-                    tracing::debug!(layer = %path.name, %error, "taking a lease failed");
-                    path.fall_back(
-                        &domain,
-                        &caller,
-                        &set,
-                        FallbackReason::of(&error),
-                        cost,
-                        None,
-                    )
-                }
-            };
-            taking.settled = true;
-            decision
-        }
-        .instrument(span.clone()),
-    ))
+                tracing::debug!(layer = %path.name, %error, "taking a lease failed");
+                path.fall_back(
+                    &domain,
+                    &caller,
+                    &set,
+                    FallbackReason::of(&error),
+                    cost,
+                    None,
+                )
+            }
+        };
+        taking.settled = true;
+        decision
+    }))
 }
 
 /// A lease being taken for a request that may be dropped (its client went away) before

@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{Instrument, Span};
-
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
 use crate::limiter::path::{answered, decision};
@@ -52,7 +50,6 @@ impl LocalPath {
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
-        span: &Span,
     ) -> StoreFuture<Decision> {
         let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
         if let Some(result) = check.try_take_ready() {
@@ -67,16 +64,13 @@ impl LocalPath {
         let path = self.clone();
         let caller = caller.clone();
         let set = set.clone();
-        StoreFuture::boxed(
-            async move {
-                let result = path
-                    .store
-                    .wait(check, started, caller.key(), "answer")
-                    .await;
-                path.decided(&caller, &set, result, cost)
-            }
-            .instrument(span.clone()),
-        )
+        StoreFuture::boxed(async move {
+            let result = path
+                .store
+                .wait(check, started, caller.key(), "answer")
+                .await;
+            path.decided(&caller, &set, result, cost)
+        })
     }
 
     fn decided(

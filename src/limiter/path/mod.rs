@@ -6,8 +6,6 @@ pub(super) mod remote;
 
 use std::sync::Arc;
 
-use tracing::Span;
-
 use crate::limiter::breaker::BreakerState;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
 use crate::limiter::failure::Fallback;
@@ -31,17 +29,17 @@ pub(super) enum Path {
 }
 
 impl Path {
-    /// Decides a request of `cost` units against `set`; `span` is the decision's.
+    /// Decides a request of `cost` units against `set`. A pending answer runs inside the
+    /// decision's span, which the limiter's conclusion enters around it.
     pub(super) fn decide(
         &self,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
-        span: &Span,
     ) -> StoreFuture<Decision> {
         match self {
-            Path::Local(path) => path.decide(caller, set, cost, span),
-            Path::Remote(path) => path.decide(caller, set, cost, span),
+            Path::Local(path) => path.decide(caller, set, cost),
+            Path::Remote(path) => path.decide(caller, set, cost),
         }
     }
 

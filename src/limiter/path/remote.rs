@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use tracing::{Instrument, Span};
-
 use crate::limiter::breaker::{Admission, BreakerState, Permit};
 use crate::limiter::decision::{Decision, FallbackReason, Receipt};
 use crate::limiter::denial_cache::DenialCache;
@@ -79,7 +77,6 @@ impl RemotePath {
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
-        span: &Span,
     ) -> StoreFuture<Decision> {
         // Read once, and only if needed: by a cached refusal, an open breaker, or as the
         // time the store was asked.
@@ -93,7 +90,7 @@ impl RemotePath {
             return StoreFuture::ready(Decision::Limited(info));
         }
         if let Some(leasing) = &self.leases
-            && let Some(decision) = leased(self, leasing, caller, set, cost, span)
+            && let Some(decision) = leased(self, leasing, caller, set, cost)
         {
             return decision;
         }
@@ -128,16 +125,13 @@ impl RemotePath {
         let path = self.clone();
         let caller = caller.clone();
         let set = set.clone();
-        StoreFuture::boxed(
-            async move {
-                let result = path
-                    .store
-                    .wait(check, started, caller.key(), "answer")
-                    .await;
-                path.finish(&domain, &caller, &set, result, permit, now, cost)
-            }
-            .instrument(span.clone()),
-        )
+        StoreFuture::boxed(async move {
+            let result = path
+                .store
+                .wait(check, started, caller.key(), "answer")
+                .await;
+            path.finish(&domain, &caller, &set, result, permit, now, cost)
+        })
     }
 
     /// Which part of the store decides `caller`, whether it is connected, and the limiter's
