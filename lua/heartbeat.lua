@@ -5,7 +5,8 @@
 -- ARGV[1]  this instance's id
 -- ARGV[2]  the liveness window in ms: an instance is live if it beat within it
 -- Returns  {the number of live instances, this one included;
---           ms since the registry was (re)built}
+--           ms since the registry was (re)built;
+--           this instance's place among the live ones, ordered by id, from 0}
 --
 -- A registry with no live instance at all is being (re)built: it is new, or Redis lost it
 -- (a restart or a failover), or every instance was cut off for a whole window. Until a whole
@@ -35,4 +36,12 @@ end
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 -- a registry nobody beats into any more disappears by itself
 redis.call('PEXPIRE', KEYS[1], 10 * window)
-return {redis.call('ZCOUNT', KEYS[1], 0, '+inf'), now - rebuilt}
+-- Ordered by id, every instance sees the same places: a local share spreads its
+-- remainder, and takes turns, by them.
+local place = 0
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], 0, '+inf')) do
+    if member < ARGV[1] then
+        place = place + 1
+    end
+end
+return {redis.call('ZCOUNT', KEYS[1], 0, '+inf'), now - rebuilt, place}

@@ -344,7 +344,9 @@ impl Scenario {
                         let builder = context
                             .limiter_builder()
                             .policy(self.policy())
-                            .on_store_failure(policy.failure_policy(self.instances as u64))
+                            .on_store_failure(
+                                policy.failure_policy_at(self.instances as u64, i as u64),
+                            )
                             .store_timeout(Duration::from_millis(self.store_timeout_ms))
                             .breaker(self.breaker());
                         match policy.leases(self.instances as u64) {

@@ -103,7 +103,23 @@ impl PolicyName {
     /// # let _ = policy;
     /// ```
     pub fn failure_policy(self, instances: u64) -> FailurePolicy {
-        let share = || FailurePolicy::local_share(InstanceCount::fixed(instances));
+        self.policy_with(InstanceCount::fixed(instances))
+    }
+
+    /// [`failure_policy`](Self::failure_policy) for the instance at `place` among them, as
+    /// a deployment that gives each instance its ordinal configures it.
+    ///
+    /// ```
+    /// use tollgate_simulator::PolicyName;
+    /// let second = PolicyName::LocalShare.failure_policy_at(4, 1);
+    /// assert!(format!("{second:?}").contains("at_place(1)"));
+    /// ```
+    pub fn failure_policy_at(self, instances: u64, place: u64) -> FailurePolicy {
+        self.policy_with(InstanceCount::fixed(instances).at_place(place))
+    }
+
+    fn policy_with(self, count: InstanceCount) -> FailurePolicy {
+        let share = || FailurePolicy::local_share(count.clone());
         match self {
             PolicyName::Open => FailurePolicy::open(),
             PolicyName::Closed => FailurePolicy::closed(),

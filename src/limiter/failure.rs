@@ -1,7 +1,11 @@
 //! What a limiter does when its store cannot decide: the policy chosen per route, and its
 //! execution ([`Fallback`]), with the local share's own counters.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
@@ -11,10 +15,12 @@ use crate::limiter::decision::{
 };
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::instances::InstanceCount;
+use crate::limiter::last_answers::LastAnswers;
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::FallbackCounters;
-use crate::store::backend::{Backend, Refund, StoreError, StoreErrorKind};
-use crate::store::caller::Caller;
+use crate::store::algorithm::{PolicyOutcome, Share};
+use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError, StoreErrorKind};
+use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
@@ -121,8 +127,65 @@ pub(super) struct Failure<'a> {
     pub(super) now: Option<u64>,
 }
 
-/// A policy set, a divisor, and the set divided by it.
-type Share = (Arc<[Policy]>, u64, Arc<[Policy]>);
+/// How many callers' last answers a local share keeps to start from.
+const LAST_ANSWERS: usize = 100_000;
+
+/// A policy set divided among the instances: what this instance's counters enforce of it.
+struct ShareSet {
+    original: Arc<[Policy]>,
+    instances: u64,
+    place: Option<u64>,
+    /// The parts as policies, under the original counters' names.
+    policies: Arc<[Policy]>,
+    parts: Box<[Share]>,
+    /// How long a decision on these counters weighs.
+    retention_ms: u64,
+}
+
+impl ShareSet {
+    fn new(original: &Arc<[Policy]>, instances: u64, place: Option<u64>, drawn: u64) -> Self {
+        let parts: Box<[Share]> = original
+            .iter()
+            .map(|limit| Share::of(*limit.algorithm(), instances, place, drawn))
+            .collect();
+        let policies: Arc<[Policy]> = original
+            .iter()
+            .zip(parts.iter())
+            .map(|(limit, part)| limit.with_algorithm(part.algorithm))
+            .collect();
+        let retention_ms = policies.iter().map(|p| p.retention_ms()).max().unwrap_or(0);
+        Self {
+            original: original.clone(),
+            instances,
+            place,
+            policies,
+            parts,
+            retention_ms,
+        }
+    }
+
+    /// 0 while every policy taken in turns is in this instance's turn; else the longest
+    /// wait for one.
+    fn turn_wait_ms(&self, now_ms: u64) -> u64 {
+        self.parts
+            .iter()
+            .filter_map(|part| part.turns.map(|turns| turns.wait_ms(now_ms)))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Units a local share counted for a request that the store still decides, to give back
+/// if the store refuses it, and what the share knew of the caller then.
+pub(super) struct Held {
+    share: Arc<ShareSet>,
+    refund: Refund,
+    /// What the share had counted that the store did not see, to consume there along with
+    /// the request.
+    pub(super) unseen: u64,
+    /// The share's own answer for the request.
+    local: CheckOutcome,
+}
 
 /// The failure policy in execution: the policy, and a local share's own counters with
 /// the divided policy sets they count against.
@@ -131,9 +194,19 @@ pub(super) struct Fallback {
     clock: Arc<dyn Clock>,
     /// Counters of the local share, kept apart from the store's.
     local: InMemoryBackend,
-    /// Divided policy sets by (original set, divisor), so a share costs no allocation per
-    /// request.
-    shares: ArcSwap<Vec<Share>>,
+    /// Divided policy sets, so a share costs no allocation per request.
+    shares: ArcSwap<Vec<Arc<ShareSet>>>,
+    /// Where each caller's share starts: the store's last answer for it (with a local
+    /// share only).
+    last_answers: Option<LastAnswers>,
+    /// Until when what the local share counted still weighs (0: it never counted): the
+    /// store, which did not see it, is not left to decide alone before then.
+    weighs_until_ms: AtomicU64,
+    /// A place among the instances drawn for this one, for turns when none is known.
+    drawn_place: u64,
+    /// Per caller the share counted while the store was away, the units still to tell the
+    /// store; a caller not in it has not been told since the share last decided it.
+    owed: Mutex<HashMap<CallerKey, u64>>,
 }
 
 impl Fallback {
@@ -142,17 +215,137 @@ impl Fallback {
         let local = InMemoryBackend::builder()
             .clock(SharedClock(clock.clone()))
             .build();
+        let last_answers = share_count(&policy).map(|_| LastAnswers::new(LAST_ANSWERS));
         Self {
             policy,
             clock,
             local,
             shares: ArcSwap::default(),
+            last_answers,
+            weighs_until_ms: AtomicU64::new(0),
+            drawn_place: RandomState::new().hash_one(std::process::id()),
+            owed: Mutex::default(),
         }
     }
 
     /// The policy executed.
     pub(super) fn policy(&self) -> &FailurePolicy {
         &self.policy
+    }
+
+    /// Keeps what the store answered for `caller` (asked at `at_ms`), where its local share
+    /// starts if the store goes away.
+    pub(super) fn remember(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        outcome: &CheckOutcome,
+        at_ms: u64,
+    ) {
+        if let Some(last) = &self.last_answers {
+            last.record(caller.key(), set, outcome, at_ms);
+        }
+    }
+
+    /// Whether the local share ever counted anything (without reading the clock).
+    pub(super) fn may_weigh(&self) -> bool {
+        self.weighs_until_ms.load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether what the local share counted may still weigh at `now_ms`.
+    pub(super) fn share_weighs(&self, now_ms: u64) -> bool {
+        now_ms < self.weighs_until_ms.load(Ordering::Relaxed)
+    }
+
+    /// While what the local share counted still weighs, a caller it counted is decided by
+    /// its share too, before the store (which did not see those requests): the share's
+    /// refusal (`Err`), or the units it counted (`Ok`), to give back if the store refuses.
+    /// `None`: the store decides alone.
+    pub(super) fn recovering(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<Result<Held, Decision>> {
+        let instances = share_count(&self.policy)?;
+        let share = self.share_of(&set.limits, instances);
+        let outcome = self
+            .local
+            .decide_tracked_at(caller.key(), &share.policies, cost, now_ms)?;
+        if outcome.admitted() {
+            // The first time the store hears of the caller again, it is told what this
+            // share counted (as far as every policy still holds it); later, what the
+            // store's answers show it still lacks.
+            let mut owed = self.owed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if owed.len() >= LAST_ANSWERS {
+                owed.clear();
+            }
+            let unseen = match owed.get_mut(caller.key()) {
+                Some(units) => std::mem::take(units),
+                None => {
+                    owed.insert(caller.key().clone(), 0);
+                    share
+                        .policies
+                        .iter()
+                        .zip(outcome.limits())
+                        .map(|(part, outcome)| {
+                            part.algorithm()
+                                .quota()
+                                .saturating_sub(outcome.remaining)
+                                .saturating_sub(cost)
+                        })
+                        .min()
+                        .unwrap_or(0)
+                }
+            };
+            drop(owed);
+            Some(Ok(Held {
+                share,
+                refund: Refund::new(cost, outcome.counted_at_ms()),
+                unseen,
+                local: outcome,
+            }))
+        } else {
+            Some(Err(self.share_decision(set, &share, &outcome, cost)))
+        }
+    }
+
+    /// The store admitted a request that the share counted too (`held`), and answered
+    /// `store`: where it has more left than the shares together (this one's, times the
+    /// instances), it did not see all they counted, and this instance owes it its part of
+    /// the difference, told with the caller's next request.
+    pub(super) fn reconcile(&self, caller: &Caller, held: &Held, store: &CheckOutcome) {
+        let share = &held.share;
+        let excess = share
+            .original
+            .iter()
+            .zip(share.policies.iter())
+            .zip(store.limits().iter().zip(held.local.limits()))
+            .map(|((original, part), (store, local))| {
+                let part_quota = part.algorithm().quota().max(1);
+                let expected = u128::from(local.remaining) * u128::from(original.algorithm().quota())
+                    / u128::from(part_quota);
+                u128::from(store.remaining).saturating_sub(expected)
+            })
+            .min()
+            .unwrap_or(0);
+        if excess == 0 {
+            return;
+        }
+        let part = u64::try_from(excess.div_ceil(u128::from(share.instances.max(1)))).unwrap_or(u64::MAX);
+        let mut owed = self.owed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(units) = owed.get_mut(caller.key()) {
+            *units = part;
+        }
+    }
+
+    /// Gives back what [`recovering`](Self::recovering) counted.
+    pub(super) fn release(&self, caller: &Caller, held: Held) {
+        let _ = self
+            .local
+            .refund(caller.key(), &held.share.policies, held.refund)
+            .try_take_ready();
     }
 
     /// Counts the failure, and decides the request by the failure policy.
@@ -183,9 +376,8 @@ impl Fallback {
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
-                self.with_share(limits, instances.get(), |share| {
-                    self.decide_share(caller, set, share, cost, failure.now)
-                })
+                let share = self.share_of(limits, instances);
+                self.decide_share(caller, set, &share, cost, failure.now)
             }
             FailurePolicy::Static => self
                 .cached_refusal(failure.denials, caller, set, cost)
@@ -223,21 +415,71 @@ impl Fallback {
             .map(Decision::Limited)
     }
 
-    /// Decides a request of `cost` units on this instance's own counters of `share`.
+    /// Decides a request of `cost` units on this instance's own counters of `share`. A
+    /// caller they do not count yet starts from the store's last answer for it.
     fn decide_share(
         &self,
         caller: &Caller,
         set: &PolicySet,
-        share: &Arc<[Policy]>,
+        share: &ShareSet,
         cost: u64,
         now: Option<u64>,
     ) -> Decision {
         // The local counters run on the limiter's clock: a time just read serves them too.
         let now = now.unwrap_or_else(|| self.clock.now_millis());
-        let outcome = self.local.decide_at(caller.key(), share, cost, now);
-        let info =
-            RateLimitInfo::from_outcomes(share, outcome.limits(), DecisionSource::LocalShare)
-                .for_cost(cost);
+        self.weighs_until_ms
+            .fetch_max(now.saturating_add(share.retention_ms), Ordering::Relaxed);
+        // Counted again here: the store is to be told again when it is back.
+        if let Ok(mut owed) = self.owed.lock()
+            && !owed.is_empty()
+        {
+            owed.remove(caller.key());
+        }
+        if share.turn_wait_ms(now) > 0 {
+            // Not this instance's turn: refused until it is, counting nothing.
+            let peeked = self.local.peek_at(caller.key(), &share.policies, cost, now);
+            let outcomes = peeked.limits().iter().zip(share.parts.iter()).map(|(peeked, part)| {
+                match part.turns.map(|turns| turns.wait_ms(now)) {
+                    Some(wait) if wait > 0 => PolicyOutcome {
+                        admitted: false,
+                        remaining: 0,
+                        reset_ms: wait,
+                    },
+                    _ => *peeked,
+                }
+            });
+            let outcome = CheckOutcome::collect(share.parts.len(), outcomes).counted_at(now);
+            return self.share_decision(set, share, &outcome, cost);
+        }
+        let mut answer = None;
+        let outcome = self
+            .local
+            .decide_seeded_at(caller.key(), &share.policies, cost, now, |i| {
+                let answer = *answer.get_or_insert_with(|| {
+                    self.last_answers
+                        .as_ref()
+                        .and_then(|last| last.get(caller.key(), set.id, now))
+                });
+                let answer = answer?;
+                share.parts[i].seed(share.original[i].algorithm(), answer.used(i)?, answer.at_ms)
+            });
+        self.share_decision(set, share, &outcome, cost)
+    }
+
+    /// The local counters' answer as a decision, advertising the share.
+    fn share_decision(
+        &self,
+        set: &PolicySet,
+        share: &ShareSet,
+        outcome: &CheckOutcome,
+        cost: u64,
+    ) -> Decision {
+        let info = RateLimitInfo::from_outcomes(
+            &share.policies,
+            outcome.limits(),
+            DecisionSource::LocalShare,
+        )
+        .for_cost(cost);
         if outcome.admitted() {
             // The local counters took it: a refund goes back to them.
             Decision::Allowed(info.with_receipt(Receipt {
@@ -249,29 +491,25 @@ impl Fallback {
         }
     }
 
-    /// Runs `decide` on `limits` divided by `divisor`, computed once per set and divisor:
-    /// later requests find it in a snapshot read without a lock, and borrow it from there.
-    fn with_share<T>(
-        &self,
-        limits: &Arc<[Policy]>,
-        divisor: u64,
-        decide: impl FnOnce(&Arc<[Policy]>) -> T,
-    ) -> T {
-        let position = |shares: &[Share]| {
+    /// `limits` divided among `instances` as this instance's share, computed once per set,
+    /// count and place: later requests find it in a snapshot read without a lock.
+    fn share_of(&self, limits: &Arc<[Policy]>, instances: &InstanceCount) -> Arc<ShareSet> {
+        let count = instances.get();
+        let place = instances.place();
+        let find = |shares: &[Arc<ShareSet>]| {
             shares
                 .iter()
-                .position(|(original, n, _)| Arc::ptr_eq(original, limits) && *n == divisor)
+                .find(|share| {
+                    Arc::ptr_eq(&share.original, limits)
+                        && share.instances == count
+                        && share.place == place
+                })
+                .cloned()
         };
-        let known = self.shares.load();
-        if let Some(i) = position(&known) {
-            return decide(&known[i].2);
+        if let Some(share) = find(&self.shares.load()) {
+            return share;
         }
-        drop(known);
-        let find = |shares: &[Share]| position(shares).map(|i| shares[i].2.clone());
-        let share: Arc<[Policy]> = limits
-            .iter()
-            .map(|limit| limit.with_algorithm(limit.algorithm().divided_by(divisor)))
-            .collect();
+        let share = Arc::new(ShareSet::new(limits, count, place, self.drawn_place));
         // Two requests may divide the same set at once: the first stored wins, so every
         // request decides against one allocation (the local counters are keyed by the
         // policies' contents, so either would count the same).
@@ -283,14 +521,23 @@ impl Fallback {
             }
             stored = share.clone();
             let mut shares = Vec::clone(shares);
-            // A handful of sets times the divisors seen; keep the newest few.
+            // A handful of sets times the counts seen; keep the newest few.
             if shares.len() >= 64 {
                 shares.remove(0);
             }
-            shares.push((limits.clone(), divisor, share.clone()));
+            shares.push(share.clone());
             shares
         });
-        decide(&stored)
+        stored
+    }
+}
+
+/// The instance count of a policy that divides the limit, if it does.
+fn share_count(policy: &FailurePolicy) -> Option<&InstanceCount> {
+    match policy {
+        FailurePolicy::LocalShare(instances) => Some(instances),
+        FailurePolicy::StaticThen(rest) => share_count(rest),
+        _ => None,
     }
 }
 

@@ -21,6 +21,8 @@ use crate::store::instances::LiveInstances;
 #[derive(Clone)]
 pub struct InstanceCount {
     source: Source,
+    /// This instance's place among the instances, when the deployment says.
+    place: Option<u64>,
 }
 
 #[derive(Clone)]
@@ -35,6 +37,7 @@ impl InstanceCount {
     pub fn fixed(count: u64) -> Self {
         Self {
             source: Source::Fixed(count.max(1)),
+            place: None,
         }
     }
 
@@ -42,6 +45,7 @@ impl InstanceCount {
     pub fn from_fn(count: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
         Self {
             source: Source::Fn(Arc::new(count)),
+            place: None,
         }
     }
 
@@ -49,6 +53,35 @@ impl InstanceCount {
     pub fn live(source: impl LiveInstances) -> Self {
         Self {
             source: Source::Live(Arc::new(source)),
+            place: None,
+        }
+    }
+
+    /// This instance is the one at `place` (from 0) among the instances, such as a
+    /// StatefulSet's ordinal: the shares of a quota that does not divide evenly then sum to
+    /// the quota exactly, and a quota below the instance count is taken in turns that never
+    /// meet (see [`FailurePolicy::local_share`](crate::FailurePolicy::local_share)). Each
+    /// instance must be given a different place below the count; a place at or beyond it
+    /// wraps around. A live source that knows the places (the Redis instance registry)
+    /// needs none.
+    ///
+    /// ```
+    /// use tollgate::InstanceCount;
+    ///
+    /// let third_of_four = InstanceCount::fixed(4).at_place(2);
+    /// assert_eq!(third_of_four.get(), 4);
+    /// ```
+    pub fn at_place(mut self, place: u64) -> Self {
+        self.place = Some(place);
+        self
+    }
+
+    /// This instance's place among the instances, if known: given, or from a live source.
+    pub(crate) fn place(&self) -> Option<u64> {
+        match &self.source {
+            _ if self.place.is_some() => self.place,
+            Source::Live(source) => source.place(),
+            _ => None,
         }
     }
 
@@ -68,6 +101,10 @@ impl fmt::Debug for InstanceCount {
             Source::Fixed(count) => f.debug_tuple("InstanceCount::fixed").field(count).finish(),
             Source::Fn(_) => f.write_str("InstanceCount::from_fn(..)"),
             Source::Live(source) => f.debug_tuple("InstanceCount::live").field(source).finish(),
+        }?;
+        match self.place {
+            Some(place) => write!(f, ".at_place({place})"),
+            None => Ok(()),
         }
     }
 }

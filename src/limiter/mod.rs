@@ -20,6 +20,7 @@ pub(crate) mod denial_cache;
 pub(crate) mod domains;
 pub(crate) mod failure;
 pub(crate) mod instances;
+pub(crate) mod last_answers;
 pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod mode;

@@ -72,6 +72,7 @@ mod orders_api_e2e;
 mod orders_api_reload;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod outage;
+mod outage_edges;
 mod quickstart;
 mod recovery;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]

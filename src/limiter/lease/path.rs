@@ -312,6 +312,9 @@ fn granted(
         leasing.table.granted(caller.key(), set.id, None);
         return path.decided(caller, set, grant.outcome(), asked_ms, cost);
     }
+    // Where the caller's local share starts if the store goes away while it spends.
+    path.fallback
+        .remember(caller, set, grant.outcome(), asked_ms);
     leasing.metrics.taken();
     leasing.metrics.served();
     let counted_at_ms = grant.outcome().counted_at_ms();

@@ -9,13 +9,13 @@ use crate::limiter::breaker::{Admission, BreakerState, Permit};
 use crate::limiter::decision::{Decision, FallbackReason, Receipt};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
-use crate::limiter::failure::{Failure, Fallback};
+use crate::limiter::failure::{Failure, Fallback, Held};
 use crate::limiter::lease::path::{Leasing, leased};
 use crate::limiter::path::{answered, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{CheckOutcome, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::domain::FailureDomain;
@@ -30,7 +30,7 @@ pub(in crate::limiter) struct RemotePath {
     /// A circuit breaker per failure domain of the store.
     domains: Domains,
     denials: Option<DenialCache>,
-    pub(super) fallback: Fallback,
+    pub(in crate::limiter) fallback: Fallback,
     /// Hot callers' leases of quota, when the limiter leases.
     pub(in crate::limiter) leases: Option<Leasing>,
     metrics: Arc<LimiterMetrics>,
@@ -89,7 +89,20 @@ impl RemotePath {
             self.metrics.denial_cache_hit();
             return StoreFuture::ready(Decision::Limited(info));
         }
-        if let Some(leasing) = &self.leases
+        // While what a local share counted still weighs, the callers it counted are decided
+        // by their share as well as by the store, which did not see those requests; and no
+        // lease is served or taken, whose units the share would not see.
+        let mut held = None;
+        let share_weighs = self.fallback.may_weigh() && self.fallback.share_weighs(now());
+        if share_weighs {
+            match self.fallback.recovering(caller, set, cost, now()) {
+                Some(Err(refused)) => return StoreFuture::ready(refused),
+                Some(Ok(counted)) => held = Some(counted),
+                None => {}
+            }
+        }
+        if !share_weighs
+            && let Some(leasing) = &self.leases
             && let Some(decision) = leased(self, leasing, caller, set, cost)
         {
             return decision;
@@ -98,6 +111,7 @@ impl RemotePath {
         let permit = match domain.admit_at(reach, &mut now) {
             Admission::Call(permit) => permit,
             Admission::Reject => {
+                self.release(caller, held);
                 let reason = FallbackReason::BreakerOpen;
                 return StoreFuture::ready(
                     self.fall_back(&domain, caller, set, reason, cost, read_clock),
@@ -107,6 +121,7 @@ impl RemotePath {
         if !reach.can_call() {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
+            self.release(caller, held);
             let reason = FallbackReason::without_a_connection(reach);
             return StoreFuture::ready(
                 self.fall_back(&domain, caller, set, reason, cost, read_clock),
@@ -114,11 +129,11 @@ impl RemotePath {
         }
         let now = now();
         let started = Instant::now();
-        let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
+        let mut check = self.ask(caller, set, cost, held.as_ref());
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
             return StoreFuture::ready(
-                self.finish(&domain, caller, set, result, permit, now, cost),
+                self.finish(&domain, caller, set, result, permit, (now, held), cost),
             );
         }
         let domain = domain.to_shared();
@@ -130,8 +145,34 @@ impl RemotePath {
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
-            path.finish(&domain, &caller, &set, result, permit, now, cost)
+            path.finish(&domain, &caller, &set, result, permit, (now, held), cost)
         })
+    }
+
+    /// The store's decision on a request; for a caller that a local share counted while
+    /// the store was away, the request and what the share counted, consumed as far as
+    /// the limits allow (a lease's arithmetic: the units beyond the request are dropped).
+    fn ask(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        held: Option<&Held>,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let backend = self.store.backend();
+        let unseen = held.map_or(0, |held| held.unseen);
+        if unseen > 0
+            && cost > 0
+            && let Some(mut lease) =
+                backend.lease(caller.key(), &set.limits, cost, cost.saturating_add(unseen))
+        {
+            let outcome = |grant: Result<LeaseGrant, StoreError>| grant.map(|g| g.outcome().clone());
+            return match lease.try_take_ready() {
+                Some(grant) => StoreFuture::ready(outcome(grant)),
+                None => StoreFuture::boxed(async move { outcome(lease.await) }),
+            };
+        }
+        backend.check(caller.key(), &set.limits, cost)
     }
 
     /// Which part of the store decides `caller`, whether it is connected, and the limiter's
@@ -145,7 +186,8 @@ impl RemotePath {
     }
 
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
-    /// `asked_ms` is when the store was asked.
+    /// `asked_ms` is when the store was asked; `held`, what the local share counted for
+    /// the request before (given back unless the store admits it).
     #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
@@ -154,16 +196,24 @@ impl RemotePath {
         set: &PolicySet,
         result: Result<CheckOutcome, StoreError>,
         permit: Permit,
-        asked_ms: u64,
+        (asked_ms, held): (u64, Option<Held>),
         cost: u64,
     ) -> Decision {
         match result {
             Ok(outcome) => {
                 permit.success();
+                match held {
+                    Some(held) if outcome.admitted() => {
+                        self.fallback.reconcile(caller, &held, &outcome);
+                    }
+                    held => self.release(caller, held),
+                }
                 self.decided(caller, set, &outcome, asked_ms, cost)
             }
             Err(error) => {
                 permit.failed(&error);
+                // The failure policy decides again, the local share included.
+                self.release(caller, held);
                 tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
                 self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
             }
@@ -182,6 +232,7 @@ impl RemotePath {
         cost: u64,
     ) -> Decision {
         let info = answered(set, outcome, cost);
+        self.fallback.remember(caller, set, outcome, asked_ms);
         if let Some(denials) = &self.denials {
             // A refusal holds until its retry time; so does the refusal that an admission
             // leaving a policy at r=0 announces for the next request. Other instances can
@@ -219,6 +270,13 @@ impl RemotePath {
             now,
         };
         self.fallback.decide(&failure, caller, set, cost)
+    }
+
+    /// Gives back to the local share what it counted for a request the store decides.
+    fn release(&self, caller: &Caller, held: Option<Held>) {
+        if let Some(held) = held {
+            self.fallback.release(caller, held);
+        }
     }
 
     /// Gives back to the store what a request it admitted (or a lease it granted)

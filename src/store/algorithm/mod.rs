@@ -4,8 +4,11 @@
 //! Redis backend runs a Lua transcription of it. Integers keep the two identical (Lua
 //! numbers are doubles, exact below 2^53, which the constructors guarantee).
 
+mod share;
 mod sliding_window;
 mod token_bucket;
+
+pub(crate) use share::Share;
 
 use std::time::Duration;
 
@@ -14,9 +17,6 @@ use crate::store::invalid_policy::InvalidPolicy;
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
 
-/// The most a local share stretches a window to keep its rate exact (see
-/// [`Algorithm::divided_by`]).
-pub(crate) const MAX_SHARE_STRETCH: u64 = 4;
 
 /// How a policy counts.
 ///
@@ -171,29 +171,28 @@ impl Algorithm {
         }
     }
 
-    /// The same algorithm enforcing at most `1/divisor` of the rate, as one instance's share
-    /// of a global limit.
+    /// The rate one of `divisor` instances enforces with its own counters while the store
+    /// cannot decide, when its place among them is unknown (see
+    /// [`FailurePolicy::local_share`](crate::FailurePolicy::local_share)).
     ///
-    /// The shares of `divisor` instances together never exceed the limit: `divisor` times
-    /// the share's quota per window is at most the quota over as many of the original
-    /// windows, for every quota and every divisor. The share keeps the exact rate where it
-    /// can: 50 per second shared by 4 is 25 per 2 seconds (12.5 a second), not 12 per
-    /// second, stretching the window (or refill period) by the smallest factor that makes
-    /// the quota whole, up to 4 times. Beyond that the quota is rounded down.
-    /// A quota smaller than the divisor becomes one request per as long a window as it
-    /// takes: 1 per minute shared by 10 is 1 per 10 minutes each. A token bucket's burst
-    /// is divided and rounded down (at least 1).
+    /// The shares of `divisor` instances together never exceed the limit. A quota of at
+    /// least one request per instance is divided in the limit's own window and rounded
+    /// down: 50 per second shared by 4 is 12 per second each (an instance that knows its
+    /// place also takes its part of the remainder, so the four enforce 13, 13, 12 and 12).
+    /// A smaller quota cannot be divided in its window: the instances take turns, one
+    /// window each, and this is the rate that comes to on average, one request per as
+    /// many windows as there are instances per request (1 per minute shared by 10 is 1 per
+    /// 10 minutes each). A token bucket's rate and burst are divided alike (a burst at
+    /// least 1).
     ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate::store::Algorithm;
     ///
     /// let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
-    /// assert_eq!(per_second.divided_by(4), Algorithm::sliding_window(25, Duration::from_secs(2)));
+    /// assert_eq!(per_second.divided_by(4), Algorithm::sliding_window(12, Duration::from_secs(1)));
     /// assert_eq!(per_second.divided_by(5), Algorithm::sliding_window(10, Duration::from_secs(1)));
-    /// // 50 / 7 would need a 7 s window: rounded down instead.
-    /// assert_eq!(per_second.divided_by(7), Algorithm::sliding_window(7, Duration::from_secs(1)));
-    /// // Fewer requests than instances: the window stretches as far as needed.
+    /// // Fewer requests than instances: turns of one window each.
     /// let login = Algorithm::sliding_window(1, Duration::from_secs(60));
     /// assert_eq!(login.divided_by(10), Algorithm::sliding_window(1, Duration::from_secs(600)));
     /// ```
@@ -201,7 +200,7 @@ impl Algorithm {
         let divisor = divisor.max(1);
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                let (limit, window_ms) = share(limit, window_ms, divisor);
+                let (limit, window_ms) = average_share(limit, window_ms, divisor);
                 Algorithm::SlidingWindow { limit, window_ms }
             }
             Algorithm::TokenBucket {
@@ -209,7 +208,7 @@ impl Algorithm {
                 period_ms,
                 burst,
             } => {
-                let (rate, period_ms) = share(rate, period_ms, divisor);
+                let (rate, period_ms) = average_share(rate, period_ms, divisor);
                 Algorithm::TokenBucket {
                     rate,
                     period_ms,
@@ -432,35 +431,19 @@ impl Algorithm {
     }
 }
 
-/// One of `divisor` equal shares of `quota` per `window_ms`, as a quota and a window whose
-/// rate is at most `quota / divisor` per `window_ms`, and exactly that where it can be.
-fn share(quota: u64, window_ms: u64, divisor: u64) -> (u64, u64) {
-    let exact = |quota: u64, window_ms: u64| u128::from(quota) * u128::from(window_ms) < MAX_EXACT;
-    let stretch = divisor / gcd(quota, divisor);
-    if stretch <= MAX_SHARE_STRETCH
-        && let Some(stretched) = window_ms.checked_mul(stretch)
-        && exact(quota, stretched)
-    {
-        // quota * stretch is a multiple of divisor: the rate is exact.
-        return (quota * stretch / divisor, stretched);
-    }
+/// One of `divisor` shares of `quota` per `window_ms`, as a quota and a window whose rate
+/// is at most `quota / divisor` per `window_ms`: rounded down in the same window, or for a
+/// quota below the divisor, one request per as many windows as that takes (rounded up to
+/// the next millisecond so the rate never rounds up).
+fn average_share(quota: u64, window_ms: u64, divisor: u64) -> (u64, u64) {
     if quota >= divisor {
         return (quota / divisor, window_ms);
     }
-    // Less than one request per window each: one request per window * divisor / quota,
-    // rounded up to the next millisecond so the rate never rounds up.
     let stretched = ceil_div(
         u128::from(window_ms) * u128::from(divisor),
         u128::from(quota),
     );
     (1, stretched.min((MAX_EXACT - 1) as u64))
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a.max(1)
 }
 
 fn ceil_div(numerator: u128, denominator: u128) -> u64 {

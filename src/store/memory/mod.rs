@@ -163,6 +163,72 @@ impl InMemoryBackend {
         cost: u64,
         now: u64,
     ) -> CheckOutcome {
+        self.decide_seeded_at(caller, limits, cost, now, |_| None)
+    }
+
+    /// Decides for a caller this backend tracks with a state for each of `limits`; `None`
+    /// (nothing counted) for one it does not.
+    pub(crate) fn decide_tracked_at(
+        &self,
+        caller: &CallerKey,
+        limits: &[Policy],
+        cost: u64,
+        now: u64,
+    ) -> Option<CheckOutcome> {
+        let (hash, lock) = self.shard(caller);
+        let shard = read(lock);
+        if limits.len() <= INLINE_POLICIES {
+            return decide_tracked(&shard, hash, caller, limits, now, cost);
+        }
+        let known = shard.find(hash, caller.encoded()).is_some_and(|position| {
+            limits.iter().all(|limit| {
+                shard
+                    .counter(limit.counter_arc())
+                    .is_some_and(|counter| shard.entries[position].has(counter))
+            })
+        });
+        drop(shard);
+        known.then(|| self.decide_at(caller, limits, cost, now))
+    }
+
+    /// What `limits` report for `caller` at `now` for a request of `cost` units, counting
+    /// nothing.
+    pub(crate) fn peek_at(
+        &self,
+        caller: &CallerKey,
+        limits: &[Policy],
+        cost: u64,
+        now: u64,
+    ) -> CheckOutcome {
+        let (hash, lock) = self.shard(caller);
+        let shard = read(lock);
+        let entry = shard
+            .find(hash, caller.encoded())
+            .map(|position| &shard.entries[position]);
+        CheckOutcome::collect(
+            limits.len(),
+            limits.iter().map(|limit| {
+                let state = entry.and_then(|entry| {
+                    let counter = shard.counter(limit.counter_arc())?;
+                    let _held = entry.lock();
+                    entry.state(counter)
+                });
+                limit.algorithm().peek_cost(state, now, cost)
+            }),
+        )
+        .counted_at(now)
+    }
+
+    /// [`decide_at`](Self::decide_at), where a policy the caller has no state for starts
+    /// from `seed(i)` for the `i`th of `limits` (a caller never seen when `None`).
+    pub(crate) fn decide_seeded_at(
+        &self,
+        caller: &CallerKey,
+        limits: &[Policy],
+        cost: u64,
+        now: u64,
+        mut seed: impl FnMut(usize) -> Option<PolicyState>,
+    ) -> CheckOutcome {
         let (hash, lock) = self.shard(caller);
         {
             let shard = read(lock);
@@ -195,9 +261,10 @@ impl InMemoryBackend {
         let outcome = decide(
             limits,
             &mut store,
-            |store, _, limit| {
-                let counter = find_counter(store.counters, limit.counter_arc())?;
-                store.entry.as_deref()?.state(counter)
+            |store, i, limit| {
+                let state = find_counter(store.counters, limit.counter_arc())
+                    .and_then(|counter| store.entry.as_deref()?.state(counter));
+                state.or_else(|| seed(i))
             },
             now,
             cost,

@@ -68,6 +68,8 @@ pub struct InstanceRegistry {
 
 struct Shared {
     count: Arc<AtomicU64>,
+    /// This instance's place among the live ones; `u64::MAX` until a heartbeat answers.
+    place: Arc<AtomicU64>,
     id: String,
     key: String,
     heartbeat: tokio::task::JoinHandle<()>,
@@ -105,6 +107,11 @@ impl InstanceRegistry {
 impl LiveInstances for InstanceRegistry {
     fn live_instances(&self) -> u64 {
         self.shared.count.load(Ordering::Relaxed).max(1)
+    }
+
+    fn place(&self) -> Option<u64> {
+        let place = self.shared.place.load(Ordering::Relaxed);
+        (place != u64::MAX).then_some(place)
     }
 }
 
@@ -232,17 +239,19 @@ impl InstanceRegistryBuilder {
              registry key; kept through a store outage."
         );
         let count = Arc::new(AtomicU64::new(initial));
+        let place = Arc::new(AtomicU64::new(u64::MAX));
         let heartbeat = runtime.spawn(beat(
             self.store,
             key.clone(),
             id.clone(),
             self.every,
             self.live_within,
-            count.clone(),
+            (count.clone(), place.clone()),
         ));
         Ok(InstanceRegistry {
             shared: Arc::new(Shared {
                 count,
+                place,
                 id,
                 key,
                 heartbeat,
@@ -320,7 +329,7 @@ async fn beat(
     id: String,
     every: Duration,
     live_within: Duration,
-    count: Arc<AtomicU64>,
+    (count, place): (Arc<AtomicU64>, Arc<AtomicU64>),
 ) {
     let registry = key.clone();
     let keys = [key.into_bytes()];
@@ -334,7 +343,7 @@ async fn beat(
         let reply = store
             .connection()
             .clone()
-            .run::<(u64, u64)>(
+            .run::<(u64, u64, u64)>(
                 &HEARTBEAT,
                 HEARTBEAT_SCRIPT,
                 &keys,
@@ -343,12 +352,14 @@ async fn beat(
             )
             .await;
         match reply {
-            Ok((live, rebuilt_ms_ago)) => {
+            Ok((live, rebuilt_ms_ago, this_place)) => {
                 let live = live.max(1);
                 let previous = count.load(Ordering::Relaxed);
                 match next_count(previous, live, rebuilt_ms_ago, window_ms) {
                     Some(next) => {
                         count.store(next, Ordering::Relaxed);
+                        // The place goes with the count it was counted in.
+                        place.store(this_place, Ordering::Relaxed);
                         if previous != next {
                             tracing::info!(%registry, live = next, "live instance count changed");
                         }

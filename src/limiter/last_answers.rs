@@ -1,0 +1,113 @@
+//! What the store last answered for each recently seen caller: where a local share starts
+//! when the store goes away, instead of from nothing.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::limiter::policy_set::PolicySet;
+use crate::store::backend::CheckOutcome;
+use crate::store::caller::CallerKey;
+use crate::store::evaluate::INLINE_POLICIES;
+
+const SHARDS: usize = 16;
+
+/// How much of each policy a caller had used when the store last answered for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LastAnswer {
+    /// When the store was asked, on the limiter's clock.
+    pub(crate) at_ms: u64,
+    set_id: u64,
+    /// Until when the answer still says anything: the longest retention of its policies.
+    until_ms: u64,
+    used: [u64; INLINE_POLICIES],
+}
+
+impl LastAnswer {
+    /// The units of the `i`th policy's quota the caller had used; `None` for a policy
+    /// beyond the first few, which starts as for a caller never seen.
+    pub(crate) fn used(&self, i: usize) -> Option<u64> {
+        self.used.get(i).copied()
+    }
+}
+
+/// A bounded map from a caller to the store's last answer for it. When a shard is full,
+/// answers that no longer say anything make room; if none has, the new answer is not kept
+/// (the caller's share then starts as for a caller never seen).
+pub(crate) struct LastAnswers {
+    shards: Box<[Mutex<HashMap<CallerKey, LastAnswer>>]>,
+    hasher: RandomState,
+    shard_capacity: usize,
+}
+
+impl LastAnswers {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+        }
+    }
+
+    /// Keeps what the store answered for `caller` against `set`, asked at `at_ms`.
+    pub(crate) fn record(
+        &self,
+        caller: &CallerKey,
+        set: &PolicySet,
+        outcome: &CheckOutcome,
+        at_ms: u64,
+    ) {
+        let mut used = [0; INLINE_POLICIES];
+        for ((used, policy), outcome) in used.iter_mut().zip(set.limits.iter()).zip(outcome.limits())
+        {
+            *used = policy.algorithm().quota().saturating_sub(outcome.remaining);
+        }
+        let retention = set.limits.iter().map(|p| p.retention_ms()).max().unwrap_or(0);
+        let answer = LastAnswer {
+            at_ms,
+            set_id: set.id,
+            until_ms: at_ms.saturating_add(retention),
+            used,
+        };
+        let mut shard = self.shard(caller);
+        if let Some(kept) = shard.get_mut(caller) {
+            // Answers can arrive out of order: the later question tells more.
+            if kept.at_ms <= at_ms {
+                *kept = answer;
+            }
+            return;
+        }
+        if shard.len() >= self.shard_capacity {
+            shard.retain(|_, kept| kept.until_ms > at_ms);
+            if shard.len() >= self.shard_capacity {
+                return;
+            }
+        }
+        shard.insert(caller.clone(), answer);
+    }
+
+    /// The store's last answer for `caller` against the set `set_id`, if it still says
+    /// anything at `now_ms`.
+    pub(crate) fn get(&self, caller: &CallerKey, set_id: u64, now_ms: u64) -> Option<LastAnswer> {
+        let shard = self.shard(caller);
+        let answer = shard.get(caller)?;
+        (answer.set_id == set_id && answer.until_ms > now_ms).then_some(*answer)
+    }
+
+    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, HashMap<CallerKey, LastAnswer>> {
+        let index = (self.hasher.hash_one(caller) as usize) % self.shards.len();
+        // Updates are single inserts: a poisoned shard is still consistent.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for LastAnswers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LastAnswers")
+            .field("capacity", &(self.shard_capacity * self.shards.len()))
+            .finish()
+    }
+}

@@ -1,0 +1,235 @@
+//! One instance's part of a limit that the live instances share while the store cannot
+//! decide, and the state such a part starts from.
+
+use super::{Algorithm, PolicyState, ceil_div};
+
+/// What one of the instances sharing a policy enforces with its own counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Share {
+    /// What the instance's counters enforce.
+    pub(crate) algorithm: Algorithm,
+    /// For a quota below one request per instance and window: the windows this instance
+    /// may admit in.
+    pub(crate) turns: Option<Turns>,
+}
+
+/// Turns of one window each, for a quota below one request per instance and window. The
+/// window `i` (counted from the epoch) is the turn of the instances at the places
+/// `(i * quota + j) % instances` for `j` below `quota`, one request each: every window holds
+/// at most `quota` admissions across the instances, and any span of a window's length at
+/// most twice that.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Turns {
+    window_ms: u64,
+    instances: u64,
+    quota: u64,
+    place: u64,
+}
+
+impl Turns {
+    /// 0 when `now_ms` falls in one of this instance's windows; otherwise how long until
+    /// the next one begins.
+    pub(crate) fn wait_ms(&self, now_ms: u64) -> u64 {
+        let index = now_ms / self.window_ms;
+        if self.is_turn(index) {
+            return 0;
+        }
+        // Every `instances` windows hold `quota` turns of each place's: one comes within
+        // that many.
+        (1..=self.instances)
+            .map(|ahead| index + ahead)
+            .find(|&next| self.is_turn(next))
+            .map_or(self.window_ms, |next| {
+                (next * self.window_ms).saturating_sub(now_ms)
+            })
+    }
+
+    fn is_turn(&self, index: u64) -> bool {
+        let n = u128::from(self.instances);
+        let first = (u128::from(index) % n) * u128::from(self.quota) % n;
+        (u128::from(self.place) + n - first) % n < u128::from(self.quota)
+    }
+}
+
+impl Share {
+    /// The part of `policy` that the instance at `place` among `instances` enforces;
+    /// without a known place, the rounded-down part, and for turns the place `drawn`.
+    pub(crate) fn of(policy: Algorithm, instances: u64, place: Option<u64>, drawn: u64) -> Self {
+        let n = instances.max(1);
+        // The remainder goes to the first places, one unit each: the parts sum to the quota.
+        let part = |quota: u64| quota / n + u64::from(place.is_some_and(|k| k % n < quota % n));
+        let turns = |quota: u64, window_ms: u64| Share {
+            algorithm: Algorithm::TokenBucket {
+                rate: 1,
+                period_ms: window_ms,
+                burst: 1,
+            },
+            turns: Some(Turns {
+                window_ms,
+                instances: n,
+                quota,
+                place: place.unwrap_or(drawn) % n,
+            }),
+        };
+        match policy {
+            Algorithm::SlidingWindow { limit, window_ms } if limit >= n => Share {
+                algorithm: Algorithm::SlidingWindow {
+                    limit: part(limit),
+                    window_ms,
+                },
+                turns: None,
+            },
+            Algorithm::SlidingWindow { limit, window_ms } => turns(limit, window_ms),
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } if rate >= n => Share {
+                algorithm: Algorithm::TokenBucket {
+                    rate: part(rate),
+                    period_ms,
+                    burst: part(burst).max(1),
+                },
+                turns: None,
+            },
+            Algorithm::TokenBucket {
+                rate, period_ms, ..
+            } => turns(rate, period_ms),
+        }
+    }
+
+    /// The state this part starts from for a caller that had used `used` units of
+    /// `policy`'s quota when the store last answered for it, at `at_ms`: the same fraction
+    /// of this part, rounded up (rounded down for what is left in a bucket). `None`: it
+    /// starts as a caller never seen.
+    pub(crate) fn seed(&self, policy: &Algorithm, used: u64, at_ms: u64) -> Option<PolicyState> {
+        let quota = policy.quota().max(1);
+        let used = used.min(quota);
+        match self.algorithm {
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                let used = ceil_div(u128::from(used) * u128::from(limit), u128::from(quota));
+                (used > 0).then_some(PolicyState::SlidingWindow {
+                    window_start: at_ms - at_ms % window_ms,
+                    previous: 0,
+                    current: used.min(limit),
+                })
+            }
+            Algorithm::TokenBucket {
+                period_ms, burst, ..
+            } => {
+                let left = u128::from(quota - used) * u128::from(burst) / u128::from(quota);
+                let tokens = u64::try_from(left).unwrap_or(burst).min(burst);
+                (tokens < burst).then_some(PolicyState::TokenBucket {
+                    level: tokens * period_ms,
+                    updated_ms: at_ms,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn per_second(limit: u64) -> Algorithm {
+        Algorithm::sliding_window(limit, Duration::from_secs(1))
+    }
+
+    fn quota(share: Share) -> u64 {
+        share.algorithm.quota()
+    }
+
+    #[test]
+    fn the_parts_sum_to_the_quota_in_its_own_window() {
+        let parts: Vec<u64> = (0..4)
+            .map(|k| quota(Share::of(per_second(50), 4, Some(k), 0)))
+            .collect();
+        assert_eq!(parts, [13, 13, 12, 12]);
+        // Without a place, rounded down.
+        assert_eq!(quota(Share::of(per_second(50), 4, None, 3)), 12);
+        for limit in 1..40 {
+            for n in 1..12 {
+                let sum: u64 = (0..n)
+                    .map(|k| Share::of(per_second(limit), n, Some(k), 0))
+                    .filter(|s| s.turns.is_none())
+                    .map(quota)
+                    .sum();
+                assert!(sum <= limit, "{limit} over {n}: {sum}");
+                if limit >= n {
+                    assert_eq!(sum, limit);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn turns_hold_the_quota_in_every_window() {
+        for (limit, n) in [(1, 10), (3, 7), (2, 4), (5, 6)] {
+            let shares: Vec<Share> = (0..n)
+                .map(|k| Share::of(per_second(limit), n, Some(k), 0))
+                .collect();
+            for window in 0..100u64 {
+                let at = window * 1_000 + 500;
+                let open = shares
+                    .iter()
+                    .filter(|s| s.turns.is_some_and(|t| t.wait_ms(at) == 0))
+                    .count() as u64;
+                assert_eq!(open, limit, "{limit} over {n} in window {window}");
+            }
+            // Each place gets its turns: `limit` in every `n` windows.
+            for share in &shares {
+                let turns = share.turns.expect("turns");
+                let mine = (0..n).filter(|w| turns.wait_ms(w * 1_000) == 0).count() as u64;
+                assert_eq!(mine, limit);
+            }
+        }
+    }
+
+    #[test]
+    fn the_wait_ends_at_the_next_turn() {
+        let login = Algorithm::sliding_window(1, Duration::from_secs(60));
+        let third = Share::of(login, 10, Some(3), 0).turns.expect("turns");
+        assert_eq!(third.wait_ms(3 * 60_000 + 5), 0);
+        assert_eq!(third.wait_ms(4 * 60_000), 9 * 60_000);
+        assert_eq!(third.wait_ms(12 * 60_000 + 30_000), 30_000);
+    }
+
+    #[test]
+    fn a_part_starts_where_the_store_left_off() {
+        let share = Share::of(per_second(50), 4, Some(3), 0);
+        // 50 used of 50: all 12 of the part, in the window of the answer.
+        let seeded = share.seed(&per_second(50), 50, 10_400).expect("seeded");
+        assert_eq!(
+            seeded,
+            PolicyState::SlidingWindow {
+                window_start: 10_000,
+                previous: 0,
+                current: 12
+            }
+        );
+        assert!(!share.algorithm.evaluate(Some(seeded), 10_900).admitted);
+        // 10 of 50: 2.4, rounded up.
+        assert!(matches!(
+            share.seed(&per_second(50), 10, 0),
+            Some(PolicyState::SlidingWindow { current: 3, .. })
+        ));
+        assert_eq!(share.seed(&per_second(50), 0, 0), None);
+
+        let bucket = Algorithm::token_bucket(40, Duration::from_secs(1), 40);
+        let part = Share::of(bucket, 4, Some(0), 0);
+        // 30 of 40 tokens gone: 2 of the part's 10 left (2.5, rounded down).
+        let seeded = part.seed(&bucket, 30, 5_000).expect("seeded");
+        assert_eq!(part.algorithm.peek(Some(seeded), 5_000).remaining, 2);
+        assert_eq!(part.seed(&bucket, 0, 5_000), None);
+
+        // A turn starts empty when the caller used any of its quota.
+        let login = Algorithm::sliding_window(1, Duration::from_secs(60));
+        let turn = Share::of(login, 10, Some(0), 0);
+        let seeded = turn.seed(&login, 1, 0).expect("seeded");
+        assert!(!turn.algorithm.evaluate(Some(seeded), 59_999).admitted);
+        assert!(turn.algorithm.evaluate(Some(seeded), 60_000).admitted);
+    }
+}

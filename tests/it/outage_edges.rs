@@ -1,0 +1,126 @@
+//! The edges of an outage: no window of the limit's length holds more than the limit
+//! (within the sliding window counter's own error) when the store goes away or comes
+//! back. On virtual time through the simulator (the real layer, limiter, breaker and
+//! failure policies) for the long windows; over HTTP against orders_api processes on a
+//! real redis-server behind the fault proxy for the running example.
+
+use std::time::Duration;
+
+use tollgate_simulator::{AlgorithmKind, Customer, Phase, PolicyName, Scenario};
+
+/// The largest number of `admitted` send times (sorted) in any window of `window` that
+/// starts within `[from, to)`.
+pub(crate) fn worst_window(admitted: &[Duration], window: Duration, from: Duration, to: Duration) -> usize {
+    // A window's count only changes at a send time: the windows starting at each send
+    // time (and at `from`) cover every count.
+    let starts = std::iter::once(from).chain(admitted.iter().copied().filter(|t| *t >= from && *t < to));
+    starts
+        .map(|start| {
+            let first = admitted.partition_point(|t| *t < start);
+            let end = admitted.partition_point(|t| *t < start + window);
+            end - first
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+struct Edges {
+    start: usize,
+    back: usize,
+    outage_rate: f64,
+    in_outage: usize,
+}
+
+/// Runs `scenario` for acme's trace and measures the worst window around each edge (from
+/// a window before it to two after) and the steady outage rate (its last half).
+fn edges(scenario: Scenario, customer: &str) -> Edges {
+    let normal = Duration::from_secs(scenario.phase_secs(Phase::Normal));
+    let outage = Duration::from_secs(scenario.phase_secs(Phase::Outage));
+    let window = Duration::from_secs(scenario.window_secs_value());
+    let report = scenario.trace(customer).run_blocking().expect("the scenario runs");
+    let group = &report.groups()[0];
+    let admitted: Vec<Duration> = group
+        .trace()
+        .iter()
+        .filter(|t| t.status == 200)
+        .map(|t| t.sent_at)
+        .collect();
+    let cut = normal;
+    let back = normal + outage;
+    let steady_from = cut + outage / 2;
+    let steady = admitted
+        .iter()
+        .filter(|t| **t >= steady_from && **t < back)
+        .count() as f64
+        / (back - steady_from).as_secs_f64();
+    Edges {
+        start: worst_window(&admitted, window, cut.saturating_sub(window), cut + 2 * window),
+        back: worst_window(&admitted, window, back.saturating_sub(window), back + 2 * window),
+        outage_rate: steady * window.as_secs_f64(),
+        in_outage: admitted.iter().filter(|t| **t >= cut && **t < back).count(),
+    }
+}
+
+fn running_example(policy: PolicyName, algorithm: AlgorithmKind) -> Scenario {
+    Scenario::new()
+        .policies([policy])
+        .algorithm(algorithm)
+        .normal_secs(10)
+        .outage_secs(20)
+        .recovery_secs(10)
+}
+
+#[test]
+fn the_running_example_holds_the_limit_at_both_edges() {
+    let cases = [
+        (PolicyName::LocalShare, AlgorithmKind::SlidingWindow),
+        (PolicyName::LocalShare, AlgorithmKind::TokenBucket),
+        (PolicyName::StaticThenLocalShare, AlgorithmKind::SlidingWindow),
+        (PolicyName::LocalShareLeased, AlgorithmKind::SlidingWindow),
+        (PolicyName::LocalShareLeased, AlgorithmKind::TokenBucket),
+    ];
+    let mut failures = Vec::new();
+    for (policy, algorithm) in cases {
+        let measured = edges(running_example(policy, algorithm), "acme");
+        println!(
+            "{} {algorithm:?}: worst 1 s at the start {}, at the return {}, outage {:.1}/s",
+            policy.name(),
+            measured.start,
+            measured.back,
+            measured.outage_rate
+        );
+        if measured.start > 55 || measured.back > 55 || (measured.outage_rate - 50.0).abs() > 5.0 {
+            failures.push(format!(
+                "{} {algorithm:?}: start {}, return {}, outage {:.1}/s",
+                policy.name(),
+                measured.start,
+                measured.back,
+                measured.outage_rate
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "over 55 in a second or off 50/s by 10%: {failures:?}");
+}
+
+#[test]
+fn a_quota_below_the_instance_count_takes_turns() {
+    for algorithm in [AlgorithmKind::SlidingWindow, AlgorithmKind::TokenBucket] {
+        let scenario = Scenario::new()
+            .limit(1)
+            .window_secs(60)
+            .instances(10)
+            .algorithm(algorithm)
+            .traffic([Customer::new("attacker", 3.0)])
+            .policies([PolicyName::LocalShare])
+            .normal_secs(60)
+            .outage_secs(1_200)
+            .recovery_secs(120);
+        let measured = edges(scenario, "attacker");
+        println!(
+            "1/min over 10 {algorithm:?}: {} in the 20-minute outage, worst minute {} at the start, {} at the return",
+            measured.in_outage, measured.start, measured.back
+        );
+        assert!(measured.in_outage <= 21, "{algorithm:?}: {} in 20 minutes", measured.in_outage);
+        assert!(measured.start <= 2 && measured.back <= 2, "{algorithm:?}: worst minutes {} and {}", measured.start, measured.back);
+    }
+}
