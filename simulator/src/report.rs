@@ -92,9 +92,11 @@ pub struct Counts {
     /// The most admitted requests sent within one window of the scenario's length
     /// ([`Report::window`]) that ends in this phase: the largest count of admitted
     /// requests sent in `[s, s + window)`, over every `s` with `s + window` after the
-    /// phase's start and at its end at the latest. Requests count by the time they were
-    /// sent (on virtual time, exactly when the schedule sends them; counts in the phase's
-    /// fields count them the same way). A window straddling a phase's start counts toward
+    /// phase's start and at its end at the latest. A request counts at the exact time the
+    /// schedule sends it (a customer's request `k` at `k / rate` s, the
+    /// [`Traced::sent_at`] of a traced one; the other fields put it in a phase by the same
+    /// time), not by the second it falls in; on virtual time its instance decides it
+    /// within the clock's millisecond of then. A window straddling a phase's start counts toward
     /// that phase, so the outage's row sees the normal phase's last admissions together
     /// with the outage's first, and the recovery's row the outage's last with the store's
     /// first; a window longer than the phase reaches back into the phases before it. It
