@@ -8,6 +8,7 @@
 //!            [--limit N] [--window-secs N] [--config FILE]
 //!            [--on-store-failure open|closed|local-share|static]
 //!            [--instances N | --expected-instances N]
+//!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //! ```
 //!
@@ -29,6 +30,14 @@
 //! any of the comma-separated node URLs (the others are discovered); `--redis-sentinel`
 //! on the master that the Sentinels at the comma-separated URLs monitor as
 //! `--sentinel-master`, following its failovers. The three exclude each other.
+//!
+//! With `--lease-threshold N` (only with one of those three: leases are taken from Redis),
+//! a customer sending `/orders` at least N requests a second on this instance is decided
+//! here from leases of its quota, taken from Redis in one call each and lasting at most
+//! `--lease-period-ms` (default 100), instead of one Redis call per request; the instances
+//! together still never exceed the limit. A lease holds at most the limit divided by the
+//! instances the local share divides by. `/metrics` counts them in `tollgate_leases_total`
+//! and `tollgate_leased_decisions_total`.
 //!
 //! With `--config FILE` (instead of `--limit` and `--window-secs`), the policies of
 //! `/orders`, its plan tiers and which customer is on which plan come from a TOML file
@@ -66,14 +75,14 @@ use arc_swap::ArcSwap;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use clap::Parser;
+use clap::{ArgGroup, Parser};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
 use tollgate::key::Extracted;
 use tollgate::{
-    Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Limiter, Policy,
-    Quota, RateLimitLayer, RedisBackend,
+    Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
+    Policy, Quota, RateLimitLayer, RedisBackend,
     key::{ClientIp, KeyExtractor, MissingKey, TrustedProxies},
     reload::{Limits, LimitsHandle},
 };
@@ -82,6 +91,11 @@ use tollgate::{
 /// metrics.
 #[derive(Debug, Parser)]
 #[command(name = "orders_api")]
+#[command(group(
+    ArgGroup::new("remote")
+        .args(["redis", "redis_cluster", "redis_sentinel"])
+        .multiple(true)
+))]
 struct Options {
     /// The address to serve on
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3000")]
@@ -131,6 +145,14 @@ struct Options {
     /// the count first answers (required with --redis and no --instances)
     #[arg(long, value_name = "N", value_parser = at_least_one, conflicts_with = "instances")]
     expected_instances: Option<u64>,
+    /// Decide a customer of /orders from leases of its quota once it sends N requests a
+    /// second to this instance, instead of asking Redis about each request (needs
+    /// --redis, --redis-cluster or --redis-sentinel)
+    #[arg(long, value_name = "N", value_parser = at_least_one, requires = "remote")]
+    lease_threshold: Option<u64>,
+    /// The longest a lease of --lease-threshold lasts, in milliseconds [default: 100]
+    #[arg(long, value_name = "N", value_parser = at_least_one, requires = "lease_threshold")]
+    lease_period_ms: Option<u64>,
     /// How long a decision waits for the store before its failure policy applies
     #[arg(long, value_name = "N", default_value_t = 20)]
     store_timeout_ms: u64,
@@ -240,22 +262,36 @@ fn describe(limits: &Limits) -> String {
     text
 }
 
-fn failure_policy(
-    options: &Options,
-    registry: Option<InstanceRegistry>,
-) -> Result<FailurePolicy, String> {
-    let instances = match (options.instances, registry) {
+/// The instances /orders shares its limit among: `--instances`, or the live count of the
+/// registry, or this one alone.
+fn instance_count(options: &Options, registry: Option<InstanceRegistry>) -> InstanceCount {
+    match (options.instances, registry) {
         (Some(count), _) => InstanceCount::fixed(count),
         (None, Some(registry)) => InstanceCount::live(registry),
         (None, None) => InstanceCount::fixed(1),
-    };
+    }
+}
+
+fn failure_policy(options: &Options, instances: InstanceCount) -> FailurePolicy {
     // clap accepts only these four.
     match options.on_store_failure.as_str() {
-        "open" => Ok(FailurePolicy::open()),
-        "closed" => Ok(FailurePolicy::closed()),
-        "static" => Ok(FailurePolicy::fail_static()),
-        _ => Ok(FailurePolicy::local_share(instances)),
+        "open" => FailurePolicy::open(),
+        "closed" => FailurePolicy::closed(),
+        "static" => FailurePolicy::fail_static(),
+        _ => FailurePolicy::local_share(instances),
     }
+}
+
+/// The leases of `--lease-threshold`, among the instances the local share divides by.
+fn leases(options: &Options, instances: InstanceCount) -> Option<Leases> {
+    let threshold = options.lease_threshold?;
+    let leases = Leases::new()
+        .threshold_per_sec(threshold)
+        .instances(instances);
+    Some(match options.lease_period_ms {
+        Some(ms) => leases.period(Duration::from_millis(ms)),
+        None => leases,
+    })
 }
 
 fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String> {
@@ -386,11 +422,25 @@ async fn app(
         Some(path) => format!("{} (from {})", describe(&limits), path.display()),
         None => format!("{} per {} s", options.limit, options.window_secs),
     };
+    let instances = instance_count(options, registry);
+    let leased = leases(options, instances.clone());
+    let leasing = match &leased {
+        Some(leases) => format!(
+            ", leases for a customer from {}/s on this instance, {} ms at most",
+            leases.threshold(),
+            leases.lease_period().as_millis()
+        ),
+        None => String::new(),
+    };
     let orders = limiter("orders", orders_store, options)
         .limits(limits)
-        .on_store_failure(failure_policy(options, registry)?)
-        .try_build()
-        .map_err(|e| e.to_string())?;
+        .on_store_failure(failure_policy(options, instances));
+    let orders = match leased {
+        Some(leases) => orders.leases(leases),
+        None => orders,
+    }
+    .try_build()
+    .map_err(|e| e.to_string())?;
     let plans = Arc::new(ArcSwap::from_pointee(plans));
     let login = limiter("login", login_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
@@ -418,7 +468,7 @@ async fn app(
         (None, None, None) => "this process".to_owned(),
     };
     eprintln!(
-        "/orders: {described} per customer, counters in {where_}, on store failure: {}",
+        "/orders: {described} per customer, counters in {where_}, on store failure: {}{leasing}",
         options.on_store_failure
     );
     let handle = orders.limits_handle();

@@ -7,7 +7,7 @@ use tollgate_simulator::{
     AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError, Traced,
 };
 
-use crate::output::{JsonRow, describe, json_rows, policy_note, rate_text};
+use crate::output::{JsonRow, describe, json_rows, policy_note, rate_text, worst_heading};
 
 /// The most simulated requests one run may send (the rates' sum x the seconds x the
 /// policies), so that no request ties up the server: a release build simulates about
@@ -327,6 +327,9 @@ pub(crate) struct Answer {
     customers: Vec<CallerJson>,
     /// The quota per second, for the chart's scale.
     limit_per_sec: f64,
+    /// The heading of the tables' worst-window column, `worst 1 s` for a 1 s window: the
+    /// rows' `worst_window_admitted` counts in windows of the quota's length.
+    worst_heading: String,
     /// Exactly the rows `--json` prints for the same scenario.
     rows: Vec<JsonRow>,
     groups: Vec<GroupJson>,
@@ -473,6 +476,7 @@ impl Answer {
                 })
                 .collect(),
             limit_per_sec: scenario.limit_value() as f64 / scenario.window_secs_value() as f64,
+            worst_heading: worst_heading(scenario),
             rows: json_rows(report),
             groups,
             trace,

@@ -22,6 +22,9 @@ pub(crate) struct JsonRow {
     admitted_per_sec: f64,
     refused_429: u64,
     refused_503: u64,
+    /// The most admitted in one window of the scenario's length ending in the phase, as
+    /// the table's "worst N s" column says.
+    worst_window_admitted: u64,
     /// On the recovery rows only: when the group's last breaker closed (null: not within
     /// the phase), as the table's "all breakers closed after" column says.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,6 +41,7 @@ impl JsonRow {
             admitted_per_sec: round2(row.admitted_per_sec),
             refused_429: row.refused_429,
             refused_503: row.refused_503,
+            worst_window_admitted: row.worst_window_admitted,
             all_breakers_closed_after_ms: (row.phase == Phase::Recovery).then(|| {
                 row.all_breakers_closed_after
                     .map(|d| round2(d.as_secs_f64() * 1_000.0))
@@ -61,7 +65,8 @@ pub(crate) fn json(report: &Report) -> String {
         };
         rows.push(format!(
             "  {{\"policy\": {}, \"phase\": {}, \"customer\": {}, \"sent_per_sec\": {}, \
-             \"admitted_per_sec\": {}, \"refused_429\": {}, \"refused_503\": {}{closed}}}",
+             \"admitted_per_sec\": {}, \"refused_429\": {}, \"refused_503\": {}, \
+             \"worst_window_admitted\": {}{closed}}}",
             text(&row.policy),
             text(&row.phase),
             text(&row.customer),
@@ -69,6 +74,7 @@ pub(crate) fn json(report: &Report) -> String {
             text(&row.admitted_per_sec),
             row.refused_429,
             row.refused_503,
+            row.worst_window_admitted,
         ));
     }
     format!("[\n{}\n]\n", rows.join(",\n"))
@@ -77,6 +83,11 @@ pub(crate) fn json(report: &Report) -> String {
 /// A value as JSON text.
 fn text(value: &impl Serialize) -> String {
     serde_json::to_string(value).expect("strings and numbers are JSON")
+}
+
+/// The worst-window column's heading: `worst 1 s`, `worst 60 s`.
+pub(crate) fn worst_heading(scenario: &Scenario) -> String {
+    format!("worst {} s", scenario.window_secs_value())
 }
 
 /// A rate with at most two decimals and no trailing zeros.
@@ -197,6 +208,16 @@ pub(crate) fn table(options: &Options, report: &Report) -> String {
     );
     let _ = writeln!(
         out,
+        "{worst}: the most requests admitted within one {} s window (by send time) that ends in \
+         the phase, one number per customer in the columns' order; a window straddling the \
+         phase's start counts toward it, so the outage's shows the store's last admissions \
+         with the failure policy's first, the recovery's the outage's last with the store's \
+         first.",
+        options.scenario.window_secs_value(),
+        worst = worst_heading(&options.scenario),
+    );
+    let _ = writeln!(
+        out,
         "A local share is the policy as the crate divides it by the {n} configured instances: {} \
          per instance.",
         describe(&share)
@@ -241,6 +262,7 @@ pub(crate) fn table(options: &Options, report: &Report) -> String {
         let _ = writeln!(out);
         let mut header: Vec<String> = vec!["policy".to_owned()];
         header.extend(customers.iter().cloned());
+        header.push(worst_heading(&options.scenario));
         header.push("429s".to_owned());
         header.push("503s".to_owned());
         if phase == 2 {
@@ -256,12 +278,15 @@ pub(crate) fn table(options: &Options, report: &Report) -> String {
             let mut row = vec![policy.name().to_owned()];
             let mut r429 = 0;
             let mut r503 = 0;
+            let mut worst = Vec::new();
             for counts in (0..report.customers().len()).map(|c| tally.counts(c, Phase::ALL[phase]))
             {
                 row.push(format!("{:.1}", per_sec(counts.admitted, secs)));
+                worst.push(counts.worst_window_admitted.to_string());
                 r429 += counts.refused_429;
                 r503 += counts.refused_503;
             }
+            row.push(worst.join(" / "));
             row.push(r429.to_string());
             row.push(r503.to_string());
             if phase == 2 {

@@ -27,7 +27,7 @@ use tollgate::decision::BreakerState;
 use tollgate::key::HeaderKey;
 use tollgate::store::Backend;
 
-use crate::report::{Counts, GroupReport, Report, Traced};
+use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
 use crate::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
 use crate::store::{
     FaultCell, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
@@ -162,6 +162,14 @@ impl Service<Request<NoBody>> for Orders {
 
 /// One instance: the rate-limit layer (keyed on the customer header) around the service.
 type Instance = RateLimit<Orders, HeaderKey>;
+
+/// What the requests of one group's customers found, while the run goes on.
+struct Tally {
+    report: GroupReport,
+    /// Per customer, bit `k` set when its request `k` was admitted: `k` gives its send
+    /// time exactly, and a bit a request keeps the longest runs small.
+    admitted: Vec<Vec<u64>>,
+}
 
 /// One group's deployment.
 struct Group {
@@ -411,12 +419,21 @@ impl Scenario {
         let tallies = Arc::new(Mutex::new(
             names
                 .iter()
-                .map(|name| GroupReport {
-                    name: name.clone(),
-                    phases: vec![[Counts::default(); 3]; customers.len()],
-                    per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
-                    closed_after: None,
-                    trace: Vec::new(),
+                .map(|name| Tally {
+                    report: GroupReport {
+                        name: name.clone(),
+                        phases: vec![[Counts::default(); 3]; customers.len()],
+                        per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
+                        closed_after: None,
+                        trace: Vec::new(),
+                    },
+                    admitted: customers
+                        .iter()
+                        .map(|c| {
+                            let requests = (total_ms * c.rate() / 1_000.0).ceil() as usize + 1;
+                            vec![0; requests.div_ceil(64)]
+                        })
+                        .collect(),
                 })
                 .collect::<Vec<_>>(),
         ));
@@ -438,7 +455,7 @@ impl Scenario {
                 for (c, customer) in customers.iter().enumerate() {
                     loop {
                         let k = next[g][c];
-                        let t_ms = k as f64 * 1_000.0 / customer.rate();
+                        let t_ms = sent_at_ms(k, customer.rate());
                         let due = if inclusive {
                             t_ms <= until_ms
                         } else {
@@ -459,7 +476,7 @@ impl Scenario {
                         };
                         let phase = phase_of(t_ms, boundaries);
                         let second = (t_ms / 1_000.0) as usize;
-                        lock(&tallies)[g].phases[c][phase].sent += 1;
+                        lock(&tallies)[g].report.phases[c][phase].sent += 1;
                         let service = group.instances[instance].clone();
                         let header = headers[c].clone();
                         let tallies = tallies.clone();
@@ -474,7 +491,10 @@ impl Scenario {
                             };
                             let status = response.status();
                             let mut tallies = lock(&tallies);
-                            let tally = &mut tallies[g];
+                            let Tally {
+                                report: tally,
+                                admitted,
+                            } = &mut tallies[g];
                             if is_traced {
                                 tally.trace.push(traced_request(t_ms, instance, &response));
                             }
@@ -484,6 +504,9 @@ impl Scenario {
                                     counts.admitted += 1;
                                     if let Some(slot) = tally.per_second[c].get_mut(second) {
                                         *slot += 1;
+                                    }
+                                    if let Some(word) = admitted[c].get_mut((k / 64) as usize) {
+                                        *word |= 1u64 << (k % 64);
                                     }
                                 }
                                 StatusCode::TOO_MANY_REQUESTS => counts.refused_429 += 1,
@@ -544,16 +567,36 @@ impl Scenario {
         while let Some(done) = tasks.join_next().await {
             done.map_err(|e| SimulationError::Runtime(format!("a request task failed: {e}")))?;
         }
-        let mut groups = lock(&tallies).clone();
-        for (group, closed_after) in groups.iter_mut().zip(back_on_store) {
+        let tallies = std::mem::take(&mut *lock(&tallies));
+        let window_ns = self.window_secs * 1_000_000_000;
+        let ends_ns = [
+            self.normal_secs * 1_000_000_000,
+            (self.normal_secs + self.outage_secs) * 1_000_000_000,
+            self.total_secs() * 1_000_000_000,
+        ];
+        let mut groups = Vec::with_capacity(tallies.len());
+        for (tally, closed_after) in tallies.into_iter().zip(back_on_store) {
+            let mut group = tally.report;
             group.closed_after = closed_after;
             // The answers came in the order they were decided; a blackholed or slow store
             // decides late.
             group.trace.sort_by_key(|t| t.sent_at);
+            for (c, bits) in tally.admitted.iter().enumerate() {
+                let rate = customers[c].rate();
+                let sent: Vec<u64> = admitted_requests(bits)
+                    .map(|k| sent_at(sent_at_ms(k, rate)).as_nanos() as u64)
+                    .collect();
+                let worst = worst_windows(&sent, window_ns, ends_ns);
+                for (counts, worst) in group.phases[c].iter_mut().zip(worst) {
+                    counts.worst_window_admitted = worst;
+                }
+            }
+            groups.push(group);
         }
         Ok(Report {
             customers: customers.clone(),
             phase_secs: [self.normal_secs, self.outage_secs, self.recovery_secs],
+            window: Duration::from_secs(self.window_secs),
             groups,
         })
     }
@@ -568,13 +611,34 @@ fn traced_request(t_ms: f64, instance: usize, response: &Response<impl Sized>) -
         .and_then(Decision::info);
     let policy = info.and_then(|info| info.policy(0));
     Traced {
-        sent_at: Duration::from_secs_f64(t_ms / 1_000.0),
+        sent_at: sent_at(t_ms),
         instance,
         status: response.status().as_u16(),
         source: info.map(|info| info.source()),
         quota: policy.map(|p| p.quota()),
         remaining: policy.map(|p| p.remaining()),
     }
+}
+
+/// When request `k` of a customer sending `rate` per second goes out, in milliseconds from
+/// the start.
+fn sent_at_ms(k: u64, rate: f64) -> f64 {
+    k as f64 * 1_000.0 / rate
+}
+
+/// A send time as the report gives it: the trace's and the worst windows' are the same.
+fn sent_at(t_ms: f64) -> Duration {
+    Duration::from_secs_f64(t_ms / 1_000.0)
+}
+
+/// The numbers of a customer's admitted requests, in the order they were sent, from a set
+/// with bit `k` for its request `k`.
+fn admitted_requests(bits: &[u64]) -> impl Iterator<Item = u64> + '_ {
+    bits.iter().enumerate().flat_map(|(i, &word)| {
+        (0..64u64)
+            .filter(move |b| word & (1u64 << b) != 0)
+            .map(move |b| i as u64 * 64 + b)
+    })
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

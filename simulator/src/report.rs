@@ -57,13 +57,24 @@ impl fmt::Display for Phase {
     }
 }
 
-/// How one customer's requests of one phase were answered.
+/// How one customer's requests of one phase were answered, and the most of them admitted
+/// in any one window.
 ///
 /// ```
-/// use tollgate_simulator::Counts;
+/// use tollgate_simulator::{Counts, Phase, PolicyName, Scenario};
 /// let counts = Counts::default();
 /// let answered = counts.admitted + counts.refused_429 + counts.refused_503 + counts.other;
 /// assert_eq!(counts.sent, answered);
+///
+/// // The busiest second that ends in the outage holds at least its average second.
+/// let report = Scenario::new()
+///     .policies([PolicyName::LocalShare])
+///     .normal_secs(2).outage_secs(2).recovery_secs(2)
+///     .run_blocking()
+///     .unwrap();
+/// let outage = report.groups()[0].counts(0, Phase::Outage);
+/// assert_eq!(report.window().as_secs(), 1);
+/// assert!(outage.worst_window_admitted as f64 >= outage.admitted as f64 / 2.0, "{outage:?}");
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -78,6 +89,20 @@ pub struct Counts {
     pub refused_503: u64,
     /// Answered with any other status (never expected).
     pub other: u64,
+    /// The most admitted requests sent within one window of the scenario's length
+    /// ([`Report::window`]) that ends in this phase: the largest count of admitted
+    /// requests sent in `[s, s + window)`, over every `s` with `s + window` after the
+    /// phase's start and at its end at the latest. A request counts at the exact time the
+    /// schedule sends it (a customer's request `k` at `k / rate` s, the
+    /// [`Traced::sent_at`] of a traced one; the other fields put it in a phase by the same
+    /// time), not by the second it falls in; on virtual time its instance decides it
+    /// within the clock's millisecond of then. A window straddling a phase's start counts toward
+    /// that phase, so the outage's row sees the normal phase's last admissions together
+    /// with the outage's first, and the recovery's row the outage's last with the store's
+    /// first; a window longer than the phase reaches back into the phases before it. It
+    /// is at least the phase's admitted requests per window when the phase is a whole
+    /// number of windows long.
+    pub worst_window_admitted: u64,
 }
 
 /// What one group's customers got.
@@ -199,6 +224,12 @@ pub struct Traced {
 ///     .unwrap();
 /// let row = report.row("closed", Phase::Outage, "globex").unwrap();
 /// assert_eq!((row.sent_per_sec, row.admitted_per_sec, row.refused_503), (20.0, 0.0, 20));
+/// // globex sends 20 a second (at 0, 50, 100 ms, ...), under the limit: every second of
+/// // the normal phase admits all 20. The outage admits none, but its windows include those
+/// // straddling its start: the one from 50 ms to 1.05 s holds 19 of the normal phase's.
+/// let normal = report.row("closed", Phase::Normal, "globex").unwrap();
+/// assert_eq!(normal.worst_window_admitted, 20);
+/// assert_eq!(row.worst_window_admitted, 19);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -217,6 +248,9 @@ pub struct Row {
     pub refused_429: u64,
     /// Requests answered 503 in the phase.
     pub refused_503: u64,
+    /// The most requests admitted within one window of the scenario's length that ends in
+    /// the phase, straddling its start included: [`Counts::worst_window_admitted`].
+    pub worst_window_admitted: u64,
     /// On the recovery rows, how long after the store came back every breaker of the
     /// group was closed again; `None` on the other rows, and when they did not close
     /// within the phase.
@@ -235,11 +269,13 @@ pub struct Row {
 ///     .unwrap();
 /// assert_eq!(report.rows().len(), 3 * 3);
 /// assert_eq!(report.unexpected_statuses(), 0);
+/// assert_eq!(report.window().as_secs(), 1);
 /// ```
 #[derive(Clone, Debug)]
 pub struct Report {
     pub(crate) customers: Vec<Customer>,
     pub(crate) phase_secs: [u64; 3],
+    pub(crate) window: Duration,
     pub(crate) groups: Vec<GroupReport>,
 }
 
@@ -252,6 +288,12 @@ impl Report {
     /// The customers, in the order the counts use.
     pub fn customers(&self) -> &[Customer] {
         &self.customers
+    }
+
+    /// The scenario's window: the length of the windows that
+    /// [`Counts::worst_window_admitted`] counts in.
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     /// Every row: group by group, phase by phase, customer by customer.
@@ -270,6 +312,7 @@ impl Report {
                         admitted_per_sec: counts.admitted as f64 / secs,
                         refused_429: counts.refused_429,
                         refused_503: counts.refused_503,
+                        worst_window_admitted: counts.worst_window_admitted,
                         all_breakers_closed_after: match phase {
                             Phase::Recovery => group.closed_after,
                             _ => None,
@@ -295,5 +338,72 @@ impl Report {
             .flat_map(|g| g.phases.iter().flatten())
             .map(|c| c.other)
             .sum()
+    }
+}
+
+/// The most of `sent` (a customer's admitted requests by send time, in nanoseconds from the
+/// start, ascending) within one `window` that ends in each phase, the phases ending at
+/// `ends` (the last one's windows may end after it: they hold nothing more).
+///
+/// A window's count only drops when its start passes a request, so the largest count among
+/// the windows ending in a phase is that of a window starting at one of the requests, or of
+/// the window ending where the phase does.
+pub(crate) fn worst_windows(sent: &[u64], window: u64, ends: [u64; 3]) -> [u64; 3] {
+    let phase_of_end = |end: u64| ends[..2].iter().take_while(|&&b| end > b).count();
+    let mut worst = [0; 3];
+    let mut past = 0;
+    for (first, &start) in sent.iter().enumerate() {
+        let end = start + window;
+        while past < sent.len() && sent[past] < end {
+            past += 1;
+        }
+        let phase = phase_of_end(end);
+        worst[phase] = worst[phase].max((past - first) as u64);
+    }
+    for (phase, &end) in ends.iter().enumerate() {
+        let before = |t: u64| sent.partition_point(|&s| s < t);
+        let count = before(end) - before(end.saturating_sub(window));
+        worst[phase] = worst[phase].max(count as u64);
+    }
+    worst
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worst_windows;
+
+    /// The same, by brute force: every window start on a fine grid.
+    fn brute(sent: &[u64], window: u64, ends: [u64; 3]) -> [u64; 3] {
+        let mut worst = [0; 3];
+        for end in 1..=ends[2] + window {
+            let phase = ends[..2].iter().take_while(|&&b| end > b).count();
+            let start = end.saturating_sub(window);
+            let count = sent.iter().filter(|&&s| s >= start && s < end).count() as u64;
+            worst[phase] = worst[phase].max(count);
+        }
+        worst
+    }
+
+    #[test]
+    fn the_sweep_finds_what_every_window_finds() {
+        let ends = [30, 60, 90];
+        let cases: [&[u64]; 5] = [
+            &[],
+            &[0, 1, 2, 29, 30, 31],
+            &[25, 26, 27, 28, 29, 30, 31, 32, 59, 60, 61, 89],
+            &[0, 10, 20, 30, 40, 50, 60, 70, 80],
+            &[29, 29, 30, 30, 59, 60],
+        ];
+        for sent in cases {
+            for window in [1, 5, 10, 30, 45, 100] {
+                assert_eq!(
+                    worst_windows(sent, window, ends),
+                    brute(sent, window, ends),
+                    "{sent:?}, window {window}"
+                );
+            }
+        }
+        // Straddling the outage's start: 3 before it and 2 after, in one window of 10.
+        assert_eq!(worst_windows(&[22, 24, 26, 31, 33], 10, ends), [3, 4, 0]);
     }
 }

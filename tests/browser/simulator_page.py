@@ -7,7 +7,8 @@ tests/it/simulator_page.rs starts `simulate --serve` and runs this; scripts/test
 what it needs from Debian (chromium, chromium-driver, python3-selenium, for the system
 python3). Steps: load the page; keep only "closed" among the policies (keyboard: Space
 on each checkbox); set the outage to 10 s; wait for the chart; read from the table that
-acme gets 0 during the outage and 49-50/s before it; switch to the local share and read
+acme gets 0 during the outage and 49-50/s before it, and the outage's worst 1 s holds the
+normal phase's last second; switch to the local share and read
 48-50/s; save a screenshot. Exits non-zero, saying what it saw, when a step fails.
 """
 
@@ -109,6 +110,13 @@ def main():
         before = cell(driver, "normal", "closed", "acme")
         check(during == 0.0, f"failing closed, acme gets {during}/s during the outage")
         check(before is not None and 49.0 <= before <= 50.0, f"acme gets {before}/s before it")
+        # The worst window's column: one count per caller, the outage's holding the normal
+        # phase's last second (a window straddling the outage's start counts toward it).
+        headings = [h.text for h in driver.find_elements(By.CSS_SELECTOR, 'table[data-phase="outage"] thead th')]
+        check("worst 1 s" in headings, f"the outage's table has a worst 1 s column: {headings}")
+        worst = driver.find_element(By.CSS_SELECTOR, 'table[data-phase="outage"] td.worst[data-policy="closed"]').text
+        counts = [int(n) for n in worst.split(" / ")]
+        check(len(counts) == 3 and 0 < counts[0] <= 50, f"failing closed, the outage's worst 1 s is {worst}")
 
         # 6. Switch to the local share.
         driver.find_element(By.ID, "policy-local-share").send_keys(Keys.SPACE)

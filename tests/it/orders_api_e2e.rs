@@ -1,7 +1,8 @@
 //! End to end: four `orders_api` processes against one real redis-server behind the fault
 //! proxy, the running example's traffic over HTTP, the store cut and restored. Local share
 //! (with the instance count from the Redis registry) and fail closed, side by side.
-//! And `/otp/verify`, which counts only wrong codes, against a real redis-server.
+//! And `/otp/verify`, which counts only wrong codes, and `--lease-threshold`, whose leases
+//! hold a hot customer to exactly its limit, against a real redis-server.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -55,18 +56,23 @@ fn start(redis: &str, policy: &str) -> Server {
 
 fn start_with(redis: &str, policy: &str, extra: &[&str]) -> Server {
     let expected = INSTANCES.to_string();
+    let mut args = vec![
+        "--redis",
+        redis,
+        "--on-store-failure",
+        policy,
+        "--expected-instances",
+        &expected,
+    ];
+    args.extend_from_slice(extra);
+    spawn(&args)
+}
+
+/// `orders_api --listen 127.0.0.1:0 ARGS`, once it listens.
+fn spawn(args: &[&str]) -> Server {
     let mut child = Command::new(orders_api())
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--redis",
-            redis,
-            "--on-store-failure",
-            policy,
-            "--expected-instances",
-            &expected,
-        ])
-        .args(extra)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -352,4 +358,200 @@ async fn otp_verify_counts_only_wrong_codes() {
     // The counters are the "otp" limiter's own, in Redis, apart from /login's.
     let keys = redis.must(&["KEYS", "otp:*"]);
     assert!(keys.contains("otp:{127.0.0.1}:otp:per-minute"), "{keys}");
+}
+
+/// `GET /orders` as `customer`: the status.
+async fn get_orders<C>(client: &Client<C, Empty<Bytes>>, base: &str, customer: &str) -> u16
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let request = hyper::Request::get(format!("{base}/orders"))
+        .header("x-customer-id", customer)
+        .body(Empty::new())
+        .expect("a request");
+    let response = client.request(request).await.expect("an HTTP answer");
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    status
+}
+
+/// The sum of the `orders` layer's samples of `metric` in an instance's /metrics whose
+/// labels include `label` (`event="taken"`, say; empty: any).
+async fn orders_metric<C>(
+    client: &Client<C, Empty<Bytes>>,
+    base: &str,
+    metric: &str,
+    label: &str,
+) -> f64
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let response = client
+        .get(format!("{base}/metrics").parse().expect("a URI"))
+        .await
+        .expect("/metrics answers");
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|line| {
+            line.starts_with(&format!("{metric}{{"))
+                && line.contains("layer=\"orders\"")
+                && line.contains(label)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// `workers` connections sending `sent` requests as `customer` between them, each one
+/// after the other, all within one second: the windows are aligned to Unix time (Redis's
+/// clock, the same machine's), so the burst starts just after a second begins. `None`
+/// when the machine stalled and the burst ran into the next second.
+async fn burst_in_one_second<C>(
+    client: &Client<C, Empty<Bytes>>,
+    base: &str,
+    customer: &str,
+    sent: usize,
+    workers: usize,
+) -> Option<Vec<u16>>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    let into_second = unix_millis() % 1_000;
+    tokio::time::sleep(Duration::from_millis(1_000 - into_second)).await;
+    let began = unix_millis();
+    let tasks: Vec<_> = (0..workers)
+        .map(|_| {
+            let (client, base, customer) = (client.clone(), base.to_owned(), customer.to_owned());
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..sent / workers {
+                    statuses.push(get_orders(&client, &base, &customer).await);
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.expect("a worker"));
+    }
+    let ended = unix_millis();
+    println!(
+        "{customer}: {} of {sent} admitted in {} ms on {workers} connections",
+        statuses.iter().filter(|&&s| s == 200).count(),
+        ended - began
+    );
+    (began / 1_000 == ended / 1_000).then_some(statuses)
+}
+
+/// `--lease-threshold` on a real redis-server, one instance: a hot customer sends 120
+/// requests within one second of its 50-per-second limit, far over the threshold of 20 a
+/// second. It is decided from leases, and exactly 50 pass; /metrics counts the leases
+/// taken and the decisions they made. Over concurrent connections, never more than 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_customer_on_leases_gets_exactly_the_limit() {
+    const SENT: usize = 120;
+    const LIMIT: usize = 50;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // A test of what is admitted, not of latency: a store timeout that a loaded 2-core
+    // machine does not reach.
+    let server = spawn(&[
+        "--redis",
+        &url,
+        "--instances",
+        "1",
+        "--lease-threshold",
+        "20",
+        "--lease-period-ms",
+        "100",
+        "--store-timeout-ms",
+        "2000",
+    ]);
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(4)
+        .build_http();
+    // The script loaded and a connection open before the burst.
+    assert_eq!(get_orders(&client, &server.base, "warm-up").await, 200);
+    let count = |statuses: &[u16], status: u16| statuses.iter().filter(|&&s| s == status).count();
+
+    // One request after another: exactly the limit. A burst that ran into the next second
+    // is tried again, by a customer of its own, in the next.
+    let mut exact = None;
+    for attempt in 0..5 {
+        let customer = format!("hot-{attempt}");
+        if let Some(statuses) = burst_in_one_second(&client, &server.base, &customer, SENT, 1).await
+        {
+            exact = Some(statuses);
+            break;
+        }
+    }
+    let statuses = exact.expect("no burst fit in one second in 5 attempts");
+    assert_eq!(
+        (count(&statuses, 200), count(&statuses, 429)),
+        (LIMIT, SENT - LIMIT),
+        "{statuses:?}"
+    );
+    let taken = orders_metric(
+        &client,
+        &server.base,
+        "tollgate_leases_total",
+        "event=\"taken\"",
+    )
+    .await;
+    let leased = orders_metric(&client, &server.base, "tollgate_leased_decisions_total", "").await;
+    assert!(taken >= 1.0, "no lease taken: {taken}");
+    // Until the customer is hot its requests ask Redis; from then on the leases decide.
+    assert!(
+        (1.0..=SENT as f64).contains(&leased),
+        "{leased} leased decisions"
+    );
+
+    // Four connections at once: a request may be refused by Redis while a lease being
+    // taken holds the last units, so fewer may pass, never more.
+    for attempt in 0..5 {
+        let customer = format!("hot-concurrent-{attempt}");
+        if let Some(statuses) = burst_in_one_second(&client, &server.base, &customer, SENT, 4).await
+        {
+            let admitted = count(&statuses, 200);
+            assert!((1..=LIMIT).contains(&admitted), "{admitted}: {statuses:?}");
+            assert_eq!(admitted + count(&statuses, 429), SENT, "{statuses:?}");
+            break;
+        }
+    }
+    let more = orders_metric(&client, &server.base, "tollgate_leased_decisions_total", "").await;
+    assert!(more > leased, "no leased decision on 4 connections: {more}");
+}
+
+#[test]
+fn leases_without_a_redis_store_are_refused() {
+    for args in [
+        &["--lease-threshold", "20"][..],
+        &["--lease-threshold", "20", "--lease-period-ms", "50"],
+        &["--redis", "redis://127.0.0.1:1/", "--lease-period-ms", "50"],
+        &["--redis", "redis://127.0.0.1:1/", "--lease-threshold", "0"],
+    ] {
+        let output = Command::new(orders_api())
+            .args(args)
+            .output()
+            .expect("run orders_api");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("--lease-threshold") || stderr.contains("--redis"),
+            "{args:?}: {stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+    let output = Command::new(orders_api())
+        .args(["--lease-threshold", "20"])
+        .output()
+        .expect("run orders_api");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--redis <URL>"), "{stderr}");
 }

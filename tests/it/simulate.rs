@@ -43,7 +43,7 @@ mod skipped;
 /// Within 10% of the expected rate (exactly 0 when 0 is expected).
 const TOLERANCE: f64 = 0.10;
 /// The JSON keys of every row.
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 8] = [
     "policy",
     "phase",
     "customer",
@@ -51,6 +51,7 @@ const KEYS: [&str; 7] = [
     "admitted_per_sec",
     "refused_429",
     "refused_503",
+    "worst_window_admitted",
 ];
 /// On the recovery rows of the JSON only: when the policy's last breaker closed after the
 /// store returned.
@@ -340,6 +341,121 @@ fn settings_change_the_scenario() {
                 .sum();
             assert_eq!(seconds.iter().sum::<u64>(), admitted, "{}", group.name());
         }
+    }
+}
+
+/// The most admitted requests in one window ending in `[start, end)`'s phase (its end after
+/// `start`, at `end` at the latest), counted without the report's sweep: every start at
+/// which a window's count can change (a request leaving it, a request entering it) and the
+/// phase's own ends, each window counted request by request. All in nanoseconds.
+fn sliding_max(sent: &[u64], window: u64, start: u64, end: u64) -> u64 {
+    let starts = sent
+        .iter()
+        .flat_map(|&t| [t, (t + 1).saturating_sub(window)])
+        .chain([
+            end.saturating_sub(window),
+            (start + 1).saturating_sub(window),
+        ])
+        .filter(|&s| s + window > start && s + window <= end);
+    starts
+        .map(|s| sent.iter().filter(|&&t| t >= s && t < s + window).count() as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The worst window per phase is the busiest window of the quota's length that ends in the
+/// phase, by send time: the same as a sliding maximum over the traced requests' exact send
+/// times, never below a phase's average window, and where a local share takes over from
+/// the store (the outage's start) or hands back to it (the store's return), it holds both
+/// sides of the edge.
+#[test]
+fn the_worst_window_is_the_sliding_maximum_of_the_trace() {
+    for (window_secs, limit) in [(1, 50), (2, 100)] {
+        let scenario = Scenario::default()
+            .limit(limit)
+            .window_secs(window_secs)
+            .normal_secs(6)
+            .outage_secs(6)
+            .recovery_secs(6)
+            .policies([PolicyName::LocalShare, PolicyName::Closed])
+            .trace("acme");
+        let report = run(scenario.clone());
+        let window = Duration::from_secs(window_secs);
+        // Each of the 4 local shares' windows is at least as long as the quota's here.
+        let share = scenario.policy().algorithm().divided_by(4);
+        assert!(share.window_ms() >= window_secs * 1_000, "{share:?}");
+        let bound = limit + 4 * share.quota();
+        assert_eq!(report.window(), window);
+        let window_ns = window.as_nanos() as u64;
+        let ends_ns: Vec<u64> = [6, 12, 18].map(|s| s * 1_000_000_000).to_vec();
+        for group in report.groups() {
+            let sent: Vec<u64> = group
+                .trace()
+                .iter()
+                .filter(|t| t.status == 200)
+                .map(|t| t.sent_at.as_nanos() as u64)
+                .collect();
+            assert!(sent.windows(2).all(|w| w[0] < w[1]), "in send order");
+            let mut phase_start = 0;
+            for (p, phase) in Phase::ALL.into_iter().enumerate() {
+                let counts = group.counts(0, phase);
+                let worst = counts.worst_window_admitted;
+                // The windows that end in the phase; those of the recovery may end after
+                // the run, holding nothing more.
+                let phase_end = if p == 2 { u64::MAX / 2 } else { ends_ns[p] };
+                let expected = sliding_max(&sent, window_ns, phase_start, phase_end);
+                assert_eq!(
+                    worst,
+                    expected,
+                    "{}, {phase}, window {window_secs} s",
+                    group.name()
+                );
+                let row = report.row(group.name(), phase, "acme").expect("a row");
+                assert_eq!(row.worst_window_admitted, worst);
+                // A 6 s phase is a whole number of windows: one of them holds at least
+                // their average.
+                let average = row.admitted_per_sec * window_secs as f64;
+                assert!(
+                    worst as f64 >= average - 1e-9,
+                    "{}, {phase}: worst {worst} below the average {average}",
+                    group.name()
+                );
+                // Never more than the store's quota plus every instance's local share
+                // in one window (the edges), nor more than was sent in one.
+                assert!(
+                    worst <= bound,
+                    "{}, {phase}: {worst} over {bound}",
+                    group.name()
+                );
+                assert!(worst as f64 <= 120.0 * window_secs as f64 + 1.0);
+                phase_start = ends_ns[p];
+            }
+        }
+        // The edges themselves: the windows straddling the outage's start and the store's
+        // return hold what both sides admitted.
+        let shared = &report.groups()[0];
+        let sent: Vec<u64> = shared
+            .trace()
+            .iter()
+            .filter(|t| t.status == 200)
+            .map(|t| t.sent_at.as_nanos() as u64)
+            .collect();
+        for (phase, edge) in [(Phase::Outage, ends_ns[0]), (Phase::Recovery, ends_ns[1])] {
+            let straddling = sliding_max(&sent, window_ns, edge, edge + window_ns - 1);
+            let worst = shared.counts(0, phase).worst_window_admitted;
+            assert!(worst >= straddling, "{phase}: {worst} < {straddling}");
+        }
+        // Failing closed admits nothing in the outage, yet its worst window is one
+        // straddling its start: the normal phase's last admissions, which a window of the
+        // normal phase (ending at its end) holds too.
+        let closed = &report.groups()[1];
+        assert_eq!(closed.counts(0, Phase::Outage).admitted, 0);
+        let last_normal = closed.counts(0, Phase::Outage).worst_window_admitted;
+        let normal = closed.counts(0, Phase::Normal).worst_window_admitted;
+        assert!(
+            last_normal > 0 && last_normal <= normal,
+            "{last_normal}, {normal}"
+        );
     }
 }
 
@@ -714,6 +830,7 @@ fn the_command_line_prints_json_rows_and_a_chart() {
         assert!(row["sent_per_sec"].is_f64() || row["sent_per_sec"].is_u64());
         assert!(row["admitted_per_sec"].is_f64() || row["admitted_per_sec"].is_u64());
         assert!(row["refused_429"].is_u64() && row["refused_503"].is_u64());
+        assert!(row["worst_window_admitted"].is_u64());
     }
     // The same run through the library gives the same numbers (virtual time is exact).
     let report = run(Scenario::default()
@@ -734,6 +851,11 @@ fn the_command_line_prints_json_rows_and_a_chart() {
         assert_eq!(
             json["refused_503"].as_u64(),
             Some(row.refused_503),
+            "{json}"
+        );
+        assert_eq!(
+            json["worst_window_admitted"].as_u64(),
+            Some(row.worst_window_admitted),
             "{json}"
         );
     }
@@ -769,6 +891,18 @@ fn the_table_explains_itself() {
     assert!(text.contains("whole-phase averages"), "{text}");
     assert!(text.contains("| local-share "), "{text}");
     assert!(text.contains("all breakers closed after"), "{text}");
+    // The worst window's column, labelled by the window's length: one count per customer.
+    assert!(text.contains(" worst 1 s |"), "{text}");
+    assert!(
+        text.contains("window straddling the phase's start"),
+        "{text}"
+    );
+    let outage = text
+        .lines()
+        .skip_while(|l| !l.starts_with("## outage"))
+        .find(|l| l.starts_with("| local-share "))
+        .expect("the outage's local-share row");
+    assert_eq!(outage.split(" / ").count(), 3, "{outage}");
     assert!(
         text.contains("the breaker (the library's default)")
             && text.contains("250-500 ms at first")
@@ -786,6 +920,26 @@ fn the_table_explains_itself() {
     let text = String::from_utf8(output.stdout).expect("UTF-8 output");
     assert!(
         text.contains("the breaker (set by the flags)") && text.contains("at most 2000 ms"),
+        "{text}"
+    );
+    let output = simulate(&[
+        "--policy",
+        "closed",
+        "--limit",
+        "3000",
+        "--window-secs",
+        "60",
+        "--normal-secs",
+        "2",
+        "--outage-secs",
+        "2",
+        "--recovery-secs",
+        "2",
+    ]);
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    assert!(
+        text.contains(" worst 60 s |") && !text.contains("worst 1 s"),
         "{text}"
     );
 }

@@ -120,6 +120,16 @@ fn the_page_answers_the_rows_of_the_command_line() {
     let answer = page_answer(&page, &initial);
     assert_eq!(answer["rows"], expected);
     assert_eq!(page_answer(&page, &json!({}))["rows"], expected);
+    // The tables' worst-window column is labelled by the quota's window, and every row
+    // carries its count: at least the phase's average second.
+    assert_eq!(answer["worst_heading"], "worst 1 s");
+    for row in expected.as_array().expect("rows") {
+        let worst = row["worst_window_admitted"]
+            .as_f64()
+            .expect("a worst window");
+        let average = row["admitted_per_sec"].as_f64().expect("a rate");
+        assert!(worst >= average.floor(), "{row}");
+    }
     // One series per policy and customer, a second long each.
     let groups = answer["groups"].as_array().expect("groups");
     assert_eq!(groups.len(), 9);
@@ -183,6 +193,9 @@ fn the_page_answers_the_rows_of_the_command_line() {
     ]);
     assert_eq!(answer["rows"], expected);
     assert_eq!(admitted(&expected, "closed", "outage", "acme"), 0.0);
+    let mut minute = json!({"window_secs": 60, "limit": 3000, "policies": ["closed"]});
+    minute["normal_secs"] = json!(2);
+    assert_eq!(page_answer(&page, &minute)["worst_heading"], "worst 60 s");
     let shared = admitted(&expected, "local-share", "outage", "acme");
     assert!((40.0..=52.0).contains(&shared), "local share: {shared}");
 

@@ -296,7 +296,7 @@ function drawTables() {
     const table = html("table", { class: "phase", "data-phase": phase.name });
     table.append(html("caption", {}, `${phase.name}: ${phase.secs} s, ${phase.store}; admitted requests per second`));
     const head = table.createTHead().insertRow();
-    const headers = ["policy", ...answer.customers.map((c) => `${c.name} (${rateText(c.rate)}/s)`), "429s", "503s"];
+    const headers = ["policy", ...answer.customers.map((c) => `${c.name} (${rateText(c.rate)}/s)`), answer.worst_heading, "429s", "503s"];
     if (phase.name === "recovery") headers.push("all breakers closed after");
     for (const h of headers) head.append(html("th", { scope: "col" }, h));
     const body = table.createTBody();
@@ -308,6 +308,9 @@ function drawTables() {
         const r = mine.find((m) => m.customer === c.name);
         row.append(html("td", { "data-policy": group.policy, "data-customer": c.name }, r.admitted_per_sec.toFixed(1)));
       }
+      // The busiest window ending in the phase, caller by caller in the columns' order.
+      const worst = answer.customers.map((c) => String(mine.find((m) => m.customer === c.name).worst_window_admitted));
+      row.append(html("td", { class: "worst", "data-policy": group.policy, title: `${answer.worst_heading}: ${answer.customers.map((c) => c.name).join(" / ")}` }, worst.join(" / ")));
       row.append(html("td", {}, String(mine.reduce((s, r) => s + r.refused_429, 0))));
       row.append(html("td", {}, String(mine.reduce((s, r) => s + r.refused_503, 0))));
       if (phase.name === "recovery") {
