@@ -6,7 +6,7 @@
 //!            [--redis URL | --redis-cluster URL[,URL...]
 //!             | --redis-sentinel URL[,URL...] --sentinel-master NAME]
 //!            [--limit N] [--window-secs N] [--config FILE]
-//!            [--on-store-failure open|closed|local-share|static]
+//!            [--on-store-failure open|closed|local-share|static|static-then-local-share]
 //!            [--instances N | --expected-instances N]
 //!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
@@ -129,12 +129,13 @@ struct Options {
     /// SIGHUP
     #[arg(long, value_name = "FILE", conflicts_with_all = ["limit", "window_secs"])]
     config: Option<PathBuf>,
-    /// What /orders does when the store cannot decide: open, closed, local-share or static
+    /// What /orders does when the store cannot decide: open, closed, local-share, static or
+    /// static-then-local-share
     #[arg(
         long,
         value_name = "POLICY",
         default_value = "local-share",
-        value_parser = ["open", "closed", "local-share", "static"]
+        value_parser = ["open", "closed", "local-share", "static", "static-then-local-share"]
     )]
     on_store_failure: String,
     /// The instances a local share divides by (default: the live instances heartbeating
@@ -273,11 +274,14 @@ fn instance_count(options: &Options, registry: Option<InstanceRegistry>) -> Inst
 }
 
 fn failure_policy(options: &Options, instances: InstanceCount) -> FailurePolicy {
-    // clap accepts only these four.
+    // clap accepts only these five.
     match options.on_store_failure.as_str() {
         "open" => FailurePolicy::open(),
         "closed" => FailurePolicy::closed(),
         "static" => FailurePolicy::fail_static(),
+        "static-then-local-share" => {
+            FailurePolicy::static_then(FailurePolicy::local_share(instances))
+        }
         _ => FailurePolicy::local_share(instances),
     }
 }

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
@@ -277,7 +277,10 @@ impl Fallback {
             // The first time the store hears of the caller again, it is told what this
             // share counted (as far as every policy still holds it); later, what the
             // store's answers show it still lacks.
-            let mut owed = self.owed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut owed = self
+                .owed
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             if owed.len() >= LAST_ANSWERS {
                 owed.clear();
             }
@@ -324,7 +327,8 @@ impl Fallback {
             .zip(store.limits().iter().zip(held.local.limits()))
             .map(|((original, part), (store, local))| {
                 let part_quota = part.algorithm().quota().max(1);
-                let expected = u128::from(local.remaining) * u128::from(original.algorithm().quota())
+                let expected = u128::from(local.remaining)
+                    * u128::from(original.algorithm().quota())
                     / u128::from(part_quota);
                 u128::from(store.remaining).saturating_sub(expected)
             })
@@ -333,8 +337,12 @@ impl Fallback {
         if excess == 0 {
             return;
         }
-        let part = u64::try_from(excess.div_ceil(u128::from(share.instances.max(1)))).unwrap_or(u64::MAX);
-        let mut owed = self.owed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let part =
+            u64::try_from(excess.div_ceil(u128::from(share.instances.max(1)))).unwrap_or(u64::MAX);
+        let mut owed = self
+            .owed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(units) = owed.get_mut(caller.key()) {
             *units = part;
         }
@@ -438,16 +446,20 @@ impl Fallback {
         if share.turn_wait_ms(now) > 0 {
             // Not this instance's turn: refused until it is, counting nothing.
             let peeked = self.local.peek_at(caller.key(), &share.policies, cost, now);
-            let outcomes = peeked.limits().iter().zip(share.parts.iter()).map(|(peeked, part)| {
-                match part.turns.map(|turns| turns.wait_ms(now)) {
-                    Some(wait) if wait > 0 => PolicyOutcome {
-                        admitted: false,
-                        remaining: 0,
-                        reset_ms: wait,
+            let outcomes = peeked
+                .limits()
+                .iter()
+                .zip(share.parts.iter())
+                .map(
+                    |(peeked, part)| match part.turns.map(|turns| turns.wait_ms(now)) {
+                        Some(wait) if wait > 0 => PolicyOutcome {
+                            admitted: false,
+                            remaining: 0,
+                            reset_ms: wait,
+                        },
+                        _ => *peeked,
                     },
-                    _ => *peeked,
-                }
-            });
+                );
             let outcome = CheckOutcome::collect(share.parts.len(), outcomes).counted_at(now);
             return self.share_decision(set, share, &outcome, cost);
         }

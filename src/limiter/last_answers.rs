@@ -59,11 +59,17 @@ impl LastAnswers {
         at_ms: u64,
     ) {
         let mut used = [0; INLINE_POLICIES];
-        for ((used, policy), outcome) in used.iter_mut().zip(set.limits.iter()).zip(outcome.limits())
+        for ((used, policy), outcome) in
+            used.iter_mut().zip(set.limits.iter()).zip(outcome.limits())
         {
             *used = policy.algorithm().quota().saturating_sub(outcome.remaining);
         }
-        let retention = set.limits.iter().map(|p| p.retention_ms()).max().unwrap_or(0);
+        let retention = set
+            .limits
+            .iter()
+            .map(|p| p.retention_ms())
+            .max()
+            .unwrap_or(0);
         let answer = LastAnswer {
             at_ms,
             set_id: set.id,

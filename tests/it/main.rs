@@ -73,6 +73,11 @@ mod orders_api_reload;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod outage;
 mod outage_edges;
+#[cfg_attr(
+    not(all(feature = "axum", feature = "redis", feature = "serde")),
+    path = "skipped/orders_api.rs"
+)]
+mod outage_edges_http;
 mod quickstart;
 mod recovery;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]

@@ -38,9 +38,9 @@ fn orders_api() -> PathBuf {
     tollgate_testkit::example::binary("orders_api")
 }
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    base: String,
+    pub(crate) base: String,
 }
 
 impl Drop for Server {
@@ -54,7 +54,7 @@ fn start(redis: &str, policy: &str) -> Server {
     start_with(redis, policy, &[])
 }
 
-fn start_with(redis: &str, policy: &str, extra: &[&str]) -> Server {
+pub(crate) fn start_with(redis: &str, policy: &str, extra: &[&str]) -> Server {
     let expected = INSTANCES.to_string();
     let mut args = vec![
         "--redis",
@@ -91,7 +91,7 @@ fn spawn(args: &[&str]) -> Server {
 }
 
 /// The `orders` layer's breaker state as an instance's /metrics reports it.
-async fn breaker_state<C>(client: &Client<C, Empty<Bytes>>, base: &str) -> Option<f64>
+pub(crate) async fn breaker_state<C>(client: &Client<C, Empty<Bytes>>, base: &str) -> Option<f64>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
 {

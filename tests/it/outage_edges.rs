@@ -10,10 +10,16 @@ use tollgate_simulator::{AlgorithmKind, Customer, Phase, PolicyName, Scenario};
 
 /// The largest number of `admitted` send times (sorted) in any window of `window` that
 /// starts within `[from, to)`.
-pub(crate) fn worst_window(admitted: &[Duration], window: Duration, from: Duration, to: Duration) -> usize {
+pub(crate) fn worst_window(
+    admitted: &[Duration],
+    window: Duration,
+    from: Duration,
+    to: Duration,
+) -> usize {
     // A window's count only changes at a send time: the windows starting at each send
     // time (and at `from`) cover every count.
-    let starts = std::iter::once(from).chain(admitted.iter().copied().filter(|t| *t >= from && *t < to));
+    let starts =
+        std::iter::once(from).chain(admitted.iter().copied().filter(|t| *t >= from && *t < to));
     starts
         .map(|start| {
             let first = admitted.partition_point(|t| *t < start);
@@ -37,7 +43,10 @@ fn edges(scenario: Scenario, customer: &str) -> Edges {
     let normal = Duration::from_secs(scenario.phase_secs(Phase::Normal));
     let outage = Duration::from_secs(scenario.phase_secs(Phase::Outage));
     let window = Duration::from_secs(scenario.window_secs_value());
-    let report = scenario.trace(customer).run_blocking().expect("the scenario runs");
+    let report = scenario
+        .trace(customer)
+        .run_blocking()
+        .expect("the scenario runs");
     let group = &report.groups()[0];
     let admitted: Vec<Duration> = group
         .trace()
@@ -54,8 +63,18 @@ fn edges(scenario: Scenario, customer: &str) -> Edges {
         .count() as f64
         / (back - steady_from).as_secs_f64();
     Edges {
-        start: worst_window(&admitted, window, cut.saturating_sub(window), cut + 2 * window),
-        back: worst_window(&admitted, window, back.saturating_sub(window), back + 2 * window),
+        start: worst_window(
+            &admitted,
+            window,
+            cut.saturating_sub(window),
+            cut + 2 * window,
+        ),
+        back: worst_window(
+            &admitted,
+            window,
+            back.saturating_sub(window),
+            back + 2 * window,
+        ),
         outage_rate: steady * window.as_secs_f64(),
         in_outage: admitted.iter().filter(|t| **t >= cut && **t < back).count(),
     }
@@ -75,7 +94,10 @@ fn the_running_example_holds_the_limit_at_both_edges() {
     let cases = [
         (PolicyName::LocalShare, AlgorithmKind::SlidingWindow),
         (PolicyName::LocalShare, AlgorithmKind::TokenBucket),
-        (PolicyName::StaticThenLocalShare, AlgorithmKind::SlidingWindow),
+        (
+            PolicyName::StaticThenLocalShare,
+            AlgorithmKind::SlidingWindow,
+        ),
         (PolicyName::LocalShareLeased, AlgorithmKind::SlidingWindow),
         (PolicyName::LocalShareLeased, AlgorithmKind::TokenBucket),
     ];
@@ -99,7 +121,10 @@ fn the_running_example_holds_the_limit_at_both_edges() {
             ));
         }
     }
-    assert!(failures.is_empty(), "over 55 in a second or off 50/s by 10%: {failures:?}");
+    assert!(
+        failures.is_empty(),
+        "over 55 in a second or off 50/s by 10%: {failures:?}"
+    );
 }
 
 #[test]
@@ -120,7 +145,16 @@ fn a_quota_below_the_instance_count_takes_turns() {
             "1/min over 10 {algorithm:?}: {} in the 20-minute outage, worst minute {} at the start, {} at the return",
             measured.in_outage, measured.start, measured.back
         );
-        assert!(measured.in_outage <= 21, "{algorithm:?}: {} in 20 minutes", measured.in_outage);
-        assert!(measured.start <= 2 && measured.back <= 2, "{algorithm:?}: worst minutes {} and {}", measured.start, measured.back);
+        assert!(
+            measured.in_outage <= 21,
+            "{algorithm:?}: {} in 20 minutes",
+            measured.in_outage
+        );
+        assert!(
+            measured.start <= 2 && measured.back <= 2,
+            "{algorithm:?}: worst minutes {} and {}",
+            measured.start,
+            measured.back
+        );
     }
 }

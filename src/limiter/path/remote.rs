@@ -132,9 +132,15 @@ impl RemotePath {
         let mut check = self.ask(caller, set, cost, held.as_ref());
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
-            return StoreFuture::ready(
-                self.finish(&domain, caller, set, result, permit, (now, held), cost),
-            );
+            return StoreFuture::ready(self.finish(
+                &domain,
+                caller,
+                set,
+                result,
+                permit,
+                (now, held),
+                cost,
+            ));
         }
         let domain = domain.to_shared();
         let path = self.clone();
@@ -166,7 +172,8 @@ impl RemotePath {
             && let Some(mut lease) =
                 backend.lease(caller.key(), &set.limits, cost, cost.saturating_add(unseen))
         {
-            let outcome = |grant: Result<LeaseGrant, StoreError>| grant.map(|g| g.outcome().clone());
+            let outcome =
+                |grant: Result<LeaseGrant, StoreError>| grant.map(|g| g.outcome().clone());
             return match lease.try_take_ready() {
                 Some(grant) => StoreFuture::ready(outcome(grant)),
                 None => StoreFuture::boxed(async move { outcome(lease.await) }),

@@ -17,7 +17,6 @@ use crate::store::invalid_policy::InvalidPolicy;
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
 
-
 /// How a policy counts.
 ///
 /// ```
