@@ -54,7 +54,8 @@ pub enum FailurePolicy {
     /// with a Retry-After of the breaker's remaining open time (at least 1 s).
     Closed,
     /// Enforce every policy's quota divided by the live instance count, with an in-process
-    /// counter of the same algorithm; the headers advertise the share.
+    /// counter of the same algorithm, starting from the store's last answer; the headers
+    /// advertise the share.
     LocalShare(InstanceCount),
     /// Keep refusing callers whose refusal is cached until it expires; let the rest pass.
     Static,
@@ -75,9 +76,16 @@ impl FailurePolicy {
         FailurePolicy::Closed
     }
 
-    /// Enforce a local share of the limit: quota / `instances`. The shares together never
-    /// exceed the limit, whatever the quota and the count; a quota smaller than the count
-    /// stretches each share's window (see [`Algorithm::divided_by`](crate::store::Algorithm::divided_by)).
+    /// Enforce a local share of the limit: quota / `instances`, in the limit's own window,
+    /// the remainder spread by place ([`InstanceCount::at_place`], or the Redis registry's
+    /// places). The shares together never exceed the limit, whatever the quota and the
+    /// count; a quota smaller than the count is taken in turns, one window each by place.
+    ///
+    /// A caller's share starts from the store's last answer for it, and after the store's
+    /// return a caller the share counted is decided by both until that count no longer
+    /// weighs, so neither edge of an outage admits more than the limit (the
+    /// [failure policies](crate::guide::failure_policies) guide has the rules and the
+    /// measurements).
     pub fn local_share(instances: InstanceCount) -> Self {
         FailurePolicy::LocalShare(instances)
     }

@@ -117,3 +117,69 @@ impl std::fmt::Debug for LastAnswers {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::algorithm::{Algorithm, PolicyOutcome};
+    use crate::store::policy::Policy;
+
+    fn per_second(limit: u64) -> PolicySet {
+        let policy = Policy::new(
+            "per-second",
+            Algorithm::sliding_window(limit, Duration::from_secs(1)),
+        );
+        PolicySet::new(None, &[policy], &Arc::from("test"), 0).expect("a set")
+    }
+
+    fn left(remaining: u64) -> CheckOutcome {
+        CheckOutcome::new(vec![PolicyOutcome {
+            admitted: remaining > 0,
+            remaining,
+            reset_ms: 0,
+        }])
+    }
+
+    #[test]
+    fn an_answer_says_what_was_used_for_its_set_while_it_weighs() {
+        let answers = LastAnswers::new(100);
+        let set = per_second(50);
+        let acme = CallerKey::new("acme");
+        answers.record(&acme, &set, &left(8), 1_000);
+        let answer = answers.get(&acme, set.id, 1_500).expect("kept");
+        assert_eq!((answer.at_ms, answer.used(0)), (1_000, Some(42)));
+        // Another set (a tier, new limits) learns nothing from it.
+        assert_eq!(answers.get(&acme, set.id + 1, 1_500), None);
+        // Two windows on, the sliding window has forgotten it too.
+        assert_eq!(answers.get(&acme, set.id, 3_000), None);
+        // A late answer to an earlier question does not replace a later one.
+        answers.record(&acme, &set, &left(50), 900);
+        assert_eq!(answers.get(&acme, set.id, 1_500).and_then(|a| a.used(0)), Some(42));
+    }
+
+    #[test]
+    fn a_full_map_makes_room_only_from_answers_that_no_longer_weigh() {
+        let answers = LastAnswers::new(1);
+        let set = per_second(50);
+        let callers: Vec<CallerKey> = (0..200).map(|i| CallerKey::new(format!("c{i}"))).collect();
+        for caller in &callers {
+            answers.record(caller, &set, &left(0), 1_000);
+        }
+        let kept = callers
+            .iter()
+            .filter(|c| answers.get(c, set.id, 1_000).is_some())
+            .count();
+        assert!(kept <= SHARDS, "{kept} kept in {SHARDS} shards of one");
+        // Once they no longer weigh, new answers take their places.
+        for caller in &callers {
+            answers.record(caller, &set, &left(0), 5_000);
+        }
+        let kept = callers
+            .iter()
+            .filter(|c| answers.get(c, set.id, 5_000).is_some())
+            .count();
+        assert!(kept > 0 && kept <= SHARDS);
+    }
+}
