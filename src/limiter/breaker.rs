@@ -476,6 +476,11 @@ impl fmt::Debug for Breaker {
 }
 
 impl Permit {
+    /// Whether this call is the half-open breaker's probe.
+    pub(crate) fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     pub(crate) fn success(mut self) {
         if let Some(breaker) = self.breaker.take() {
             breaker.on_success(self.probe, self.epoch);

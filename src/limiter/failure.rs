@@ -18,7 +18,7 @@ use crate::limiter::instances::InstanceCount;
 use crate::limiter::last_answers::LastAnswers;
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::FallbackCounters;
-use crate::store::algorithm::{PolicyOutcome, Share};
+use crate::store::algorithm::{Algorithm, PolicyOutcome, Share};
 use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
@@ -282,9 +282,13 @@ impl Fallback {
             .local
             .decide_tracked_at(caller.key(), &share.policies, cost, now_ms)?;
         if outcome.admitted() {
-            // The first time the store hears of the caller again, it is told what this
-            // share counted (as far as every policy still holds it); later, what the
-            // store's answers show it still lacks.
+            // The first time the store hears of the caller again, a token bucket is told
+            // what this share counted (as far as every policy still holds it); later, what
+            // the store's answers show it still lacks. (The store's bucket refilled through
+            // the outage as if nobody had spent: unless told, it would admit a full burst
+            // on top of the shares. A sliding window's count needs no telling: what the
+            // store did not see leaves with the window, and until then the share decides
+            // too; told, it would weigh a window longer than it should.)
             let mut owed = self
                 .owed
                 .lock()
@@ -300,7 +304,9 @@ impl Fallback {
                         .policies
                         .iter()
                         .zip(outcome.limits())
-                        .map(|(part, outcome)| {
+                        .zip(share.original.iter())
+                        .filter(|(_, original)| is_bucket(original))
+                        .map(|((part, outcome), _)| {
                             part.algorithm()
                                 .quota()
                                 .saturating_sub(outcome.remaining)
@@ -323,9 +329,10 @@ impl Fallback {
     }
 
     /// The store admitted a request that the share counted too (`held`), and answered
-    /// `store`: where it has more left than the shares together (this one's, times the
-    /// instances), it did not see all they counted, and this instance owes it its part of
-    /// the difference, told with the caller's next request.
+    /// `store`: where a token bucket has more left than the shares together (this one's,
+    /// times the instances), it refilled while the instances were still telling it what
+    /// they counted, and this instance owes it its part of the difference, told with the
+    /// caller's next request.
     pub(super) fn reconcile(&self, caller: &Caller, held: &Held, store: &CheckOutcome) {
         let share = &held.share;
         let excess = share
@@ -333,6 +340,7 @@ impl Fallback {
             .iter()
             .zip(share.policies.iter())
             .zip(store.limits().iter().zip(held.local.limits()))
+            .filter(|((original, _), _)| is_bucket(original))
             .map(|((original, part), (store, local))| {
                 let part_quota = part.algorithm().quota().max(1);
                 let expected = u128::from(local.remaining)
@@ -550,6 +558,11 @@ impl Fallback {
         });
         stored
     }
+}
+
+/// Whether `policy` counts with a token bucket.
+fn is_bucket(policy: &Policy) -> bool {
+    matches!(policy.algorithm(), Algorithm::TokenBucket { .. })
 }
 
 /// The instance count of a policy that divides the limit, if it does.

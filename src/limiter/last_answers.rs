@@ -156,7 +156,10 @@ mod tests {
         assert_eq!(answers.get(&acme, set.id, 3_000), None);
         // A late answer to an earlier question does not replace a later one.
         answers.record(&acme, &set, &left(50), 900);
-        assert_eq!(answers.get(&acme, set.id, 1_500).and_then(|a| a.used(0)), Some(42));
+        assert_eq!(
+            answers.get(&acme, set.id, 1_500).and_then(|a| a.used(0)),
+            Some(42)
+        );
     }
 
     #[test]

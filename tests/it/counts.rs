@@ -127,38 +127,70 @@ async fn one_a_minute_over_ten_instances_admits_at_most_the_limit() {
         let clock = ManualClock::new(EPOCH_MS);
         let store = flaky(&clock);
         store.set_down(true);
+        // Each instance at its own place: the turns never meet.
         let instances: Vec<Limiter> = (0..10)
-            .map(|_| {
+            .map(|place| {
                 Limiter::builder()
                     .name("login")
                     .backend(store.clone())
                     .clock(clock.clone())
                     .policy(policy.clone())
-                    .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(10)))
+                    .on_store_failure(FailurePolicy::local_share(
+                        InstanceCount::fixed(10).at_place(place),
+                    ))
                     .build()
             })
             .collect();
         let attacker = Caller::new("attacker");
-        let mut admitted = 0;
+        let mut admitted_at = Vec::new();
         for step in 0..(20 * 60 * 2) {
             clock.set(EPOCH_MS + step * 500);
             for limiter in &instances {
                 let decision = limiter.check(&attacker).await;
+                let info = decision.info().expect("a share reports its state");
+                assert_eq!(info.source(), DecisionSource::LocalShare);
                 if decision.is_allowed() {
-                    admitted += 1;
-                    let info = decision.info().expect("a share reports its state");
-                    assert_eq!(info.source(), DecisionSource::LocalShare);
+                    admitted_at.push(step * 500);
                     let report = &info.policy(0).expect("a policy");
                     assert_eq!(report.quota(), 1);
-                    assert_eq!(report.window_secs(), 600, "{policy:?}");
+                    assert_eq!(report.window_secs(), 60, "{policy:?}");
+                } else {
+                    // Out of turn, the wait is for the next turn: at most 10 minutes.
+                    let retry = info.retry_after_ms();
+                    assert!(retry <= 600_000, "{policy:?}: retry after {retry} ms");
                 }
             }
         }
+        let admitted = admitted_at.len();
         assert!(
             admitted <= 20,
             "{policy:?}: {admitted} admitted in 20 minutes against 1 a minute"
         );
-        assert!(admitted >= 10, "{policy:?}: each instance admits its share");
+        assert!(
+            admitted >= 19,
+            "{policy:?}: each instance admits in its turns"
+        );
+        // Any 60 s holds at most 2 (two turns' edges), every clock minute at most 1.
+        for (i, at) in admitted_at.iter().enumerate() {
+            let within = admitted_at[i..]
+                .iter()
+                .take_while(|t| **t < at + 60_000)
+                .count();
+            assert!(
+                within <= 2,
+                "{policy:?}: {within} in the minute from {at} ms"
+            );
+        }
+        let mut minutes: Vec<u64> = admitted_at
+            .iter()
+            .map(|t| (EPOCH_MS + t) / 60_000)
+            .collect();
+        minutes.dedup();
+        assert_eq!(
+            minutes.len(),
+            admitted,
+            "{policy:?}: two in one clock minute"
+        );
     }
 }
 

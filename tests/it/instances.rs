@@ -263,7 +263,7 @@ fn starting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
 /// a registry started without the deployment's size is refused, and one given it divides
 /// each local share by it until the first heartbeat answers. Two callers at 120/s each
 /// over the four instances, on virtual time: each held to its limit over every whole window
-/// of the share (50 a second shared by 4 is 25 per 2 s on each instance).
+/// of the share (50 a second shared by 4 is 12 a second on each instance).
 #[tokio::test]
 async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
     use tollgate::store::ManualClock;

@@ -584,7 +584,9 @@ async fn the_running_example_on_leases_in_every_phase() {
             instance
                 .limiter_builder()
                 .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+                .on_store_failure(FailurePolicy::local_share(
+                    InstanceCount::fixed(4).at_place(instance.instance() as u64),
+                ))
                 .leases(
                     Leases::new()
                         .threshold_per_sec(20)

@@ -21,7 +21,7 @@ use tollgate_testkit::redis::RedisServer;
 const INSTANCES: usize = 4;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
 // Long enough for whole steady windows (testkit/src/rates.rs): of 1 s on the store, of
-// 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
+// 2 s for the local share.
 const NORMAL: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(7);
 /// How long the recovery is measured once every instance's breaker has closed again.
@@ -273,7 +273,7 @@ async fn four_processes_through_an_outage() {
                 fair,
             );
             let (during, expected) = match *policy {
-                // 50 shared by the 4 instances the registry counted: 25 per 2 s each.
+                // 50 shared by the 4 instances the registry counted: 13, 13, 12 and 12 by place.
                 "local-share" => (rate(group, customer, share_outage.0, share_outage.1), fair),
                 _ => (
                     rate(group, customer, cut + Duration::from_millis(50), restored),

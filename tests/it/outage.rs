@@ -29,7 +29,7 @@ const INSTANCES: usize = 4;
 const LIMIT: u64 = 50;
 const CUSTOMERS: [(&str, f64); 3] = [("acme", 120.0), ("globex", 20.0), ("initech", 5.0)];
 // Long enough for whole steady windows (testkit/src/rates.rs): of 1 s on the store, of
-// 2 s for the local share (50 a second shared by 4 is 25 per 2 s).
+// 2 s for the local share.
 const NORMAL: Duration = Duration::from_secs(4);
 const OUTAGE: Duration = Duration::from_secs(7);
 const RECOVERY: Duration = Duration::from_secs(6);
@@ -380,7 +380,7 @@ async fn outage_matrix_row(fault: FaultKind) {
             match policy {
                 PolicyKind::Open => assert_near(&what("outage"), during, *sends),
                 PolicyKind::Closed => assert_near(&what("outage"), during, 0.0),
-                // Each instance enforces 25 per 2 s, exactly a quarter of the limit.
+                // Each instance enforces 12 a second (no place given: the remainder unspread).
                 PolicyKind::LocalShare => assert_near(&what("outage"), during, fair),
                 // A per-second limit's cached refusals expire within the second, so once
                 // they have, static passes everything as open does. (Static earns its keep

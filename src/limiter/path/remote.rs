@@ -89,18 +89,9 @@ impl RemotePath {
             self.metrics.denial_cache_hit();
             return StoreFuture::ready(Decision::Limited(info));
         }
-        // While what a local share counted still weighs, the callers it counted are decided
-        // by their share as well as by the store, which did not see those requests; and no
-        // lease is served or taken, whose units the share would not see.
-        let mut held = None;
+        // While what a local share counted still weighs, no lease is served or taken,
+        // whose units the share would not see.
         let share_weighs = self.fallback.may_weigh() && self.fallback.share_weighs(now());
-        if share_weighs {
-            match self.fallback.recovering(caller, set, cost, now()) {
-                Some(Err(refused)) => return StoreFuture::ready(refused),
-                Some(Ok(counted)) => held = Some(counted),
-                None => {}
-            }
-        }
         if !share_weighs
             && let Some(leasing) = &self.leases
             && let Some(decision) = leased(self, leasing, caller, set, cost)
@@ -111,13 +102,23 @@ impl RemotePath {
         let permit = match domain.admit_at(reach, &mut now) {
             Admission::Call(permit) => permit,
             Admission::Reject => {
-                self.release(caller, held);
                 let reason = FallbackReason::BreakerOpen;
                 return StoreFuture::ready(
                     self.fall_back(&domain, caller, set, reason, cost, read_clock),
                 );
             }
         };
+        // And the callers a share counted are decided by their share as well as by the
+        // store, which did not see those requests; except for the breaker's probe, which
+        // the store alone answers (one request at most), so that the breaker can close.
+        let mut held = None;
+        if share_weighs && !permit.is_probe() {
+            match self.fallback.recovering(caller, set, cost, now()) {
+                Some(Err(refused)) => return StoreFuture::ready(refused),
+                Some(Ok(counted)) => held = Some(counted),
+                None => {}
+            }
+        }
         if !reach.can_call() {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
