@@ -120,6 +120,7 @@ impl std::fmt::Debug for LastAnswers {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
