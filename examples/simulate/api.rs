@@ -7,7 +7,7 @@ use tollgate_simulator::{
     AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError, Traced,
 };
 
-use crate::output::{JsonRow, describe, json_rows, policy_note, rate_text, worst_heading};
+use crate::output::{JsonRow, json_rows, policy_note, rate_text, share_text, worst_heading};
 
 /// The most simulated requests one run may send (the rates' sum x the seconds x the
 /// policies), so that no request ties up the server: a release build simulates about
@@ -379,7 +379,6 @@ type TracePoint = (
 impl Answer {
     pub(crate) fn new(scenario: &Scenario, report: &Report, traced: Option<(&str, u64)>) -> Self {
         let n = scenario.instances_value();
-        let share = scenario.policy().algorithm().divided_by(n as u64);
         let algorithm = match scenario.algorithm_value() {
             AlgorithmKind::TokenBucket => {
                 format!("token bucket, burst {}", scenario.burst_value())
@@ -462,9 +461,8 @@ impl Answer {
                 scenario.window_secs_value(),
             ),
             share: format!(
-                "a local share is the quota divided by the {n} configured instances: {} per \
-                 instance",
-                describe(&share)
+                "a local share is the quota divided by the {n} configured instances: {}",
+                share_text(scenario.policy().algorithm(), n as u64)
             ),
             phases,
             customers: scenario

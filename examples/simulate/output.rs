@@ -97,6 +97,33 @@ pub(crate) fn rate_text(rate: f64) -> String {
 }
 
 /// "25 per 2 s (12.5/s)", or a token bucket's rate and burst.
+/// What each of `n` instances enforces of `policy` while the store is down: its part in
+/// the policy's own window, the remainder on the first places, or turns for a quota below
+/// the instance count.
+pub(crate) fn share_text(policy: &Algorithm, n: u64) -> String {
+    let n = n.max(1);
+    let (quota, window_ms) = match *policy {
+        Algorithm::SlidingWindow { limit, window_ms } => (limit, window_ms),
+        Algorithm::TokenBucket {
+            rate, period_ms, ..
+        } => (rate, period_ms),
+        _ => return describe(&policy.divided_by(n)),
+    };
+    let secs = rate_text(window_ms as f64 / 1_000.0);
+    if quota < n {
+        return format!(
+            "{quota} per {secs} s shared by {n}: the instances take turns, one window each,              {quota} request(s) a window across them"
+        );
+    }
+    let part = describe(&policy.divided_by(n));
+    match quota % n {
+        0 => format!("{part} per instance"),
+        extra => format!(
+            "{part} per instance, one more on the first {extra} by place (together {quota} per {secs} s)"
+        ),
+    }
+}
+
 pub(crate) fn describe(algorithm: &Algorithm) -> String {
     let secs = |ms: u64| rate_text(ms as f64 / 1_000.0);
     match *algorithm {
@@ -218,9 +245,8 @@ pub(crate) fn table(options: &Options, report: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "A local share is the policy as the crate divides it by the {n} configured instances: {} \
-         per instance.",
-        describe(&share)
+        "A local share is the policy as the crate divides it by the {n} configured instances: {}.",
+        share_text(options.scenario.policy().algorithm(), n as u64)
     );
     if let (
         Algorithm::SlidingWindow { limit, .. },
