@@ -9,7 +9,7 @@ python3). Steps: load the page; keep only "closed" among the policies (keyboard:
 on each checkbox); set the outage to 10 s; wait for the chart; read from the table that
 acme gets 0 during the outage and 49-50/s before it, and the outage's worst 1 s holds the
 normal phase's last second; switch to the local share and read
-48-50/s; save a screenshot. Exits non-zero, saying what it saw, when a step fails.
+45-50/s; save a screenshot. Exits non-zero, saying what it saw, when a step fails.
 """
 
 import sys
@@ -123,7 +123,7 @@ def main():
         driver.find_element(By.ID, "policy-closed").send_keys(Keys.SPACE)
         wait.until(lambda d: settled(d, ["local-share"], 10))
         shared = cell(driver, "outage", "local-share", "acme")
-        check(shared is not None and 48.0 <= shared <= 50.0, f"sharing locally, acme gets {shared}/s during the outage")
+        check(shared is not None and 45.0 <= shared <= 50.0, f"sharing locally, acme gets {shared}/s during the outage")
         # The single-caller view follows: acme under the local share, request by request.
         wait.until(lambda d: "acme under local-share" in d.find_element(By.ID, "trace-caption").text)
         marks = driver.find_elements(By.CSS_SELECTOR, "#trace-chart circle.admitted, #trace-chart path.limited")
