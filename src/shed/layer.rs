@@ -1,4 +1,5 @@
-//! The layer: the limit, the shed answer, and the count its services share.
+//! The layer: the limit, its priority classes, the shed answer, and the counts its
+//! services share.
 
 use std::fmt;
 use std::sync::Arc;
