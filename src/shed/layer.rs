@@ -15,7 +15,8 @@ use super::slot::{Ceilings, Classifiers, Counts, Shared};
 /// Sheds load: answers 503 with `Retry-After` when more than a set number of requests are
 /// in flight through it, with no store at all.
 ///
-/// A request that finds every slot taken is not queued and does not reach the inner
+/// A request that finds no slot free for it (every slot taken, or those left kept for a
+/// higher [priority class](#priority-classes)) is not queued and does not reach the inner
 /// service: it gets, at once, `503 Service Unavailable`, `Retry-After` (whole seconds,
 /// 1 by default) and an RFC 9457 problem+json body of type
 /// [`TEMPORARY_REDUCED_CAPACITY`](crate::response::TEMPORARY_REDUCED_CAPACITY). Errors of the inner
@@ -67,8 +68,8 @@ use super::slot::{Ceilings, Classifiers, Counts, Shared};
 ///
 /// With 100 slots and a reserve of 20 (about a fifth, as large fleets keep for their
 /// critical traffic), normal and sheddable requests together hold at most 80 slots, and
-/// critical requests always find at least 20; when critical traffic is light they use
-/// the free slots outside the reserve too. The ceilings hold exactly however requests
+/// a critical request is admitted whenever fewer than 20 critical requests are in flight;
+/// when there are more, they use the free slots outside the reserve. The ceilings hold exactly however requests
 /// race: each is one compare-and-swap on one count. A shed request of any class gets the
 /// same 503 as above.
 ///
@@ -86,7 +87,10 @@ use super::slot::{Ceilings, Classifiers, Counts, Shared};
 /// }));
 /// let get = |path: &str| http::Request::get(path).body(()).unwrap();
 /// // Two normal requests in flight take every slot outside the reserve.
-/// let held = [service.call(get("/orders")), service.call(get("/orders"))];
+/// let mut held = Vec::new();
+/// for _ in 0..2 {
+///     held.push(service.ready().await.unwrap().call(get("/orders")));
+/// }
 /// let shed = service.ready().await.unwrap().call(get("/orders")).await.unwrap();
 /// assert_eq!(shed.status(), 503);
 /// // The last slot is the reserve's, and a login gets it.
@@ -238,9 +242,9 @@ impl ConcurrencyShedLayer {
         self
     }
 
-    /// The most [sheddable requests](Self::sheddable_when) in flight at once. By default,
-    /// and at most, it is what normal requests may hold (the maximum less the
-    /// [`reserve`](Self::reserve)); unset, it is half of that, rounded down.
+    /// The most [sheddable requests](Self::sheddable_when) in flight at once: at most what
+    /// normal requests may hold (the maximum less the [`reserve`](Self::reserve)), and
+    /// unset, half of that, rounded down.
     ///
     /// ```
     /// use tollgate::shed::ConcurrencyShedLayer;
