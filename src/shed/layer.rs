@@ -3,14 +3,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use http::request::Parts;
 use tower_layer::Layer;
 
 use super::service::ConcurrencyShed;
-use super::slot::{Ceilings, Classifiers, Counts, Shared};
+use super::slot::{Ceilings, Classifiers, Counts, MAX_COUNTED, Shared};
 
 /// Sheds load: answers 503 with `Retry-After` when more than a set number of requests are
 /// in flight through it, with no store at all.
@@ -69,9 +68,10 @@ use super::slot::{Ceilings, Classifiers, Counts, Shared};
 /// With 100 slots and a reserve of 20 (about a fifth, as large fleets keep for their
 /// critical traffic), normal and sheddable requests together hold at most 80 slots, and
 /// a critical request is admitted whenever fewer than 20 critical requests are in flight;
-/// when there are more, they use the free slots outside the reserve. The ceilings hold exactly however requests
-/// race: each is one compare-and-swap on one count. A shed request of any class gets the
-/// same 503 as above.
+/// when there are more, they use the free slots outside the reserve. The ceilings hold
+/// exactly however requests race: a critical or normal request is admitted with one
+/// compare-and-swap, as without classes, and a sheddable one with two. A shed request of
+/// any class gets the same 503 as above.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -141,7 +141,7 @@ pub struct ConcurrencyShedLayer {
 
 impl ConcurrencyShedLayer {
     /// A layer that lets at most `max_in_flight` requests through at once and sheds the
-    /// others. With 0 it sheds every request.
+    /// others. With 0 it sheds every request; more than `u32::MAX` is taken as that.
     ///
     /// ```
     /// use tollgate::shed::ConcurrencyShedLayer;
@@ -149,10 +149,11 @@ impl ConcurrencyShedLayer {
     /// let layer = ConcurrencyShedLayer::new(64);
     /// assert_eq!(layer.max_in_flight(), 64);
     /// assert_eq!(layer.in_flight(), 0);
+    /// assert_eq!(ConcurrencyShedLayer::new(usize::MAX).max_in_flight(), u32::MAX as usize);
     /// ```
     pub fn new(max_in_flight: usize) -> Self {
         Self {
-            max_in_flight,
+            max_in_flight: max_in_flight.min(MAX_COUNTED),
             reserve: 0,
             sheddable_limit: None,
             retry_after_secs: 1,
@@ -312,7 +313,7 @@ impl ConcurrencyShedLayer {
     /// assert_eq!(layer.clone().in_flight(), 0);
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.counts.all.load(Ordering::Relaxed)
+        self.counts.all()
     }
 
     /// `Retry-After` of a shed request, in whole seconds.

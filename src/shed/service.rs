@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -104,7 +103,7 @@ impl<S> ConcurrencyShed<S> {
     /// assert_eq!(service.in_flight(), layer.in_flight());
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.shared.counts.all.load(Ordering::Relaxed)
+        self.shared.counts.all()
     }
 
     /// The most requests let through at once.

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -41,35 +41,57 @@ impl Class {
         }
     }
 
-    /// The position of the class in [`Counts::steps`]: the counts it takes start there.
-    fn first_step(self) -> usize {
+    /// What a request of the class adds to [`Counts::packed`].
+    fn packed_one(self) -> u64 {
         match self {
-            Class::Sheddable => 0,
-            Class::Normal => 1,
-            Class::Critical => 2,
+            Class::Critical => ONE_IN_ALL,
+            Class::Normal | Class::Sheddable => ONE_IN_ALL | ONE_BELOW_CRITICAL,
         }
     }
 }
 
-/// The requests in flight through one layer and its clones, counted so that each class's
-/// ceiling is a bound on one count: sheddable ones; normal and sheddable ones (what may not
-/// use the critical class's reserve); all of them.
+/// The most requests a layer counts in flight: each count is half of a `u64`.
+pub(super) const MAX_COUNTED: usize = u32::MAX as usize;
+/// One request in the high half of [`Counts::packed`], which counts all of them.
+const ONE_IN_ALL: u64 = 1 << 32;
+/// One request in the low half, which counts those below critical.
+const ONE_BELOW_CRITICAL: u64 = 1;
+
+/// The requests in flight through one layer and its clones: all of them and those below
+/// critical (normal and sheddable: what may not use the reserve) in one word, so that a
+/// critical or normal request is admitted with one compare-and-swap, and the sheddable
+/// ones apart.
 #[derive(Default)]
 pub(super) struct Counts {
+    /// All requests in the high half, those below critical in the low half.
+    packed: AtomicU64,
     sheddable: AtomicUsize,
-    below_critical: AtomicUsize,
-    pub(super) all: AtomicUsize,
+}
+
+impl Counts {
+    /// The requests in flight, of every class.
+    pub(super) fn all(&self) -> usize {
+        (self.packed.load(Ordering::Relaxed) >> 32) as usize
+    }
+
+    /// Sheddable, below critical and all requests in flight.
+    fn now(&self) -> [usize; 3] {
+        let packed = self.packed.load(Ordering::Relaxed);
+        [
+            self.sheddable.load(Ordering::Relaxed),
+            (packed & u64::from(u32::MAX)) as usize,
+            (packed >> 32) as usize,
+        ]
+    }
 }
 
 impl fmt::Debug for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [sheddable, below_critical, all] = self.now();
         f.debug_struct("Counts")
-            .field("all", &self.all.load(Ordering::Relaxed))
-            .field(
-                "below_critical",
-                &self.below_critical.load(Ordering::Relaxed),
-            )
-            .field("sheddable", &self.sheddable.load(Ordering::Relaxed))
+            .field("all", &all)
+            .field("below_critical", &below_critical)
+            .field("sheddable", &sheddable)
             .finish()
     }
 }
@@ -85,12 +107,14 @@ pub(super) struct Ceilings {
 impl Ceilings {
     /// The ceilings of a layer letting `max_in_flight` through, keeping `reserve` slots for
     /// critical requests, and sheddable ones below `sheddable_limit` (half of what normal
-    /// requests may use when `None`). Each is clamped under the one above it.
+    /// requests may use when `None`). Each is clamped under the one above it, and the
+    /// maximum under [`MAX_COUNTED`].
     pub(super) fn new(
         max_in_flight: usize,
         reserve: usize,
         sheddable_limit: Option<usize>,
     ) -> Self {
+        let max_in_flight = max_in_flight.min(MAX_COUNTED);
         let below_critical = max_in_flight - reserve.min(max_in_flight);
         let sheddable = sheddable_limit
             .unwrap_or(below_critical / 2)
@@ -194,39 +218,41 @@ impl Shared {
         (class, Request::from_parts(parts, body))
     }
 
-    /// The counts a request of `class` takes, each with its ceiling, innermost first.
-    fn steps(&self, class: Class) -> impl Iterator<Item = (&AtomicUsize, usize)> {
-        let counts = &self.counts;
-        let ceilings = self.ceilings;
-        [
-            (&counts.sheddable, ceilings.sheddable),
-            (&counts.below_critical, ceilings.below_critical),
-            (&counts.all, ceilings.all),
-        ]
-        .into_iter()
-        .skip(class.first_step())
-    }
-
     /// Takes a slot for a request of `class` if its class may have one.
     pub(super) fn try_acquire(self: &Arc<Self>, class: Class) -> Option<InFlight> {
-        // Each ceiling bounds one count, and a compare-and-swap never lets a count pass
-        // its ceiling, even for an instant: so no class ever exceeds its share, however
-        // requests race. The counts guard no other data: Relaxed is enough. A count taken
-        // is given back when a later one is full. The total is taken last and so never
-        // given back: a critical request, which takes only the total, is never shed for a
-        // slot another request held for a moment.
-        for (taken, (count, ceiling)) in self.steps(class).enumerate() {
-            let took = count
+        // Each ceiling bounds one count (both halves of the packed word are compared in
+        // one compare-and-swap), and a compare-and-swap never lets a count pass its
+        // ceiling, even for an instant: so no class ever exceeds its share, however
+        // requests race. The counts guard no other data: Relaxed is enough.
+        let ceilings = self.ceilings;
+        let counts = &self.counts;
+        if class == Class::Sheddable
+            && counts
+                .sheddable
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n < ceiling).then_some(n + 1)
+                    (n < ceilings.sheddable).then_some(n + 1)
                 })
-                .is_ok();
-            if !took {
-                for (count, _) in self.steps(class).take(taken) {
-                    count.fetch_sub(1, Ordering::Relaxed);
-                }
-                return None;
+                .is_err()
+        {
+            return None;
+        }
+        let admitted = counts
+            .packed
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |packed| {
+                let all = (packed >> 32) as usize;
+                let below_critical = (packed & u64::from(u32::MAX)) as usize;
+                let fits = all < ceilings.all
+                    && (class == Class::Critical || below_critical < ceilings.below_critical);
+                fits.then(|| packed + class.packed_one())
+            })
+            .is_ok();
+        if !admitted {
+            // Held for a moment, this count may have shed another sheddable request; none
+            // of the other classes reads it.
+            if class == Class::Sheddable {
+                counts.sheddable.fetch_sub(1, Ordering::Relaxed);
             }
+            return None;
         }
         metrics::with_recorder(|recorder| {
             recorder
@@ -263,8 +289,12 @@ pub(super) struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        for (count, _) in self.shared.steps(self.class) {
-            count.fetch_sub(1, Ordering::Relaxed);
+        let counts = &self.shared.counts;
+        counts
+            .packed
+            .fetch_sub(self.class.packed_one(), Ordering::Relaxed);
+        if self.class == Class::Sheddable {
+            counts.sheddable.fetch_sub(1, Ordering::Relaxed);
         }
         metrics::with_recorder(|recorder| {
             recorder
@@ -323,15 +353,11 @@ mod tests {
         let critical = shared.try_acquire(Class::Critical).unwrap();
         let _normal = shared.try_acquire(Class::Normal).unwrap();
         let _sheddable = shared.try_acquire(Class::Sheddable).unwrap();
-        // The total is full: a sheddable request passes its own ceiling and the one below
-        // critical, then is refused, and leaves both counts as they were.
+        // The total is full: a sheddable request passes its own ceiling, then is refused,
+        // and leaves its count as it was.
         assert!(shared.try_acquire(Class::Sheddable).is_none());
         assert!(shared.try_acquire(Class::Normal).is_none());
-        let counts = &shared.counts;
-        let now = || {
-            [&counts.sheddable, &counts.below_critical, &counts.all]
-                .map(|count| count.load(Ordering::Relaxed))
-        };
+        let now = || shared.counts.now();
         assert_eq!(now(), [1, 2, 3]);
         drop(critical);
         assert_eq!(now(), [1, 2, 2]);
