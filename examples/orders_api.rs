@@ -1,5 +1,6 @@
 //! The running example as a server: an orders API rate-limited per customer, a login form
-//! that fails closed, and Prometheus metrics.
+//! that fails closed, optional load shedding that keeps capacity for logins and health
+//! checks, and Prometheus metrics.
 //!
 //! ```text
 //! orders_api [--listen ADDR]
@@ -10,6 +11,7 @@
 //!            [--instances N | --expected-instances N]
 //!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
+//!            [--max-in-flight N]
 //! ```
 //!
 //! - `GET /orders`: `--limit` requests per `--window-secs` per `x-customer-id` (a missing
@@ -21,6 +23,13 @@
 //!   has passed, the right code included. Fails closed.
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text format.
+//!
+//! With `--max-in-flight N`, at most N requests are served at once across all routes, and
+//! the others are answered 503 with `Retry-After` before any rate limit is checked. `/login`
+//! and `/healthz` are critical: a fifth of the N slots (rounded up) is kept for them, so a
+//! flood of orders can neither lock users out nor make the load balancer think the
+//! instance is dead. Shed requests are counted in `tollgate_shed_total` by class. Without
+//! the flag nothing is shed.
 //!
 //! Without `--redis` the counters live in this process. With it, they live in Redis and the
 //! local share divides by `--instances`, or by the live instances that heartbeat into Redis
@@ -80,6 +89,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
 use tollgate::key::Extracted;
+use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
@@ -87,8 +97,8 @@ use tollgate::{
     reload::{Limits, LimitsHandle},
 };
 
-/// An orders API rate-limited per customer, a login form that fails closed, and Prometheus
-/// metrics.
+/// An orders API rate-limited per customer, a login form that fails closed, optional load
+/// shedding, and Prometheus metrics.
 #[derive(Debug, Parser)]
 #[command(name = "orders_api")]
 #[command(group(
@@ -160,6 +170,10 @@ struct Options {
     /// A proxy (address or CIDR block) whose X-Forwarded-For is trusted on /login; repeat it
     #[arg(long = "trusted-proxy", value_name = "CIDR")]
     trusted_proxies: Vec<String>,
+    /// Serve at most N requests at once and shed the others with 503, keeping a fifth of
+    /// the slots for /login and /healthz (default: no shedding)
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    max_in_flight: Option<u64>,
 }
 
 /// The node URLs of `--redis-cluster`, or the Sentinel URLs of `--redis-sentinel`: at least
@@ -505,6 +519,24 @@ async fn app(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         );
+    // Added last, so it wraps the rate limits: a shed request costs no store call.
+    let router = match options.max_in_flight {
+        Some(max) => {
+            let max = usize::try_from(max).unwrap_or(usize::MAX);
+            let reserve = max.div_ceil(5);
+            eprintln!(
+                "load shedding: at most {max} requests in flight, {reserve} kept for /login \
+                 and /healthz"
+            );
+            router.layer(
+                ConcurrencyShedLayer::new(max)
+                    .name("orders_api")
+                    .critical_when(|request| matches!(request.uri.path(), "/login" | "/healthz"))
+                    .reserve(reserve),
+            )
+        }
+        None => router,
+    };
     Ok(App {
         router,
         orders_limits: handle,

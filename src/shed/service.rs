@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -104,7 +103,7 @@ impl<S> ConcurrencyShed<S> {
     /// assert_eq!(service.in_flight(), layer.in_flight());
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.shared.in_flight.load(Ordering::Relaxed)
+        self.shared.counts.all()
     }
 
     /// The most requests let through at once.
@@ -116,7 +115,7 @@ impl<S> ConcurrencyShed<S> {
     /// assert_eq!(ConcurrencyShedLayer::new(8).layer(()).max_in_flight(), 8);
     /// ```
     pub fn max_in_flight(&self) -> usize {
-        self.shared.max_in_flight
+        self.shared.ceilings.all
     }
 }
 
@@ -134,8 +133,13 @@ impl<S: fmt::Debug> fmt::Debug for ConcurrencyShed<S> {
         f.debug_struct("ConcurrencyShed")
             .field("inner", &self.inner)
             .field("name", &self.shared.name)
-            .field("max_in_flight", &self.shared.max_in_flight)
+            .field("max_in_flight", &self.shared.ceilings.all)
             .field("in_flight", &self.in_flight())
+            .field(
+                "reserve",
+                &(self.shared.ceilings.all - self.shared.ceilings.below_critical),
+            )
+            .field("sheddable_limit", &self.shared.ceilings.sheddable)
             .field("retry_after_secs", &self.shared.retry_after_secs)
             .finish()
     }
@@ -155,10 +159,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        match self.shared.try_acquire() {
+        let (class, request) = self.shared.classify(request);
+        match self.shared.try_acquire(class) {
             Some(slot) => ShedFuture::called(self.inner.call(request), slot),
             // The readiness the inner service reserved is kept for the next call.
-            None => ShedFuture::shed(self.shared.shed()),
+            None => ShedFuture::shed(self.shared.shed(class)),
         }
     }
 }

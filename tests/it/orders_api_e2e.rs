@@ -555,3 +555,42 @@ fn leases_without_a_redis_store_are_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--redis <URL>"), "{stderr}");
 }
+
+/// `--max-in-flight 1`: a fifth of one slot, rounded up, is the whole of it, so every
+/// request but the critical `/login` and `/healthz` is shed, and shed before its rate
+/// limit is checked: acme's orders are 503 and never counted in Redis.
+#[tokio::test]
+async fn with_max_in_flight_logins_and_health_checks_are_critical() {
+    let redis = RedisServer::start();
+    let server = start_with(
+        &redis.url(),
+        "local-share",
+        &["--store-timeout-ms", "2000", "--max-in-flight", "1"],
+    );
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let status = |method: &str, path: &str| {
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", server.base))
+            .header("x-customer-id", "acme")
+            .body(Empty::new())
+            .expect("a request");
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.expect("an HTTP answer");
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .map(|value| value.to_str().unwrap().to_owned());
+            (response.status().as_u16(), retry_after)
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(status("GET", "/healthz").await, (200, None));
+        assert_eq!(status("GET", "/orders").await, (503, Some("1".to_owned())));
+    }
+    assert_eq!(status("POST", "/login").await.0, 200);
+    let keys = redis.must(&["KEYS", "*"]);
+    assert!(keys.contains("login:"), "the login was counted: {keys}");
+    assert!(!keys.contains("acme"), "no order was counted: {keys}");
+}
