@@ -69,13 +69,15 @@ const POLICIES: [PolicyKind; 4] = [
 ];
 
 impl PolicyKind {
-    fn failure_policy(self) -> FailurePolicy {
+    /// The policy of the instance at `place`, as a deployment that numbers its instances
+    /// configures it.
+    fn failure_policy(self, place: u64) -> FailurePolicy {
         match self {
             PolicyKind::Open => FailurePolicy::open(),
             PolicyKind::Closed => FailurePolicy::closed(),
-            PolicyKind::LocalShare => {
-                FailurePolicy::local_share(InstanceCount::fixed(INSTANCES as u64))
-            }
+            PolicyKind::LocalShare => FailurePolicy::local_share(
+                InstanceCount::fixed(INSTANCES as u64).at_place(place),
+            ),
             PolicyKind::Static => FailurePolicy::fail_static(),
         }
     }
@@ -107,7 +109,7 @@ struct Group {
 fn group(policy: PolicyKind, url: &str) -> Group {
     let mut routers = Vec::new();
     let mut store_calls = Vec::new();
-    for _ in 0..INSTANCES {
+    for place in 0..INSTANCES as u64 {
         let store = RedisBackend::builder(url)
             .prefix(policy.name())
             .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(100))
@@ -122,7 +124,7 @@ fn group(policy: PolicyKind, url: &str) -> Group {
                 "per-second",
                 Quota::per_second(LIMIT),
             ))
-            .on_store_failure(policy.failure_policy())
+            .on_store_failure(policy.failure_policy(place))
             .store_timeout(STORE_TIMEOUT)
             .breaker(BreakerConfig::default())
             .build();
@@ -380,7 +382,7 @@ async fn outage_matrix_row(fault: FaultKind) {
             match policy {
                 PolicyKind::Open => assert_near(&what("outage"), during, *sends),
                 PolicyKind::Closed => assert_near(&what("outage"), during, 0.0),
-                // Each instance enforces 12 a second (no place given: the remainder unspread).
+                // The instances enforce 13, 13, 12 and 12 a second, by place.
                 PolicyKind::LocalShare => assert_near(&what("outage"), during, fair),
                 // A per-second limit's cached refusals expire within the second, so once
                 // they have, static passes everything as open does. (Static earns its keep
