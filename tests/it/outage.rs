@@ -75,9 +75,9 @@ impl PolicyKind {
         match self {
             PolicyKind::Open => FailurePolicy::open(),
             PolicyKind::Closed => FailurePolicy::closed(),
-            PolicyKind::LocalShare => FailurePolicy::local_share(
-                InstanceCount::fixed(INSTANCES as u64).at_place(place),
-            ),
+            PolicyKind::LocalShare => {
+                FailurePolicy::local_share(InstanceCount::fixed(INSTANCES as u64).at_place(place))
+            }
             PolicyKind::Static => FailurePolicy::fail_static(),
         }
     }
