@@ -45,6 +45,12 @@ impl Leasing {
         }
     }
 
+    /// Whether this instance holds a lease of `caller`'s under the set `set_id`, or is
+    /// taking one.
+    pub(crate) fn holds(&self, caller: &CallerKey, set_id: u64) -> bool {
+        self.table.holds(caller, set_id)
+    }
+
     fn sizing(&self, limits: &[Policy]) -> Sizing {
         let instances = self.config.instance_count().max(1);
         let cap = limits
@@ -338,6 +344,9 @@ fn granted(
             limits: set.limits.clone(),
         }),
     );
+    // The store just granted units: a refusal cached meanwhile (a request it refused while
+    // this lease was being taken) no longer holds.
+    path.forget_refusal(caller, set.id);
     Decision::Allowed(info)
 }
 

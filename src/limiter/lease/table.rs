@@ -227,6 +227,22 @@ impl LeaseTable {
         next
     }
 
+    /// Whether `caller` holds a lease under the set `set_id` that has not expired by the
+    /// last request's time, or is taking one.
+    pub(crate) fn holds(&self, caller: &CallerKey, set_id: u64) -> bool {
+        let shard = self.shard(caller);
+        shard
+            .entries
+            .get(&(caller.clone(), set_id))
+            .is_some_and(|entry| {
+                entry.taking
+                    || entry
+                        .lease
+                        .as_ref()
+                        .is_some_and(|lease| lease.expires_at_ms > entry.last_seen_ms)
+            })
+    }
+
     /// The lease asked for was granted; a lease of 0 units is none.
     pub(crate) fn granted(&self, caller: &CallerKey, set_id: u64, lease: Option<Lease>) {
         let mut shard = self.shard(caller);

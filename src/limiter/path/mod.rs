@@ -70,7 +70,7 @@ impl Path {
             Path::Remote(path) => {
                 let result = path.fallback.refund(caller, limits, refund);
                 if result.is_ok() {
-                    path.forget_refusal(caller, receipt);
+                    path.forget_refusal(caller, receipt.set_id);
                 }
                 result
             }

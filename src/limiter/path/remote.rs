@@ -251,6 +251,13 @@ impl RemotePath {
             } else {
                 Some(info.clone())
             };
+            // Not while this instance holds (or is taking) a lease of the caller's: the
+            // store refused because the lease holds the units, which the lease still serves.
+            let leased = self
+                .leases
+                .as_ref()
+                .is_some_and(|leasing| leasing.holds(caller.key(), set.id));
+            let refusal = refusal.filter(|_| !leased);
             if let Some(refusal) = refusal {
                 let retry_ms = refusal.retry_after_ms();
                 denials.insert(caller.key(), set.id, &refusal, asked_ms, retry_ms);
@@ -303,7 +310,7 @@ impl RemotePath {
         match call.try_take_ready() {
             Some(result) => {
                 if result.is_ok() {
-                    self.forget_refusal(caller, receipt);
+                    self.forget_refusal(caller, receipt.set_id);
                 }
                 StoreFuture::ready(result)
             }
@@ -313,7 +320,7 @@ impl RemotePath {
                 StoreFuture::boxed(async move {
                     let result = call.await;
                     if result.is_ok() {
-                        path.forget_refusal(&caller, receipt);
+                        path.forget_refusal(&caller, receipt.set_id);
                     }
                     result
                 })
@@ -343,10 +350,11 @@ impl RemotePath {
         }
     }
 
-    /// A refund landed: a refusal cached for the caller no longer holds.
-    pub(super) fn forget_refusal(&self, caller: &Caller, receipt: Receipt) {
+    /// A refund landed, or a lease was granted: a refusal cached for the caller by the
+    /// policy set `set_id` no longer holds.
+    pub(in crate::limiter) fn forget_refusal(&self, caller: &Caller, set_id: u64) {
         if let Some(denials) = &self.denials {
-            denials.remove(caller.key(), receipt.set_id);
+            denials.remove(caller.key(), set_id);
         }
     }
 
