@@ -63,7 +63,7 @@ impl Evaluated {
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
 ///         let now = SystemClock.now_millis();
-///         let evaluated = evaluate(policies, |p| map.get(&key(p)).copied(), now, cost);
+///         let evaluated = evaluate(policies, |p| map.get(&key(p)).cloned(), now, cost);
 ///         let (outcome, admitted) = evaluated.into_parts();
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);

@@ -73,7 +73,7 @@ pub enum Algorithm {
     /// manual clock, 60 s of Poisson arrivals at a limit of 50 per second, in process
     /// (`cargo test --test it sliding_log_error_table -- --nocapture` measures it):
     ///
-    #[doc = include_str!("../../../docs/guide/sliding_log_table.md")]
+    #[doc = include_str!("../../../docs/sliding_log_table.md")]
     ///
     /// "Worst second" is the most admissions in any one-second window (every start, to
     /// the millisecond); the exact rule allows 50.
