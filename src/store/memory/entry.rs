@@ -371,6 +371,13 @@ mod tests {
         assert_eq!(entry.state(0), Some(window));
     }
 
+    /// Every tracked caller pays for the entry; a log's slot only callers with a log.
+    #[test]
+    fn a_log_leaves_the_entry_its_size() {
+        assert_eq!(size_of::<Entry>(), 80);
+        assert_eq!(size_of::<Slot>(), 48);
+    }
+
     #[test]
     fn the_lock_serializes_decisions_across_threads() {
         let entry = Entry::new(
