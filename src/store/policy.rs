@@ -119,9 +119,12 @@ impl Quota {
 /// let per_day = Policy::sliding_window("per-day", Quota::per_day(1_000_000));
 /// // 10 a second on average, with bursts of up to 30.
 /// let smooth = Policy::token_bucket("smooth", Quota::per_second(10), 30);
+/// // Never more than 5 in any 15 minutes, exactly.
+/// let attempts = Policy::sliding_log("attempts", Quota::per_minutes(5, 15));
 /// assert_eq!(per_second.name(), "per-second");
 /// assert_eq!(per_day.quota(), 1_000_000);
 /// assert_eq!(smooth.quota(), 30);
+/// assert_eq!(attempts.counter(), "attempts:l900000");
 /// ```
 ///
 /// # Whose count it is
