@@ -2,9 +2,9 @@
 //! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
 //! explicit timestamps through a test-only harness, agrees with `Algorithm::evaluate_cost`
 //! and `Algorithm::refund` on every step of random sequences of requests of random costs
-//! (above the quota included), leases and refunds; and after every step the key expires
-//! no earlier than its state stops weighing in decisions, and no later than the longest
-//! such a state can weigh.
+//! (above the quota included), leases and refunds, for the sliding window, the token bucket
+//! and the sliding log; and after every step the key expires no earlier than its state
+//! stops weighing in decisions, and no later than the longest such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

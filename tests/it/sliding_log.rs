@@ -260,6 +260,66 @@ fn sliding_log_error_table() {
     );
 }
 
+/// The running example's acme (120 a second against 50 a second, spread over 4 instances)
+/// on a sliding log, the store down for 5 s in the middle and the local share in force:
+/// while the store decides and while the shares do, no second holds more than 50; around
+/// the outage's edges, where instances move between the store and their shares one by one,
+/// within the 10% the local share promises. Prints the worst second of each phase.
+#[tokio::test]
+async fn a_local_share_of_a_log_holds_the_limit_through_an_outage() {
+    use tollgate::{Caller, FailurePolicy, InstanceCount, Limiter};
+    use tollgate_testkit::remote::Remote;
+
+    let clock = ManualClock::new(1_800_000_000_000);
+    let start = clock.now_millis();
+    let store = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let instances: Vec<Limiter> = (0..4)
+        .map(|_| {
+            Limiter::builder()
+                .name("orders")
+                .backend(store.clone())
+                .clock(clock.clone())
+                .policy(Policy::sliding_log("per-second", Quota::per_second(50)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(4)))
+                .build()
+        })
+        .collect();
+    let acme = Caller::new("acme");
+    let mut admitted = Vec::new();
+    // One request every 25/3 ms (120 a second), round robin over the instances, for 11 s.
+    for i in 0..1_320u64 {
+        let now = start + i * 25 / 3;
+        clock.set(now);
+        store.set_down((3_000..8_000).contains(&(now - start)));
+        if instances[i as usize % 4].check(&acme).await.is_allowed() {
+            admitted.push(now - start);
+        }
+    }
+    let worst = |from: u64, to: u64| {
+        let inside: Vec<u64> = admitted
+            .iter()
+            .copied()
+            .filter(|&t| t >= from && t < to)
+            .collect();
+        busiest_window(&inside, 1_000)
+    };
+    let (before, outage, after) = (worst(0, 3_000), worst(3_500, 8_000), worst(9_000, 11_000));
+    let (start_edge, end_edge) = (worst(2_000, 4_000), worst(7_000, 10_000));
+    println!(
+        "worst second: store {before}, shares {outage}, after the return {after}; \
+         around the outage's start {start_edge}, its end {end_edge}"
+    );
+    assert!(
+        before <= 50 && after <= 50,
+        "on the store: {before}, {after}"
+    );
+    assert!(outage <= 48, "the shares (12 each): {outage}");
+    assert!(
+        start_edge <= 55 && end_edge <= 55,
+        "edges: {start_edge}, {end_edge}"
+    );
+}
+
 /// Poisson arrivals at `per_second` over `span_ms`, in ms, from a fixed seed.
 fn poisson(per_second: f64, span_ms: u64, seed: u64) -> Vec<u64> {
     let random = tollgate_testkit::random::seeded(seed);
