@@ -264,7 +264,9 @@ fn sliding_log_error_table() {
 /// on a sliding log, the store down for 5 s in the middle and the local share in force:
 /// while the store decides and while the shares do, no second holds more than 50; around
 /// the outage's edges, where instances move between the store and their shares one by one,
-/// within the 10% the local share promises. Prints the worst second of each phase.
+/// within the 10% the local share promises (measured: 50 at the start, 50 or 51 at the
+/// end, where the store is told what the shares counted). Prints the worst second of each
+/// phase.
 #[tokio::test]
 async fn a_local_share_of_a_log_holds_the_limit_through_an_outage() {
     use tollgate::{Caller, FailurePolicy, InstanceCount, Limiter};
