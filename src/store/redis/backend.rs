@@ -331,6 +331,9 @@ pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
                 period_ms,
                 burst,
             } => args.extend_from_slice(&[2, rate, period_ms, burst]),
+            Algorithm::SlidingLog { limit, window_ms } => {
+                args.extend_from_slice(&[3, limit, window_ms, 0]);
+            }
         }
     }
     args
