@@ -85,8 +85,9 @@ pub(in crate::limiter) fn leased(
     set: &PolicySet,
     cost: u64,
 ) -> Option<StoreFuture<Decision>> {
-    // A peek consumes nothing; the store answers it exactly.
-    if cost == 0 || leasing.unsupported.load(Ordering::Relaxed) {
+    // A peek consumes nothing; the store answers it exactly. A lockout is the store's to
+    // start, on the request that uses the quota up.
+    if cost == 0 || set.locks_out || leasing.unsupported.load(Ordering::Relaxed) {
         return None;
     }
     let now = path.clock.now_millis();

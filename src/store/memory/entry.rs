@@ -27,6 +27,9 @@ struct SharedState {
 
 const SLIDING_WINDOW: u8 = 1;
 const TOKEN_BUCKET: u8 = 2;
+/// A lockout's block, kept under its own counter: `a` is when it began, `b` when it ends
+/// (0: no block).
+const BLOCK: u8 = 3;
 
 impl SharedState {
     fn new(state: PolicyState) -> Self {
@@ -38,6 +41,28 @@ impl SharedState {
         };
         shared.store(state);
         shared
+    }
+
+    fn block() -> Self {
+        Self {
+            kind: AtomicU8::new(BLOCK),
+            a: AtomicU64::new(0),
+            b: AtomicU64::new(0),
+            c: AtomicU64::new(0),
+        }
+    }
+
+    fn load_block(&self) -> Option<Block> {
+        (self.kind.load(Relaxed) == BLOCK).then(|| Block {
+            since_ms: self.a.load(Relaxed),
+            until_ms: self.b.load(Relaxed),
+        })
+    }
+
+    fn store_block(&self, block: Block) {
+        self.kind.store(BLOCK, Relaxed);
+        self.a.store(block.since_ms, Relaxed);
+        self.b.store(block.until_ms, Relaxed);
     }
 
     fn load(&self) -> PolicyState {
@@ -74,6 +99,14 @@ impl SharedState {
             }
         }
     }
+}
+
+/// A caller's block by a lockout: refused from `since_ms` until `until_ms` (none when
+/// `until_ms` is 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Block {
+    pub(crate) since_ms: u64,
+    pub(crate) until_ms: u64,
 }
 
 /// A counter's state beyond the entry's first one.
@@ -195,6 +228,31 @@ impl Entry {
             counter,
             state: SharedState::new(state),
         });
+    }
+
+    /// The block kept under `counter`, if the entry has a slot for it.
+    pub(super) fn block(&self, counter: u32) -> Option<Block> {
+        self.slot(counter).and_then(SharedState::load_block)
+    }
+
+    /// Writes the block of a slot the entry holds; under the entry's lock.
+    pub(super) fn update_block(&self, counter: u32, block: Block) {
+        if let Some(slot) = self.slot(counter) {
+            slot.store_block(block);
+        }
+    }
+
+    /// Writes a block, adding its slot if the entry has none yet.
+    pub(super) fn store_block(&mut self, counter: u32, block: Block) {
+        if let Some(slot) = self.slot(counter) {
+            slot.store_block(block);
+            return;
+        }
+        let state = SharedState::block();
+        state.store_block(block);
+        self.more
+            .get_or_insert_with(Default::default)
+            .push(Slot { counter, state });
     }
 
     pub(super) fn idle_at_ms(&self) -> u64 {
