@@ -211,6 +211,46 @@ async fn a_refund_of_the_request_that_used_the_quota_up_lifts_its_block() {
     assert!(!limiter.check(&ip).await.is_allowed(), "still locked out");
 }
 
+/// A token bucket locks out too: 3 attempts at once empty it, and start the block.
+async fn a_bucket_locks_out(limiter: &Limiter, lockout_secs: u64) {
+    let ip = Caller::new("198.51.100.7");
+    for i in 0..3 {
+        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
+    }
+    let Decision::Limited(info) = limiter.check(&ip).await else {
+        panic!("locked out");
+    };
+    assert_eq!(info.violated().next().map(|p| p.name()), Some("attempts"));
+    assert!(
+        (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
+        "{}",
+        info.retry_after_secs()
+    );
+}
+
+fn attempts(lockout: Duration) -> Policy {
+    Policy::token_bucket("attempts", Quota::per_hour(1), 3).lock_out_for(lockout)
+}
+
+#[tokio::test]
+async fn a_token_bucket_locks_out_in_process() {
+    let clock = ManualClock::new(5_000);
+    let limiter = Limiter::builder()
+        .name("pin")
+        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .clock(clock.clone())
+        .policy(attempts(Duration::from_secs(60)))
+        .build();
+    a_bucket_locks_out(&limiter, 60).await;
+    // Once the block is over the bucket is full again, though an hour's refill has not
+    // passed.
+    clock.advance(Duration::from_secs(60));
+    let ip = Caller::new("198.51.100.7");
+    for i in 0..2 {
+        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+    }
+}
+
 #[test]
 fn blocks_started_are_counted() {
     let ((), snapshot) = with_recorder(|_| async {
@@ -306,6 +346,33 @@ mod on_redis {
         );
         tokio::time::sleep(Duration::from_millis(u64::try_from(ttl).unwrap() + 50)).await;
         after_the_block(&a, &b).await;
+    }
+
+    #[tokio::test]
+    async fn a_token_bucket_locks_out_on_redis() {
+        let server = RedisServer::start();
+        let store = RedisBackend::builder(server.url())
+            .build()
+            .expect("valid URL");
+        let limiter = Limiter::builder()
+            .name("pin")
+            .backend(store)
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(super::attempts(LOCKOUT))
+            .build();
+        super::a_bucket_locks_out(&limiter, LOCKOUT.as_secs()).await;
+        // The bucket's key ends with the block, an hour's refill before it would have.
+        let ttl: i64 = server
+            .must(&["PTTL", "rl:{198.51.100.7}:pin:attempts:b3600000"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!((1..=3_000).contains(&ttl), "PTTL {ttl}");
+        tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
+        let ip = Caller::new("198.51.100.7");
+        for i in 0..2 {
+            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
