@@ -3,9 +3,10 @@
 --
 -- KEYS[i]  policy i's key; all of one caller's keys share a hash tag: rl:{acme}:per-second;
 --          after the policies' keys, the block key of each policy that locks out, in order
--- ARGV     four numbers per policy: kind (1 sliding window, 2 token bucket, or for a policy
---          that locks out, ten times its lockout in ms plus that: 6000001), then
---          limit, window_ms, 0 (sliding window) or rate, period_ms, burst (token bucket);
+-- ARGV     four numbers per policy: kind (1 sliding window, 2 token bucket, 3 sliding log,
+--          or for a policy that locks out, ten times its lockout in ms plus that: 6000001),
+--          then limit, window_ms, 0 (sliding window, sliding log) or rate, period_ms, burst
+--          (token bucket);
 --          then one of
 --            nothing or the cost (1 when absent): decides one request of `cost` units;
 --            the cost, the units wanted (at least the cost), 'lease': grants the largest
@@ -65,6 +66,19 @@
 -- That is also why x is one full refill ahead and no more: with a longer x, an older
 -- version's write could bring the expiry before it, and a later write trusting x could
 -- outlive the key.
+--
+-- The sliding log. Its key holds a sorted set, one member per admitted unit, scored by the
+-- time of its admission (ms); a member scored t counts while t > now - window. A request of
+-- `cost` units fits when the members that count plus the cost are at most the limit. The
+-- members of one time are named '<time>:<n>', n from 1 up without gaps (five digits, so
+-- that their order by name is their order by n): an admission adds the next numbers, a
+-- refund takes out the highest. A refund takes out up to `cost` of the members scored at
+-- the refunded decision's time (the ones it added; taking any other would count less than
+-- never counting the request). An admission first removes the members that no longer
+-- count, and counts its units at `now`, or at the newest member's time when that is later
+-- (a clock that moved back: later is only stricter, and keeps the newest last); the key
+-- expires one window after that time (PEXPIREAT, on the same clock as `now`), when no
+-- member counts any more. A refund only removes: it keeps the expiry.
 
 -- four numbers per policy, then 0, 1 or 3 more: the count of policies is never ambiguous
 local policies = math.floor(#ARGV / 4)
@@ -131,9 +145,9 @@ for i = 1, policies do
   local kind = ARGV[argv + 1]
   local fits, remaining = false, 0
   local lock, block_key, blocked = false, false, false
-  if kind ~= '1' and kind ~= '2' then
+  if kind ~= '1' and kind ~= '2' and kind ~= '3' then
     local code = tonumber(kind)
-    if code == nil or code < 10 or code ~= math.floor(code) or (code % 10 ~= 1 and code % 10 ~= 2) then
+    if code == nil or code < 10 or code ~= math.floor(code) or code % 10 < 1 or code % 10 > 3 then
       return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
     end
     lock, kind = (code - code % 10) / 10, tostring(code % 10)
@@ -232,6 +246,27 @@ for i = 1, policies do
     end
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
     loaded[base + 6], loaded[base + 7], loaded[base + 8] = level, updated, tonumber(stored[3])
+  elseif kind == '3' then
+    local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
+    local count = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now - window), '+inf')
+    if refunding then
+      -- up to `cost` of the members the refunded decision added, while they count
+      if cost > 0 and given > now - window then
+        local members = redis.call('ZREVRANGEBYSCORE', KEYS[i], given, given, 'LIMIT', 0, cost)
+        -- unpack takes a few thousand values at most: in batches
+        for first = 1, #members, 1000 do
+          redis.call('ZREM', KEYS[i], unpack(members, first, math.min(first + 999, #members)))
+          fits = true
+        end
+        count = count - #members
+      end
+    else
+      fits = cost <= limit and count + cost <= limit
+      if limit > count then
+        remaining = limit - count
+      end
+    end
+    loaded[base + 3], loaded[base + 4], loaded[base + 5] = limit, window, count
   else
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
   end
@@ -245,6 +280,12 @@ for i = 1, policies do
       if kind == '1' then
         -- written whole, so its key expires two windows after its start again
         loaded[base + 9] = true
+      elseif kind == '3' then
+        -- the log lives until its newest member leaves again
+        local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+        if newest[2] then
+          redis.call('PEXPIREAT', KEYS[i], tonumber(newest[2]) + loaded[base + 4])
+        end
       end
     end
   end
@@ -327,6 +368,39 @@ for i = 1, policies do
         reset = window - elapsed + earliest
       end
     end
+  elseif loaded[base + 2] == '3' then
+    local limit, window, count = loaded[base + 3], loaded[base + 4], loaded[base + 5]
+    if write and units > 0 then
+      local key = KEYS[i]
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      local at = now
+      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if newest[2] and tonumber(newest[2]) > now then
+        at = tonumber(newest[2])
+      end
+      local n = redis.call('ZCOUNT', key, at, at)
+      local batch = {}
+      for u = 1, units do
+        batch[#batch + 1] = at
+        batch[#batch + 1] = string.format('%d:%05d', at, n + u)
+        if #batch >= 2000 or u == units then
+          redis.call('ZADD', key, unpack(batch))
+          batch = {}
+        end
+      end
+      redis.call('PEXPIREAT', key, at + window)
+      count = count + units
+    end
+    if not ((fits and remaining >= limit) or wanted > limit or refunding) then
+      -- until the oldest member that must leave for `wanted` more to fit leaves
+      local leaving = count + wanted - limit
+      if leaving >= 1 then
+        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], string.format('(%d', now - window), '+inf', 'WITHSCORES', 'LIMIT', leaving - 1, 1)
+        if oldest[2] and tonumber(oldest[2]) + window > now then
+          reset = tonumber(oldest[2]) + window - now
+        end
+      end
+    end
   else
     local rate, period, burst = loaded[base + 3], loaded[base + 4], loaded[base + 5]
     local level = loaded[base + 6]
@@ -363,6 +437,11 @@ for i = 1, policies do
     redis.call('SET', loaded[base + 11], now, 'PX', lock)
     if loaded[base + 2] == '1' then
       if loaded[base + 5] + 2 * loaded[base + 4] > ends then
+        redis.call('PEXPIREAT', KEYS[i], ends)
+      end
+    elseif loaded[base + 2] == '3' then
+      local left = redis.call('PTTL', KEYS[i])
+      if left < 0 or now + left > ends then
         redis.call('PEXPIREAT', KEYS[i], ends)
       end
     else

@@ -24,6 +24,8 @@
 //! - [`cost_and_counting`]: requests that cost more than one unit, counting only failed
 //!   attempts (a refund from the response), and locking a caller out after repeated
 //!   failures (and what an attacker can do with that).
+//! - [`hard_caps`]: the exact sliding log for "never more than `q` in any window", measured
+//!   against the sliding window counter, and what it costs.
 //! - [`leases`]: leased quota, so that a hot caller's decisions are made locally.
 //! - [`operating`]: metrics, the Grafana dashboard, tracing, load shedding, client-side
 //!   throttling, what to alert on, shadow mode before enforcing.
@@ -50,6 +52,9 @@ pub mod headers {}
 
 #[doc = include_str!("../docs/guide/cost_and_counting.md")]
 pub mod cost_and_counting {}
+
+#[doc = include_str!("../docs/guide/hard_caps.md")]
+pub mod hard_caps {}
 
 #[doc = include_str!("../docs/guide/leases.md")]
 pub mod leases {}

@@ -1,5 +1,7 @@
 //! Group `in_process`: `Limiter::check` and `Backend::check` on the in-process backend vs
-//! governor's keyed `check_key`, at 1 key and at 100,000 keys, on one and two threads.
+//! governor's keyed `check_key`, at 1 key and at 100,000 keys, on one and two threads; and
+//! one admitted decision of each counting algorithm at a steady full window, the sliding log
+//! beside the sliding window counter.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -7,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{Bencher, Criterion, SamplingMode, Throughput};
-use tollgate::store::{Backend, CallerKey};
-use tollgate::{Caller, InMemoryBackend, Limiter, Policy};
+use tollgate::store::{Backend, CallerKey, ManualClock};
+use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
 
 use crate::report::{Row, median_ns, ns, ran, write_rows};
 use crate::support::{BIG, big_bucket, callers, ready_now};
@@ -145,8 +147,61 @@ pub(crate) fn bench(c: &mut Criterion) {
             }
         }
     }
+    algorithms(&mut group, &mut rows);
     group.finish();
     if !rows.is_empty() {
         write_rows("in_process.tsv", &rows);
+    }
+}
+
+/// One caller at its steady state under `limit` per second: a manual clock advanced by one
+/// second over `limit` per decision, so every decision is admitted with the window full (a
+/// sliding log of `limit` entries drops its oldest and adds one). The sliding log's cost
+/// grows with its entries (an admission copies the log once); the counter's does not.
+fn algorithms(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rows: &mut Vec<(String, Row)>,
+) {
+    const GROUP: &str = "in_process";
+    for limit in [100u64, 1_000] {
+        let step = std::time::Duration::from_millis(1_000 / limit);
+        let mut ids = Vec::new();
+        for (name, policy) in [
+            (
+                "sliding_window",
+                Policy::sliding_window("per-second", Quota::per_second(limit)),
+            ),
+            (
+                "sliding_log",
+                Policy::sliding_log("per-second", Quota::per_second(limit)),
+            ),
+        ] {
+            let id = format!("algorithm_{name}_{limit}");
+            let clock = ManualClock::new(1_800_000_000_000);
+            let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+            let limits: Arc<[Policy]> = vec![policy].into();
+            let caller = CallerKey::new("acme");
+            group.bench_function(&id, |b| {
+                ran(GROUP, &id);
+                b.iter(|| {
+                    clock.advance(step);
+                    black_box(backend.check(&caller, &limits, 1).try_take_ready());
+                });
+            });
+            ids.push(id);
+        }
+        let (Some(window), Some(log)) = (median_ns(GROUP, &ids[0]), median_ns(GROUP, &ids[1]))
+        else {
+            continue;
+        };
+        rows.push((
+            format!("{GROUP}/{}", ids[1]),
+            Row::new(
+                format!("In-process decision at a full window of {limit}: the sliding log"),
+                ns(log),
+            )
+            .peer(format!("the sliding window counter: {}", ns(window)))
+            .ratio(format!("{:.2}x", log / window)),
+        ));
     }
 }

@@ -53,9 +53,9 @@ pub struct PolicyDefinition {
     pub name: String,
     /// How it counts.
     pub algorithm: AlgorithmName,
-    /// A sliding window's requests per window.
+    /// A sliding window's (or sliding log's) requests per window.
     pub limit: Option<u64>,
-    /// A sliding window's length.
+    /// A sliding window's (or sliding log's) length.
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     pub window: Option<Duration>,
     /// A token bucket's tokens added per period.
@@ -71,7 +71,7 @@ pub struct PolicyDefinition {
     pub lockout: Option<Duration>,
 }
 
-/// The two algorithms, as a file names them.
+/// The algorithms, as a file names them.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -80,6 +80,8 @@ pub enum AlgorithmName {
     SlidingWindow,
     /// [`Policy::token_bucket`]: `rate` tokens every `period`, at most `burst` held.
     TokenBucket,
+    /// [`Policy::sliding_log`]: exactly `limit` requests in any `window`.
+    SlidingLog,
 }
 
 /// A failure policy, as a file names it: `"open"`, `"closed"`, `"static"`, or
@@ -179,12 +181,17 @@ impl PolicyDefinition {
             }
         };
         let algorithm = match self.algorithm {
-            AlgorithmName::SlidingWindow => {
+            AlgorithmName::SlidingWindow | AlgorithmName::SlidingLog => {
                 unused(self.rate.is_some(), "rate")?;
                 unused(self.period.is_some(), "period")?;
                 unused(self.burst.is_some(), "burst")?;
                 let window = self.window.ok_or_else(|| field("window", true))?;
-                Algorithm::try_sliding_window(required(self.limit, "limit")?, window)
+                let limit = required(self.limit, "limit")?;
+                if self.algorithm == AlgorithmName::SlidingLog {
+                    Algorithm::try_sliding_log(limit, window)
+                } else {
+                    Algorithm::try_sliding_window(limit, window)
+                }
             }
             AlgorithmName::TokenBucket => {
                 unused(self.limit.is_some(), "limit")?;
@@ -378,6 +385,43 @@ mod tests {
             DefinitionError::Field {
                 field: "burst",
                 missing: true,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_sliding_log_is_read_like_a_sliding_window() {
+        let log = read(&WINDOW.replace("sliding_window", "sliding_log"));
+        assert_eq!(
+            log.limits().unwrap().policies(),
+            [Policy::sliding_log(
+                "per-second",
+                crate::Quota::per_second(50)
+            )]
+        );
+        let too_large = read(
+            &WINDOW
+                .replace("sliding_window", "sliding_log")
+                .replace("limit = 50", "limit = 20000"),
+        )
+        .limits()
+        .unwrap_err();
+        assert_eq!(
+            too_large.to_string(),
+            "policy \"per-second\" of the default policies: a sliding log keeps one entry per \
+             admitted unit: its limit must be at most 10000, got 20000"
+        );
+        let foreign = read(
+            &WINDOW
+                .replace("sliding_window", "sliding_log")
+                .replace("limit = 50", "limit = 50\nrate = 3"),
+        );
+        assert!(matches!(
+            foreign.limits().unwrap_err(),
+            DefinitionError::Field {
+                field: "rate",
+                missing: false,
                 ..
             }
         ));

@@ -20,7 +20,7 @@ use crate::store::invalid_policy::InvalidPolicy;
 /// assert!(matches!(error, DefinitionError::Policy { .. }));
 /// assert_eq!(
 ///     error.to_string(),
-///     "policy \"per-second\" of the default policies: a sliding window needs a limit of at least 1"
+///     "policy \"per-second\" of the default policies: a sliding window or log needs a limit of at least 1"
 /// );
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -257,7 +257,9 @@ impl LimiterBuilder {
     /// Decides hot callers locally from leases of their quota taken from a remote store,
     /// instead of asking the store about each of their requests (default: every request
     /// asks). See [`Leases`] for what a lease holds and how long; an in-process store is
-    /// never leased from, and a store that does not lease is asked about every request.
+    /// never leased from, and a store that does not lease is asked about every request, as
+    /// is a caller with a [sliding log](crate::store::Algorithm::SlidingLog) among its
+    /// policies (exact only when every unit counts when it is spent).
     ///
     /// ```
     /// use tollgate::{InstanceCount, Leases, Limiter, Policy, Quota};

@@ -288,7 +288,9 @@ impl Fallback {
             // the outage as if nobody had spent: unless told, it would admit a full burst
             // on top of the shares. A sliding window's count needs no telling: what the
             // store did not see leaves with the window, and until then the share decides
-            // too; told, it would weigh a window longer than it should.)
+            // too; told, it would weigh a window longer than it should. A sliding log is
+            // told all the same: it is a hard cap, and untold, the instances that return
+            // to the store first admit beside what the others' shares still hold.)
             let mut owed = self
                 .owed
                 .lock()
@@ -305,7 +307,7 @@ impl Fallback {
                         .iter()
                         .zip(outcome.limits())
                         .zip(share.original.iter())
-                        .filter(|(_, original)| is_bucket(original))
+                        .filter(|(_, original)| is_told(original))
                         .map(|((part, outcome), _)| {
                             part.algorithm()
                                 .quota()
@@ -563,6 +565,16 @@ impl Fallback {
 /// Whether `policy` counts with a token bucket.
 fn is_bucket(policy: &Policy) -> bool {
     matches!(policy.algorithm(), Algorithm::TokenBucket { .. })
+}
+
+/// Whether the store is told what a share of `policy` counted when it hears of the caller
+/// again: a token bucket's, and a sliding log's (it must hold the limit in every window;
+/// told, the units count from the store's return, a little longer than they should).
+fn is_told(policy: &Policy) -> bool {
+    matches!(
+        policy.algorithm(),
+        Algorithm::TokenBucket { .. } | Algorithm::SlidingLog { .. }
+    )
 }
 
 /// The instance count of a policy that divides the limit, if it does.

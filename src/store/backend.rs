@@ -52,15 +52,15 @@ use crate::store::policy::Policy;
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         let evaluations: Vec<_> = limits
 ///             .iter()
-///             .map(|l| l.algorithm().evaluate_cost(map.get(&key(l)).copied(), now, cost))
+///             .map(|l| l.algorithm().evaluate_cost(map.get(&key(l)).cloned(), now, cost))
 ///             .collect();
 ///         let admitted = evaluations.iter().all(|e| e.admitted);
 ///         let outcomes = limits.iter().zip(&evaluations).map(|(l, e)| {
 ///             if admitted {
-///                 map.insert(key(l), e.admitted_state);
+///                 map.insert(key(l), e.admitted_state.clone());
 ///                 e.outcome
 ///             } else {
-///                 l.algorithm().peek_cost(map.get(&key(l)).copied(), now, cost)
+///                 l.algorithm().peek_cost(map.get(&key(l)).cloned(), now, cost)
 ///             }
 ///         }).collect();
 ///         StoreFuture::ready(Ok(CheckOutcome::new(outcomes).counted_at(now)))
@@ -77,7 +77,7 @@ use crate::store::policy::Policy;
 ///         for limit in limits.iter() {
 ///             let key = (caller.clone(), limit.counter().to_owned());
 ///             let given_back = limit.algorithm().refund(
-///                 map.get(&key).copied(),
+///                 map.get(&key).cloned(),
 ///                 refund.counted_at_ms(),
 ///                 refund.cost(),
 ///                 now,

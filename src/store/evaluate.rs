@@ -65,7 +65,7 @@ impl Evaluated {
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
 ///         let now = SystemClock.now_millis();
-///         let evaluated = evaluate(policies, |p| map.get(&key(p)).copied(), now, cost);
+///         let evaluated = evaluate(policies, |p| map.get(&key(p)).cloned(), now, cost);
 ///         let (outcome, admitted) = evaluated.into_parts();
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);
@@ -123,55 +123,69 @@ pub(crate) fn decide<S>(
     }
     let evaluate_one = |(i, policy): (usize, &Policy)| {
         let state = stored(store, i, policy);
-        (state, policy.algorithm().evaluate_cost(state, now_ms, cost))
+        let evaluation = policy
+            .algorithm()
+            .evaluate_cost(state.clone(), now_ms, cost);
+        Some((state, evaluation))
     };
     if policies.len() <= INLINE_POLICIES {
-        let mut evaluations = [None; INLINE_POLICIES];
+        let mut evaluations = [const { None }; INLINE_POLICIES];
         for (slot, evaluation) in evaluations
             .iter_mut()
             .zip(policies.iter().enumerate().map(evaluate_one))
         {
-            *slot = Some(evaluation);
+            *slot = evaluation;
         }
-        let evaluations = evaluations.iter().take(policies.len()).flatten();
-        settle(policies, evaluations, now_ms, cost, |i, state| {
-            admit(store, i, state)
-        })
+        settle(
+            policies,
+            &mut evaluations[..policies.len()],
+            now_ms,
+            cost,
+            |i, state| admit(store, i, state),
+        )
     } else {
-        let evaluations: Vec<_> = policies.iter().enumerate().map(evaluate_one).collect();
-        settle(policies, evaluations.iter(), now_ms, cost, |i, state| {
+        let mut evaluations: Vec<_> = policies.iter().enumerate().map(evaluate_one).collect();
+        settle(policies, &mut evaluations, now_ms, cost, |i, state| {
             admit(store, i, state)
         })
     }
 }
 
+/// Each policy's stored state and its evaluation, in order.
+type Evaluations = [Option<(Option<PolicyState>, Evaluation)>];
+
 /// The answer from every policy's evaluation: all admitted, the states are handed to
 /// `admit` and the outcomes reported; otherwise nothing is consumed, and a policy that
 /// would have admitted reports what it still has.
-fn settle<'a>(
+fn settle(
     policies: &[Policy],
-    evaluations: impl Iterator<Item = &'a (Option<PolicyState>, Evaluation)> + Clone,
+    evaluations: &mut Evaluations,
     now_ms: u64,
     cost: u64,
     mut admit: impl FnMut(usize, PolicyState),
 ) -> CheckOutcome {
-    if evaluations.clone().all(|(_, e)| e.admitted) {
-        for (i, (_, evaluation)) in evaluations.clone().enumerate() {
-            admit(i, evaluation.admitted_state);
+    if evaluations.iter().flatten().all(|(_, e)| e.admitted) {
+        let outcome = CheckOutcome::collect(
+            policies.len(),
+            evaluations.iter().flatten().map(|(_, e)| e.outcome),
+        )
+        .counted_at(now_ms);
+        for (i, slot) in evaluations.iter_mut().enumerate() {
+            if let Some((_, evaluation)) = slot.take() {
+                admit(i, evaluation.admitted_state);
+            }
         }
-        return CheckOutcome::collect(policies.len(), evaluations.map(|(_, e)| e.outcome))
-            .counted_at(now_ms);
+        return outcome;
     }
-    let outcomes = policies
-        .iter()
-        .zip(evaluations)
-        .map(|(policy, (state, evaluation))| {
+    let outcomes = policies.iter().zip(evaluations.iter_mut().flatten()).map(
+        |(policy, (state, evaluation))| {
             if evaluation.admitted {
-                policy.algorithm().peek_cost(*state, now_ms, cost)
+                policy.algorithm().peek_cost(state.take(), now_ms, cost)
             } else {
                 evaluation.outcome
             }
-        });
+        },
+    );
     CheckOutcome::collect(policies.len(), outcomes).counted_at(now_ms)
 }
 
@@ -192,7 +206,7 @@ mod tests {
         let states = states.expect("admitted");
         let second = evaluate(
             &policies,
-            |p| Some(states[usize::from(p.name() == "per-day")]),
+            |p| Some(states[usize::from(p.name() == "per-day")].clone()),
             1_000,
             1,
         );

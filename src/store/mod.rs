@@ -29,7 +29,7 @@ pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
-pub use algorithm::{Algorithm, Evaluation, PolicyOutcome, PolicyState};
+pub use algorithm::{AdmissionLog, Algorithm, Evaluation, PolicyOutcome, PolicyState};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -119,9 +119,12 @@ impl Quota {
 /// let per_day = Policy::sliding_window("per-day", Quota::per_day(1_000_000));
 /// // 10 a second on average, with bursts of up to 30.
 /// let smooth = Policy::token_bucket("smooth", Quota::per_second(10), 30);
+/// // Never more than 5 in any 15 minutes, exactly.
+/// let attempts = Policy::sliding_log("attempts", Quota::per_minutes(5, 15));
 /// assert_eq!(per_second.name(), "per-second");
 /// assert_eq!(per_day.quota(), 1_000_000);
 /// assert_eq!(smooth.quota(), 30);
+/// assert_eq!(attempts.counter(), "attempts:l900000");
 /// ```
 ///
 /// # Whose count it is
@@ -210,8 +213,8 @@ impl Policy {
     /// # }
     /// ```
     ///
-    /// Where no window may ever hold more than `q` (credentials, one-time codes), no exact
-    /// sliding-window algorithm is offered yet: use a [token bucket](Self::token_bucket)
+    /// Where no window may ever hold more than `q` (credentials, one-time codes, spend),
+    /// use the exact [sliding log](Self::sliding_log), or a [token bucket](Self::token_bucket)
     /// whose burst plus its refill per period is at most `q`, which no span can exceed.
     ///
     /// # Panics
@@ -273,6 +276,53 @@ impl Policy {
             name,
             Algorithm::token_bucket(rate.count, rate.period, burst),
         )
+    }
+
+    /// Counts exactly with a sliding log: the time of every unit admitted in the last
+    /// `quota.period()`, so that no window of that length ever holds more than
+    /// `quota.count()` (see [`Algorithm::SlidingLog`] for the measured difference from the
+    /// [sliding window](Self::sliding_window) and the memory per caller).
+    ///
+    /// 5 per 10 s: the same requests as the sliding window's example (5 at 9.9 s, then one
+    /// every 100 ms, where the sliding window admits 9 within 8.1 s) admit the next only
+    /// once the first ones are 10 s old.
+    ///
+    /// ```
+    /// use tollgate::store::ManualClock;
+    /// use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let clock = ManualClock::new(9_900);
+    /// let limiter = Limiter::builder()
+    ///     .name("login")
+    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .clock(clock.clone())
+    ///     .policy(Policy::sliding_log("per-10s", Quota::per_seconds(5, 10)))
+    ///     .build();
+    /// let alice = Caller::new("alice");
+    /// let mut admitted = Vec::new();
+    /// for _ in 0..5 {
+    ///     assert!(limiter.check(&alice).await.is_allowed());
+    ///     admitted.push(9_900);
+    /// }
+    /// for t in (10_000..=19_900).step_by(100) {
+    ///     clock.set(t);
+    ///     if limiter.check(&alice).await.is_allowed() {
+    ///         admitted.push(t);
+    ///     }
+    /// }
+    /// // Nothing in between: the five at 9.9 s leave the window together at 19.9 s.
+    /// assert_eq!(admitted, [9_900, 9_900, 9_900, 9_900, 9_900, 19_900]);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// On an invalid name, a zero count, a count above
+    /// [`Algorithm::MAX_LOG_LIMIT`], a period under 1 ms, or count x period (ms) of 2^53 or
+    /// more.
+    pub fn sliding_log(name: impl Into<Arc<str>>, quota: Quota) -> Self {
+        Self::new(name, Algorithm::sliding_log(quota.count, quota.period))
     }
 
     /// A named policy counted by `algorithm`.
@@ -467,7 +517,8 @@ impl Policy {
     /// (`%`, `:` and bytes outside printable ASCII become `%XX`). The scope is the
     /// limiter's (see [`LimiterBuilder::counter_scope`](crate::LimiterBuilder::counter_scope));
     /// the unit is `w` and the window in milliseconds for a sliding window, `b` and the
-    /// refill period in milliseconds for a token bucket.
+    /// refill period in milliseconds for a token bucket, `l` and the window in milliseconds
+    /// for a sliding log.
     ///
     /// ```
     /// use tollgate::{Policy, Quota};
@@ -557,6 +608,10 @@ fn counter_id(scope: Option<&str>, name: &str, algorithm: &Algorithm) -> String 
         Algorithm::TokenBucket { period_ms, .. } => {
             id.push_str(":b");
             id.push_str(&period_ms.to_string());
+        }
+        Algorithm::SlidingLog { window_ms, .. } => {
+            id.push_str(":l");
+            id.push_str(&window_ms.to_string());
         }
     }
     id

@@ -298,11 +298,11 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
             let context = format!("{algorithm:?}, step {i} request {j}, now {now} ms");
             let expected = model.admits(now);
 
-            let peeked = algorithm.peek(state, now);
+            let peeked = algorithm.peek(state.clone(), now);
             prop_assert_eq!(peeked.admitted, expected, "peek admitted; {}", context);
             check_report(&model, now, &peeked, &format!("peek; {context}"))?;
 
-            let evaluation = algorithm.evaluate(state, now);
+            let evaluation = algorithm.evaluate(state.clone(), now);
             prop_assert_eq!(evaluation.admitted, expected, "admitted; {}", context);
             prop_assert_eq!(
                 evaluation.outcome.admitted,
@@ -323,8 +323,8 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
             check_report(&model, now, &evaluation.outcome, &context)?;
 
             // A state the algorithm calls idle decides exactly like no state at all.
-            if let Some(s) = state
-                && algorithm.is_idle(s, now)
+            if let Some(s) = state.clone()
+                && algorithm.is_idle(s.clone(), now)
             {
                 prop_assert_eq!(
                     algorithm.evaluate(Some(s), now).outcome,
@@ -347,7 +347,10 @@ struct CallerModels {
 
 /// A token bucket's level at `now`, in its units (one token is `period_ms` of them).
 fn bucket_level(algorithm: &Algorithm, state: Option<PolicyState>, now: u64) -> u128 {
-    match algorithm.evaluate_cost(state, now, 0).admitted_state {
+    match algorithm
+        .evaluate_cost(state.clone(), now, 0)
+        .admitted_state
+    {
         PolicyState::TokenBucket { level, .. } => u128::from(level),
         other => panic!("not a token bucket's state: {other:?}"),
     }
@@ -382,17 +385,17 @@ proptest! {
             never = (never + u128::from(now - never_at) * u128::from(rate)).min(capacity);
             never_at = now;
             for &(_, cost, counted_at) in pending.iter().filter(|p| p.0 == i) {
-                if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
+                if let Some(given_back) = algorithm.refund(state.clone(), counted_at, cost, now) {
                     state = Some(given_back);
                 }
             }
             pending.retain(|p| p.0 != i);
             prop_assert!(
-                bucket_level(&algorithm, state, now) <= never,
+                bucket_level(&algorithm, state.clone(), now) <= never,
                 "step {}: {} units after the refunds, {} had they never counted",
-                i, bucket_level(&algorithm, state, now), never
+                i, bucket_level(&algorithm, state.clone(), now), never
             );
-            let decision = algorithm.evaluate_cost(state, now, cost);
+            let decision = algorithm.evaluate_cost(state.clone(), now, cost);
             if decision.admitted {
                 state = Some(decision.admitted_state);
                 if refunded {
@@ -531,14 +534,14 @@ fn worked_example_ten_second_window() {
     // 10 s), is empty. Each request costs a whole window's weight: 10 requests make
     // 10 x 10,000 = 100,000 <= 10 x 10,000, so all 10 are admitted.
     for n in 1..=10 {
-        let e = algorithm.evaluate(state, 19_000);
+        let e = algorithm.evaluate(state.clone(), 19_000);
         assert!(e.admitted, "request {n} at 19.0 s");
         assert_eq!(e.outcome.remaining, 10 - n);
         state = Some(e.admitted_state);
     }
     // An 11th at 19.0 s would make 11 x 10,000 > 100,000: refused. It can come back only
     // in the next window, once enough of these 10 has slid out: 21.0 s (see below), 2 s on.
-    let eleventh = algorithm.evaluate(state, 19_000);
+    let eleventh = algorithm.evaluate(state.clone(), 19_000);
     assert!(!eleventh.admitted);
     assert_eq!(eleventh.outcome.remaining, 0);
     assert_eq!(eleventh.outcome.reset_ms, 2_000);
@@ -547,7 +550,7 @@ fn worked_example_ten_second_window() {
     // overlap the sliding window by (10 - 0.5) / 10 = 95%, weighing 10 x 0.95 = 9.5. One
     // more request makes 9.5 + 1 = 10.5 > 10: refused. In integers (ms):
     // 10 x (10,000 - 500) + 1 x 10,000 = 105,000 > 10 x 10,000 = 100,000.
-    let at_20_5 = algorithm.evaluate(state, 20_500);
+    let at_20_5 = algorithm.evaluate(state.clone(), 20_500);
     assert!(!at_20_5.admitted);
     assert_eq!(at_20_5.outcome.remaining, 0);
     // It fits once 10 x (10,000 - elapsed) + 10,000 <= 100,000, i.e. elapsed >= 1,000 ms:
@@ -555,9 +558,9 @@ fn worked_example_ten_second_window() {
     assert_eq!(at_20_5.outcome.reset_ms, 500);
 
     // At 20.999 s: 10 x 9,001 + 10,000 = 100,010 > 100,000, still refused.
-    assert!(!algorithm.evaluate(state, 20_999).admitted);
+    assert!(!algorithm.evaluate(state.clone(), 20_999).admitted);
     // At 21.0 s: 10 x 9,000 + 10,000 = 100,000 <= 100,000, admitted.
-    let at_21 = algorithm.evaluate(state, 21_000);
+    let at_21 = algorithm.evaluate(state.clone(), 21_000);
     assert!(at_21.admitted);
     assert_eq!(at_21.outcome.remaining, 0);
 }
@@ -850,17 +853,17 @@ fn token_bucket_refills_fractional_rates_exactly() {
     assert!(first.admitted && second.admitted);
     let state = Some(second.admitted_state);
     // Empty now. 333 ms give 999/1000 of a token; 334 ms a whole one.
-    let refused = algorithm.evaluate(state, 0);
+    let refused = algorithm.evaluate(state.clone(), 0);
     assert!(!refused.admitted);
     assert_eq!(refused.outcome.reset_ms, 334);
-    assert!(!algorithm.evaluate(state, 333).admitted);
-    assert!(algorithm.evaluate(state, 334).admitted);
+    assert!(!algorithm.evaluate(state.clone(), 333).admitted);
+    assert!(algorithm.evaluate(state.clone(), 334).admitted);
     // The fractions carry over: admitted at 334 ms (2/1000 of a token left), 667 ms (1/1000)
     // and 1,000 ms (none): three in the first second, as the rate says.
     let mut state = state;
     let admitted: Vec<u64> = (1..=1_000u64)
         .filter(|&t| {
-            let e = algorithm.evaluate(state, t);
+            let e = algorithm.evaluate(state.clone(), t);
             if e.admitted {
                 state = Some(e.admitted_state);
             }
@@ -878,7 +881,7 @@ fn token_bucket_loses_what_overflows_the_burst() {
     let mut state = Some(algorithm.evaluate(None, 0).admitted_state);
     let admitted: Vec<u64> = (1..=1_002u64)
         .filter(|&t| {
-            let e = algorithm.evaluate(state, t);
+            let e = algorithm.evaluate(state.clone(), t);
             if e.admitted {
                 state = Some(e.admitted_state);
             }
@@ -899,7 +902,7 @@ fn admitted_by_the_counter(quota: u64, window_ms: u64, arrivals: &[u64]) -> Vec<
     let mut state = None;
     let mut admitted = Vec::new();
     for &t in arrivals {
-        let evaluation = counter.evaluate(state, t);
+        let evaluation = counter.evaluate(state.clone(), t);
         if evaluation.admitted {
             state = Some(evaluation.admitted_state);
             admitted.push(t);

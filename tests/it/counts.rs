@@ -52,6 +52,13 @@ fn assert_shares_within(original: Algorithm, instances: u64) {
                 limit: share_limit,
                 window_ms: share_window,
             },
+        )
+        | (
+            Algorithm::SlidingLog { limit, window_ms },
+            Algorithm::SlidingLog {
+                limit: share_limit,
+                window_ms: share_window,
+            },
         ) => {
             assert!(
                 share_limit >= 1,
@@ -102,6 +109,10 @@ proptest! {
     ) {
         assert_shares_within(
             Algorithm::sliding_window(quota, Duration::from_secs(window_secs)),
+            instances,
+        );
+        assert_shares_within(
+            Algorithm::sliding_log(quota, Duration::from_secs(window_secs)),
             instances,
         );
         assert_shares_within(

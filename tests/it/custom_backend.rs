@@ -67,7 +67,7 @@ impl LockedMap {
         let key = |policy: &Policy| (caller.clone(), policy.counter().to_owned());
         let (outcome, admitted) = evaluate(
             policies,
-            |policy| states.get(&key(policy)).copied(),
+            |policy| states.get(&key(policy)).cloned(),
             now,
             cost,
         )
@@ -84,7 +84,7 @@ impl LockedMap {
         let mut states = self.states.lock().unwrap();
         for policy in policies {
             let key = (caller.clone(), policy.counter().to_owned());
-            let stored = states.get(&key).copied();
+            let stored = states.get(&key).cloned();
             let given_back =
                 policy
                     .algorithm()

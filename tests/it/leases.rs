@@ -783,3 +783,90 @@ fn regression_store_latency_records_lease_give_backs() {
         leases("returned")
     );
 }
+
+/// A caller with a sliding log among its policies is never leased, however hot: a leased
+/// unit spent after it was counted would count in a window that never saw it. Every
+/// request asks the store, and the log admits exactly its limit in any window.
+#[test]
+fn a_caller_with_a_sliding_log_is_never_leased() {
+    let (admitted, snapshot) = with_recorder(|_| async move {
+        let clock = ManualClock::new(5_000);
+        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let limiter = Limiter::builder()
+            .name("leased")
+            .backend(shared.clone())
+            .clock(clock.clone())
+            .policy(Policy::sliding_window("window", Quota::per_minute(1_000)))
+            .policy(Policy::sliding_log("log", Quota::per_second(100)))
+            .leases(Leases::new().threshold_per_sec(10))
+            .build();
+        let acme = Caller::new("acme");
+        let mut admitted = Vec::new();
+        // 400 a second for 3 s.
+        for _ in 0..1_200 {
+            clock.advance(Duration::from_micros(2_500));
+            let decision = limiter.check(&acme).await;
+            if let Some(info) = decision.info() {
+                assert_ne!(info.source(), DecisionSource::Lease);
+            }
+            if decision.is_allowed() {
+                admitted.push(clock.now_millis());
+            }
+        }
+        admitted
+    });
+    let taken = counter(
+        &snapshot,
+        "tollgate_leases_total",
+        &[("layer", "leased"), ("event", "taken")],
+    );
+    assert_eq!(taken, 0, "a lease was taken for a sliding log");
+    // 100 in each second, never more in any second.
+    assert_eq!(admitted.len(), 300);
+    for (i, &start) in admitted.iter().enumerate() {
+        let in_a_second = admitted[i..]
+            .iter()
+            .take_while(|&&t| t < start + 1_000)
+            .count();
+        assert!(in_a_second <= 100, "{in_a_second} from {start} ms");
+    }
+}
+
+/// The lease script grants a sliding log what the in-process store grants: the most every
+/// policy admits at once, one member per leased unit.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_and_the_in_process_store_lease_a_sliding_log_alike() {
+    use tollgate::store::{Backend, CallerKey};
+    let server = RedisServer::start();
+    let redis = RedisBackend::builder(server.url()).build().unwrap();
+    let memory = InMemoryBackend::new();
+    let limits: Arc<[Policy]> = vec![
+        Policy::sliding_log("log", Quota::per_minute(10)),
+        Policy::sliding_window("window", Quota::per_minute(100)),
+    ]
+    .into();
+    let acme = CallerKey::new("acme");
+    for store in [&redis as &dyn Backend, &memory as &dyn Backend] {
+        let grant = |cost, units| store.lease(&acme, &limits, cost, units).expect("leases");
+        let first = grant(2, 7).await.unwrap();
+        assert_eq!(first.granted(), 7, "{store:?}");
+        let second = grant(1, 100).await.unwrap();
+        assert_eq!(second.granted(), 3, "{store:?}: the log's room");
+        let remaining: Vec<u64> = second
+            .outcome()
+            .limits()
+            .iter()
+            .map(|l| l.remaining)
+            .collect();
+        assert_eq!(remaining, [0, 90], "{store:?}");
+        assert_eq!(grant(1, 100).await.unwrap().granted(), 0, "{store:?}");
+    }
+    let key = redis.key(&acme, &limits[0]);
+    assert_eq!(
+        server
+            .must(&["ZCARD", std::str::from_utf8(&key).unwrap()])
+            .trim(),
+        "10"
+    );
+}

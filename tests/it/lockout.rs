@@ -251,6 +251,53 @@ async fn a_token_bucket_locks_out_in_process() {
     }
 }
 
+fn logged(lockout: Duration) -> Policy {
+    Policy::sliding_log("logged", Quota::per_hour(3)).lock_out_for(lockout)
+}
+
+/// A sliding log locks out too; the refund of the check that used it up lifts the block,
+/// and the log holds its count again (the next check uses it up once more).
+async fn a_log_locks_out(limiter: &Limiter, lockout_secs: u64) {
+    let ip = Caller::new("192.0.2.9");
+    for i in 0..2 {
+        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
+    }
+    let third = limiter.check(&ip).await;
+    assert!(third.is_allowed());
+    assert!(!limiter.check(&ip).await.is_allowed(), "locked out");
+    limiter.refund(&ip, &third).await.unwrap();
+    assert!(
+        limiter.check(&ip).await.is_allowed(),
+        "the block went with the refund"
+    );
+    let Decision::Limited(info) = limiter.check(&ip).await else {
+        panic!("locked out again");
+    };
+    assert_eq!(info.violated().next().map(|p| p.name()), Some("logged"));
+    assert!(
+        (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
+        "{}",
+        info.retry_after_secs()
+    );
+}
+
+#[tokio::test]
+async fn a_sliding_log_locks_out_in_process() {
+    let clock = ManualClock::new(5_000);
+    let limiter = Limiter::builder()
+        .name("pin")
+        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .clock(clock.clone())
+        .policy(logged(Duration::from_secs(60)))
+        .build();
+    a_log_locks_out(&limiter, 60).await;
+    clock.advance(Duration::from_secs(60));
+    let ip = Caller::new("192.0.2.9");
+    for i in 0..3 {
+        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+    }
+}
+
 #[test]
 fn blocks_started_are_counted() {
     let ((), snapshot) = with_recorder(|_| async {
@@ -371,6 +418,26 @@ mod on_redis {
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
         let ip = Caller::new("198.51.100.7");
         for i in 0..2 {
+            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sliding_log_locks_out_on_redis() {
+        let server = RedisServer::start();
+        let store = RedisBackend::builder(server.url())
+            .build()
+            .expect("valid URL");
+        let limiter = Limiter::builder()
+            .name("pin")
+            .backend(store)
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(super::logged(LOCKOUT))
+            .build();
+        super::a_log_locks_out(&limiter, LOCKOUT.as_secs()).await;
+        tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
+        let ip = Caller::new("192.0.2.9");
+        for i in 0..3 {
             assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
         }
     }

@@ -2,9 +2,9 @@
 //! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
 //! explicit timestamps through a test-only harness, agrees with `Algorithm::evaluate_cost`
 //! and `Algorithm::refund` on every step of random sequences of requests of random costs
-//! (above the quota included), leases and refunds; and after every step the key expires
-//! no earlier than its state stops weighing in decisions, and no later than the longest
-//! such a state can weigh.
+//! (above the quota included), leases and refunds, for the sliding window, the token bucket
+//! and the sliding log; and after every step the key expires no earlier than its state
+//! stops weighing in decisions, and no later than the longest such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -49,6 +49,7 @@ fn args(algorithm: &Algorithm) -> [u64; 4] {
             period_ms,
             burst,
         } => [2, rate, period_ms, burst],
+        Algorithm::SlidingLog { limit, window_ms } => [3, limit, window_ms, 0],
         other => panic!("no script arguments for {other:?}"),
     }
 }
@@ -64,6 +65,10 @@ fn algorithms() -> impl Strategy<Value = Algorithm> {
             // real time, longer than a case runs.
             Algorithm::token_bucket(rate, Duration::from_millis(period), rate + extra)
         }),
+        (1u64..200, 1_000u64..30_000).prop_map(|(limit, window)| Algorithm::sliding_log(
+            limit,
+            Duration::from_millis(window)
+        )),
     ]
 }
 
@@ -72,11 +77,14 @@ fn algorithms() -> impl Strategy<Value = Algorithm> {
 /// - a sliding window's state (s, p, c) weighs until s + 2w while c > 0 (c becomes the
 ///   previous count at s + w), until s + w while only p > 0; it never weighs past s + 2w;
 /// - a token bucket's level l at t weighs until it has refilled, t + ceil((capacity - l) /
-///   rate); its expiry is a full refill after a write at the latest, and never before x.
+///   rate); its expiry is a full refill after a write at the latest, and never before x;
+/// - a sliding log's newest member at t weighs until t + w, and it was written no later
+///   than `now`: its expiry is between the two.
 fn assert_expiry(
     connection: &mut redis::Connection,
     key: &str,
     algorithm: &Algorithm,
+    now: u64,
     after: &str,
 ) -> Result<(), TestCaseError> {
     let expires_at: i64 = redis::cmd("PEXPIRETIME")
@@ -150,6 +158,27 @@ fn assert_expiry(
                 full_refill_at
             );
         }
+        Algorithm::SlidingLog { window_ms, .. } => {
+            let newest: Vec<(String, u64)> = redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(-1)
+                .arg(-1)
+                .arg("WITHSCORES")
+                .query(connection)
+                .unwrap();
+            let newest = newest.first().map_or(0, |(_, score)| *score);
+            prop_assert!(
+                newest + window_ms <= expires_at && expires_at <= now + window_ms,
+                "after {}: {} expires at {}, its newest member ({}) weighs until {}, \
+                 and it was written by {}",
+                after,
+                key,
+                expires_at,
+                newest,
+                newest + window_ms,
+                now
+            );
+        }
         other => panic!("no script for {other:?}"),
     }
     Ok(())
@@ -218,7 +247,7 @@ proptest! {
                     // decisions.
                     Step::Refund if !admitted.is_empty() => {
                         let (cost, counted_at) = admitted.remove(which.index(admitted.len()));
-                        if let Some(given_back) = algorithm.refund(state, counted_at, cost, now) {
+                        if let Some(given_back) = algorithm.refund(state.clone(), counted_at, cost, now) {
                             state = Some(given_back);
                         }
                         let _: u64 = script
@@ -227,7 +256,7 @@ proptest! {
                             .arg(cost).arg(counted_at).arg("refund")
                             .invoke(&mut connection)
                             .unwrap();
-                        assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a refund"))?;
+                        assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a refund"))?;
                     }
                     Step::Refund => {}
                     Step::Lease { extra } => {
@@ -235,16 +264,16 @@ proptest! {
                         // once, up to the units wanted, or none below the cost.
                         let cost = cost.max(1);
                         let wanted = cost + extra * algorithm.quota() / 100;
-                        let room = algorithm.evaluate_cost(state, now, 0).outcome.remaining;
+                        let room = algorithm.evaluate_cost(state.clone(), now, 0).outcome.remaining;
                         let grant = room.min(wanted);
                         let rust = if grant >= cost {
-                            let rust = algorithm.evaluate_cost(state, now, grant);
+                            let rust = algorithm.evaluate_cost(state.clone(), now, grant);
                             prop_assert!(rust.admitted, "a grant of {} refused: {:?}", grant, rust);
                             state = Some(rust.admitted_state);
                             admitted.push((grant, now));
                             vec![grant, 1, rust.outcome.remaining, rust.outcome.reset_ms]
                         } else {
-                            let rust = algorithm.evaluate_cost(state, now, cost);
+                            let rust = algorithm.evaluate_cost(state.clone(), now, cost);
                             vec![0, u64::from(rust.admitted), rust.outcome.remaining, rust.outcome.reset_ms]
                         };
                         let lua: Vec<u64> = script
@@ -257,11 +286,11 @@ proptest! {
                             lua, rust,
                             "step {} at {} ms, a lease of {} to {}, with {:?}", step, now, cost, wanted, algorithm
                         );
-                        assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a lease"))?;
+                        assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a lease"))?;
                     }
                     Step::Decide => {
                         for _ in 0..*burst {
-                            let rust = algorithm.evaluate_cost(state, now, cost);
+                            let rust = algorithm.evaluate_cost(state.clone(), now, cost);
                             if rust.admitted {
                                 state = Some(rust.admitted_state);
                                 admitted.push((cost, now));
@@ -277,7 +306,7 @@ proptest! {
                                 "step {} at {} ms, cost {}, with {:?}", step, now, cost, algorithm
                             );
                             prop_assert_eq!(lua[0], u64::from(rust.admitted));
-                            assert_expiry(&mut connection, &key, &algorithm, &format!("step {step}, a decision"))?;
+                            assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a decision"))?;
                         }
                     }
                 }

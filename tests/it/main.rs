@@ -98,6 +98,7 @@ mod shed;
 mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
+mod sliding_log;
 mod typed_headers;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod window_expiry;

@@ -1,14 +1,16 @@
-//! The two counting algorithms, as exact integer arithmetic on milliseconds.
+//! The counting algorithms, as exact integer arithmetic on milliseconds.
 //!
 //! Every backend runs the same arithmetic: the in-process backend calls it directly, the
 //! Redis backend runs a Lua transcription of it. Integers keep the two identical (Lua
 //! numbers are doubles, exact below 2^53, which the constructors guarantee).
 
 mod share;
+mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
 pub(crate) use share::Share;
+pub use sliding_log::AdmissionLog;
 
 use std::time::Duration;
 
@@ -18,6 +20,12 @@ use crate::store::invalid_policy::InvalidPolicy;
 const MAX_EXACT: u128 = 1 << 53;
 
 /// How a policy counts.
+///
+/// | algorithm | exact? | state per caller and policy |
+/// |---|---|---|
+/// | [`SlidingWindow`](Self::SlidingWindow) | approximate: a window of its length can hold more than the limit (measured at [`SlidingLog`](Self::SlidingLog)) | in process 32 bytes; in Redis a hash of 3 fields (about 80 bytes) |
+/// | [`TokenBucket`](Self::TokenBucket) | exact for its own rule (burst plus refill) | in process 32 bytes; in Redis a hash of 3 fields (about 80 bytes) |
+/// | [`SlidingLog`](Self::SlidingLog) | exact: no window of its length ever holds more than the limit | one entry per admitted unit in the last window |
 ///
 /// ```
 /// use std::time::Duration;
@@ -52,6 +60,49 @@ pub enum Algorithm {
         period_ms: u64,
         /// The bucket's capacity: the largest burst admitted at once.
         burst: u64,
+    },
+    /// The sliding log: the time of every unit admitted in the last window. A request of
+    /// `cost` units is admitted when the units admitted in the last `window_ms` (an entry
+    /// at `t` counts while `t > now - window_ms`) plus `cost` are at most `limit`, so no
+    /// window of that length ever holds more than `limit`: for hard caps (logins, one-time
+    /// codes, spend).
+    ///
+    /// # How close to the quota
+    ///
+    /// Exact, where the [sliding window counter](Self::SlidingWindow) is approximate. On a
+    /// manual clock, 60 s of Poisson arrivals at a limit of 50 per second, in process
+    /// (`cargo test --test it sliding_log_error_table -- --nocapture` measures it):
+    ///
+    #[doc = include_str!("../../../docs/sliding_log_table.md")]
+    ///
+    /// "Worst second" is the most admissions in any one-second window (every start, to
+    /// the millisecond); the exact rule allows 50.
+    ///
+    /// # What it costs
+    ///
+    /// Memory grows with the quota, which is why the limit is bounded by
+    /// [`MAX_LOG_LIMIT`](Self::MAX_LOG_LIMIT):
+    ///
+    /// - **In process**: 8 bytes per unit in the window (a ring of `u64` times, which may
+    ///   hold up to as much again in spare capacity), plus about 120 bytes per caller and
+    ///   log policy (its slot beside the caller's 80-byte entry, and the ring's header). A decision that
+    ///   admits copies the ring once: its cost grows with the units in the window.
+    /// - **In Redis**: a sorted set per caller and policy, one member per unit in the
+    ///   window, named `<time>:<sequence>` (19 bytes) and scored by Redis's clock. Up to
+    ///   128 members (Redis's `zset-max-listpack-entries`) it is a listpack of about 32
+    ///   bytes per member; beyond, a skiplist of about 120 to 130 bytes per member
+    ///   (`MEMORY USAGE` on Redis 7.0: 4,144 bytes for 128 members, 17,984 for 129,
+    ///   1,290,328 for 10,000). The key expires one window after its newest member.
+    ///
+    /// Leases ([`LimiterBuilder::leases`](crate::LimiterBuilder::leases)) are not taken for
+    /// a caller with a sliding log among its policies: a leased unit spent after it was
+    /// counted would count in a window that never saw it. Such a caller's requests each
+    /// ask the store.
+    SlidingLog {
+        /// Units admitted in any window.
+        limit: u64,
+        /// The window, in milliseconds.
+        window_ms: u64,
     },
 }
 
@@ -90,6 +141,68 @@ impl Algorithm {
             return Err(InvalidPolicy::Inexact);
         }
         Ok(Algorithm::SlidingWindow { limit, window_ms })
+    }
+
+    /// The most units a [sliding log](Self::SlidingLog) may admit per window: it keeps one
+    /// entry per unit.
+    pub const MAX_LOG_LIMIT: u64 = 10_000;
+
+    /// `limit` units in any `window`, counted exactly by a sliding log.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::Algorithm;
+    ///
+    /// let codes = Algorithm::sliding_log(5, Duration::from_secs(900));
+    /// assert_eq!(codes.quota(), 5);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `limit` is zero or above [`MAX_LOG_LIMIT`](Self::MAX_LOG_LIMIT), `window` is
+    /// under one millisecond, or `limit` times the window in milliseconds reaches 2^53. Use
+    /// [`try_sliding_log`](Self::try_sliding_log) for values read at run time.
+    pub fn sliding_log(limit: u64, window: Duration) -> Self {
+        Self::try_sliding_log(limit, window).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// [`sliding_log`](Self::sliding_log), or why its arguments cannot work.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// assert!(Algorithm::try_sliding_log(5, Duration::from_secs(60)).is_ok());
+    /// assert_eq!(
+    ///     Algorithm::try_sliding_log(20_000, Duration::from_secs(60)),
+    ///     Err(InvalidPolicy::LogTooLarge { limit: 20_000, max: Algorithm::MAX_LOG_LIMIT })
+    /// );
+    /// assert_eq!(
+    ///     Algorithm::try_sliding_log(5, Duration::from_micros(500)),
+    ///     Err(InvalidPolicy::ShortPeriod)
+    /// );
+    /// assert_eq!(
+    ///     Algorithm::try_sliding_log(0, Duration::from_secs(1)),
+    ///     Err(InvalidPolicy::ZeroLimit)
+    /// );
+    /// ```
+    pub fn try_sliding_log(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
+        let window_ms = millis(window);
+        if limit == 0 {
+            return Err(InvalidPolicy::ZeroLimit);
+        }
+        if window_ms == 0 {
+            return Err(InvalidPolicy::ShortPeriod);
+        }
+        if limit > Self::MAX_LOG_LIMIT {
+            return Err(InvalidPolicy::LogTooLarge {
+                limit,
+                max: Self::MAX_LOG_LIMIT,
+            });
+        }
+        if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
+            return Err(InvalidPolicy::Inexact);
+        }
+        Ok(Algorithm::SlidingLog { limit, window_ms })
     }
 
     /// A bucket of `burst` tokens refilled at `rate` tokens per `period`.
@@ -141,10 +254,11 @@ impl Algorithm {
         })
     }
 
-    /// The quota advertised as `q`: the window's limit, or the bucket's burst.
+    /// The quota advertised as `q`: the window's (or the log's) limit, or the bucket's
+    /// burst.
     pub fn quota(&self) -> u64 {
         match *self {
-            Algorithm::SlidingWindow { limit, .. } => limit,
+            Algorithm::SlidingWindow { limit, .. } | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::TokenBucket { burst, .. } => burst,
         }
     }
@@ -153,7 +267,8 @@ impl Algorithm {
     /// empty bucket takes to refill completely.
     pub fn window_ms(&self) -> u64 {
         match *self {
-            Algorithm::SlidingWindow { window_ms, .. } => window_ms,
+            Algorithm::SlidingWindow { window_ms, .. }
+            | Algorithm::SlidingLog { window_ms, .. } => window_ms,
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
@@ -167,6 +282,7 @@ impl Algorithm {
         match *self {
             Algorithm::SlidingWindow { window_ms, .. } => window_ms.saturating_mul(2),
             Algorithm::TokenBucket { .. } => self.window_ms(),
+            Algorithm::SlidingLog { window_ms, .. } => window_ms,
         }
     }
 
@@ -182,7 +298,7 @@ impl Algorithm {
     /// window each, and this is the rate that comes to on average, one request per as
     /// many windows as there are instances per request (1 per minute shared by 10 is 1 per
     /// 10 minutes each). A token bucket's rate and burst are divided alike (a burst at
-    /// least 1).
+    /// least 1), a sliding log's limit like a sliding window's.
     ///
     /// ```
     /// use std::time::Duration;
@@ -201,6 +317,10 @@ impl Algorithm {
             Algorithm::SlidingWindow { limit, window_ms } => {
                 let (limit, window_ms) = average_share(limit, window_ms, divisor);
                 Algorithm::SlidingWindow { limit, window_ms }
+            }
+            Algorithm::SlidingLog { limit, window_ms } => {
+                let (limit, window_ms) = average_share(limit, window_ms, divisor);
+                Algorithm::SlidingLog { limit, window_ms }
             }
             Algorithm::TokenBucket {
                 rate,
@@ -264,17 +384,16 @@ impl Algorithm {
     /// ```
     pub fn evaluate_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> Evaluation {
         let current = self.normalize(state, now_ms);
-        let consumed = self.consume(current, now_ms, cost);
-        match consumed {
-            Some(next) => Evaluation {
+        match self.consume(current, now_ms, cost) {
+            Ok(next) => Evaluation {
                 admitted: true,
+                outcome: self.report(&next, now_ms, true, cost),
                 admitted_state: next,
-                outcome: self.report(next, now_ms, true, cost),
             },
-            None => Evaluation {
+            Err(current) => Evaluation {
                 admitted: false,
+                outcome: self.report(&current, now_ms, false, cost),
                 admitted_state: current,
-                outcome: self.report(current, now_ms, false, cost),
             },
         }
     }
@@ -302,8 +421,12 @@ impl Algorithm {
     /// ```
     pub fn peek_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
-        let admits = self.consume(current, now_ms, cost).is_some();
-        self.report(current, now_ms, admits, cost)
+        let admits = match *self {
+            // Decided without the copy that admitting makes.
+            Algorithm::SlidingLog { limit, .. } => sliding_log::fits(limit, &current, cost),
+            _ => self.consume(current.clone(), now_ms, cost).is_ok(),
+        };
+        self.report(&current, now_ms, admits, cost)
     }
 
     /// Gives back `cost` units consumed at `counted_at_ms`: the state to store at `now_ms`,
@@ -314,7 +437,9 @@ impl Algorithm {
     /// window or the previous one (where they still weigh), never below 0, and does nothing
     /// once that window has slid out; a token bucket puts back the tokens less what it has
     /// refilled between the count and its last write (a bucket that never counted the
-    /// request may have been full meanwhile, and lost that refill), capped at its capacity.
+    /// request may have been full meanwhile, and lost that refill), capped at its capacity;
+    /// a sliding log takes out up to `cost` of the units admitted at `counted_at_ms` that are
+    /// still in its window.
     ///
     /// ```
     /// use std::time::Duration;
@@ -344,21 +469,23 @@ impl Algorithm {
     ) -> Option<PolicyState> {
         // A caller with no state has nothing to give back (it expired: the units no longer
         // weigh).
-        let stored = state?;
+        let stored_ms = match state.as_ref()? {
+            PolicyState::TokenBucket { updated_ms, .. } => Some(*updated_ms),
+            _ => None,
+        };
         let current = self.normalize(state, now_ms);
         match *self {
             Algorithm::SlidingWindow { window_ms, .. } => {
                 sliding_window::refund(window_ms, current, counted_at_ms, cost)
             }
+            Algorithm::SlidingLog { .. } => sliding_log::refund(current, counted_at_ms, cost),
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
             } => {
                 // A state of another algorithm is a full bucket: nothing to give back.
-                let PolicyState::TokenBucket { updated_ms, .. } = stored else {
-                    return None;
-                };
+                let updated_ms = stored_ms?;
                 token_bucket::refund(
                     rate,
                     period_ms,
@@ -381,6 +508,7 @@ impl Algorithm {
             Algorithm::TokenBucket {
                 period_ms, burst, ..
             } => token_bucket::is_idle(period_ms, burst, state),
+            Algorithm::SlidingLog { .. } => sliding_log::is_idle(&state),
         }
     }
 
@@ -391,6 +519,9 @@ impl Algorithm {
             Algorithm::SlidingWindow { window_ms, .. } => {
                 sliding_window::normalize(window_ms, state, now_ms)
             }
+            Algorithm::SlidingLog { window_ms, .. } => {
+                sliding_log::normalize(window_ms, state, now_ms)
+            }
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
@@ -399,24 +530,32 @@ impl Algorithm {
         }
     }
 
-    fn consume(&self, state: PolicyState, now_ms: u64, cost: u64) -> Option<PolicyState> {
+    /// The state after consuming `cost` units, or (`Err`) the state unchanged when they do
+    /// not fit.
+    fn consume(
+        &self,
+        state: PolicyState,
+        now_ms: u64,
+        cost: u64,
+    ) -> Result<PolicyState, PolicyState> {
         // Checked first, so the products below stay within the bounds the constructors set.
         if cost > self.quota() {
-            return None;
+            return Err(state);
         }
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                sliding_window::consume(limit, window_ms, state, now_ms, cost)
+                sliding_window::consume(limit, window_ms, &state, now_ms, cost).ok_or(state)
             }
             Algorithm::TokenBucket { period_ms, .. } => {
-                token_bucket::consume(period_ms, state, cost)
+                token_bucket::consume(period_ms, &state, cost).ok_or(state)
             }
+            Algorithm::SlidingLog { limit, .. } => sliding_log::consume(limit, state, now_ms, cost),
         }
     }
 
     /// What to report for `state`; `admitted` says whether `cost` units fit (a refusal
     /// reports the wait until they do).
-    fn report(&self, state: PolicyState, now_ms: u64, admitted: bool, cost: u64) -> PolicyOutcome {
+    fn report(&self, state: &PolicyState, now_ms: u64, admitted: bool, cost: u64) -> PolicyOutcome {
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
                 sliding_window::report(limit, window_ms, state, now_ms, admitted, cost)
@@ -426,6 +565,9 @@ impl Algorithm {
                 period_ms,
                 burst,
             } => token_bucket::report(rate, period_ms, burst, state, admitted, cost),
+            Algorithm::SlidingLog { limit, window_ms } => {
+                sliding_log::report(limit, window_ms, state, now_ms, admitted, cost)
+            }
         }
     }
 }
@@ -460,7 +602,7 @@ fn millis(duration: Duration) -> u64 {
 }
 
 /// A caller's stored state for one policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PolicyState {
     /// Counts of the current and the previous fixed window.
@@ -480,10 +622,12 @@ pub enum PolicyState {
         /// When the level was computed, ms since the epoch.
         updated_ms: u64,
     },
+    /// The times of the units admitted in the last window.
+    SlidingLog(AdmissionLog),
 }
 
 /// One policy's verdict on one request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evaluation {
     /// Whether this policy alone admits the request.
     pub admitted: bool,
@@ -536,7 +680,7 @@ mod tests {
             state = Some(e.admitted_state);
         }
         // 0.5 s into the next window, 95% of the previous window still counts.
-        let e = a.evaluate(state, 20_500);
+        let e = a.evaluate(state.clone(), 20_500);
         assert!(!e.admitted);
         assert_eq!(e.outcome.reset_ms, 500);
         assert!(a.evaluate(state, 21_000).admitted);
@@ -547,7 +691,7 @@ mod tests {
         let a = Algorithm::token_bucket(2, Duration::from_secs(1), 2);
         let first = a.evaluate(None, 0);
         let second = a.evaluate(Some(first.admitted_state), 0);
-        let third = a.evaluate(Some(second.admitted_state), 0);
+        let third = a.evaluate(Some(second.admitted_state.clone()), 0);
         assert!(first.admitted && second.admitted && !third.admitted);
         assert_eq!(third.outcome.reset_ms, 500);
         assert!(a.evaluate(Some(second.admitted_state), 500).admitted);
@@ -559,7 +703,7 @@ mod tests {
         let counted = a.evaluate_cost(None, 12_000, 3).admitted_state;
         // Still the current window: its count goes down, never below 0.
         let back = a
-            .refund(Some(counted), 12_000, 2, 15_000)
+            .refund(Some(counted.clone()), 12_000, 2, 15_000)
             .expect("given back");
         assert!(matches!(
             back,
@@ -573,7 +717,7 @@ mod tests {
         assert_eq!(a.refund(Some(back), 12_000, 2, 15_000), None);
         // In the next window the units still weigh as the previous window's count.
         let back = a
-            .refund(Some(counted), 12_000, 3, 21_000)
+            .refund(Some(counted.clone()), 12_000, 3, 21_000)
             .expect("given back");
         assert!(matches!(
             back,
@@ -594,7 +738,7 @@ mod tests {
         let counted = a.evaluate_cost(None, 0, 3).admitted_state;
         // One token refilled since: giving back 3 would make 5; the bucket holds 4.
         let back = a.refund(Some(counted), 0, 3, 1_000).expect("given back");
-        assert_eq!(a.peek(Some(back), 1_000).remaining, 4);
+        assert_eq!(a.peek(Some(back.clone()), 1_000).remaining, 4);
         assert_eq!(a.refund(Some(back), 0, 1, 1_000), None);
     }
 
@@ -610,7 +754,7 @@ mod tests {
         let r3 = a.evaluate(Some(r2.admitted_state), 1_200);
         assert!(r1.admitted && r2.admitted && r3.admitted);
         let state = a
-            .refund(Some(r3.admitted_state), 0, 1, 1_234)
+            .refund(Some(r3.admitted_state.clone()), 0, 1, 1_234)
             .unwrap_or(r3.admitted_state);
         let r4 = a.evaluate(Some(state), 1_234);
         let never_counted = a.evaluate(
@@ -635,7 +779,7 @@ mod tests {
         // One token a millisecond, 100 at most.
         let a = Algorithm::token_bucket(1_000, Duration::from_secs(1), 100);
         let first = a.evaluate_cost(None, 1_005, 50);
-        let late = a.evaluate_cost(Some(first.admitted_state), 1_000, 20);
+        let late = a.evaluate_cost(Some(first.admitted_state.clone()), 1_000, 20);
         let after = a.evaluate_cost(Some(late.admitted_state), 1_005, 1);
         let in_order = a.evaluate_cost(
             Some(
@@ -666,10 +810,69 @@ mod tests {
     }
 
     #[test]
+    fn a_sliding_log_counts_each_unit_for_one_window() {
+        let a = Algorithm::sliding_log(3, Duration::from_secs(10));
+        let first = a.evaluate_cost(None, 1_000, 2);
+        assert!(first.admitted);
+        assert_eq!(
+            (first.outcome.remaining, first.outcome.reset_ms),
+            (1, 10_000)
+        );
+        let second = a.evaluate(Some(first.admitted_state), 4_000);
+        assert_eq!(
+            (second.outcome.remaining, second.outcome.reset_ms),
+            (0, 7_000)
+        );
+        // Full: two units must leave for 2 to fit, the second of them at 11 s.
+        let refused = a.evaluate_cost(Some(second.admitted_state.clone()), 10_999, 2);
+        assert!(!refused.admitted);
+        assert_eq!(
+            (refused.outcome.remaining, refused.outcome.reset_ms),
+            (0, 1)
+        );
+        // At 11 s the two units of 1 s have left; the one of 4 s is still in.
+        let later = a.evaluate_cost(Some(second.admitted_state.clone()), 11_000, 2);
+        assert!(later.admitted);
+        assert_eq!(later.outcome.remaining, 0);
+        // A refund takes out the units of its own decision, not later ones.
+        let back = a
+            .refund(Some(second.admitted_state.clone()), 1_000, 5, 5_000)
+            .expect("given back");
+        assert_eq!(a.peek(Some(back.clone()), 5_000).remaining, 2);
+        assert_eq!(a.refund(Some(back), 1_000, 1, 5_000), None);
+        assert_eq!(
+            a.refund(Some(second.admitted_state.clone()), 2_000, 1, 5_000),
+            None
+        );
+        // Once out of the window, nothing to give back.
+        assert_eq!(
+            a.refund(Some(second.admitted_state), 1_000, 1, 11_000),
+            None
+        );
+        // A cost above the limit never fits and reports no wait.
+        let e = a.evaluate_cost(None, 0, 4);
+        assert!(!e.admitted);
+        assert_eq!((e.outcome.remaining, e.outcome.reset_ms), (3, 0));
+    }
+
+    #[test]
+    fn a_sliding_log_stays_sorted_when_the_clock_moves_back() {
+        let a = Algorithm::sliding_log(2, Duration::from_secs(1));
+        let late = a.evaluate(None, 5_000).admitted_state;
+        let early = a.evaluate(Some(late), 4_000).admitted_state;
+        let PolicyState::SlidingLog(log) = &early else {
+            panic!("a log: {early:?}");
+        };
+        assert_eq!(log.times().collect::<Vec<_>>(), [5_000, 5_000]);
+        assert!(!a.evaluate(Some(early.clone()), 5_999).admitted);
+        assert!(a.is_idle(early, 6_000));
+    }
+
+    #[test]
     fn idle_after_retention() {
         let a = window(5, 1);
         let e = a.evaluate(None, 10_500);
-        assert!(!a.is_idle(e.admitted_state, 11_999));
+        assert!(!a.is_idle(e.admitted_state.clone(), 11_999));
         assert!(a.is_idle(e.admitted_state, 12_000));
     }
 }

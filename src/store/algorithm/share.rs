@@ -1,7 +1,7 @@
 //! One instance's part of a limit that the live instances share while the store cannot
 //! decide, and the state such a part starts from.
 
-use super::{Algorithm, PolicyState, ceil_div};
+use super::{AdmissionLog, Algorithm, PolicyState, ceil_div};
 
 /// What one of the instances sharing a policy enforces with its own counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +80,15 @@ impl Share {
                 turns: None,
             },
             Algorithm::SlidingWindow { limit, window_ms } => turns(limit, window_ms),
+            // Divided like a sliding window; each part is exact in its own counters.
+            Algorithm::SlidingLog { limit, window_ms } if limit >= n => Share {
+                algorithm: Algorithm::SlidingLog {
+                    limit: part(limit),
+                    window_ms,
+                },
+                turns: None,
+            },
+            Algorithm::SlidingLog { limit, window_ms } => turns(limit, window_ms),
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
@@ -100,8 +109,8 @@ impl Share {
 
     /// The state this part starts from for a caller that had used `used` units of
     /// `policy`'s quota when the store last answered for it, at `at_ms`: the same fraction
-    /// of this part, rounded up (rounded down for what is left in a bucket). `None`: it
-    /// starts as a caller never seen.
+    /// of this part, rounded up (rounded down for what is left in a bucket), a log's units
+    /// placed at `at_ms`. `None`: it starts as a caller never seen.
     pub(crate) fn seed(&self, policy: &Algorithm, used: u64, at_ms: u64) -> Option<PolicyState> {
         let quota = policy.quota().max(1);
         let used = used.min(quota);
@@ -112,6 +121,15 @@ impl Share {
                     window_start: at_ms - at_ms % window_ms,
                     previous: 0,
                     current: used.min(limit),
+                })
+            }
+            Algorithm::SlidingLog { limit, .. } => {
+                let used = ceil_div(u128::from(used) * u128::from(limit), u128::from(quota));
+                (used > 0).then(|| {
+                    PolicyState::SlidingLog(AdmissionLog::from_times(std::iter::repeat_n(
+                        at_ms,
+                        used.min(limit) as usize,
+                    )))
                 })
             }
             Algorithm::TokenBucket {
@@ -210,7 +228,12 @@ mod tests {
                 current: 12
             }
         );
-        assert!(!share.algorithm.evaluate(Some(seeded), 10_900).admitted);
+        assert!(
+            !share
+                .algorithm
+                .evaluate(Some(seeded.clone()), 10_900)
+                .admitted
+        );
         // 10 of 50: 2.4, rounded up.
         assert!(matches!(
             share.seed(&per_second(50), 10, 0),
@@ -225,11 +248,36 @@ mod tests {
         assert_eq!(part.algorithm.peek(Some(seeded), 5_000).remaining, 2);
         assert_eq!(part.seed(&bucket, 0, 5_000), None);
 
+        // A log's part holds its used units at the answer's time, leaving a window later.
+        let log = Algorithm::sliding_log(50, Duration::from_secs(1));
+        let part = Share::of(log, 4, Some(0), 0);
+        assert_eq!(
+            part.algorithm,
+            Algorithm::sliding_log(13, Duration::from_secs(1))
+        );
+        let seeded = part.seed(&log, 25, 10_400).expect("seeded");
+        let outcome = part.algorithm.peek(Some(seeded.clone()), 10_400);
+        assert_eq!(outcome.remaining, 6);
+        // One more is free once the seeded units leave, a window after the answer.
+        assert_eq!(outcome.reset_ms, 1_000);
+        let full = part.seed(&log, 50, 10_400).expect("seeded");
+        let refused = part.algorithm.peek(Some(full.clone()), 10_900);
+        assert!(!refused.admitted);
+        assert_eq!(refused.reset_ms, 500);
+        assert!(part.algorithm.peek(Some(full), 11_400).admitted);
+        let login = Algorithm::sliding_log(1, Duration::from_secs(60));
+        assert!(Share::of(login, 10, Some(0), 0).turns.is_some());
+
         // A turn starts empty when the caller used any of its quota.
         let login = Algorithm::sliding_window(1, Duration::from_secs(60));
         let turn = Share::of(login, 10, Some(0), 0);
         let seeded = turn.seed(&login, 1, 0).expect("seeded");
-        assert!(!turn.algorithm.evaluate(Some(seeded), 59_999).admitted);
+        assert!(
+            !turn
+                .algorithm
+                .evaluate(Some(seeded.clone()), 59_999)
+                .admitted
+        );
         assert!(turn.algorithm.evaluate(Some(seeded), 60_000).admitted);
     }
 }

@@ -43,7 +43,7 @@ pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64)
 pub(super) fn consume(
     limit: u64,
     window_ms: u64,
-    state: PolicyState,
+    state: &PolicyState,
     now_ms: u64,
     cost: u64,
 ) -> Option<PolicyState> {
@@ -51,7 +51,7 @@ pub(super) fn consume(
         window_start,
         previous,
         current,
-    } = state
+    } = *state
     else {
         return None;
     };
@@ -101,7 +101,7 @@ pub(super) fn refund(
 pub(super) fn report(
     limit: u64,
     window_ms: u64,
-    state: PolicyState,
+    state: &PolicyState,
     now_ms: u64,
     admitted: bool,
     cost: u64,
@@ -110,7 +110,7 @@ pub(super) fn report(
         window_start,
         previous,
         current,
-    } = state
+    } = *state
     else {
         return PolicyOutcome::nothing(admitted);
     };

@@ -36,8 +36,8 @@ pub(super) fn normalize(
 }
 
 /// The state after taking `cost` tokens (at most the burst), if there are that many.
-pub(super) fn consume(period_ms: u64, state: PolicyState, cost: u64) -> Option<PolicyState> {
-    let PolicyState::TokenBucket { level, updated_ms } = state else {
+pub(super) fn consume(period_ms: u64, state: &PolicyState, cost: u64) -> Option<PolicyState> {
+    let PolicyState::TokenBucket { level, updated_ms } = *state else {
         return None;
     };
     let needed = cost * period_ms;
@@ -85,11 +85,11 @@ pub(super) fn report(
     rate: u64,
     period_ms: u64,
     burst: u64,
-    state: PolicyState,
+    state: &PolicyState,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let PolicyState::TokenBucket { level, .. } = state else {
+    let PolicyState::TokenBucket { level, .. } = *state else {
         return PolicyOutcome::nothing(admitted);
     };
     let remaining = level / period_ms;

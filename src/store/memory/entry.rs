@@ -1,10 +1,12 @@
 //! One tracked caller: its key, kept once and inline when short, and its counters' states,
-//! the first inline and any others beside it.
+//! the first inline and any others beside it. A sliding log's state has no fixed size: it
+//! sits beside the others, never inline, so that the fixed states stay as small as they are.
 
+use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
-use crate::store::algorithm::PolicyState;
+use crate::store::algorithm::{AdmissionLog, PolicyState};
 use crate::store::inline_bytes::InlineBytes;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
@@ -97,6 +99,8 @@ impl SharedState {
                 self.a.store(level, Relaxed);
                 self.b.store(updated_ms, Relaxed);
             }
+            // Never here: a log's counter has a log slot (its counter id names its unit).
+            PolicyState::SlidingLog(_) => {}
         }
     }
 }
@@ -112,8 +116,64 @@ pub(crate) struct Block {
 /// A counter's state beyond the entry's first one.
 struct Slot {
     counter: u32,
-    state: SharedState,
+    state: SlotState,
 }
+
+/// A state of a fixed size, or a sliding log's. The log's lock is never contended: the
+/// entry's lock is held around it. It only lets safe code write through `&`.
+enum SlotState {
+    Fixed(SharedState),
+    Log(Mutex<AdmissionLog>),
+}
+
+impl SlotState {
+    fn new(state: PolicyState) -> Self {
+        match state {
+            PolicyState::SlidingLog(log) => SlotState::Log(Mutex::new(log)),
+            fixed => SlotState::Fixed(SharedState::new(fixed)),
+        }
+    }
+
+    fn as_ref(&self) -> StateRef<'_> {
+        match self {
+            SlotState::Fixed(shared) => StateRef::Fixed(shared),
+            SlotState::Log(log) => StateRef::Log(log),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum StateRef<'a> {
+    Fixed(&'a SharedState),
+    Log(&'a Mutex<AdmissionLog>),
+}
+
+impl StateRef<'_> {
+    fn load(self) -> PolicyState {
+        match self {
+            StateRef::Fixed(shared) => shared.load(),
+            StateRef::Log(log) => PolicyState::SlidingLog(lock_log(log).clone()),
+        }
+    }
+
+    fn store(self, state: PolicyState) {
+        match (self, state) {
+            (StateRef::Log(log), PolicyState::SlidingLog(next)) => *lock_log(log) = next,
+            (StateRef::Fixed(shared), state) => shared.store(state),
+            // Never: a counter keeps its kind (its id names its unit).
+            (StateRef::Log(_), _) => {}
+        }
+    }
+}
+
+/// A panic while the log was locked left a whole log behind (every write is one
+/// assignment), so a poisoned lock is still safe to use.
+fn lock_log(log: &Mutex<AdmissionLog>) -> std::sync::MutexGuard<'_, AdmissionLog> {
+    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The first counter of an entry whose first state is a log, kept beside: no counter.
+const NO_COUNTER: u32 = u32::MAX;
 
 /// A tracked caller. Counters are named by their index in the shard's counter list, so an
 /// entry holds no name; most limiters apply one policy, whose state sits in the entry.
@@ -155,12 +215,26 @@ impl Drop for EntryGuard<'_> {
 impl Entry {
     /// A caller's first entry, holding one counter's state.
     pub(super) fn new(key: &[u8], counter: u32, state: PolicyState) -> Self {
+        let (first_counter, first_state, more) = match state {
+            PolicyState::SlidingLog(_) => (
+                NO_COUNTER,
+                SharedState::new(PolicyState::TokenBucket {
+                    level: 0,
+                    updated_ms: 0,
+                }),
+                Some(Box::new(vec![Slot {
+                    counter,
+                    state: SlotState::new(state),
+                }])),
+            ),
+            fixed => (counter, SharedState::new(fixed), None),
+        };
         Self {
             key: StoredKey::new(key),
             idle_at_ms: AtomicU64::new(0),
-            first_state: SharedState::new(state),
-            more: None,
-            first_counter: counter,
+            first_state,
+            more,
+            first_counter,
             referenced: AtomicBool::new(false),
             busy: AtomicBool::new(false),
         }
@@ -190,15 +264,15 @@ impl Entry {
         EntryGuard { entry: self }
     }
 
-    fn slot(&self, counter: u32) -> Option<&SharedState> {
+    fn slot(&self, counter: u32) -> Option<StateRef<'_>> {
         if self.first_counter == counter {
-            return Some(&self.first_state);
+            return Some(StateRef::Fixed(&self.first_state));
         }
         self.more
             .as_ref()?
             .iter()
             .find(|slot| slot.counter == counter)
-            .map(|slot| &slot.state)
+            .map(|slot| slot.state.as_ref())
     }
 
     /// Whether the entry holds a state for `counter`.
@@ -207,7 +281,7 @@ impl Entry {
     }
 
     pub(super) fn state(&self, counter: u32) -> Option<PolicyState> {
-        self.slot(counter).map(SharedState::load)
+        self.slot(counter).map(StateRef::load)
     }
 
     /// Writes the state of a counter the entry holds (see [`has`](Self::has)); under the
@@ -220,39 +294,66 @@ impl Entry {
 
     /// Writes a counter's state, adding the counter if the entry does not hold it yet.
     pub(super) fn store(&mut self, counter: u32, state: PolicyState) {
-        if let Some(slot) = self.slot(counter) {
-            slot.store(state);
+        let log = matches!(state, PolicyState::SlidingLog(_));
+        if self.first_counter == counter {
+            if !log {
+                self.first_state.store(state);
+                return;
+            }
+            // A log never sits inline: the counter moves beside.
+            self.first_counter = NO_COUNTER;
+        } else if let Some(slot) = self
+            .more
+            .as_mut()
+            .and_then(|more| more.iter_mut().find(|slot| slot.counter == counter))
+        {
+            match (&slot.state, state) {
+                (SlotState::Fixed(shared), fixed @ PolicyState::SlidingWindow { .. })
+                | (SlotState::Fixed(shared), fixed @ PolicyState::TokenBucket { .. }) => {
+                    shared.store(fixed);
+                }
+                (_, state) => slot.state = SlotState::new(state),
+            }
             return;
         }
         self.more.get_or_insert_with(Default::default).push(Slot {
             counter,
-            state: SharedState::new(state),
+            state: SlotState::new(state),
         });
+    }
+
+    /// The fixed state kept under `counter` (a block's slot is one), if any.
+    fn fixed(&self, counter: u32) -> Option<&SharedState> {
+        match self.slot(counter)? {
+            StateRef::Fixed(shared) => Some(shared),
+            StateRef::Log(_) => None,
+        }
     }
 
     /// The block kept under `counter`, if the entry has a slot for it.
     pub(super) fn block(&self, counter: u32) -> Option<Block> {
-        self.slot(counter).and_then(SharedState::load_block)
+        self.fixed(counter).and_then(SharedState::load_block)
     }
 
     /// Writes the block of a slot the entry holds; under the entry's lock.
     pub(super) fn update_block(&self, counter: u32, block: Block) {
-        if let Some(slot) = self.slot(counter) {
+        if let Some(slot) = self.fixed(counter) {
             slot.store_block(block);
         }
     }
 
     /// Writes a block, adding its slot if the entry has none yet.
     pub(super) fn store_block(&mut self, counter: u32, block: Block) {
-        if let Some(slot) = self.slot(counter) {
+        if let Some(slot) = self.fixed(counter) {
             slot.store_block(block);
             return;
         }
         let state = SharedState::block();
         state.store_block(block);
-        self.more
-            .get_or_insert_with(Default::default)
-            .push(Slot { counter, state });
+        self.more.get_or_insert_with(Default::default).push(Slot {
+            counter,
+            state: SlotState::Fixed(state),
+        });
     }
 
     pub(super) fn idle_at_ms(&self) -> u64 {
@@ -302,10 +403,46 @@ mod tests {
         };
         let _held = entry.lock();
         assert!(entry.has(0) && !entry.has(5));
-        entry.update(0, bucket);
-        entry.update(5, bucket);
+        entry.update(0, bucket.clone());
+        entry.update(5, bucket.clone());
         assert_eq!(entry.state(0), Some(bucket));
         assert_eq!(entry.state(5), None);
+    }
+
+    #[test]
+    fn a_log_sits_beside_the_fixed_states() {
+        let log = |times: &[u64]| {
+            PolicyState::SlidingLog(AdmissionLog::from_times(times.iter().copied()))
+        };
+        let window = PolicyState::SlidingWindow {
+            window_start: 0,
+            previous: 0,
+            current: 4,
+        };
+        // A caller whose first counter is a log.
+        let mut entry = Entry::new(b"=acme", 2, log(&[1, 2]));
+        assert_eq!(entry.state(2), Some(log(&[1, 2])));
+        assert_eq!(entry.state(0), None);
+        entry.store(0, window.clone());
+        {
+            let _held = entry.lock();
+            entry.update(2, log(&[2, 3, 4]));
+        }
+        assert_eq!(entry.state(2), Some(log(&[2, 3, 4])));
+        assert_eq!(entry.state(0), Some(window.clone()));
+        // A fixed first counter, then a log.
+        let mut entry = Entry::new(b"=acme", 0, window.clone());
+        entry.store(1, log(&[9]));
+        entry.store(1, log(&[9, 10]));
+        assert_eq!(entry.state(1), Some(log(&[9, 10])));
+        assert_eq!(entry.state(0), Some(window));
+    }
+
+    /// Every tracked caller pays for the entry; a log's slot only callers with a log.
+    #[test]
+    fn a_log_leaves_the_entry_its_size() {
+        assert_eq!(size_of::<Entry>(), 80);
+        assert_eq!(size_of::<Slot>(), 48);
     }
 
     #[test]

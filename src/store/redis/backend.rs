@@ -376,6 +376,9 @@ pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
                 period_ms,
                 burst,
             } => args.extend_from_slice(&[locked(2), rate, period_ms, burst]),
+            Algorithm::SlidingLog { limit, window_ms } => {
+                args.extend_from_slice(&[locked(3), limit, window_ms, 0]);
+            }
         }
     }
     args

@@ -1,0 +1,186 @@
+//! The sliding log: the time of every admitted unit in the last window, so that no window
+//! of its length ever holds more than the limit. lua/policies.lua is its transcription for
+//! Redis (a sorted set of admissions scored by their time).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::{PolicyOutcome, PolicyState};
+
+/// The times (ms since the epoch) of a caller's admitted units, oldest first, one per
+/// unit: the state of a [sliding log](super::Algorithm::SlidingLog).
+///
+/// Cheap to clone (the times are shared); a decision that admits copies them once when
+/// they are shared. Backends store it as they store any [`PolicyState`].
+///
+/// ```
+/// use tollgate::store::AdmissionLog;
+/// let log = AdmissionLog::from_times([1_000, 1_000, 1_250]);
+/// assert_eq!(log.len(), 3);
+/// assert_eq!(log.times().collect::<Vec<_>>(), [1_000, 1_000, 1_250]);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AdmissionLog {
+    times: Arc<VecDeque<u64>>,
+}
+
+impl AdmissionLog {
+    /// A log of these times (sorted here, oldest first).
+    ///
+    /// ```
+    /// use tollgate::store::AdmissionLog;
+    /// assert_eq!(AdmissionLog::from_times([5, 1]).times().next(), Some(1));
+    /// ```
+    pub fn from_times(times: impl IntoIterator<Item = u64>) -> Self {
+        let mut times: Vec<u64> = times.into_iter().collect();
+        times.sort_unstable();
+        Self {
+            times: Arc::new(times.into()),
+        }
+    }
+
+    /// The admitted units it holds.
+    ///
+    /// ```
+    /// use tollgate::store::AdmissionLog;
+    /// assert_eq!(AdmissionLog::default().len(), 0);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.times.len()
+    }
+
+    /// Whether it holds no admission.
+    ///
+    /// ```
+    /// use tollgate::store::AdmissionLog;
+    /// assert!(AdmissionLog::default().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.times.is_empty()
+    }
+
+    /// The admission times, oldest first.
+    ///
+    /// ```
+    /// use tollgate::store::AdmissionLog;
+    /// let log = AdmissionLog::from_times([7]);
+    /// assert_eq!(log.times().last(), Some(7));
+    /// ```
+    pub fn times(&self) -> impl Iterator<Item = u64> + '_ {
+        self.times.iter().copied()
+    }
+
+    fn newest(&self) -> Option<u64> {
+        self.times.back().copied()
+    }
+}
+
+/// The state brought to `now_ms`: the units older than one window dropped (an entry at
+/// `t` counts while `t > now - window`), or an empty log. A state of another algorithm
+/// starts afresh.
+pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
+    let mut log = match state {
+        Some(PolicyState::SlidingLog(log)) => log,
+        _ => AdmissionLog::default(),
+    };
+    let expired = |t: &u64| t.saturating_add(window_ms) <= now_ms;
+    if log.times.front().is_some_and(expired) {
+        let times = Arc::make_mut(&mut log.times);
+        while times.front().is_some_and(expired) {
+            times.pop_front();
+        }
+    }
+    PolicyState::SlidingLog(log)
+}
+
+/// Whether `cost` more units fit beside the units in a normalized log.
+pub(super) fn fits(limit: u64, state: &PolicyState, cost: u64) -> bool {
+    let PolicyState::SlidingLog(log) = state else {
+        return false;
+    };
+    log.len() as u64 + cost <= limit
+}
+
+/// The state after admitting `cost` units at `now_ms` (`Err` with the state unchanged when
+/// they do not fit). The log stays sorted: after a clock that moved back, the units are
+/// counted at the newest time already there (later, so only stricter).
+pub(super) fn consume(
+    limit: u64,
+    state: PolicyState,
+    now_ms: u64,
+    cost: u64,
+) -> Result<PolicyState, PolicyState> {
+    if !fits(limit, &state, cost) {
+        return Err(state);
+    }
+    let PolicyState::SlidingLog(mut log) = state else {
+        return Err(state);
+    };
+    if cost > 0 {
+        let at = log.newest().map_or(now_ms, |newest| newest.max(now_ms));
+        let times = Arc::make_mut(&mut log.times);
+        times.extend(std::iter::repeat_n(at, cost as usize));
+    }
+    Ok(PolicyState::SlidingLog(log))
+}
+
+/// The state with up to `cost` of the units admitted at `counted_at_ms` taken out (the
+/// ones that admission added: any other unit left out would make the log less strict than
+/// never counting the request), if it still holds any.
+pub(super) fn refund(state: PolicyState, counted_at_ms: u64, cost: u64) -> Option<PolicyState> {
+    let PolicyState::SlidingLog(mut log) = state else {
+        return None;
+    };
+    let first = log.times.partition_point(|&t| t < counted_at_ms);
+    let last = log.times.partition_point(|&t| t <= counted_at_ms);
+    let taken = (last - first).min(usize::try_from(cost).unwrap_or(usize::MAX));
+    if taken == 0 {
+        return None;
+    }
+    Arc::make_mut(&mut log.times).drain(last - taken..last);
+    Some(PolicyState::SlidingLog(log))
+}
+
+/// What remains, and how long until one more unit fits (for a refusal, until `cost` do):
+/// until the oldest unit that must leave for them leaves.
+pub(super) fn report(
+    limit: u64,
+    window_ms: u64,
+    state: &PolicyState,
+    now_ms: u64,
+    admitted: bool,
+    cost: u64,
+) -> PolicyOutcome {
+    let PolicyState::SlidingLog(log) = state else {
+        return PolicyOutcome::nothing(admitted);
+    };
+    let count = log.len() as u64;
+    let remaining = limit.saturating_sub(count);
+    let units = if admitted { remaining + 1 } else { cost };
+    let reset_ms = if (admitted && remaining >= limit) || units > limit {
+        0
+    } else {
+        // The `leaving`th oldest unit must leave for `units` to fit.
+        let leaving = (count + units).saturating_sub(limit);
+        match leaving
+            .checked_sub(1)
+            .and_then(|i| log.times.get(usize::try_from(i).ok()?))
+        {
+            Some(&t) => t.saturating_add(window_ms).saturating_sub(now_ms),
+            None => 0,
+        }
+    };
+    PolicyOutcome {
+        admitted,
+        remaining,
+        reset_ms,
+    }
+}
+
+/// Whether a normalized log no longer affects any decision.
+pub(super) fn is_idle(state: &PolicyState) -> bool {
+    match state {
+        PolicyState::SlidingLog(log) => log.is_empty(),
+        _ => true,
+    }
+}
