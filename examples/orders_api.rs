@@ -19,8 +19,10 @@
 //! - `POST /login`: 5 per minute per client IP, failing closed.
 //! - `POST /otp/verify`: checks a one-time code, body `{"code": "..."}`. The right code is
 //!   `424242` (200); any other is 401, a body without a string `code` is 400. Only wrong
-//!   codes count: 5 failed attempts per minute per client IP, then 429 until the minute
-//!   has passed, the right code included. Fails closed.
+//!   codes count: the fifth wrong code within 10 minutes from one client IP locks that IP
+//!   out for 10 minutes (policy `wrong-codes`, a lockout kept in the store): every attempt
+//!   meanwhile is 429 with `Retry-After` the time left, the right code included. Fails
+//!   closed. Blocks started are counted in `tollgate_lockouts_total`.
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text format.
 //!
@@ -465,8 +467,13 @@ async fn app(
         .on_store_failure(FailurePolicy::closed())
         .try_build()
         .map_err(|e| e.to_string())?;
+    // Guessing a 6-digit code: 5 tries per 10 minutes per client IP, then 10 minutes of
+    // nothing. Keyed on the IP, not the account, so that a stranger cannot lock a user out.
     let otp = limiter("otp", otp_store, options)
-        .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
+        .policy(
+            Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10))
+                .lock_out_for(Duration::from_secs(600)),
+        )
         .on_store_failure(FailurePolicy::closed())
         .try_build()
         .map_err(|e| e.to_string())?;

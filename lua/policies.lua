@@ -1,8 +1,10 @@
 -- tollgate: every operation on one caller's policies, atomically: a decision, a lease, a
 -- refund. Each algorithm's arithmetic and the expiry of its keys are written here once.
 --
--- KEYS[i]  policy i's key; all of one caller's keys share a hash tag: rl:{acme}:per-second
--- ARGV     four numbers per policy: kind (1 sliding window, 2 token bucket, 3 sliding log),
+-- KEYS[i]  policy i's key; all of one caller's keys share a hash tag: rl:{acme}:per-second;
+--          after the policies' keys, the block key of each policy that locks out, in order
+-- ARGV     four numbers per policy: kind (1 sliding window, 2 token bucket, 3 sliding log,
+--          or for a policy that locks out, ten times its lockout in ms plus that: 6000001),
 --          then limit, window_ms, 0 (sliding window, sliding log) or rate, period_ms, burst
 --          (token bucket);
 --          then one of
@@ -18,6 +20,16 @@
 -- every policy admits: a refused request consumes nothing. A lease grant below the cost is
 -- no grant: nothing is written and the reply is the decision's refusal of the request. A
 -- refund never admits more than not counting the request at all, and creates no key.
+--
+-- Lockouts. A policy that locks out has a block key beside its counter, holding the time
+-- the block began and expiring when it ends (SET PX): while it exists the caller is refused
+-- by that policy, whatever its counter says, and nothing is counted. The operation that
+-- takes units and leaves such a policy with nothing remaining sets it, in the same call,
+-- and brings the policy's counter key's expiry forward to the block's end when it was
+-- later, so that the caller starts afresh when the block ends. A refund that gives units
+-- back to the policy, of a decision counted no later than the block began, deletes the
+-- block: without that request the quota was not used up. Its name holds no unit (see
+-- Policy::lockout_counter), so limits reloaded with the same policy name keep it.
 --
 -- This runs in Redis's single thread on every decision, and Redis runs the whole script
 -- body on every call, so every function or table defined here is built again per call
@@ -68,7 +80,8 @@
 -- expires one window after that time (PEXPIREAT, on the same clock as `now`), when no
 -- member counts any more. A refund only removes: it keeps the expiry.
 
-local policies = #KEYS
+-- four numbers per policy, then 0, 1 or 3 more: the count of policies is never ambiguous
+local policies = math.floor(#ARGV / 4)
 -- 'check', 'lease' or 'refund'; `given` is the units wanted or the refunded decision's time
 local operation, cost, given = 'check', 1, nil
 if #ARGV == 4 * policies + 1 then
@@ -93,10 +106,13 @@ elseif #ARGV == 4 * policies + 3 then
     return redis.error_reply('tollgate: unknown operation ' .. tostring(operation))
   end
 elseif #ARGV ~= 4 * policies then
-  return redis.error_reply('tollgate: expected 4 arguments per key and a cost, or a cost, a number and an operation, got ' .. #ARGV .. ' for ' .. #KEYS .. ' keys')
+  return redis.error_reply('tollgate: expected 4 arguments per policy and a cost, or a cost, a number and an operation, got ' .. #ARGV)
 end
 local refunding = operation == 'refund'
 if policies == 0 then
+  if #KEYS ~= 0 then
+    return redis.error_reply('tollgate: ' .. #KEYS .. ' keys for no policy')
+  end
   if refunding then
     return 0
   end
@@ -104,14 +120,18 @@ if policies == 0 then
 end
 
 -- Load every policy's state, then weigh the request (or apply the refund) against it,
--- keeping ten values per policy in `loaded`: whether the request fits (for a refund,
+-- keeping twelve values per policy in `loaded`: the last three are its lockout (ms, or
+-- false), its block key, and the time its standing block has left (ms, or false); before
+-- them, ten: whether the request fits (for a refund,
 -- whether the state changed), the policy's kind and three numbers (a sliding window's
 -- limit and window; a token bucket's rate, period and burst), then its state: a sliding
 -- window's s, p, c (rolled to `now`'s window), elapsed (now - s, at least 0) and whether
 -- the whole state is to be written (s moved, or a refund changed p), or a token bucket's
 -- level (refilled to `now`), stored time and x. Each policy's remaining units before this
 -- request go in its place in the reply. Built presized for one policy, the common case.
-local loaded = { false, false, false, false, false, false, false, false, false, false }
+local loaded = { false, false, false, false, false, false, false, false, false, false, false, false }
+-- block keys come after the policies' keys, one per policy that locks out
+local locks = 0
 local reply = { 1, 0, 0, 0, 0 }
 local admitted = true
 -- a lease's grant: the least that remains, at most the units wanted
@@ -120,10 +140,29 @@ if operation == 'lease' then
   grant = given
 end
 for i = 1, policies do
-  local base = 10 * i - 10
+  local base = 12 * i - 12
   local argv = 4 * i - 4
   local kind = ARGV[argv + 1]
   local fits, remaining = false, 0
+  local lock, block_key, blocked = false, false, false
+  if kind ~= '1' and kind ~= '2' and kind ~= '3' then
+    local code = tonumber(kind)
+    if code == nil or code < 10 or code ~= math.floor(code) or code % 10 < 1 or code % 10 > 3 then
+      return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
+    end
+    lock, kind = (code - code % 10) / 10, tostring(code % 10)
+    locks = locks + 1
+    block_key = KEYS[policies + locks]
+    if block_key == nil then
+      return redis.error_reply('tollgate: no block key for policy ' .. i)
+    end
+    if not refunding then
+      local left = redis.call('PTTL', block_key)
+      if left > 0 then
+        blocked = left
+      end
+    end
+  end
   if kind == '1' then
     local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
     local stored = redis.call('HMGET', KEYS[i], 's', 'p', 'c')
@@ -231,12 +270,35 @@ for i = 1, policies do
   else
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
   end
+  if blocked then
+    fits, remaining = false, 0
+  elseif refunding and lock and fits then
+    -- the refunded request was part of what used the quota up: the block goes
+    local since = tonumber(redis.call('GET', block_key))
+    if since and since >= given then
+      redis.call('DEL', block_key)
+      if kind == '1' then
+        -- written whole, so its key expires two windows after its start again
+        loaded[base + 9] = true
+      elseif kind == '3' then
+        -- the log lives until its newest member leaves again
+        local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+        if newest[2] then
+          redis.call('PEXPIREAT', KEYS[i], tonumber(newest[2]) + loaded[base + 4])
+        end
+      end
+    end
+  end
+  loaded[base + 10], loaded[base + 11], loaded[base + 12] = lock, block_key, blocked
   loaded[base + 1], loaded[base + 2] = fits, kind
   admitted = admitted and fits
   reply[3 * i] = remaining
   if grant and remaining < grant then
     grant = remaining
   end
+end
+if #KEYS ~= policies + locks then
+  return redis.error_reply('tollgate: expected ' .. (policies + locks) .. ' keys, got ' .. #KEYS)
 end
 
 -- Whether to take units from every policy, and how many: a decision takes the cost when
@@ -259,7 +321,7 @@ end
 -- until one more unit fits (for a refusal, until `cost` do).
 local changed = 0
 for i = 1, policies do
-  local base = 10 * i - 10
+  local base = 12 * i - 12
   -- a granted lease shows every policy as admitting
   local fits = take or loaded[base + 1]
   local write = take or (refunding and fits)
@@ -365,6 +427,32 @@ for i = 1, policies do
         reset = ceil_div(missing, rate)
       end
     end
+  end
+  local lock = loaded[base + 10]
+  if loaded[base + 12] then
+    reset = loaded[base + 12]
+  elseif take and lock and remaining == 0 and units > 0 then
+    -- this request used the quota up: the block begins, and the counter ends with it
+    local ends = now + lock
+    redis.call('SET', loaded[base + 11], now, 'PX', lock)
+    if loaded[base + 2] == '1' then
+      if loaded[base + 5] + 2 * loaded[base + 4] > ends then
+        redis.call('PEXPIREAT', KEYS[i], ends)
+      end
+    elseif loaded[base + 2] == '3' then
+      local left = redis.call('PTTL', KEYS[i])
+      if left < 0 or now + left > ends then
+        redis.call('PEXPIREAT', KEYS[i], ends)
+      end
+    else
+      local x = tonumber(redis.call('HGET', KEYS[i], 'x'))
+      if x == nil or x > ends then
+        -- x stays a lower bound of the key's expiry
+        redis.call('HSET', KEYS[i], 'x', ends)
+        redis.call('PEXPIREAT', KEYS[i], ends)
+      end
+    end
+    reset = lock
   end
   if write then
     changed = changed + 1

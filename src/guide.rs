@@ -21,8 +21,9 @@
 //!   own refusal format, the stores, where things are in the crate.
 //! - [`headers`]: the 429 and 503 responses, the `RateLimit-Policy`, `RateLimit` and
 //!   `Retry-After` fields and what their numbers mean.
-//! - [`cost_and_counting`]: requests that cost more than one unit, and counting only
-//!   failed attempts (a refund from the response).
+//! - [`cost_and_counting`]: requests that cost more than one unit, counting only failed
+//!   attempts (a refund from the response), and locking a caller out after repeated
+//!   failures (and what an attacker can do with that).
 //! - [`hard_caps`]: the exact sliding log for "never more than `q` in any window", measured
 //!   against the sliding window counter, and what it costs.
 //! - [`leases`]: leased quota, so that a hot caller's decisions are made locally.

@@ -65,6 +65,10 @@ pub struct PolicyDefinition {
     pub period: Option<Duration>,
     /// A token bucket's capacity.
     pub burst: Option<u64>,
+    /// How long a caller who uses the quota up is refused ([`Policy::lock_out_for`]);
+    /// none when left out.
+    #[serde(default, deserialize_with = "duration::deserialize_option")]
+    pub lockout: Option<Duration>,
 }
 
 /// The algorithms, as a file names them.
@@ -202,6 +206,10 @@ impl PolicyDefinition {
         };
         algorithm
             .and_then(|algorithm| Policy::try_new(self.name.as_str(), algorithm))
+            .map(|policy| match self.lockout {
+                Some(lockout) => policy.lock_out_for(lockout),
+                None => policy,
+            })
             .map_err(|error| DefinitionError::Policy {
                 tier: tier.cloned(),
                 name: self.name.clone(),

@@ -34,6 +34,15 @@
 //! period = "1s"
 //! burst = 30       # at most this many held
 //!
+//! ## The fifth failure within 10 minutes locks the caller out for 10 minutes
+//! ## (Policy::lock_out_for; with RateLimitLayer::count_only, only failures count):
+//! [[tiers.signin]]
+//! name = "wrong-codes"
+//! algorithm = "sliding_window"
+//! limit = 5
+//! window = "10m"
+//! lockout = "10m"
+//!
 //! ## Callers on the enterprise plan (Caller::with_tier("enterprise")):
 //! [[tiers.enterprise]]
 //! name = "per-second"
@@ -45,6 +54,8 @@
 //! let limiter = definition.builder().unwrap().backend(InMemoryBackend::new()).build();
 //! assert_eq!(limiter.name(), "orders");
 //! assert_eq!(limiter.policies().len(), 2);
+//! let signin = &definition.tiers["signin"][0];
+//! assert_eq!(signin.lockout, Some(std::time::Duration::from_secs(600)));
 //! let layer = RateLimitLayer::new(limiter.clone()).key(definition.key().unwrap().unwrap());
 //! # drop(layer);
 //!

@@ -13,6 +13,10 @@ use crate::store::policy::Policy;
 pub(crate) struct PolicySet {
     pub(crate) limits: Arc<[Policy]>,
     pub(crate) id: u64,
+    /// Whether a policy of the set locks out: its callers are decided by the store on
+    /// every request, never from a lease, so that the block starts when the quota is
+    /// used up and every instance sees it.
+    pub(crate) locks_out: bool,
 }
 
 impl PolicySet {
@@ -43,6 +47,11 @@ impl PolicySet {
             &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
             (generation, &*limits),
         );
-        Ok(Self { limits, id })
+        let locks_out = limits.iter().any(|limit| limit.lockout_ms().is_some());
+        Ok(Self {
+            limits,
+            id,
+            locks_out,
+        })
     }
 }

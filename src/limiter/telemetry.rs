@@ -24,7 +24,7 @@ use metrics::{Counter, Gauge, Histogram, SharedString, Unit};
 use tracing::Span;
 
 use crate::limiter::decision::FallbackReason;
-use crate::limiter::decision::{Decision, UnlimitedReason};
+use crate::limiter::decision::{Decision, RateLimitInfo, UnlimitedReason};
 
 pub(crate) const DECISIONS: &str = "tollgate_decisions_total";
 pub(crate) const FALLBACKS: &str = "tollgate_fallbacks_total";
@@ -32,6 +32,7 @@ pub(crate) const BREAKER_STATE: &str = "tollgate_breaker_state";
 pub(crate) const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub(crate) const DENIAL_CACHE_HITS: &str = "tollgate_denial_cache_hits_total";
 pub(crate) const REFUNDS: &str = "tollgate_refunds_total";
+pub(crate) const LOCKOUTS: &str = "tollgate_lockouts_total";
 
 /// Describes the limiter's metrics (help text and unit) to the recorder installed now.
 /// Called each time a limiter is built rather than once per process, so a recorder
@@ -72,6 +73,12 @@ fn describe() {
         Unit::Count,
         "Admitted requests whose units were given back because they did not count, by layer \
          and result (given_back, or failed when the store could not take them back)."
+    );
+    metrics::describe_counter!(
+        LOCKOUTS,
+        Unit::Count,
+        "Blocks started by a policy's lockout (a caller used the quota up and is refused for \
+         the lockout's duration), by layer and policy."
     );
 }
 
@@ -305,6 +312,13 @@ impl LimiterMetrics {
                 counters[shadow].increment(1);
             }
         };
+        let admitted = match decision {
+            Decision::Shadowed(inner) => inner.as_ref(),
+            other => other,
+        };
+        if let Decision::Allowed(info) = admitted {
+            self.lockouts(info);
+        }
         match decision {
             Decision::Allowed(_) => plain(Plain::Allowed),
             Decision::Limited(_) => limited(decision, 0),
@@ -316,6 +330,25 @@ impl LimiterMetrics {
                 Decision::Unlimited(_) => plain(Plain::ShadowUnlimited),
                 _ => plain(Plain::ShadowAllowed),
             },
+        }
+    }
+
+    /// Counts the blocks an admission started: one per locking policy it left with
+    /// nothing remaining (the store starts a block exactly then). Rare, so the handle is
+    /// looked up when needed rather than held for every policy.
+    fn lockouts(&self, info: &RateLimitInfo) {
+        if info.cost() == 0 {
+            return;
+        }
+        for policy in info.policies() {
+            if policy.remaining() == 0 && policy.policy().lockout().is_some() {
+                metrics::counter!(
+                    LOCKOUTS,
+                    "layer" => self.layer.clone(),
+                    "policy" => SharedString::from_shared(policy.policy().name_arc().clone()),
+                )
+                .increment(1);
+            }
         }
     }
 

@@ -20,6 +20,13 @@ use crate::store::policy::Policy;
 /// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
+/// A policy may lock out ([`Policy::lock_out_for`]): the in-process and Redis stores keep
+/// the block beside the counters, under [`Policy::lockout_counter`], refuse the caller while
+/// it stands, start it on the admission that leaves the policy with nothing remaining
+/// (reporting the lockout as that policy's `reset_ms`), and lift it on a refund of a
+/// request counted no later than it began. [`evaluate`](crate::store::evaluate) and the
+/// per-policy arithmetic apply no lockout: a store built on them alone ignores it.
+///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
@@ -355,6 +362,14 @@ impl CheckOutcome {
     /// The per-limit outcomes, in the order the limits were given.
     pub fn limits(&self) -> &[PolicyOutcome] {
         self.limits.as_slice()
+    }
+
+    /// The per-limit outcomes, to amend.
+    pub(crate) fn limits_mut(&mut self) -> &mut [PolicyOutcome] {
+        match &mut self.limits {
+            Outcomes::Inline { len, items } => &mut items[..usize::from(*len)],
+            Outcomes::Spilled(items) => items,
+        }
     }
 }
 

@@ -37,7 +37,9 @@ impl Evaluated {
 /// The request is admitted only if every policy admits it; a refused request consumes
 /// nothing, and each policy reports its state as it stands (a policy that would have
 /// admitted reports what it still has). A backend reads the states, calls this, and
-/// writes back the admitted states under one lock or transaction.
+/// writes back the admitted states under one lock or transaction. It applies no
+/// [lockout](Policy::lock_out_for): a store that supports them keeps each caller's block
+/// itself (see [`Backend`](crate::store::Backend)).
 ///
 /// ```
 /// use std::collections::HashMap;

@@ -22,6 +22,7 @@ pub(crate) mod inline_bytes;
 pub(crate) mod instances;
 pub(crate) mod invalid_policy;
 pub(crate) mod lease;
+pub(crate) mod lockout;
 pub(crate) mod memory;
 pub(crate) mod policy;
 pub(crate) mod random;

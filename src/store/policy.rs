@@ -137,6 +137,9 @@ impl Quota {
 /// tier change: the new quota applies to what was already used. Stores key their state on
 /// [`counter`](Self::counter), never on the name alone.
 ///
+/// A policy can also lock a caller out for a while once it has used the quota up
+/// (credential and one-time-code routes): see [`lock_out_for`](Self::lock_out_for).
+///
 /// ```
 /// use tollgate::{Policy, Quota};
 /// let limit = Policy::sliding_window("per-second", Quota::per_second(50));
@@ -152,6 +155,10 @@ pub struct Policy {
     algorithm: Algorithm,
     scope: Option<Arc<str>>,
     counter: Arc<str>,
+    /// How long a caller who uses the quota up is refused, and the identity its block is
+    /// kept under: `<scope>:<name>:lock`, without the unit, so that limits reloaded with a
+    /// policy of the same name keep a block that stands.
+    lockout: Option<Lockout>,
     // Computed once (each takes a division): read on every decision and every response.
     window_ms: u64,
     retention_ms: u64,
@@ -353,11 +360,20 @@ impl Policy {
         if !is_valid_name(&name) {
             return Err(InvalidPolicy::Name(name.to_string()));
         }
-        Ok(Self::assemble(name, algorithm, None))
+        Ok(Self::assemble(name, algorithm, None, None))
     }
 
-    fn assemble(name: Arc<str>, algorithm: Algorithm, scope: Option<Arc<str>>) -> Self {
+    fn assemble(
+        name: Arc<str>,
+        algorithm: Algorithm,
+        scope: Option<Arc<str>>,
+        lockout_ms: Option<u64>,
+    ) -> Self {
         let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
+        let lockout = lockout_ms.map(|ms| Lockout {
+            ms,
+            counter: lockout_id(scope.as_deref(), &name).into(),
+        });
         Self {
             name,
             window_ms: algorithm.window_ms(),
@@ -365,7 +381,116 @@ impl Policy {
             algorithm,
             scope,
             counter,
+            lockout,
         }
+    }
+
+    /// The same policy, and a lockout: the request that uses the quota up (the N-th
+    /// counted within the window, for `Quota::per_minutes(5, 10)` the fifth) also refuses
+    /// the caller for `duration`, whatever it sends meanwhile. Rounded up to whole
+    /// milliseconds, at most 2^40 ms (about 34 years); zero turns the lockout off. The block is kept in the store, beside
+    /// the caller's counters.
+    ///
+    /// Under a layer's [`count_only`](crate::RateLimitLayer::count_only), only the
+    /// responses that count (the wrong codes) bring the caller towards the block: a
+    /// request whose response does not count gives its unit back, and lifts the block it
+    /// started if it was the one that used the quota up.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::store::ManualClock;
+    /// use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let clock = ManualClock::new(0);
+    /// let limiter = Limiter::builder()
+    ///     .name("otp")
+    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .clock(clock.clone())
+    ///     .policy(
+    ///         Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10))
+    ///             .lock_out_for(Duration::from_secs(15 * 60)),
+    ///     )
+    ///     .build();
+    /// let ip = Caller::new("203.0.113.7");
+    /// for _ in 0..5 {
+    ///     assert!(limiter.check(&ip).await.is_allowed());
+    /// }
+    /// // The fifth used the quota up: 15 minutes of refusals, then a fresh start.
+    /// clock.set(14 * 60 * 1_000);
+    /// let refused = limiter.check(&ip).await;
+    /// assert!(!refused.is_allowed());
+    /// assert_eq!(refused.info().unwrap().retry_after_secs(), 60);
+    /// clock.set(15 * 60 * 1_000);
+    /// assert!(limiter.check(&ip).await.is_allowed());
+    /// # }
+    /// ```
+    ///
+    /// # What an attacker can do with it
+    ///
+    /// A lockout stops guessing: 5 wrong codes per block, however fast they come. It also
+    /// lets anyone who can send requests under a caller's key lock that caller out on
+    /// purpose, by failing 5 times: keyed on an account alone, a stranger who knows the
+    /// account's name locks its owner out for as long as they keep failing. Key it on what
+    /// an attacker cannot choose freely for a victim, such as the client IP, or the client
+    /// IP and the account together (see [`key::ClientIp`](crate::key::ClientIp) and its
+    /// trusted proxies), and keep a looser per-account limit beside it. An attacker with
+    /// many addresses still gets 5 guesses per address per block: the lockout bounds the
+    /// guessing rate per key, not the number of keys.
+    pub fn lock_out_for(self, duration: Duration) -> Self {
+        let ms = u64::try_from(duration.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        // Kept within exact arithmetic in Redis's Lua, as every other number.
+        let ms = ms.min(MAX_LOCKOUT_MS);
+        Self::assemble(
+            self.name,
+            self.algorithm,
+            self.scope,
+            (ms > 0).then_some(ms),
+        )
+    }
+
+    /// How long a caller who uses the quota up is refused, if this policy locks out (see
+    /// [`lock_out_for`](Self::lock_out_for)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Policy, Quota};
+    /// let plain = Policy::sliding_window("attempts", Quota::per_minute(5));
+    /// assert_eq!(plain.lockout(), None);
+    /// let locking = plain.lock_out_for(Duration::from_secs(600));
+    /// assert_eq!(locking.lockout(), Some(Duration::from_secs(600)));
+    /// ```
+    pub fn lockout(&self) -> Option<Duration> {
+        self.lockout.as_ref().map(|l| Duration::from_millis(l.ms))
+    }
+
+    /// The lockout in milliseconds.
+    pub(crate) fn lockout_ms(&self) -> Option<u64> {
+        self.lockout.as_ref().map(|l| l.ms)
+    }
+
+    /// The identity a caller's block is kept under, if this policy locks out:
+    /// `<scope>:<name>:lock`, escaped as [`counter`](Self::counter) is. It names no unit,
+    /// so a policy of the same name keeps a standing block across a reload that changes
+    /// its quota, window or algorithm.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Policy, Quota};
+    /// let codes = Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10))
+    ///     .lock_out_for(Duration::from_secs(600));
+    /// assert_eq!(codes.lockout_counter(), Some("wrong-codes:lock"));
+    /// let reloaded = Policy::sliding_window("wrong-codes", Quota::per_minutes(3, 30))
+    ///     .lock_out_for(Duration::from_secs(900));
+    /// assert_eq!(reloaded.lockout_counter(), codes.lockout_counter());
+    /// ```
+    pub fn lockout_counter(&self) -> Option<&str> {
+        self.lockout.as_ref().map(|l| &*l.counter)
+    }
+
+    /// The block's identity, cheap to clone.
+    pub(crate) fn lockout_arc(&self) -> Option<&Arc<str>> {
+        self.lockout.as_ref().map(|l| &l.counter)
     }
 
     /// The policy's name.
@@ -410,8 +535,14 @@ impl Policy {
     }
 
     /// The same policy with another algorithm (a local share, say), in the same scope.
+    /// Its lockout, if any, goes with it.
     pub fn with_algorithm(&self, algorithm: Algorithm) -> Self {
-        Self::assemble(self.name.clone(), algorithm, self.scope.clone())
+        Self::assemble(
+            self.name.clone(),
+            algorithm,
+            self.scope.clone(),
+            self.lockout_ms(),
+        )
     }
 
     /// [`Algorithm::window_ms`], computed when the policy was built.
@@ -426,8 +557,35 @@ impl Policy {
 
     /// The same policy counted under `scope` (a limiter's counter scope).
     pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
-        Self::assemble(self.name.clone(), self.algorithm, Some(scope.clone()))
+        Self::assemble(
+            self.name.clone(),
+            self.algorithm,
+            Some(scope.clone()),
+            self.lockout_ms(),
+        )
     }
+}
+
+/// The longest lockout, about 34 years: the Redis script receives ten times it (see
+/// lua/policies.lua), and hands it and the block's end back to Redis as numbers, which
+/// stay exact in any of Lua's number formats well below 10^14.
+const MAX_LOCKOUT_MS: u64 = 1 << 40;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Lockout {
+    ms: u64,
+    counter: Arc<str>,
+}
+
+fn lockout_id(scope: Option<&str>, name: &str) -> String {
+    let mut id = String::with_capacity(name.len() + scope.map_or(0, str::len) + 6);
+    if let Some(scope) = scope {
+        push_escaped(&mut id, scope);
+        id.push(':');
+    }
+    push_escaped(&mut id, name);
+    id.push_str(":lock");
+    id
 }
 
 /// Whether `name` can name a policy: 1 to 64 printable ASCII characters.

@@ -54,6 +54,7 @@ mod keys;
 mod leases;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod local_and_global;
+mod lockout;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod lua_arithmetic;
 mod memory;

@@ -219,6 +219,23 @@ fn scripted_scrape() -> String {
             // Admitted, then refused from the denial cache.
             assert!(limiter.check(&acme).await.is_allowed());
             assert!(!limiter.check(&acme).await.is_allowed());
+            // A lockout: the attempt that uses its quota up starts a block.
+            let otp = Limiter::builder()
+                .name("otp")
+                .backend(
+                    RedisBackend::builder(server.url())
+                        .prefix("otp")
+                        .build()
+                        .unwrap(),
+                )
+                .store_timeout(Duration::from_secs(5))
+                .policy(
+                    Policy::sliding_window("wrong-codes", Quota::per_minute(1))
+                        .lock_out_for(Duration::from_secs(60)),
+                )
+                .build();
+            assert!(otp.check(&acme).await.is_allowed());
+            assert!(!otp.check(&acme).await.is_allowed());
             // The outage: a failed call opens the breaker, the next skips the store.
             proxy.set(Fault::Refuse);
             let globex = Caller::new("globex");

@@ -315,9 +315,10 @@ async fn four_processes_through_an_outage() {
 }
 
 /// `/otp/verify` on a real redis-server: right codes never count, the fifth wrong code
-/// within a minute is the last one let through, and then even the right code waits.
+/// within 10 minutes is the last one let through and locks the client IP out for 10
+/// minutes: then even the right code is refused, with `Retry-After` the block's time left.
 #[tokio::test]
-async fn otp_verify_counts_only_wrong_codes() {
+async fn otp_verify_locks_out_after_five_wrong_codes() {
     let redis = RedisServer::start();
     // A test of what counts, not of latency: a store timeout that a loaded 2-core machine
     // does not reach (with the default 20 ms, the first script load there sometimes timed
@@ -337,27 +338,74 @@ async fn otp_verify_counts_only_wrong_codes() {
             let response = client.request(request).await.expect("an HTTP answer");
             let status = response.status().as_u16();
             let has_policy = response.headers().contains_key("ratelimit-policy");
-            (status, has_policy)
+            let retry_after = response
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("a body")
+                .to_bytes();
+            (status, has_policy, retry_after, body)
         }
     };
     const RIGHT: &str = r#"{"code": "424242"}"#;
     const WRONG: &str = r#"{"code": "000000"}"#;
     for _ in 0..10 {
-        assert_eq!(verify(RIGHT).await, (200, true), "a right code");
+        assert_eq!(verify(RIGHT).await.0, 200, "a right code");
     }
     assert_eq!(verify(r#"{"code": 424242}"#).await.0, 400, "not a string");
-    for i in 0..5 {
-        assert_eq!(verify(WRONG).await, (401, true), "wrong code {i}");
+    // Four wrong codes, then the right one: it passes, and does not count.
+    for i in 0..4 {
+        let (status, has_policy, ..) = verify(WRONG).await;
+        assert_eq!((status, has_policy), (401, true), "wrong code {i}");
     }
-    assert_eq!(verify(WRONG).await, (429, true), "a sixth wrong code");
     assert_eq!(
         verify(RIGHT).await.0,
-        429,
-        "no attempt left, even for the right code"
+        200,
+        "the right code after four wrong ones"
     );
-    // The counters are the "otp" limiter's own, in Redis, apart from /login's.
+    assert_eq!(
+        verify(RIGHT).await.0,
+        200,
+        "and again: right codes never lock out"
+    );
+    assert_eq!(
+        verify(WRONG).await.0,
+        401,
+        "the fifth wrong code is let through"
+    );
+    assert!(
+        redis
+            .must(&["EXISTS", "otp:{127.0.0.1}:otp:wrong-codes:lock"])
+            .contains('1'),
+        "the block is in Redis"
+    );
+    for attempt in [RIGHT, WRONG, RIGHT] {
+        let (status, has_policy, retry_after, body) = verify(attempt).await;
+        assert_eq!((status, has_policy), (429, true), "locked out: {attempt}");
+        let retry_after = retry_after.expect("a Retry-After");
+        assert!(
+            (590..=600).contains(&retry_after),
+            "Retry-After {retry_after}: the block's 10 minutes, less what has passed"
+        );
+        let problem: serde_json::Value = serde_json::from_slice(&body).expect("problem+json");
+        assert_eq!(problem["policy"], "wrong-codes", "{problem}");
+    }
+    // The block expires with its 10 minutes; the counters are the "otp" limiter's own.
+    let ttl: i64 = redis
+        .must(&["PTTL", "otp:{127.0.0.1}:otp:wrong-codes:lock"])
+        .trim()
+        .parse()
+        .expect("a PTTL");
+    assert!((590_000..=600_000).contains(&ttl), "PTTL {ttl}");
     let keys = redis.must(&["KEYS", "otp:*"]);
-    assert!(keys.contains("otp:{127.0.0.1}:otp:per-minute"), "{keys}");
+    assert!(
+        keys.contains("otp:{127.0.0.1}:otp:wrong-codes:w600000"),
+        "{keys}"
+    );
 }
 
 /// `GET /orders` as `customer`: the status.

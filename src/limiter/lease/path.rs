@@ -87,8 +87,10 @@ pub(in crate::limiter) fn leased(
 ) -> Option<StoreFuture<Decision>> {
     // A peek consumes nothing; the store answers it exactly. A sliding log is exact only
     // if every unit counts when it is spent: a leased unit spent later would count in a
-    // window that never saw it.
+    // window that never saw it. A lockout is the store's to start, on the request that
+    // uses the quota up.
     if cost == 0
+        || set.locks_out
         || leasing.unsupported.load(Ordering::Relaxed)
         || set
             .limits

@@ -29,6 +29,9 @@ struct SharedState {
 
 const SLIDING_WINDOW: u8 = 1;
 const TOKEN_BUCKET: u8 = 2;
+/// A lockout's block, kept under its own counter: `a` is when it began, `b` when it ends
+/// (0: no block).
+const BLOCK: u8 = 3;
 
 impl SharedState {
     fn new(state: PolicyState) -> Self {
@@ -40,6 +43,28 @@ impl SharedState {
         };
         shared.store(state);
         shared
+    }
+
+    fn block() -> Self {
+        Self {
+            kind: AtomicU8::new(BLOCK),
+            a: AtomicU64::new(0),
+            b: AtomicU64::new(0),
+            c: AtomicU64::new(0),
+        }
+    }
+
+    fn load_block(&self) -> Option<Block> {
+        (self.kind.load(Relaxed) == BLOCK).then(|| Block {
+            since_ms: self.a.load(Relaxed),
+            until_ms: self.b.load(Relaxed),
+        })
+    }
+
+    fn store_block(&self, block: Block) {
+        self.kind.store(BLOCK, Relaxed);
+        self.a.store(block.since_ms, Relaxed);
+        self.b.store(block.until_ms, Relaxed);
     }
 
     fn load(&self) -> PolicyState {
@@ -78,6 +103,14 @@ impl SharedState {
             PolicyState::SlidingLog(_) => {}
         }
     }
+}
+
+/// A caller's block by a lockout: refused from `since_ms` until `until_ms` (none when
+/// `until_ms` is 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Block {
+    pub(crate) since_ms: u64,
+    pub(crate) until_ms: u64,
 }
 
 /// A counter's state beyond the entry's first one.
@@ -286,6 +319,40 @@ impl Entry {
         self.more.get_or_insert_with(Default::default).push(Slot {
             counter,
             state: SlotState::new(state),
+        });
+    }
+
+    /// The fixed state kept under `counter` (a block's slot is one), if any.
+    fn fixed(&self, counter: u32) -> Option<&SharedState> {
+        match self.slot(counter)? {
+            StateRef::Fixed(shared) => Some(shared),
+            StateRef::Log(_) => None,
+        }
+    }
+
+    /// The block kept under `counter`, if the entry has a slot for it.
+    pub(super) fn block(&self, counter: u32) -> Option<Block> {
+        self.fixed(counter).and_then(SharedState::load_block)
+    }
+
+    /// Writes the block of a slot the entry holds; under the entry's lock.
+    pub(super) fn update_block(&self, counter: u32, block: Block) {
+        if let Some(slot) = self.fixed(counter) {
+            slot.store_block(block);
+        }
+    }
+
+    /// Writes a block, adding its slot if the entry has none yet.
+    pub(super) fn store_block(&mut self, counter: u32, block: Block) {
+        if let Some(slot) = self.fixed(counter) {
+            slot.store_block(block);
+            return;
+        }
+        let state = SharedState::block();
+        state.store_block(block);
+        self.more.get_or_insert_with(Default::default).push(Slot {
+            counter,
+            state: SlotState::Fixed(state),
         });
     }
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use self::entry::Entry;
+use self::entry::{Block, Entry};
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
@@ -15,6 +15,7 @@ use crate::store::algorithm::PolicyState;
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::future::StoreFuture;
+use crate::store::lockout;
 use crate::store::policy::Policy;
 
 const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -137,6 +138,7 @@ impl InMemoryBackend {
             let Some(counter) = shard.counter(limit.counter_arc()) else {
                 continue;
             };
+            let block = limit.lockout_arc().and_then(|id| shard.counter(id));
             let entry = &mut shard.entries[position];
             let given_back = limit.algorithm().refund(
                 entry.state(counter),
@@ -146,6 +148,16 @@ impl InMemoryBackend {
             );
             if let Some(state) = given_back {
                 entry.store(counter, state);
+                // A request counted by the time its caller was blocked, that turns out not
+                // to count, was part of what used the quota up: without it the quota was
+                // not used up, and the block goes.
+                if let Some(block) = block
+                    && let Some(standing) = entry.block(block)
+                    && standing.until_ms > now
+                    && standing.since_ms >= refund.counted_at_ms()
+                {
+                    entry.store_block(block, Block::default());
+                }
             }
         }
     }
@@ -177,9 +189,13 @@ impl InMemoryBackend {
     ) -> Option<CheckOutcome> {
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
-        if limits.len() <= INLINE_POLICIES {
-            return decide_tracked(&shard, hash, caller, limits, now, cost);
+        if limits.len() <= INLINE_POLICIES
+            && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
+        {
+            return Some(outcome);
         }
+        // Not decided under the read lock: more policies than it takes, a counter the
+        // caller lacks, or the slot of a lockout newly added to a policy it has.
         let known = shard.find(hash, caller.encoded()).is_some_and(|position| {
             limits.iter().all(|limit| {
                 shard
@@ -254,11 +270,15 @@ impl InMemoryBackend {
             fresh: None,
             key: caller.encoded(),
         };
+        let locks = limits.iter().any(|limit| limit.lockout_ms().is_some());
         if let Some(entry) = store.entry.as_deref_mut() {
             // A refused caller is as active as an admitted one.
             entry.mark_referenced();
+            if locks && let Some(refused) = blocked(entry, store.counters, limits, now, cost) {
+                return refused;
+            }
         }
-        let outcome = decide(
+        let mut outcome = decide(
             limits,
             &mut store,
             |store, i, limit| {
@@ -274,7 +294,15 @@ impl InMemoryBackend {
             return outcome;
         }
 
-        let idle_at = idle_at(limits, now);
+        let mut idle_at = idle_at(limits, now);
+        if locks {
+            // Every locking policy gets its block's slot, so that the next decision finds
+            // the caller complete under the read lock.
+            lockout::start_blocks(limits, &mut outcome, now, cost, |i, since_ms, until_ms| {
+                idle_at = idle_at.max(until_ms);
+                store.block(&limits[i], Block { since_ms, until_ms });
+            });
+        }
         match (store.entry, store.fresh) {
             (Some(entry), _) => entry.keep_until(idle_at),
             (None, Some(entry)) => {
@@ -304,16 +332,47 @@ fn decide_tracked(
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
     let mut counters = [0u32; INLINE_POLICIES];
-    for (counter, limit) in counters.iter_mut().zip(limits) {
+    // Each locking policy's block slot; the fast path needs the caller to have them all.
+    let mut blocks = [None; INLINE_POLICIES];
+    for ((counter, block), limit) in counters.iter_mut().zip(&mut blocks).zip(limits) {
         *counter = shard.counter(limit.counter_arc())?;
         if !entry.has(*counter) {
             return None;
         }
+        if let Some(id) = limit.lockout_arc() {
+            let slot = shard.counter(id)?;
+            if !entry.has(slot) {
+                return None;
+            }
+            *block = Some(slot);
+        }
     }
+    let locks = blocks.iter().any(Option::is_some);
     let _held = entry.lock();
     // A refused caller is as active as an admitted one.
     entry.mark_referenced();
-    let outcome = decide(
+    if locks {
+        let until = |i: usize| {
+            blocks[i]
+                .and_then(|slot| entry.block(slot))
+                .map_or(0, |b| b.until_ms)
+        };
+        for (i, limit) in limits.iter().enumerate() {
+            let ended = until(i);
+            if ended != 0 && ended <= now {
+                if let Some(slot) = blocks[i] {
+                    entry.update_block(slot, Block::default());
+                }
+                entry.update(counters[i], lockout::fresh(limit, now));
+            }
+        }
+        if let Some(refused) =
+            lockout::refusal(limits, now, cost, until, |i| entry.state(counters[i]))
+        {
+            return Some(refused);
+        }
+    }
+    let mut outcome = decide(
         limits,
         &mut (),
         |_, i, _| entry.state(counters[i]),
@@ -322,9 +381,60 @@ fn decide_tracked(
         |_, i, state| entry.update(counters[i], state),
     );
     if outcome.admitted() {
-        entry.keep_until(idle_at(limits, now));
+        let mut idle_at = idle_at(limits, now);
+        if locks {
+            lockout::start_blocks(limits, &mut outcome, now, cost, |i, since_ms, until_ms| {
+                idle_at = idle_at.max(until_ms);
+                if let Some(slot) = blocks[i] {
+                    entry.update_block(slot, Block { since_ms, until_ms });
+                }
+            });
+        }
+        entry.keep_until(idle_at);
     }
     Some(outcome)
+}
+
+/// The refusal of a tracked caller by a standing block, if one stands at `now`; a block
+/// that has ended is cleared and leaves its policy's counter fresh.
+fn blocked(
+    entry: &mut Entry,
+    counters: &[Arc<str>],
+    limits: &[Policy],
+    now: u64,
+    cost: u64,
+) -> Option<CheckOutcome> {
+    let slot = |limit: &Policy| {
+        limit
+            .lockout_arc()
+            .and_then(|id| find_counter(counters, id))
+    };
+    for limit in limits {
+        let Some(slot) = slot(limit) else { continue };
+        let Some(block) = entry.block(slot) else {
+            continue;
+        };
+        if block.until_ms != 0 && block.until_ms <= now {
+            entry.store_block(slot, Block::default());
+            if let Some(counter) = find_counter(counters, limit.counter_arc())
+                && entry.has(counter)
+            {
+                entry.store(counter, lockout::fresh(limit, now));
+            }
+        }
+    }
+    let entry = &*entry;
+    lockout::refusal(
+        limits,
+        now,
+        cost,
+        |i| {
+            slot(&limits[i])
+                .and_then(|slot| entry.block(slot))
+                .map_or(0, |b| b.until_ms)
+        },
+        |i| find_counter(counters, limits[i].counter_arc()).and_then(|c| entry.state(c)),
+    )
 }
 
 /// Until when an admission keeps a caller tracked: its counters matter that long.
@@ -346,6 +456,17 @@ struct Decision<'a> {
 }
 
 impl Decision<'_> {
+    /// Writes a locking policy's block, once the request was admitted (so the entry exists).
+    fn block(&mut self, limit: &Policy, block: Block) {
+        let Some(id) = limit.lockout_arc() else {
+            return;
+        };
+        let slot = intern_counter(self.counters, id);
+        if let Some(entry) = self.entry.as_deref_mut().or(self.fresh.as_mut()) {
+            entry.store_block(slot, block);
+        }
+    }
+
     fn admit(&mut self, limit: &Policy, state: PolicyState) {
         let counter = intern_counter(self.counters, limit.counter_arc());
         match (&mut self.entry, &mut self.fresh) {

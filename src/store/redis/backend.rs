@@ -242,6 +242,49 @@ impl RedisBackend {
         key
     }
 
+    /// The Redis key that holds `caller`'s block by `limit`'s lockout, if it locks out:
+    /// `<prefix>:{<caller>}:<lockout counter>`, in the slot of the caller's counters.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{Limiter, Policy, Quota, RedisBackend};
+    /// use tollgate::store::CallerKey;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
+    /// let limiter = Limiter::builder()
+    ///     .name("otp")
+    ///     .policy(
+    ///         Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10))
+    ///             .lock_out_for(Duration::from_secs(600)),
+    ///     )
+    ///     .build();
+    /// let limit = &limiter.policies()[0];
+    /// assert_eq!(
+    ///     store.block_key(&CallerKey::new("203.0.113.7"), limit).unwrap(),
+    ///     b"rl:{203.0.113.7}:otp:wrong-codes:lock"
+    /// );
+    /// # }
+    /// ```
+    pub fn block_key(&self, caller: &CallerKey, limit: &Policy) -> Option<Vec<u8>> {
+        let id = limit.lockout_counter()?;
+        let mut key =
+            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + id.len() + 40);
+        key.extend_from_slice(self.prefix.as_bytes());
+        key.extend_from_slice(b":{");
+        self.push_tag(&mut key, caller);
+        key.extend_from_slice(b"}:");
+        key.extend_from_slice(id.as_bytes());
+        Some(key)
+    }
+
+    /// The script's keys for `caller` under `limits`: each policy's counter, then the
+    /// block of each that locks out.
+    fn keys(&self, caller: &CallerKey, limits: &[Policy]) -> Vec<Vec<u8>> {
+        let mut keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        keys.extend(limits.iter().filter_map(|l| self.block_key(caller, l)));
+        keys
+    }
+
     /// Writes what goes between the braces of `caller`'s keys: the hash tag that puts them
     /// in one slot.
     fn push_tag(&self, out: &mut Vec<u8>, caller: &CallerKey) {
@@ -321,18 +364,20 @@ impl RedisBackend {
 /// the cost (and for a lease or a refund, a number and the operation) follow.
 pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
     let mut args = Vec::with_capacity(limits.len() * 4);
-    for limit in limits {
-        match *limit.algorithm() {
+    for policy in limits {
+        // A lockout rides on the kind: ten times its milliseconds plus the kind.
+        let locked = |kind: u64| policy.lockout_ms().map_or(kind, |ms| ms * 10 + kind);
+        match *policy.algorithm() {
             Algorithm::SlidingWindow { limit, window_ms } => {
-                args.extend_from_slice(&[1, limit, window_ms, 0]);
+                args.extend_from_slice(&[locked(1), limit, window_ms, 0]);
             }
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
-            } => args.extend_from_slice(&[2, rate, period_ms, burst]),
+            } => args.extend_from_slice(&[locked(2), rate, period_ms, burst]),
             Algorithm::SlidingLog { limit, window_ms } => {
-                args.extend_from_slice(&[3, limit, window_ms, 0]);
+                args.extend_from_slice(&[locked(3), limit, window_ms, 0]);
             }
         }
     }
@@ -538,7 +583,7 @@ impl Backend for RedisBackend {
         limits: &Arc<[Policy]>,
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
-        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        let keys = self.keys(caller, limits);
         let mut args = script_args(limits);
         // The script takes a missing cost as 1: one argument less for Redis to read.
         if cost != 1 {
@@ -561,7 +606,7 @@ impl Backend for RedisBackend {
         limits: &Arc<[Policy]>,
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
-        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        let keys = self.keys(caller, limits);
         let mut args = script_args(limits);
         args.extend_from_slice(&[refund.cost(), refund.counted_at_ms()]);
         let connection = self.connection.clone();
@@ -581,7 +626,7 @@ impl Backend for RedisBackend {
         cost: u64,
         units: u64,
     ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
-        let keys: Vec<Vec<u8>> = limits.iter().map(|l| self.key(caller, l)).collect();
+        let keys = self.keys(caller, limits);
         let mut args = script_args(limits);
         args.extend_from_slice(&[cost, units.max(cost)]);
         let count = limits.len();

@@ -1,0 +1,493 @@
+//! Lockouts (`Policy::lock_out_for`) on a one-time-code route that counts only wrong codes:
+//! four wrong codes and a right one pass; the fifth wrong code locks the caller out, right
+//! codes included, with `Retry-After` the block's time left; a second instance on the same
+//! store sees the block; limits swapped in with the same policy keep it; and it ends when
+//! its time is over, the caller starting afresh. In process (on a `ManualClock`), on a real
+//! redis-server and on a Redis Cluster (short lockouts, real time).
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tollgate::key::GlobalKey;
+use tollgate::reload::Limits;
+use tollgate::store::{Backend, CallerKey, ManualClock, Refund};
+use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate_testkit::http::{Reply, get, send};
+use tollgate_testkit::recorder::{counter, with_recorder};
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, service_fn};
+
+#[cfg(not(feature = "redis"))]
+#[path = "skipped/redis.rs"]
+mod skipped;
+
+type Otp = BoxCloneService<
+    Request<Full<Bytes>>,
+    Response<tollgate::response::ResponseBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// The fifth wrong code within 10 minutes locks the caller out for `lockout`.
+fn wrong_codes(lockout: Duration) -> Policy {
+    Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10)).lock_out_for(lockout)
+}
+
+/// A one-time-code route: `?code=right` is 200, anything else 401, and only 401s count.
+fn otp(limiter: &Limiter) -> Otp {
+    let layer = RateLimitLayer::new(limiter.clone())
+        .key(GlobalKey)
+        .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
+    let handler = service_fn(|request: Request<Full<Bytes>>| async move {
+        let mut response = Response::new(Full::new(Bytes::new()));
+        if request.uri().query() != Some("code=right") {
+            *response.status_mut() = StatusCode::UNAUTHORIZED;
+        }
+        Ok::<_, Infallible>(response)
+    });
+    BoxCloneService::new(ServiceBuilder::new().layer(layer).service(handler))
+}
+
+async fn attempt(service: &mut Otp, right: bool) -> Reply {
+    let code = if right { "right" } else { "wrong" };
+    send(service, get(&format!("/otp/verify?code={code}"), &[])).await
+}
+
+/// A refusal by the block: a 429 naming the policy, `Retry-After` within `retry_after`,
+/// the RateLimit field at `r=0`.
+fn assert_locked_out(reply: &Reply, retry_after: std::ops::RangeInclusive<u64>, what: &str) {
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{what}");
+    let secs = reply.retry_after().expect("a Retry-After");
+    assert!(retry_after.contains(&secs), "{what}: Retry-After {secs}");
+    let problem = reply.json();
+    assert_eq!(problem["policy"], "wrong-codes", "{what}: {problem}");
+    let fields = reply.policy_params("ratelimit");
+    let (name, params) = &fields[0];
+    assert_eq!(name, "wrong-codes");
+    assert!(params.contains(&("r".to_owned(), 0)), "{what}: {params:?}");
+}
+
+/// Four wrong codes and two right ones on `a` and `b` (two limiters on one store), then a
+/// fifth wrong code on `b`: every attempt on either is refused until the lockout is over,
+/// limits swapped in on `a` keep the block. `retry_after` is the range the refusals'
+/// `Retry-After` must fall in.
+async fn lock_out(a: &Limiter, b: &Limiter, lockout: Duration, retry_after: (u64, u64)) {
+    let (mut on_a, mut on_b) = (otp(a), otp(b));
+    for i in 0..4 {
+        assert_eq!(
+            attempt(&mut on_a, false).await.status,
+            401,
+            "wrong code {i}"
+        );
+    }
+    // The right code would be the fifth counted: it passes, and does not count.
+    assert_eq!(attempt(&mut on_a, true).await.status, 200);
+    assert_eq!(attempt(&mut on_b, true).await.status, 200);
+    // The fifth wrong code reaches the handler, and starts the block.
+    let fifth = attempt(&mut on_b, false).await;
+    assert_eq!(fifth.status, 401, "the fifth wrong code is let through");
+    let lockout_secs = i64::try_from(lockout.as_secs()).unwrap();
+    assert_eq!(
+        fifth.policy_params("ratelimit"),
+        [(
+            "wrong-codes".to_owned(),
+            vec![("r".to_owned(), 0), ("t".to_owned(), lockout_secs)]
+        )]
+    );
+    let range = retry_after.0..=retry_after.1;
+    assert_locked_out(
+        &attempt(&mut on_b, true).await,
+        range.clone(),
+        "the right code on b",
+    );
+    assert_locked_out(
+        &attempt(&mut on_a, true).await,
+        range.clone(),
+        "the right code on a",
+    );
+    assert_locked_out(
+        &attempt(&mut on_a, false).await,
+        range.clone(),
+        "a wrong code on a",
+    );
+    // The same limits swapped in: the block is kept under the policy's name.
+    a.limits_handle()
+        .set(Limits::new().policy(wrong_codes(lockout)))
+        .unwrap();
+    assert_locked_out(
+        &attempt(&mut on_a, true).await,
+        range.clone(),
+        "after the swap",
+    );
+    // A wider quota under the same name keeps it too.
+    b.limits_handle()
+        .set(Limits::new().policy(
+            Policy::sliding_window("wrong-codes", Quota::per_minutes(50, 10)).lock_out_for(lockout),
+        ))
+        .unwrap();
+    assert_locked_out(&attempt(&mut on_b, true).await, range, "a wider quota");
+    b.limits_handle()
+        .set(Limits::new().policy(wrong_codes(lockout)))
+        .unwrap();
+}
+
+/// After the block: the right code passes on both, and the caller starts afresh (the five
+/// wrong codes before the block no longer weigh: four more are let through).
+async fn after_the_block(a: &Limiter, b: &Limiter) {
+    let (mut on_a, mut on_b) = (otp(a), otp(b));
+    assert_eq!(
+        attempt(&mut on_a, true).await.status,
+        200,
+        "the block is over"
+    );
+    assert_eq!(attempt(&mut on_b, true).await.status, 200);
+    for i in 0..4 {
+        assert_eq!(
+            attempt(&mut on_b, false).await.status,
+            401,
+            "afresh: wrong code {i}"
+        );
+    }
+}
+
+fn in_process(store: &InMemoryBackend, clock: &ManualClock) -> Limiter {
+    Limiter::builder()
+        .name("otp")
+        .backend(store.clone())
+        .clock(clock.clone())
+        .policy(wrong_codes(Duration::from_secs(600)))
+        .build()
+}
+
+#[tokio::test]
+async fn a_lockout_in_process() {
+    let clock = ManualClock::new(1_000_000);
+    let store = InMemoryBackend::builder().clock(clock.clone()).build();
+    let (a, b) = (in_process(&store, &clock), in_process(&store, &clock));
+    lock_out(&a, &b, Duration::from_secs(600), (600, 600)).await;
+    // Retry-After counts down with the block.
+    clock.advance(Duration::from_secs(60));
+    let reply = attempt(&mut otp(&a), true).await;
+    assert_locked_out(&reply, 540..=540, "a minute later");
+    clock.advance(Duration::from_millis(539_999));
+    let reply = attempt(&mut otp(&b), true).await;
+    assert_locked_out(&reply, 1..=1, "a millisecond before the end");
+    clock.advance(Duration::from_millis(1));
+    after_the_block(&a, &b).await;
+}
+
+/// Below HTTP: the fifth check starts the block, and the refund of that check (it did not
+/// count) lifts it; a refund of a check counted after the block began does not.
+#[tokio::test]
+async fn a_refund_of_the_request_that_used_the_quota_up_lifts_its_block() {
+    let clock = ManualClock::new(1_000_000);
+    let store = InMemoryBackend::builder().clock(clock.clone()).build();
+    let limiter = in_process(&store, &clock);
+    let ip = Caller::new("203.0.113.7");
+    for _ in 0..4 {
+        assert!(limiter.check(&ip).await.is_allowed());
+    }
+    let fifth = limiter.check(&ip).await;
+    assert!(fifth.is_allowed());
+    assert!(!limiter.check(&ip).await.is_allowed(), "locked out");
+    limiter.refund(&ip, &fifth).await.unwrap();
+    let sixth = limiter.check(&ip).await;
+    assert!(
+        sixth.is_allowed(),
+        "the block went with the refunded request"
+    );
+    let Decision::Limited(info) = limiter.check(&ip).await else {
+        panic!("locked out again by the sixth");
+    };
+    assert_eq!(info.retry_after_secs(), 600);
+    // A refund naming a later count than the block's start leaves it standing.
+    let later = Refund::new(1, 1_000_001);
+    let key = CallerKey::new("203.0.113.7");
+    Backend::refund(&store, &key, &limiter.policies(), later)
+        .await
+        .unwrap();
+    assert!(!limiter.check(&ip).await.is_allowed(), "still locked out");
+}
+
+/// A token bucket locks out too: 3 attempts at once empty it, and start the block.
+async fn a_bucket_locks_out(limiter: &Limiter, lockout_secs: u64) {
+    let ip = Caller::new("198.51.100.7");
+    for i in 0..3 {
+        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
+    }
+    let Decision::Limited(info) = limiter.check(&ip).await else {
+        panic!("locked out");
+    };
+    assert_eq!(info.violated().next().map(|p| p.name()), Some("attempts"));
+    assert!(
+        (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
+        "{}",
+        info.retry_after_secs()
+    );
+}
+
+fn attempts(lockout: Duration) -> Policy {
+    Policy::token_bucket("attempts", Quota::per_hour(1), 3).lock_out_for(lockout)
+}
+
+#[tokio::test]
+async fn a_token_bucket_locks_out_in_process() {
+    let clock = ManualClock::new(5_000);
+    let limiter = Limiter::builder()
+        .name("pin")
+        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .clock(clock.clone())
+        .policy(attempts(Duration::from_secs(60)))
+        .build();
+    a_bucket_locks_out(&limiter, 60).await;
+    // Once the block is over the bucket is full again, though an hour's refill has not
+    // passed.
+    clock.advance(Duration::from_secs(60));
+    let ip = Caller::new("198.51.100.7");
+    for i in 0..2 {
+        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+    }
+}
+
+fn logged(lockout: Duration) -> Policy {
+    Policy::sliding_log("logged", Quota::per_hour(3)).lock_out_for(lockout)
+}
+
+/// A sliding log locks out too; the refund of the check that used it up lifts the block,
+/// and the log holds its count again (the next check uses it up once more).
+async fn a_log_locks_out(limiter: &Limiter, lockout_secs: u64) {
+    let ip = Caller::new("192.0.2.9");
+    for i in 0..2 {
+        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
+    }
+    let third = limiter.check(&ip).await;
+    assert!(third.is_allowed());
+    assert!(!limiter.check(&ip).await.is_allowed(), "locked out");
+    limiter.refund(&ip, &third).await.unwrap();
+    assert!(
+        limiter.check(&ip).await.is_allowed(),
+        "the block went with the refund"
+    );
+    let Decision::Limited(info) = limiter.check(&ip).await else {
+        panic!("locked out again");
+    };
+    assert_eq!(info.violated().next().map(|p| p.name()), Some("logged"));
+    assert!(
+        (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
+        "{}",
+        info.retry_after_secs()
+    );
+}
+
+#[tokio::test]
+async fn a_sliding_log_locks_out_in_process() {
+    let clock = ManualClock::new(5_000);
+    let limiter = Limiter::builder()
+        .name("pin")
+        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .clock(clock.clone())
+        .policy(logged(Duration::from_secs(60)))
+        .build();
+    a_log_locks_out(&limiter, 60).await;
+    clock.advance(Duration::from_secs(60));
+    let ip = Caller::new("192.0.2.9");
+    for i in 0..3 {
+        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+    }
+}
+
+#[test]
+fn blocks_started_are_counted() {
+    let ((), snapshot) = with_recorder(|_| async {
+        let clock = ManualClock::new(0);
+        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let limiter = in_process(&store, &clock);
+        let ip = Caller::new("203.0.113.7");
+        for _ in 0..7 {
+            limiter.check(&ip).await;
+        }
+        clock.advance(Duration::from_secs(600));
+        for _ in 0..5 {
+            limiter.check(&ip).await;
+        }
+    });
+    let lockouts = counter(
+        &snapshot,
+        "tollgate_lockouts_total",
+        &[("layer", "otp"), ("policy", "wrong-codes")],
+    );
+    assert_eq!(lockouts, 2);
+    let limited = counter(
+        &snapshot,
+        "tollgate_decisions_total",
+        &[
+            ("layer", "otp"),
+            ("outcome", "limited"),
+            ("policy", "wrong-codes"),
+        ],
+    );
+    assert_eq!(limited, 2);
+}
+
+#[cfg(feature = "redis")]
+mod on_redis {
+    use std::time::Duration;
+
+    use tollgate::{
+        Caller, FailurePolicy, InstanceCount, Limiter, LimiterBuilder, RedisBackend,
+        decision::DecisionSource,
+    };
+    use tollgate_testkit::redis::{RedisCluster, RedisServer};
+
+    use super::{after_the_block, lock_out, wrong_codes};
+
+    /// A store timeout no healthy server on a loaded test machine reaches.
+    const SLOW_TEST_MACHINE: Duration = Duration::from_secs(5);
+    /// Short enough to wait out, long enough for the attempts made within it.
+    const LOCKOUT: Duration = Duration::from_secs(3);
+
+    fn limiter(store: RedisBackend, lockout: Duration) -> LimiterBuilder {
+        Limiter::builder()
+            .name("otp")
+            .backend(store)
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(wrong_codes(lockout))
+    }
+
+    fn on(server: &RedisServer) -> Limiter {
+        let store = RedisBackend::builder(server.url())
+            .build()
+            .expect("valid URL");
+        limiter(store, LOCKOUT).build()
+    }
+
+    fn on_cluster(cluster: &RedisCluster) -> Limiter {
+        let store = RedisBackend::cluster_builder(cluster.urls())
+            .build()
+            .expect("valid URLs");
+        limiter(store, LOCKOUT).build()
+    }
+
+    #[tokio::test]
+    async fn a_lockout_on_redis() {
+        let server = RedisServer::start();
+        let (a, b) = (on(&server), on(&server));
+        lock_out(&a, &b, LOCKOUT, (1, 3)).await;
+        // The block is a key of its own, expiring when it ends; the counter ends with it.
+        let ttl: i64 = server
+            .must(&["PTTL", "rl:{*}:otp:wrong-codes:lock"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!((1..=3_000).contains(&ttl), "PTTL {ttl}");
+        let counter_ttl: i64 = server
+            .must(&["PTTL", "rl:{*}:otp:wrong-codes:w600000"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            counter_ttl <= ttl,
+            "the counter outlives the block: {counter_ttl} > {ttl}"
+        );
+        tokio::time::sleep(Duration::from_millis(u64::try_from(ttl).unwrap() + 50)).await;
+        after_the_block(&a, &b).await;
+    }
+
+    #[tokio::test]
+    async fn a_token_bucket_locks_out_on_redis() {
+        let server = RedisServer::start();
+        let store = RedisBackend::builder(server.url())
+            .build()
+            .expect("valid URL");
+        let limiter = Limiter::builder()
+            .name("pin")
+            .backend(store)
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(super::attempts(LOCKOUT))
+            .build();
+        super::a_bucket_locks_out(&limiter, LOCKOUT.as_secs()).await;
+        // The bucket's key ends with the block, an hour's refill before it would have.
+        let ttl: i64 = server
+            .must(&["PTTL", "rl:{198.51.100.7}:pin:attempts:b3600000"])
+            .trim()
+            .parse()
+            .unwrap();
+        assert!((1..=3_000).contains(&ttl), "PTTL {ttl}");
+        tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
+        let ip = Caller::new("198.51.100.7");
+        for i in 0..2 {
+            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sliding_log_locks_out_on_redis() {
+        let server = RedisServer::start();
+        let store = RedisBackend::builder(server.url())
+            .build()
+            .expect("valid URL");
+        let limiter = Limiter::builder()
+            .name("pin")
+            .backend(store)
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(super::logged(LOCKOUT))
+            .build();
+        super::a_log_locks_out(&limiter, LOCKOUT.as_secs()).await;
+        tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
+        let ip = Caller::new("192.0.2.9");
+        for i in 0..3 {
+            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lockout_on_a_redis_cluster() {
+        let cluster = RedisCluster::start();
+        let (a, b) = (on_cluster(&cluster), on_cluster(&cluster));
+        lock_out(&a, &b, LOCKOUT, (1, 3)).await;
+        tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
+        after_the_block(&a, &b).await;
+    }
+
+    /// Redis down: a route that fails closed answers 503 whatever the block; a local share
+    /// counts and blocks on its own.
+    #[tokio::test]
+    async fn with_the_store_down_the_failure_policy_applies() {
+        let mut server = RedisServer::start();
+        let store = || {
+            RedisBackend::builder(server.url())
+                .build()
+                .expect("valid URL")
+        };
+        let closed = limiter(store(), Duration::from_secs(600))
+            .on_store_failure(FailurePolicy::closed())
+            .build();
+        let shared = limiter(store(), Duration::from_secs(600))
+            .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(1)))
+            .build();
+        let ip = Caller::new("203.0.113.7");
+        assert!(closed.check(&ip).await.is_allowed());
+        server.kill();
+        let refused = closed.check(&ip).await;
+        assert!(
+            matches!(refused, tollgate::Decision::Unavailable { .. }),
+            "{refused:?}"
+        );
+        let other = Caller::new("198.51.100.1");
+        for i in 0..5 {
+            let decision = shared.check(&other).await;
+            assert!(decision.is_allowed(), "attempt {i}: {decision:?}");
+        }
+        let tollgate::Decision::Limited(info) = shared.check(&other).await else {
+            panic!("the share's own block");
+        };
+        assert_eq!(info.source(), DecisionSource::LocalShare);
+        assert!(
+            (599..=600).contains(&info.retry_after_secs()),
+            "{}",
+            info.retry_after_secs()
+        );
+    }
+}
