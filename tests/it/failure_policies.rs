@@ -214,13 +214,21 @@ fn every_fallback_is_counted_with_its_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_with_skewed_clocks_agree_because_time_comes_from_redis() {
     let server = RedisServer::start();
-    // Two instances whose own clocks are 5.5 s apart.
+    // Two instances whose own clocks are 5.5 s apart, each connected before it decides (a
+    // decision made before the connection is there falls back at once).
+    let mut stores = Vec::new();
+    for _ in 0..2 {
+        let store = store(&server.url(), "clock");
+        store.ping().await.expect("Redis answers");
+        stores.push(store);
+    }
     let limiters: Vec<Limiter> = [1_800_000_000_900u64, 1_800_000_006_400]
         .into_iter()
-        .map(|millis| {
+        .zip(stores)
+        .map(|(millis, store)| {
             Limiter::builder()
                 .name("failure-policies")
-                .backend(store(&server.url(), "clock"))
+                .backend(store)
                 .store_timeout(Duration::from_secs(5))
                 .clock(ManualClock::new(millis))
                 .policy(Policy::sliding_window("per-minute", Quota::per_minute(10)))
