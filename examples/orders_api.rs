@@ -11,7 +11,7 @@
 //!            [--instances N | --expected-instances N]
 //!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
-//!            [--max-in-flight N]
+//!            [--max-in-flight N] [--slot-ttl-ms N]
 //! ```
 //!
 //! - `GET /orders`: `--limit` requests per `--window-secs` per `x-customer-id` (a missing
@@ -23,6 +23,12 @@
 //!   out for 10 minutes (policy `wrong-codes`, a lockout kept in the store): every attempt
 //!   meanwhile is 429 with `Retry-After` the time left, the right code included. Fails
 //!   closed. Blocks started are counted in `tollgate_lockouts_total`.
+//! - `GET /reports?ms=N`: a slow report (N milliseconds, at most 60,000), at most 2 in
+//!   flight per `x-customer-id` across the instances (a missing header is 401): a third
+//!   while two run is 429 with `RateLimit-Policy: "in-flight";q=2;qu="concurrent-requests"`
+//!   and `Retry-After: 1`. A slot is freed when its response has been sent or the client
+//!   hangs up; in Redis it lives `--slot-ttl-ms` (default 10,000) unrenewed, the longest an
+//!   instance that died keeps its slots taken. The same failure policy as `/orders`.
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text format.
 //!
@@ -83,6 +89,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use axum::extract::Query;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -90,8 +97,10 @@ use clap::{ArgGroup, Parser};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
+use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
 use tollgate::shed::ConcurrencyShedLayer;
+use tollgate::store::SlotStore;
 use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
@@ -176,6 +185,10 @@ struct Options {
     /// the slots for /login and /healthz (default: no shedding)
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     max_in_flight: Option<u64>,
+    /// How long a slot of /reports lives in Redis unrenewed, in milliseconds: the longest
+    /// an instance that died keeps its customers' slots taken
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = at_least_one)]
+    slot_ttl_ms: u64,
 }
 
 /// The node URLs of `--redis-cluster`, or the Sentinel URLs of `--redis-sentinel`: at least
@@ -405,7 +418,13 @@ async fn app(
     let orders_store = store(options, "orders")?;
     let login_store = store(options, "login")?;
     let otp_store = store(options, "otp")?;
-    for store in orders_store.iter().chain(&login_store).chain(&otp_store) {
+    let reports_store = store(options, "reports")?;
+    for store in orders_store
+        .iter()
+        .chain(&login_store)
+        .chain(&otp_store)
+        .chain(&reports_store)
+    {
         if let Err(error) = store.ping().await {
             eprintln!(
                 "warning: Redis does not answer yet ({error}); failure policies apply until it does"
@@ -443,6 +462,7 @@ async fn app(
         None => format!("{} per {} s", options.limit, options.window_secs),
     };
     let instances = instance_count(options, registry);
+    let plans = Arc::new(ArcSwap::from_pointee(plans));
     let leased = leases(options, instances.clone());
     let leasing = match &leased {
         Some(leases) => format!(
@@ -452,6 +472,19 @@ async fn app(
         ),
         None => String::new(),
     };
+    // At most 2 reports of one customer at a time, across the instances sharing Redis.
+    let slots: Arc<dyn SlotStore> = match reports_store {
+        Some(store) => Arc::new(store),
+        None => Arc::new(InMemoryBackend::new()),
+    };
+    let reports = InFlightLayer::new("reports", 2, slots)
+        .key(CustomerKey {
+            plans: plans.clone(),
+        })
+        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        .slot_ttl(Duration::from_millis(options.slot_ttl_ms))
+        .store_timeout(Duration::from_millis(options.store_timeout_ms))
+        .on_store_failure(failure_policy(options, instances.clone()));
     let orders = limiter("orders", orders_store, options)
         .limits(limits)
         .on_store_failure(failure_policy(options, instances));
@@ -461,7 +494,6 @@ async fn app(
     }
     .try_build()
     .map_err(|e| e.to_string())?;
-    let plans = Arc::new(ArcSwap::from_pointee(plans));
     let login = limiter("login", login_store, options)
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
         .on_store_failure(FailurePolicy::closed())
@@ -521,6 +553,7 @@ async fn app(
                     .count_only(|response| response.status == StatusCode::UNAUTHORIZED),
             ),
         )
+        .route("/reports", get(report).route_layer(reports))
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -582,6 +615,26 @@ fn reload_on_hangup(path: PathBuf, app: &App) -> std::io::Result<()> {
 
 /// The one-time code `/otp/verify` accepts.
 const OTP_CODE: &str = "424242";
+
+/// The longest report /reports makes, so that a request cannot hold a slot for ever.
+const MAX_REPORT_MS: u64 = 60_000;
+
+/// A slow report: `?ms=N` takes N milliseconds (at most a minute; 0 without it), then
+/// answers. 400 if N is not a number.
+async fn report(Query(query): Query<HashMap<String, String>>) -> (StatusCode, String) {
+    let ms = match query.get("ms").map(|ms| ms.parse::<u64>()) {
+        None => 0,
+        Some(Ok(ms)) => ms.min(MAX_REPORT_MS),
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "ms must be a whole number of milliseconds\n".to_owned(),
+            );
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    (StatusCode::OK, format!("report made in {ms} ms\n"))
+}
 
 /// 200 for the right code, 401 for a wrong one, 400 without a string `code`.
 async fn verify_otp(Json(body): Json<serde_json::Value>) -> StatusCode {

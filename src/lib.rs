@@ -118,7 +118,8 @@
 //! | `tollgate_leased_decisions_total` | counter | `layer` | requests | decisions made locally from a lease, without a store call |
 //! | `tollgate_live_instances` | gauge | `registry` | instances | the count an `InstanceRegistry` divides by (its key, e.g. `orders:instances`): what it last read, except that a count rebuilt after a Redis restart replaces a higher trusted one only after a full liveness window |
 //! | `tollgate_shed_total` | counter | `layer`, `class` | requests | requests refused by [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer); `class` is the request's [priority class](shed::ConcurrencyShedLayer#priority-classes): `critical`, `normal` (every request of a layer without classes) or `sheddable` |
-//! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer) |
+//! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer), or holding a slot of an [`InFlightLayer`](in_flight::InFlightLayer) on this instance |
+//! | `tollgate_in_flight_decisions_total` | counter | `layer`, `outcome` | requests | requests decided by an [`InFlightLayer`](in_flight::InFlightLayer): `allowed` (a slot taken), `limited` (all of the caller's slots taken: 429), `unavailable` (the store failed and the layer fails closed: 503) or `unlimited` (run without a slot: no key with `MissingKey::Pass`, or failed open) |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
 //! | `tollgate_client_held_back_total` | counter | `layer`, `reason`, `outcome` | requests | outgoing calls kept from a server that had said to wait, by [`HoldBackLayer`](client::HoldBackLayer); `reason` is `retry_after`, `ratelimit` or `grpc_pushback`; `outcome` is `failed` (answered locally, never sent) or `waited` (sent once the wait was over) |
 //!
@@ -146,6 +147,7 @@ pub mod client;
 #[cfg(feature = "serde")]
 pub mod config;
 pub mod guide;
+pub mod in_flight;
 pub mod shed;
 pub mod store;
 

@@ -1,11 +1,13 @@
 //! The response body: the inner service's, or the limiter's own problem+json.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::store::slots::HeldSlot;
 
 pin_project! {
     /// The body of a response that went through the rate limit layer: either the inner
@@ -28,6 +30,13 @@ pin_project! {
         Full {
             data: Option<Bytes>,
         },
+        // The inner body of a request that holds an in-flight slot: freed when the body
+        // ends, or when it is dropped before (a client gone away).
+        Holding {
+            #[pin]
+            body: B,
+            slot: Option<HeldSlot>,
+        },
     }
 }
 
@@ -35,6 +44,15 @@ impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         Self {
             kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn holding(body: B, slot: HeldSlot) -> Self {
+        Self {
+            kind: Kind::Holding {
+                body,
+                slot: Some(slot),
+            },
         }
     }
 
@@ -62,19 +80,26 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Holding { body, slot } => {
+                let frame = ready!(body.poll_frame(cx));
+                if frame.is_none() {
+                    drop(slot.take());
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Holding { body, .. } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body } | Kind::Holding { body, .. } => body.size_hint(),
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

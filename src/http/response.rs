@@ -143,6 +143,22 @@ pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> 
     response
 }
 
+/// A request refused because all of its caller's slots of the in-flight limit `policy`
+/// are taken: 429, the quota-exceeded problem naming it, and Retry-After.
+pub(crate) fn slots_taken<B>(policy: &str, retry_after_secs: u64) -> Response<ResponseBody<B>> {
+    let mut body = String::with_capacity(192);
+    body.push_str("{\"type\":");
+    json_string(&mut body, QUOTA_EXCEEDED);
+    body.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"policy\":");
+    json_string(&mut body, policy);
+    violated_and_retry(&mut body, &[policy], Some(retry_after_secs));
+    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, body);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
+    response
+}
+
 /// `,"violated-policies":[...]` and, when waiting helps, `,"retry-after-seconds":N`, then
 /// the closing brace: the end of every refusal's body but a key rejection's.
 fn violated_and_retry(body: &mut String, violated: &[&str], retry_after: Option<u64>) {

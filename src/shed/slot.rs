@@ -170,7 +170,8 @@ impl Shared {
         metrics::describe_gauge!(
             IN_FLIGHT,
             Unit::Count,
-            "Requests in flight through a ConcurrencyShedLayer, by layer."
+            "Requests in flight through a ConcurrencyShedLayer, or holding a slot of an \
+             InFlightLayer, by layer."
         );
         let layer = Label::new("layer", name.clone());
         let shed_key = |class: Class| {

@@ -28,6 +28,7 @@ pub(crate) mod policy;
 pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod slots;
 
 pub use algorithm::{AdmissionLog, Algorithm, Evaluation, PolicyOutcome, PolicyState};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
@@ -42,3 +43,4 @@ pub use memory::InMemoryBackendBuilder;
 pub use redis::backend::RedisBackendBuilder;
 #[cfg(feature = "redis")]
 pub use redis::registry::{InstanceRegistryBuilder, RegistryError};
+pub use slots::SlotStore;

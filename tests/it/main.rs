@@ -47,6 +47,12 @@ mod grpc;
 mod grpc_client_ip;
 mod headers;
 mod hyper_service;
+mod in_flight;
+#[cfg_attr(
+    not(all(feature = "axum", feature = "redis", feature = "serde")),
+    path = "skipped/orders_api.rs"
+)]
+mod in_flight_http;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod instances;
 #[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]

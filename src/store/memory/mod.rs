@@ -1,5 +1,6 @@
 mod entry;
 mod shard;
+mod slots;
 
 use std::fmt;
 use std::hash::BuildHasher;
@@ -66,6 +67,8 @@ struct Shared {
     shard_capacity: usize,
     max_keys: usize,
     sweep_interval_ms: u64,
+    /// Slots of requests in flight, by limit name and caller: only while held.
+    slots: slots::Slots,
 }
 
 impl InMemoryBackend {
@@ -525,6 +528,7 @@ impl InMemoryBackendBuilder {
                 shard_capacity,
                 max_keys: shard_capacity * shards,
                 sweep_interval_ms: self.sweep_interval_ms,
+                slots: slots::Slots::default(),
             }),
         }
     }

@@ -231,15 +231,7 @@ impl RedisBackend {
     /// # }
     /// ```
     pub fn key(&self, caller: &CallerKey, limit: &Policy) -> Vec<u8> {
-        let counter = limit.counter();
-        let mut key =
-            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + counter.len() + 40);
-        key.extend_from_slice(self.prefix.as_bytes());
-        key.extend_from_slice(b":{");
-        self.push_tag(&mut key, caller);
-        key.extend_from_slice(b"}:");
-        key.extend_from_slice(counter.as_bytes());
-        key
+        self.tagged_key(caller, limit.counter().as_bytes())
     }
 
     /// The Redis key that holds `caller`'s block by `limit`'s lockout, if it locks out:
@@ -267,14 +259,19 @@ impl RedisBackend {
     /// ```
     pub fn block_key(&self, caller: &CallerKey, limit: &Policy) -> Option<Vec<u8>> {
         let id = limit.lockout_counter()?;
+        Some(self.tagged_key(caller, id.as_bytes()))
+    }
+
+    /// `<prefix>:{<caller>}:<suffix>`: a key of `caller`'s, in the slot of all its keys.
+    pub(super) fn tagged_key(&self, caller: &CallerKey, suffix: &[u8]) -> Vec<u8> {
         let mut key =
-            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + id.len() + 40);
+            Vec::with_capacity(self.prefix.len() + caller.encoded().len() * 3 + suffix.len() + 40);
         key.extend_from_slice(self.prefix.as_bytes());
         key.extend_from_slice(b":{");
         self.push_tag(&mut key, caller);
         key.extend_from_slice(b"}:");
-        key.extend_from_slice(id.as_bytes());
-        Some(key)
+        key.extend_from_slice(suffix);
+        key
     }
 
     /// The script's keys for `caller` under `limits`: each policy's counter, then the

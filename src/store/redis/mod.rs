@@ -8,4 +8,5 @@ mod cluster_link;
 mod link;
 pub(crate) mod registry;
 mod sentinel;
+mod slots;
 mod topology;

@@ -1,0 +1,292 @@
+//! Slots of requests in flight: what a store must do to bound a caller's concurrent
+//! requests across instances, and the guard that holds one slot while its request runs.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::store::backend::StoreError;
+use crate::store::caller::CallerKey;
+use crate::store::future::StoreFuture;
+
+/// A store of slots for requests in flight, one set per caller and limit name: what
+/// [`InFlightLayer`](crate::in_flight::InFlightLayer) asks before it lets a request run
+/// and tells when the request is over.
+///
+/// A slot is taken for `ttl` and renewed while its request runs; a slot whose holder
+/// stopped renewing it (an instance that died, or lost the store) is free again once its
+/// `ttl` has passed, so a crash leaks no slot for longer than that. Slot ids are chosen by
+/// the caller of these methods, unique across instances.
+///
+/// [`InMemoryBackend`](crate::InMemoryBackend) implements it for one process,
+/// [`RedisBackend`](crate::RedisBackend) for many (a sorted set per caller, scored by each
+/// slot's expiry on Redis's clock, changed by one Lua script).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::InMemoryBackend;
+/// use tollgate::store::{CallerKey, SlotStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = InMemoryBackend::new();
+/// let acme = CallerKey::new("acme");
+/// let ttl = Duration::from_secs(10);
+/// assert_eq!(store.acquire(&acme, "reports", 1, 2, ttl).await.unwrap(), Some(1));
+/// assert_eq!(store.acquire(&acme, "reports", 2, 2, ttl).await.unwrap(), Some(2));
+/// // Both slots are held: a third request of acme waits for one of them.
+/// assert_eq!(store.acquire(&acme, "reports", 3, 2, ttl).await.unwrap(), None);
+/// store.release(&acme, "reports", 1).await.unwrap();
+/// assert_eq!(store.acquire(&acme, "reports", 3, 2, ttl).await.unwrap(), Some(2));
+/// # }
+/// ```
+pub trait SlotStore: Send + Sync + fmt::Debug + 'static {
+    /// Takes slot `slot` of `caller`'s slots named `name` for `ttl`, if fewer than `limit`
+    /// are held (slots past their expiry are not): `Some` with the count held after it,
+    /// or `None` when all `limit` are taken.
+    fn acquire(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+        limit: u64,
+        ttl: Duration,
+    ) -> StoreFuture<Result<Option<u64>, StoreError>>;
+
+    /// Extends slot `slot` for another `ttl` from now: `false` if the store no longer
+    /// holds it (it expired unrenewed, and may have gone to another request).
+    fn renew(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+        ttl: Duration,
+    ) -> StoreFuture<Result<bool, StoreError>>;
+
+    /// Frees slot `slot` (nothing happens if the store no longer holds it).
+    fn release(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+    ) -> StoreFuture<Result<(), StoreError>>;
+
+    /// Whether calls cross a network (default `true`): a remote store's slots are renewed
+    /// while their requests run, and each call is bounded by the layer's store timeout.
+    fn is_remote(&self) -> bool {
+        true
+    }
+}
+
+impl<S: SlotStore + ?Sized> SlotStore for Arc<S> {
+    fn acquire(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+        limit: u64,
+        ttl: Duration,
+    ) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        (**self).acquire(caller, name, slot, limit, ttl)
+    }
+
+    fn renew(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+        ttl: Duration,
+    ) -> StoreFuture<Result<bool, StoreError>> {
+        (**self).renew(caller, name, slot, ttl)
+    }
+
+    fn release(
+        &self,
+        caller: &CallerKey,
+        name: &str,
+        slot: u128,
+    ) -> StoreFuture<Result<(), StoreError>> {
+        (**self).release(caller, name, slot)
+    }
+
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
+    }
+}
+
+/// How many slots each caller holds through one instance's layer, whether the store or
+/// the local share granted them: where a local share starts when the store goes away
+/// (the requests still running count against it), and its whole count while it is down.
+#[derive(Debug, Default)]
+pub(crate) struct HeldHere {
+    counts: Mutex<HashMap<CallerKey, u64>>,
+}
+
+impl HeldHere {
+    /// Counts one more slot of `caller`, if it holds fewer than `share` (any number
+    /// without a share).
+    pub(crate) fn take(&self, caller: &CallerKey, share: Option<u64>) -> Option<u64> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let held = counts.entry(caller.clone()).or_default();
+        if share.is_some_and(|share| *held >= share) {
+            if *held == 0 {
+                counts.remove(caller);
+            }
+            return None;
+        }
+        *held += 1;
+        Some(*held)
+    }
+
+    fn give_back(&self, caller: &CallerKey) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = counts.get_mut(caller) {
+            *held = held.saturating_sub(1);
+            if *held == 0 {
+                counts.remove(caller);
+            }
+        }
+    }
+}
+
+/// One slot held while a request runs: renewed in the store in the background (a remote
+/// store's, every third of its time to live), and freed when dropped, which the layer's
+/// body does when the response ends or is dropped, so an error, a panic or a client gone
+/// away frees it too.
+pub(crate) struct HeldSlot {
+    here: Arc<HeldHere>,
+    caller: CallerKey,
+    in_store: Option<InStore>,
+    on_release: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+struct InStore {
+    store: Arc<dyn SlotStore>,
+    name: Arc<str>,
+    slot: u128,
+    renewal: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl HeldSlot {
+    /// A slot the local share granted: counted in `here` only.
+    pub(crate) fn local(here: Arc<HeldHere>, caller: CallerKey) -> Self {
+        Self {
+            here,
+            caller,
+            in_store: None,
+            on_release: None,
+        }
+    }
+
+    /// Slot `slot` that `store` granted (and `here` counted), renewed every third of `ttl`
+    /// if the store is remote and a Tokio runtime runs.
+    pub(crate) fn in_store(
+        here: Arc<HeldHere>,
+        caller: CallerKey,
+        store: Arc<dyn SlotStore>,
+        name: Arc<str>,
+        slot: u128,
+        ttl: Duration,
+    ) -> Self {
+        let renewal = store
+            .is_remote()
+            .then(|| tokio::runtime::Handle::try_current().ok())
+            .flatten()
+            .map(|runtime| {
+                runtime.spawn(renew_while_held(
+                    store.clone(),
+                    caller.clone(),
+                    name.clone(),
+                    slot,
+                    ttl,
+                ))
+            });
+        Self {
+            here,
+            caller,
+            in_store: Some(InStore {
+                store,
+                name,
+                slot,
+                renewal,
+            }),
+            on_release: None,
+        }
+    }
+
+    /// Runs `f` when the slot is freed (the layer's gauge of slots held).
+    pub(crate) fn on_release(mut self, f: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_release = Some(Box::new(f));
+        self
+    }
+}
+
+/// Renews a slot until the task is aborted (the slot freed), or the store says it no
+/// longer holds it. A failed renewal is tried again at the next period: the slot lives
+/// until its expiry meanwhile.
+async fn renew_while_held(
+    store: Arc<dyn SlotStore>,
+    caller: CallerKey,
+    name: Arc<str>,
+    slot: u128,
+    ttl: Duration,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(1));
+    loop {
+        tokio::time::sleep(period).await;
+        match store.renew(&caller, &name, slot, ttl).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(
+                    layer = %name,
+                    "a request in flight lost its slot: it was not renewed within its time to live"
+                );
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(layer = %name, %error, "could not renew a slot; trying again");
+            }
+        }
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        self.here.give_back(&self.caller);
+        if let Some(f) = &self.on_release {
+            f();
+        }
+        let Some(mut held) = self.in_store.take() else {
+            return;
+        };
+        if let Some(renewal) = held.renewal.take() {
+            renewal.abort();
+        }
+        let mut release = held.store.release(&self.caller, &held.name, held.slot);
+        if release.try_take_ready().is_some() {
+            return;
+        }
+        // Without a runtime the release cannot be sent: the slot frees itself at its expiry.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let name = held.name;
+            runtime.spawn(async move {
+                if let Err(error) = release.await {
+                    tracing::debug!(
+                        layer = %name,
+                        %error,
+                        "could not free a slot: it frees itself at its expiry"
+                    );
+                }
+            });
+        }
+    }
+}
+
+impl fmt::Debug for HeldSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldSlot")
+            .field("caller", &self.caller)
+            .field("in_store", &self.in_store.is_some())
+            .finish()
+    }
+}
