@@ -7,17 +7,14 @@
 //! whatever the store's state: its units were counted when it was taken.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use metrics::SharedString;
 
 use crate::limiter::breaker::Admission;
 use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
 use crate::limiter::domains::not_connected;
-use crate::limiter::lease::config::Leases;
-use crate::limiter::lease::metrics::LeaseMetrics;
-use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
+use crate::limiter::lease::leasing::Leasing;
+use crate::limiter::lease::table::{Lease, Next, Step};
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
@@ -25,55 +22,6 @@ use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
-
-/// A limiter's leasing: its configuration, its callers' leases and its counters.
-pub(crate) struct Leasing {
-    config: Leases,
-    table: LeaseTable,
-    metrics: LeaseMetrics,
-    /// The store answered that it does not lease: every request asks it.
-    unsupported: AtomicBool,
-}
-
-impl Leasing {
-    pub(crate) fn new(config: Leases, layer: &Arc<str>) -> Self {
-        Self {
-            table: LeaseTable::new(config.caller_capacity()),
-            metrics: LeaseMetrics::new(&SharedString::from_shared(layer.clone())),
-            config,
-            unsupported: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether this instance holds a lease of `caller`'s under the set `set_id`, or is
-    /// taking one.
-    pub(crate) fn holds(&self, caller: &CallerKey, set_id: u64) -> bool {
-        self.table.holds(caller, set_id)
-    }
-
-    fn sizing(&self, limits: &[Policy]) -> Sizing {
-        let instances = self.config.instance_count().max(1);
-        let cap = limits
-            .iter()
-            .map(|limit| limit.algorithm().quota() / instances)
-            .min()
-            .unwrap_or(0);
-        Sizing {
-            threshold_per_sec: self.config.threshold(),
-            period_ms: self.config.period_ms(),
-            cap,
-        }
-    }
-}
-
-impl std::fmt::Debug for Leasing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leasing")
-            .field("config", &self.config)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Decides a request of `cost` units from the caller's lease, or by taking one; `None`
 /// when the request is for the store alone (the caller is not hot, a lease is being
@@ -431,6 +379,7 @@ mod tests {
     use super::*;
     use crate::limiter::Limiter;
     use crate::limiter::failure::FailurePolicy;
+    use crate::limiter::lease::config::Leases;
     use crate::store::backend::{Backend, CheckOutcome};
     use crate::store::clock::ManualClock;
     use crate::store::future::StoreFuture;
