@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::limiter::breaker::Admission;
+use crate::limiter::breaker::{Admission, Permit};
 use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
-use crate::limiter::domains::not_connected;
+use crate::limiter::domains::{Domain, not_connected};
 use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::lease::table::{Lease, Next, Step};
 use crate::limiter::path::remote::RemotePath;
@@ -20,6 +20,7 @@ use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
+use crate::store::domain::FailureDomain;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
@@ -100,16 +101,7 @@ fn take(
     asked_ms: u64,
 ) -> Option<StoreFuture<Decision>> {
     let (reach, domain) = path.domain_of(caller.key());
-    let reason = match domain.admit_at(reach, || path.clock.now_millis()) {
-        Admission::Call(permit) if reach.can_call() => Ok(permit),
-        Admission::Call(permit) => {
-            // No connection to call on: a failure for the breaker, without a call.
-            permit.failed(&not_connected());
-            Err(FallbackReason::without_a_connection(reach))
-        }
-        Admission::Reject => Err(FallbackReason::BreakerOpen),
-    };
-    let permit = match reason {
+    let permit = match permit(path, reach, &domain) {
         Ok(permit) => permit,
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
@@ -128,9 +120,6 @@ fn take(
         return None;
     };
     let started = std::time::Instant::now();
-    let path = path.clone();
-    let caller = caller.clone();
-    let set = set.clone();
     let taking = Taking {
         path: path.clone(),
         caller: caller.clone(),
@@ -142,45 +131,60 @@ fn take(
         // The whole guard moves in, so it lives (and settles) with the future; it
         // holds the store's answer until it comes.
         let mut taking = taking;
-        let answer = match taking.lease.as_mut() {
-            Some(lease) => tokio::time::timeout(path.store.timeout(), lease).await,
-            None => Ok(Err(StoreError::new(
-                StoreErrorKind::Other,
-                "the lease was answered already",
-            ))),
-        };
-        let result = match answer {
-            Ok(result) => {
-                taking.lease = None;
-                result
-            }
-            Err(_) => Err(path.store.timed_out(caller.key(), "lease")),
-        };
+        let result = taking.answer().await;
+        let Taking {
+            path, caller, set, ..
+        } = &taking;
         path.store.answered(started);
         let decision = match result {
             Ok(grant) => {
                 permit.success();
-                granted(&path, &caller, &set, grant, cost, asked_ms)
+                granted(path, caller, set, grant, cost, asked_ms)
             }
             Err(error) => {
                 permit.failed(&error);
-                if let Some(leasing) = &path.leases {
-                    leasing.table.granted(caller.key(), set.id, None);
-                }
-                tracing::debug!(layer = %path.name, %error, "taking a lease failed");
-                path.fall_back(
-                    &domain,
-                    &caller,
-                    &set,
-                    FallbackReason::of(&error),
-                    cost,
-                    None,
-                )
+                not_granted(path, &domain, caller, set, &error, cost)
             }
         };
         taking.settled = true;
         decision
     }))
+}
+
+/// The breaker's leave to ask the caller's part of the store (`reach`) for a lease, or
+/// why the failure policy decides instead.
+fn permit(
+    path: &RemotePath,
+    reach: FailureDomain,
+    domain: &Domain,
+) -> Result<Permit, FallbackReason> {
+    match domain.admit_at(reach, || path.clock.now_millis()) {
+        Admission::Call(permit) if reach.can_call() => Ok(permit),
+        Admission::Call(permit) => {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            Err(FallbackReason::without_a_connection(reach))
+        }
+        Admission::Reject => Err(FallbackReason::BreakerOpen),
+    }
+}
+
+/// Taking a lease failed with `error`: the caller may take another, and the failure
+/// policy decides the request.
+fn not_granted(
+    path: &RemotePath,
+    domain: &Domain,
+    caller: &Caller,
+    set: &PolicySet,
+    error: &StoreError,
+    cost: u64,
+) -> Decision {
+    if let Some(leasing) = &path.leases {
+        leasing.table.granted(caller.key(), set.id, None);
+    }
+    tracing::debug!(layer = %path.name, %error, "taking a lease failed");
+    let reason = FallbackReason::of(error);
+    path.fall_back(domain, caller, set, reason, cost, None)
 }
 
 /// A lease being taken for a request that may be dropped (its client went away) before
@@ -196,6 +200,26 @@ struct Taking {
     set: PolicySet,
     lease: Option<StoreFuture<Result<LeaseGrant, StoreError>>>,
     settled: bool,
+}
+
+impl Taking {
+    /// The store's answer to the lease, within the store timeout; once it has come, the
+    /// guard no longer holds it.
+    async fn answer(&mut self) -> Result<LeaseGrant, StoreError> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                "the lease was answered already",
+            ));
+        };
+        match tokio::time::timeout(self.path.store.timeout(), lease).await {
+            Ok(result) => {
+                self.lease = None;
+                result
+            }
+            Err(_) => Err(self.path.store.timed_out(self.caller.key(), "lease")),
+        }
+    }
 }
 
 impl Drop for Taking {

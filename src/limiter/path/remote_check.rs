@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::limiter::breaker::{Admission, Permit};
 use crate::limiter::decision::{Decision, FallbackReason};
-use crate::limiter::domains::{Domain, not_connected};
+use crate::limiter::domains::{Domain, DomainRef, not_connected};
 use crate::limiter::failure::Held;
 use crate::limiter::lease::path::leased;
 use crate::limiter::path::remote::RemotePath;
@@ -27,12 +27,8 @@ impl RemotePath {
         // time the store was asked.
         let mut read_clock = None;
         let mut now = || *read_clock.get_or_insert_with(|| self.clock.now_millis());
-        if let Some(denials) = &self.denials
-            && !denials.is_empty()
-            && let Some(info) = denials.get(caller.key(), set.id, now(), cost)
-        {
-            self.metrics.denial_cache_hit();
-            return StoreFuture::ready(Decision::Limited(info));
+        if let Some(refused) = self.cached_refusal(caller, set, cost, &mut now) {
+            return StoreFuture::ready(refused);
         }
         // While what a local share counted still weighs, no lease is served or taken,
         // whose units the share would not see.
@@ -73,20 +69,45 @@ impl RemotePath {
                 self.fall_back(&domain, caller, set, reason, cost, read_clock),
             );
         }
-        let now = now();
+        let asked_ms = now();
+        self.call(&domain, caller, set, cost, permit, (asked_ms, held))
+    }
+
+    /// A refusal of the caller that the denial cache still holds; the clock is read only
+    /// when the cache holds any.
+    fn cached_refusal(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        now: impl FnOnce() -> u64,
+    ) -> Option<Decision> {
+        let denials = self
+            .denials
+            .as_ref()
+            .filter(|denials| !denials.is_empty())?;
+        let info = denials.get(caller.key(), set.id, now(), cost)?;
+        self.metrics.denial_cache_hit();
+        Some(Decision::Limited(info))
+    }
+
+    /// Asks the store under the breaker's `permit`, at `asked_ms`, and makes its answer
+    /// the decision, at once or when it comes.
+    fn call(
+        self: &Arc<Self>,
+        domain: &DomainRef<'_>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        permit: Permit,
+        (asked_ms, held): (u64, Option<Held>),
+    ) -> StoreFuture<Decision> {
         let started = Instant::now();
         let mut check = self.ask(caller, set, cost, held.as_ref());
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
-            return StoreFuture::ready(self.finish(
-                &domain,
-                caller,
-                set,
-                result,
-                permit,
-                (now, held),
-                cost,
-            ));
+            let decision = self.finish(domain, caller, set, result, permit, (asked_ms, held), cost);
+            return StoreFuture::ready(decision);
         }
         let domain = domain.to_shared();
         let path = self.clone();
@@ -97,7 +118,15 @@ impl RemotePath {
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
-            path.finish(&domain, &caller, &set, result, permit, (now, held), cost)
+            path.finish(
+                &domain,
+                &caller,
+                &set,
+                result,
+                permit,
+                (asked_ms, held),
+                cost,
+            )
         })
     }
 
