@@ -8,7 +8,7 @@
 //! `redis` feature, `RedisBackend` (with its Lua and its `InstanceRegistry`) are built
 //! this way.
 //!
-//! What a custom [`Backend`] needs, and nothing more (tests/it/custom_backend.rs is one):
+//! What a custom [`Backend`] uses (tests/it/custom_backend.rs is one):
 //!
 //! - the trait and what it answers: [`Backend`], [`CheckOutcome`] of [`PolicyOutcome`]s,
 //!   [`LeaseGrant`], [`StoreError`] of a [`StoreErrorKind`], [`FailureDomain`], and the
@@ -20,11 +20,11 @@
 //!
 //! The per-policy steps under [`evaluate`] ([`Algorithm::evaluate_cost`] and its
 //! [`Evaluation`], [`Algorithm::peek_cost`], the variants of [`PolicyState`] and the
-//! sliding log's [`AdmissionLog`]) are public for a backend that runs its own loop or
-//! keeps states out of process (serialized field by field), and for testing the
-//! arithmetic; most backends need none of them. The builders, [`InvalidPolicy`],
-//! [`LiveInstances`] and (with `redis`) `RegistryError` belong to the
-//! crate's own stores and policies.
+//! sliding log's [`AdmissionLog`]) are for a backend that does more than [`evaluate`]: one
+//! that leases (a grant is the most every policy admits at once, which only the per-policy
+//! steps tell), runs its own loop, or keeps states out of process, field by field. The
+//! builders, [`InvalidPolicy`], [`LiveInstances`] and (with `redis`) `RegistryError` belong
+//! to the crate's own stores and policies.
 //!
 //! This floor knows nothing above it: no limiter, no HTTP type.
 
