@@ -171,10 +171,9 @@ pub use store::redis::registry::InstanceRegistry;
 
 pub mod decision {
     //! What a decision says: the [`Decision`](crate::Decision) itself, the state of each policy it reports,
-    //! where it came from, and why a store could not make it.
+    //! where it came from, why it was not counted, and the breaker in front of the store.
 
     pub use crate::limiter::breaker::BreakerState;
-    pub use crate::limiter::decision::FallbackReason;
     pub use crate::limiter::decision::{
         DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
     };

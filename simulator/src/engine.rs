@@ -28,9 +28,9 @@ use tollgate::key::HeaderKey;
 use tollgate::store::Backend;
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
-use crate::scenario::{FaultKind, GroupKind, Scenario, ScenarioError};
+use crate::scenario::{GroupKind, Scenario, ScenarioError};
 use crate::store::{
-    FaultCell, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
+    FaultCell, FaultKind, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
 };
 
 /// The header each request carries its customer's name in.

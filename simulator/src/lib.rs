@@ -7,5 +7,5 @@ mod store;
 
 pub use engine::{FaultSwitch, SimulationError};
 pub use report::{Counts, GroupReport, Phase, Report, Row, Traced};
-pub use scenario::{AlgorithmKind, Customer, FaultKind, PolicyName, Scenario, ScenarioError};
-pub use store::{InstanceContext, SharedStore, SimClock};
+pub use scenario::{AlgorithmKind, Customer, PolicyName, Scenario, ScenarioError};
+pub use store::{FaultKind, InstanceContext, SharedStore, SimClock};

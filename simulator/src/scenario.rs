@@ -14,7 +14,7 @@ use tollgate::Leases;
 use tollgate::Limiter;
 use tollgate::{Policy, Quota};
 
-use crate::store::InstanceContext;
+use crate::store::{FaultKind, InstanceContext};
 
 /// Past this many simulated requests, a run takes too long to be worth it.
 const MAX_REQUESTS: f64 = 50_000_000.0;
@@ -189,59 +189,6 @@ impl FromStr for PolicyName {
             .into_iter()
             .find(|p| p.name() == name)
             .ok_or_else(|| ScenarioError::UnknownPolicy(name.to_owned()))
-    }
-}
-
-/// How the store fails during the outage.
-///
-/// ```
-/// use tollgate_simulator::FaultKind;
-/// assert_eq!("blackhole".parse::<FaultKind>().unwrap(), FaultKind::Blackhole);
-/// assert!("fire".parse::<FaultKind>().is_err());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FaultKind {
-    /// The store refuses every call at once.
-    Refuse,
-    /// Calls never return; the limiter's store timeout ends them.
-    Blackhole,
-    /// The store answers after twice the store timeout.
-    Slow,
-}
-
-impl FaultKind {
-    /// The name [`FromStr`] reads.
-    ///
-    /// ```
-    /// use tollgate_simulator::FaultKind;
-    /// assert_eq!(FaultKind::Slow.name(), "slow");
-    /// ```
-    pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::Refuse => "refuse",
-            FaultKind::Blackhole => "blackhole",
-            FaultKind::Slow => "slow",
-        }
-    }
-
-    /// The fault in words, for a store timeout of `timeout_ms`.
-    ///
-    /// ```
-    /// use tollgate_simulator::FaultKind;
-    /// assert_eq!(FaultKind::Refuse.describe(20), "the store refuses every call");
-    /// ```
-    pub fn describe(self, timeout_ms: u64) -> String {
-        match self {
-            FaultKind::Refuse => "the store refuses every call".to_owned(),
-            FaultKind::Blackhole => format!(
-                "the store is blackholed: calls never return, the {timeout_ms} ms store timeout ends them"
-            ),
-            FaultKind::Slow => format!(
-                "the store is slow: it answers after {} ms, twice the store timeout",
-                timeout_ms * 2
-            ),
-        }
     }
 }
 

@@ -1,4 +1,5 @@
-//! The simulated store and clock, and what each instance's limiter is built from.
+//! The simulated store, how it fails and its clock, and what each instance's limiter is built
+//! from.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -16,7 +17,58 @@ use tollgate::store::CallerKey;
 use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 use tollgate::store::{Clock, SystemClock};
 
-use crate::scenario::FaultKind;
+/// How the store fails during the outage.
+///
+/// ```
+/// use tollgate_simulator::FaultKind;
+/// assert_eq!("blackhole".parse::<FaultKind>().unwrap(), FaultKind::Blackhole);
+/// assert!("fire".parse::<FaultKind>().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FaultKind {
+    /// The store refuses every call at once.
+    Refuse,
+    /// Calls never return; the limiter's store timeout ends them.
+    Blackhole,
+    /// The store answers after twice the store timeout.
+    Slow,
+}
+
+impl FaultKind {
+    /// The name its [`FromStr`](std::str::FromStr) reads.
+    ///
+    /// ```
+    /// use tollgate_simulator::FaultKind;
+    /// assert_eq!(FaultKind::Slow.name(), "slow");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Refuse => "refuse",
+            FaultKind::Blackhole => "blackhole",
+            FaultKind::Slow => "slow",
+        }
+    }
+
+    /// The fault in words, for a store timeout of `timeout_ms`.
+    ///
+    /// ```
+    /// use tollgate_simulator::FaultKind;
+    /// assert_eq!(FaultKind::Refuse.describe(20), "the store refuses every call");
+    /// ```
+    pub fn describe(self, timeout_ms: u64) -> String {
+        match self {
+            FaultKind::Refuse => "the store refuses every call".to_owned(),
+            FaultKind::Blackhole => format!(
+                "the store is blackholed: calls never return, the {timeout_ms} ms store timeout ends them"
+            ),
+            FaultKind::Slow => format!(
+                "the store is slow: it answers after {} ms, twice the store timeout",
+                timeout_ms * 2
+            ),
+        }
+    }
+}
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (rounded down to the window, so
 /// that the phases start on window boundaries).

@@ -1,14 +1,18 @@
-//! The layer: one backend's window, shared by every service it wraps.
+//! The layer, one backend's window shared by every service it wraps, and its builder: K, the
+//! window, what counts as a refusal, the clock and the random source.
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
+use http::StatusCode;
 use tower_layer::Layer;
 
-use super::builder::AdaptiveThrottleBuilder;
+use super::config::Config;
 use super::rejection::Shared;
 use super::service::AdaptiveThrottle;
 use super::stats::ThrottleStats;
+use crate::store::clock::Clock;
 
 /// Throttles outgoing HTTP calls on the client side: the Google SRE adaptive throttle.
 ///
@@ -147,5 +151,189 @@ impl<S> Layer<S> for AdaptiveThrottleLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         AdaptiveThrottle::new(inner, self.shared.clone())
+    }
+}
+
+/// Configures an [`AdaptiveThrottleLayer`].
+///
+/// ```
+/// use std::time::Duration;
+/// use http::StatusCode;
+/// use tollgate::client::AdaptiveThrottleLayer;
+/// use tollgate::store::ManualClock;
+///
+/// let layer = AdaptiveThrottleLayer::builder()
+///     .name("search")
+///     .k(2.0)
+///     .window(Duration::from_secs(120), 120)
+///     .rejection_statuses([StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE])
+///     .clock(ManualClock::new(0))
+///     .random(|| 0.5)
+///     .build();
+/// # drop(layer);
+/// ```
+#[derive(Clone)]
+pub struct AdaptiveThrottleBuilder {
+    config: Config,
+}
+
+impl Default for AdaptiveThrottleBuilder {
+    /// K = 2, two minutes in 120 one-second buckets, 429 and 503, the system clock.
+    fn default() -> Self {
+        Self {
+            config: Config::default(),
+        }
+    }
+}
+
+impl AdaptiveThrottleBuilder {
+    /// Names the layer in metric labels and logs (default `"default"`). Name it after the
+    /// backend it protects.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// let layer = AdaptiveThrottleLayer::builder().name("billing").build();
+    /// assert_eq!(layer.name(), "billing");
+    /// ```
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.config.name = name.into();
+        self
+    }
+
+    /// K, the multiplier of accepts (default 2, at least 1): under sustained refusals the
+    /// traffic that reaches the backend settles at about K times what it accepts. Lower
+    /// values reject more aggressively and waste less of the backend's capacity on
+    /// refusals; higher ones let more through and notice a recovery sooner. Values below
+    /// 1, and NaN, are raised to 1.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// let builder = AdaptiveThrottleLayer::builder().k(1.1);
+    /// # drop(builder);
+    /// ```
+    pub fn k(mut self, k: f64) -> Self {
+        self.config.k = k.max(1.0);
+        self
+    }
+
+    /// The sliding window and how many buckets keep it (default two minutes in 120
+    /// buckets). The window slides a bucket at a time: a request leaves the counts between
+    /// `window - window / buckets` and `window` after it was made. Each bucket lasts
+    /// `window / buckets`, rounded down to whole milliseconds and at least 1 ms; there is
+    /// at least one bucket.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// // One minute in six ten-second buckets.
+    /// let builder = AdaptiveThrottleLayer::builder().window(Duration::from_secs(60), 6);
+    /// # drop(builder);
+    /// ```
+    pub fn window(mut self, window: Duration, buckets: u32) -> Self {
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        let buckets = buckets.max(1);
+        self.config.buckets = u32::try_from(window_ms)
+            .map_or(buckets, |ms| buckets.min(ms))
+            .max(1);
+        self.config.bucket_ms = (window_ms / u64::from(self.config.buckets)).max(1);
+        self
+    }
+
+    /// The response statuses that count as the backend refusing the request (default 429
+    /// and 503); every other response counts as accepted. An empty set counts every
+    /// response as accepted, so only errors of the inner service count against it.
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// // This backend also sheds load with 502 from its proxy.
+    /// let builder = AdaptiveThrottleLayer::builder().rejection_statuses([
+    ///     StatusCode::TOO_MANY_REQUESTS,
+    ///     StatusCode::BAD_GATEWAY,
+    ///     StatusCode::SERVICE_UNAVAILABLE,
+    /// ]);
+    /// # drop(builder);
+    /// ```
+    pub fn rejection_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        let mut statuses: Vec<StatusCode> = statuses.into_iter().collect();
+        statuses.sort_unstable();
+        statuses.dedup();
+        self.config.rejection_statuses = statuses.into();
+        self
+    }
+
+    /// Reads time from `clock` (default [`SystemClock`](crate::store::SystemClock)), such as a
+    /// [`ManualClock`](crate::store::ManualClock) in tests.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tollgate::store::ManualClock;
+    /// let clock = ManualClock::new(1_800_000_000_000);
+    /// let builder = AdaptiveThrottleLayer::builder().clock(clock.clone());
+    /// # drop(builder);
+    /// ```
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = Arc::new(clock);
+        self
+    }
+
+    /// Replaces the random source: a number in `[0, 1)` per call, drawn only when the
+    /// rejection probability is above 0; the request is rejected when the number is below
+    /// it. For tests. The default is the crate's own random source, seeded per layer.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    ///
+    /// // A deterministic sequence: 0.0, 0.1, ..., 0.9, 0.0, ...
+    /// let n = Arc::new(AtomicU64::new(0));
+    /// let builder = AdaptiveThrottleLayer::builder()
+    ///     .random(move || (n.fetch_add(1, Ordering::Relaxed) % 10) as f64 / 10.0);
+    /// # drop(builder);
+    /// ```
+    pub fn random(mut self, random: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
+        self.config.random = Some(Arc::new(random));
+        self
+    }
+
+    /// Builds the layer, with an empty window.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// let layer = AdaptiveThrottleLayer::builder().build();
+    /// assert_eq!(layer.stats().requests(), 0);
+    /// ```
+    pub fn build(self) -> AdaptiveThrottleLayer {
+        AdaptiveThrottleLayer {
+            shared: Arc::new(Shared::new(self.config)),
+        }
+    }
+}
+
+impl fmt::Debug for AdaptiveThrottleBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveThrottleBuilder")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_arithmetic() {
+        let b = AdaptiveThrottleBuilder::default();
+        assert_eq!((b.config.bucket_ms, b.config.buckets), (1_000, 120));
+        let b = b.window(Duration::from_millis(5), 10);
+        assert_eq!((b.config.bucket_ms, b.config.buckets), (1, 5));
+        let b = b.window(Duration::ZERO, 0);
+        assert_eq!((b.config.bucket_ms, b.config.buckets), (1, 1));
+        let b = b.window(Duration::from_secs(10), 3);
+        assert_eq!((b.config.bucket_ms, b.config.buckets), (3_333, 3));
+        assert_eq!(AdaptiveThrottleBuilder::default().k(0.5).config.k, 1.0);
+        assert_eq!(AdaptiveThrottleBuilder::default().k(f64::NAN).config.k, 1.0);
     }
 }

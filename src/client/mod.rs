@@ -21,7 +21,7 @@
 //! `grpc-retry-pushback-ms`, calls to that server (or partition of it) stay local until the
 //! advertised time. Put it outside the adaptive throttle; see its docs.
 
-mod builder;
+mod config;
 mod error;
 mod future;
 mod hold;
@@ -31,12 +31,11 @@ mod service;
 mod stats;
 mod window;
 
-pub use builder::AdaptiveThrottleBuilder;
 pub use error::{ThrottleError, Throttled};
 pub use future::AdaptiveThrottleFuture;
 pub use hold::{
     HeldBack, HoldBack, HoldBackBuilder, HoldBackError, HoldBackFuture, HoldBackLayer, HoldReason,
 };
-pub use layer::AdaptiveThrottleLayer;
+pub use layer::{AdaptiveThrottleBuilder, AdaptiveThrottleLayer};
 pub use service::AdaptiveThrottle;
 pub use stats::ThrottleStats;

@@ -1,12 +1,12 @@
-//! The rejection rule: the probability the window gives, and the state every service of
-//! one layer shares to apply it before each call and count each answer.
+//! The state every service of one layer shares to apply the rejection rule (the
+//! probability its window gives) before each call and count each answer.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use http::StatusCode;
 use metrics::SharedString;
 
-use super::builder::{Config, Random};
+use super::config::{Config, Random};
 use super::error::Throttled;
 use super::stats::ThrottleStats;
 use super::window::{Counts, Window};
@@ -14,18 +14,6 @@ use crate::store::random::RandomSource;
 
 /// The counter of requests rejected locally, labelled `layer`.
 const THROTTLED_TOTAL: &str = "tollgate_client_throttled_total";
-
-/// `max(0, (requests - K * accepts) / (requests + 1))`.
-pub(super) fn rejection_probability(requests: u64, accepts: u64, k: f64) -> f64 {
-    let requests = requests as f64;
-    // K may be infinite; infinity times zero accepts is no accepts.
-    let accepted = if accepts == 0 {
-        0.0
-    } else {
-        k * accepts as f64
-    };
-    ((requests - accepted) / (requests + 1.0)).max(0.0)
-}
 
 /// What a layer, every service it wraps and their clones share.
 pub(super) struct Shared {
@@ -117,23 +105,5 @@ impl Shared {
         self.window
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_formula() {
-        assert_eq!(rejection_probability(0, 0, 2.0), 0.0);
-        assert_eq!(rejection_probability(1, 0, 2.0), 0.5);
-        assert_eq!(rejection_probability(99, 0, 2.0), 0.99);
-        assert_eq!(rejection_probability(10, 3, 2.0), 4.0 / 11.0);
-        assert_eq!(rejection_probability(10, 3, 3.0), 1.0 / 11.0);
-        assert_eq!(rejection_probability(10, 5, 2.0), 0.0);
-        assert_eq!(rejection_probability(10, 10, 1.0), 0.0);
-        assert_eq!(rejection_probability(10, 0, f64::INFINITY), 10.0 / 11.0);
-        assert_eq!(rejection_probability(10, 1, f64::INFINITY), 0.0);
     }
 }

@@ -1,8 +1,19 @@
-//! The sliding window: a ring of buckets (two minutes in one-second buckets by default)
-//! and their totals.
+//! The sliding window: a ring of buckets (two minutes in one-second buckets by default),
+//! their totals, and the rejection probability they give.
 
-use super::rejection::rejection_probability;
 use super::stats::ThrottleStats;
+
+/// `max(0, (requests - K * accepts) / (requests + 1))`.
+fn rejection_probability(requests: u64, accepts: u64, k: f64) -> f64 {
+    let requests = requests as f64;
+    // K may be infinite; infinity times zero accepts is no accepts.
+    let accepted = if accepts == 0 {
+        0.0
+    } else {
+        k * accepts as f64
+    };
+    ((requests - accepted) / (requests + 1.0)).max(0.0)
+}
 
 /// Requests attempted and accepted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,5 +109,18 @@ mod tests {
         // A jump longer than the window empties it.
         window.rotate(1_000_000);
         assert_eq!(window.total, Counts::default());
+    }
+
+    #[test]
+    fn the_formula() {
+        assert_eq!(rejection_probability(0, 0, 2.0), 0.0);
+        assert_eq!(rejection_probability(1, 0, 2.0), 0.5);
+        assert_eq!(rejection_probability(99, 0, 2.0), 0.99);
+        assert_eq!(rejection_probability(10, 3, 2.0), 4.0 / 11.0);
+        assert_eq!(rejection_probability(10, 3, 3.0), 1.0 / 11.0);
+        assert_eq!(rejection_probability(10, 5, 2.0), 0.0);
+        assert_eq!(rejection_probability(10, 10, 1.0), 0.0);
+        assert_eq!(rejection_probability(10, 0, f64::INFINITY), 10.0 / 11.0);
+        assert_eq!(rejection_probability(10, 1, f64::INFINITY), 0.0);
     }
 }

@@ -292,27 +292,7 @@ where
                     let Some(waiting) = this.waiting.as_mut() else {
                         unreachable!("a waiting request is stored before the state is set");
                     };
-                    let step = match waiting.as_mut().project() {
-                        WaitingProj::Key {
-                            key,
-                            request,
-                            inner,
-                        } => {
-                            let key = ready!(key.poll(cx));
-                            let (request, inner) = take(request, inner);
-                            after_key(this.head, key, request, inner)
-                        }
-                        WaitingProj::Decision {
-                            decision,
-                            request,
-                            inner,
-                        } => {
-                            let decision = ready!(Pin::new(decision).poll(cx));
-                            let (request, inner) = take(request, inner);
-                            after_decision(this.head, decision, request, inner)
-                        }
-                    };
-                    match step {
+                    match ready!(poll_waiting(waiting.as_mut(), this.head, cx)) {
                         Step::Wait(next) => waiting.as_mut().set(next),
                         Step::Call(future, decision) => {
                             *this.waiting = None;
@@ -339,19 +319,8 @@ where
                     let response = ready!(future.poll(cx))?;
                     let decision = decision.take();
                     let head = &*this.head;
-                    // Under `count_only`, a response that does not count gives its units back.
                     let (response, refund) =
-                        match (&head.config.count_only, head.caller.as_deref(), &decision) {
-                            (Some(count_only), Some(caller), Some(decided)) => {
-                                let (parts, body) = response.into_parts();
-                                let counts = (count_only.0)(&parts);
-                                let response = Response::from_parts(parts, body);
-                                let refund =
-                                    (!counts).then(|| head.config.limiter.refund(caller, decided));
-                                (response, refund)
-                            }
-                            _ => (response, None),
-                        };
+                        refund_unless_counted(head, response, decision.as_ref());
                     // Ready at once for an in-process store, or when nothing was counted;
                     // otherwise the response waits for the store.
                     if let Some(mut refund) = refund
@@ -384,6 +353,60 @@ where
             }
         }
     }
+}
+
+/// Drives a waiting request's step, its key or its decision, to the step after it.
+fn poll_waiting<K, S, ReqBody>(
+    waiting: Pin<&mut Waiting<K::Future, S, ReqBody>>,
+    head: &mut Head<K>,
+    cx: &mut Context<'_>,
+) -> Poll<Step<S::Future, K::Future, S, ReqBody>>
+where
+    S: Service<Request<ReqBody>>,
+    K: AsyncKeyExtractor,
+{
+    Poll::Ready(match waiting.project() {
+        WaitingProj::Key {
+            key,
+            request,
+            inner,
+        } => {
+            let key = ready!(key.poll(cx));
+            let (request, inner) = take(request, inner);
+            after_key(head, key, request, inner)
+        }
+        WaitingProj::Decision {
+            decision,
+            request,
+            inner,
+        } => {
+            let decision = ready!(Pin::new(decision).poll(cx));
+            let (request, inner) = take(request, inner);
+            after_decision(head, decision, request, inner)
+        }
+    })
+}
+
+/// Under `count_only`, a response that does not count gives its units back: the
+/// response, and the refund when it does not count.
+fn refund_unless_counted<K, ResBody>(
+    head: &Head<K>,
+    response: Response<ResBody>,
+    decision: Option<&Decision>,
+) -> (
+    Response<ResBody>,
+    Option<StoreFuture<Result<(), StoreError>>>,
+) {
+    let (Some(count_only), Some(caller), Some(decided)) =
+        (&head.config.count_only, head.caller.as_deref(), decision)
+    else {
+        return (response, None);
+    };
+    let (parts, body) = response.into_parts();
+    let counts = (count_only.0)(&parts);
+    let response = Response::from_parts(parts, body);
+    let refund = (!counts).then(|| head.config.limiter.refund(caller, decided));
+    (response, refund)
 }
 
 /// The inner service's response, with the RateLimit fields of `decision` and the decision

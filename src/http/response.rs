@@ -10,8 +10,9 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::http::body::ResponseBody;
 use crate::http::headers::{HeaderMode, PolicyFieldCache, RemainingCap, state_field};
+use crate::http::key::KeyRejection;
 use crate::http::refusal::Refusal;
-use crate::limiter::decision::Decision;
+use crate::limiter::decision::{Decision, PolicyReport, RateLimitInfo};
 use crate::store::policy::Policy;
 
 /// The `RateLimit-Policy` field name.
@@ -55,88 +56,100 @@ pub(crate) struct Fields<'a> {
 ///   every policy of the caller.
 /// - A key rejection: its 4xx, `about:blank` with the rejection's detail.
 pub(crate) fn problem_of(refusal: &Refusal<'_>) -> Response<Bytes> {
-    let mut body = String::with_capacity(256);
-    let status = match refusal {
-        Refusal::Limited(info) => {
-            let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
-            body.push_str("{\"type\":");
-            json_string(&mut body, QUOTA_EXCEEDED);
-            body.push_str(",\"title\":\"Quota exceeded\",\"status\":429");
-            if let Some(first) = violated.first() {
-                body.push_str(",\"policy\":");
-                json_string(&mut body, first);
-            }
-            violated_and_retry(&mut body, &violated, refusal.retry_after_secs());
-            StatusCode::TOO_MANY_REQUESTS
-        }
-        Refusal::CostExceedsQuota { info, policy } => {
-            let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
-            body.push_str("{\"type\":");
-            json_string(&mut body, COST_EXCEEDS_QUOTA);
-            body.push_str(",\"title\":\"Cost exceeds quota\",\"status\":429,\"detail\":");
-            json_string(
-                &mut body,
-                &format!(
-                    "the request costs {} units, more than the {} that policy {:?} admits in a \
-                     window: waiting does not help, a smaller request may",
-                    info.cost(),
-                    policy.quota(),
-                    policy.name()
-                ),
-            );
-            body.push_str(",\"policy\":");
-            json_string(&mut body, policy.name());
-            let _ = write!(
-                body,
-                ",\"cost\":{},\"quota\":{}",
-                info.cost(),
-                policy.quota()
-            );
-            violated_and_retry(&mut body, &violated, None);
-            StatusCode::TOO_MANY_REQUESTS
-        }
+    let retry_after = refusal.retry_after_secs();
+    let (status, body) = match refusal {
+        Refusal::Limited(info) => limited(info, retry_after),
+        Refusal::CostExceedsQuota { info, policy } => cost_exceeds_quota(info, policy),
         Refusal::Unavailable {
             status, policies, ..
-        } => {
-            let names: Vec<&str> = policies.iter().map(Policy::name).collect();
-            body.push_str("{\"type\":");
-            json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
-            let _ = write!(
-                body,
-                ",\"title\":\"Temporary reduced capacity\",\"status\":{}",
-                status.as_u16()
-            );
-            violated_and_retry(&mut body, &names, refusal.retry_after_secs());
-            *status
-        }
-        Refusal::Rejected(rejection) => {
-            let status = rejection.status();
-            body.push_str("{\"type\":\"about:blank\",\"title\":");
-            json_string(
-                &mut body,
-                status.canonical_reason().unwrap_or("Client error"),
-            );
-            let _ = write!(body, ",\"status\":{},\"detail\":", status.as_u16());
-            json_string(&mut body, rejection.detail());
-            body.push('}');
-            status
-        }
+        } => unavailable(*status, policies, retry_after),
+        Refusal::Rejected(rejection) => rejected(rejection),
     };
     problem_bytes(status, body)
+}
+
+/// 429, quota-exceeded: the first violated policy, all of them, and when to retry.
+fn limited(info: &RateLimitInfo, retry_after: Option<u64>) -> (StatusCode, String) {
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+    let mut body = problem_start(QUOTA_EXCEEDED, "Quota exceeded", status);
+    if let Some(first) = violated.first() {
+        body.push_str(",\"policy\":");
+        json_string(&mut body, first);
+    }
+    violated_and_retry(&mut body, &violated, retry_after);
+    (status, body)
+}
+
+/// 429, cost-exceeds-quota: a detail in words, the policy, the cost and the quota, and no
+/// retry (waiting never helps).
+fn cost_exceeds_quota(info: &RateLimitInfo, policy: &PolicyReport<'_>) -> (StatusCode, String) {
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
+    let mut body = problem_start(COST_EXCEEDS_QUOTA, "Cost exceeds quota", status);
+    body.push_str(",\"detail\":");
+    json_string(
+        &mut body,
+        &format!(
+            "the request costs {} units, more than the {} that policy {:?} admits in a \
+             window: waiting does not help, a smaller request may",
+            info.cost(),
+            policy.quota(),
+            policy.name()
+        ),
+    );
+    body.push_str(",\"policy\":");
+    json_string(&mut body, policy.name());
+    let _ = write!(
+        body,
+        ",\"cost\":{},\"quota\":{}",
+        info.cost(),
+        policy.quota()
+    );
+    violated_and_retry(&mut body, &violated, None);
+    (status, body)
+}
+
+/// The layer's fail-closed status, temporary-reduced-capacity: every policy of the caller,
+/// and when to retry.
+fn unavailable(
+    status: StatusCode,
+    policies: &[Policy],
+    retry_after: Option<u64>,
+) -> (StatusCode, String) {
+    let names: Vec<&str> = policies.iter().map(Policy::name).collect();
+    let mut body = problem_start(
+        TEMPORARY_REDUCED_CAPACITY,
+        "Temporary reduced capacity",
+        status,
+    );
+    violated_and_retry(&mut body, &names, retry_after);
+    (status, body)
+}
+
+/// The rejection's 4xx, `about:blank` titled by the status, with the rejection's detail.
+fn rejected(rejection: &KeyRejection) -> (StatusCode, String) {
+    let status = rejection.status();
+    let title = status.canonical_reason().unwrap_or("Client error");
+    let mut body = problem_start("about:blank", title, status);
+    body.push_str(",\"detail\":");
+    json_string(&mut body, rejection.detail());
+    body.push('}');
+    (status, body)
 }
 
 /// A request shed by the concurrency limit: 503, Retry-After, and the
 /// temporary-reduced-capacity problem, which names no policy (no quota was exceeded).
 pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> {
     let retry_after = retry_after_secs.max(1);
-    let mut body = String::with_capacity(192);
-    body.push_str("{\"type\":");
-    json_string(&mut body, TEMPORARY_REDUCED_CAPACITY);
-    let _ = write!(
-        body,
-        ",\"title\":\"Temporary reduced capacity\",\"status\":503,\"retry-after-seconds\":{retry_after}}}"
+    let status = StatusCode::SERVICE_UNAVAILABLE;
+    let mut body = problem_start(
+        TEMPORARY_REDUCED_CAPACITY,
+        "Temporary reduced capacity",
+        status,
     );
-    let mut response = problem(StatusCode::SERVICE_UNAVAILABLE, body);
+    let _ = write!(body, ",\"retry-after-seconds\":{retry_after}}}");
+    let mut response = problem(status, body);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry_after));
@@ -146,17 +159,28 @@ pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> 
 /// A request refused because all of its caller's slots of the in-flight limit `policy`
 /// are taken: 429, the quota-exceeded problem naming it, and Retry-After.
 pub(crate) fn slots_taken<B>(policy: &str, retry_after_secs: u64) -> Response<ResponseBody<B>> {
-    let mut body = String::with_capacity(192);
-    body.push_str("{\"type\":");
-    json_string(&mut body, QUOTA_EXCEEDED);
-    body.push_str(",\"title\":\"Quota exceeded\",\"status\":429,\"policy\":");
+    let status = StatusCode::TOO_MANY_REQUESTS;
+    let mut body = problem_start(QUOTA_EXCEEDED, "Quota exceeded", status);
+    body.push_str(",\"policy\":");
     json_string(&mut body, policy);
     violated_and_retry(&mut body, &[policy], Some(retry_after_secs));
-    let mut response = problem(StatusCode::TOO_MANY_REQUESTS, body);
+    let mut response = problem(status, body);
     response
         .headers_mut()
         .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs));
     response
+}
+
+/// `{"type":…,"title":…,"status":…`: how every problem body starts, left open for the
+/// members of its kind.
+fn problem_start(problem_type: &str, title: &str, status: StatusCode) -> String {
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":");
+    json_string(&mut body, problem_type);
+    body.push_str(",\"title\":");
+    json_string(&mut body, title);
+    let _ = write!(body, ",\"status\":{}", status.as_u16());
+    body
 }
 
 /// `,"violated-policies":[...]` and, when waiting helps, `,"retry-after-seconds":N`, then

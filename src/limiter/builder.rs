@@ -11,7 +11,7 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::Domains;
 use crate::limiter::failure::{FailurePolicy, Fallback};
 use crate::limiter::lease::config::Leases;
-use crate::limiter::lease::path::Leasing;
+use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::limits::{ActiveLimits, InForce, Limits};
 use crate::limiter::mode::ModeSwitch;
 use crate::limiter::path::Path;

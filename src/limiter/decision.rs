@@ -470,10 +470,10 @@ pub(crate) fn whole_seconds(millis: u64) -> u64 {
     millis.div_ceil(1_000).max(1)
 }
 
-/// Why a decision fell back to the failure policy.
+/// Why a decision fell back to the failure policy: the `reason` label of
+/// `tollgate_fallbacks_total`, which no decision carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum FallbackReason {
+pub(crate) enum FallbackReason {
     /// The store did not answer within the store timeout.
     Timeout,
     /// The store refused or dropped the connection (a call failed so, or the latest
@@ -490,7 +490,7 @@ pub enum FallbackReason {
 
 impl FallbackReason {
     /// A short, stable name for logs and metric labels.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             FallbackReason::Timeout => "timeout",
             FallbackReason::Refused => "refused",

@@ -14,9 +14,11 @@ use crate::store::policy::Policy;
 /// One call decides every policy of one request atomically: the request is admitted only
 /// if every limit admits it, consuming the request's cost (in units) from each, and a
 /// refused request consumes nothing from any limit.
-/// [`Algorithm::evaluate`](crate::store::Algorithm::evaluate) and
-/// [`Algorithm::peek`](crate::store::Algorithm::peek) carry the arithmetic, so a backend only
-/// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
+/// [`evaluate`](crate::store::evaluate) carries the arithmetic (and
+/// [`Algorithm::evaluate_cost`](crate::store::Algorithm::evaluate_cost) and
+/// [`Algorithm::peek_cost`](crate::store::Algorithm::peek_cost) its per-policy steps, which
+/// a backend that leases needs), so a backend only has to store
+/// [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
 /// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
@@ -33,6 +35,7 @@ use crate::store::policy::Policy;
 /// use tollgate::Policy;
 /// use tollgate::store::{
 ///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, Refund, StoreError, SystemClock,
+///     evaluate,
 /// };
 /// use tollgate::future::StoreFuture;
 ///
@@ -50,20 +53,12 @@ use crate::store::policy::Policy;
 ///         let now = SystemClock.now_millis();
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
-///         let evaluations: Vec<_> = limits
-///             .iter()
-///             .map(|l| l.algorithm().evaluate_cost(map.get(&key(l)).cloned(), now, cost))
-///             .collect();
-///         let admitted = evaluations.iter().all(|e| e.admitted);
-///         let outcomes = limits.iter().zip(&evaluations).map(|(l, e)| {
-///             if admitted {
-///                 map.insert(key(l), e.admitted_state.clone());
-///                 e.outcome
-///             } else {
-///                 l.algorithm().peek_cost(map.get(&key(l)).cloned(), now, cost)
-///             }
-///         }).collect();
-///         StoreFuture::ready(Ok(CheckOutcome::new(outcomes).counted_at(now)))
+///         // All or nothing: the states to store only when every limit admits.
+///         let (outcome, admitted) = evaluate(limits, |l| map.get(&key(l)).cloned(), now, cost);
+///         for (limit, state) in limits.iter().zip(admitted.into_iter().flatten()) {
+///             map.insert(key(limit), state);
+///         }
+///         StoreFuture::ready(Ok(outcome))
 ///     }
 ///
 ///     fn refund(

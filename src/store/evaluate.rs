@@ -5,34 +5,12 @@ use crate::store::algorithm::{Evaluation, PolicyState};
 use crate::store::backend::CheckOutcome;
 use crate::store::policy::Policy;
 
-/// The verdict of [`evaluate`]: what to report, and the states to store when every policy
-/// admitted the request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Evaluated {
-    outcome: CheckOutcome,
-    admitted_states: Option<Vec<PolicyState>>,
-}
-
-impl Evaluated {
-    /// Whether every policy admitted the request.
-    pub fn admitted(&self) -> bool {
-        self.admitted_states.is_some()
-    }
-
-    /// What to answer, one outcome per policy in order.
-    pub fn outcome(&self) -> &CheckOutcome {
-        &self.outcome
-    }
-
-    /// The answer, and when the request was admitted the state to store for each policy,
-    /// in order. A refused request stores nothing.
-    pub fn into_parts(self) -> (CheckOutcome, Option<Vec<PolicyState>>) {
-        (self.outcome, self.admitted_states)
-    }
-}
-
 /// Decides one request of `cost` units against `policies`, given each policy's stored
 /// state (`stored(policy)`, `None` for a caller never seen) at `now_ms`.
+///
+/// Answers what to report (one outcome per policy, in order) and, when every policy
+/// admitted the request, the state to store for each policy, in order; a refused request
+/// stores nothing.
 ///
 /// The request is admitted only if every policy admits it; a refused request consumes
 /// nothing, and each policy reports its state as it stands (a policy that would have
@@ -65,8 +43,7 @@ impl Evaluated {
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
 ///         let now = SystemClock.now_millis();
-///         let evaluated = evaluate(policies, |p| map.get(&key(p)).cloned(), now, cost);
-///         let (outcome, admitted) = evaluated.into_parts();
+///         let (outcome, admitted) = evaluate(policies, |p| map.get(&key(p)).cloned(), now, cost);
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);
 ///         }
@@ -79,7 +56,7 @@ pub fn evaluate(
     stored: impl FnMut(&Policy) -> Option<PolicyState>,
     now_ms: u64,
     cost: u64,
-) -> Evaluated {
+) -> (CheckOutcome, Option<Vec<PolicyState>>) {
     let mut reads = (stored, Vec::with_capacity(policies.len()));
     let outcome = decide(
         policies,
@@ -90,10 +67,7 @@ pub fn evaluate(
         |(_, states), _, state| states.push(state),
     );
     let admitted_states = outcome.admitted().then_some(reads.1);
-    Evaluated {
-        outcome,
-        admitted_states,
-    }
+    (outcome, admitted_states)
 }
 
 /// How many policies [`decide`] evaluates on the stack; more take one allocation (and, in
@@ -200,18 +174,17 @@ mod tests {
             Policy::sliding_window("per-second", Quota::per_second(5)),
             Policy::sliding_window("per-day", Quota::per_day(1)),
         ];
-        let first = evaluate(&policies, |_| None, 1_000, 1);
+        let (first, states) = evaluate(&policies, |_| None, 1_000, 1);
         assert!(first.admitted());
-        let (_, states) = first.into_parts();
         let states = states.expect("admitted");
-        let second = evaluate(
+        let (second, stored) = evaluate(
             &policies,
             |p| Some(states[usize::from(p.name() == "per-day")].clone()),
             1_000,
             1,
         );
-        assert!(!second.admitted());
-        let outcomes = second.outcome().limits();
+        assert!(!second.admitted() && stored.is_none());
+        let outcomes = second.limits();
         // per-second would admit, and reports its 4 left without taking one.
         assert!(outcomes[0].admitted);
         assert_eq!(outcomes[0].remaining, 4);

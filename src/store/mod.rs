@@ -8,6 +8,24 @@
 //! `redis` feature, `RedisBackend` (with its Lua and its `InstanceRegistry`) are built
 //! this way.
 //!
+//! What a custom [`Backend`] uses (tests/it/custom_backend.rs is one):
+//!
+//! - the trait and what it answers: [`Backend`], [`CheckOutcome`] of [`PolicyOutcome`]s,
+//!   [`LeaseGrant`], [`StoreError`] of a [`StoreErrorKind`], [`FailureDomain`], and the
+//!   [`StoreFuture`](crate::future::StoreFuture) that carries them;
+//! - what it is asked: the [`CallerKey`], the [`Policy`](crate::Policy)s, a [`Refund`];
+//! - the arithmetic, so that it decides as the crate's stores do: [`evaluate`] over the
+//!   [`PolicyState`]s it keeps, and [`Algorithm::refund`] to give units back; the time from
+//!   a [`Clock`] ([`SystemClock`], or a [`ManualClock`] in tests).
+//!
+//! The per-policy steps under [`evaluate`] ([`Algorithm::evaluate_cost`] and its
+//! [`Evaluation`], [`Algorithm::peek_cost`], the variants of [`PolicyState`] and the
+//! sliding log's [`AdmissionLog`]) are for a backend that does more than [`evaluate`]: one
+//! that leases (a grant is the most every policy admits at once, which only the per-policy
+//! steps tell), runs its own loop, or keeps states out of process, field by field. The
+//! builders, [`InvalidPolicy`], [`LiveInstances`] and (with `redis`) `RegistryError` belong
+//! to the crate's own stores and policies.
+//!
 //! This floor knows nothing above it: no limiter, no HTTP type.
 
 pub(crate) mod algorithm;
@@ -35,7 +53,7 @@ pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreEr
 pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use domain::FailureDomain;
-pub use evaluate::{Evaluated, evaluate};
+pub use evaluate::evaluate;
 pub use instances::LiveInstances;
 pub use invalid_policy::InvalidPolicy;
 pub use memory::InMemoryBackendBuilder;

@@ -70,8 +70,7 @@ impl LockedMap {
             |policy| states.get(&key(policy)).cloned(),
             now,
             cost,
-        )
-        .into_parts();
+        );
         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
             states.insert(key(policy), state);
         }

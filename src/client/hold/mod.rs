@@ -1,7 +1,7 @@
 //! Honouring what servers say about their limits: holds per partition, read from each
 //! response, that keep calls local until the server's wait is over.
 
-mod builder;
+mod config;
 mod error;
 mod future;
 mod layer;
@@ -12,9 +12,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use builder::HoldBackBuilder;
 pub use error::{HeldBack, HoldBackError};
 pub use future::HoldBackFuture;
-pub use layer::HoldBackLayer;
+pub use layer::{HoldBackBuilder, HoldBackLayer};
 pub use service::HoldBack;
 pub use signals::HoldReason;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 use metrics::SharedString;
 
-use super::builder::Config;
+use super::config::Config;
 use super::signals::{HoldReason, advertised_wait};
 
 /// The counter of calls held back, labelled `layer`, `reason` and `outcome`.

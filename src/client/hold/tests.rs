@@ -173,7 +173,7 @@ async fn the_partition_closure_separates_api_keys() {
                 .headers
                 .get("x-api-key")
                 .map_or("", |v| v.to_str().unwrap_or(""));
-            format!("{}#{key}", super::builder::authority(parts))
+            format!("{}#{key}", super::config::authority(parts))
         })
         .build();
     let client = layer.layer(backend.clone());
@@ -219,13 +219,13 @@ fn the_default_partition_is_the_authority_or_the_host_header() {
         .body(())
         .unwrap()
         .into_parts();
-    assert_eq!(super::builder::authority(&parts), "api.example:8443");
+    assert_eq!(super::config::authority(&parts), "api.example:8443");
     let (parts, ()) = Request::get("/x")
         .header("host", "origin.example")
         .body(())
         .unwrap()
         .into_parts();
-    assert_eq!(super::builder::authority(&parts), "origin.example");
+    assert_eq!(super::config::authority(&parts), "origin.example");
 }
 
 /// tokio's paused clock, in Unix milliseconds, so that waits advance the layer's clock.

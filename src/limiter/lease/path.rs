@@ -7,73 +7,22 @@
 //! whatever the store's state: its units were counted when it was taken.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use metrics::SharedString;
-
-use crate::limiter::breaker::Admission;
+use crate::limiter::breaker::{Admission, Permit};
 use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt};
-use crate::limiter::domains::not_connected;
-use crate::limiter::lease::config::Leases;
-use crate::limiter::lease::metrics::LeaseMetrics;
-use crate::limiter::lease::table::{Lease, LeaseTable, Next, Sizing, Step};
+use crate::limiter::domains::{Domain, not_connected};
+use crate::limiter::lease::leasing::Leasing;
+use crate::limiter::lease::table::{Lease, Next, Step};
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
 use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
+use crate::store::domain::FailureDomain;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
-
-/// A limiter's leasing: its configuration, its callers' leases and its counters.
-pub(crate) struct Leasing {
-    config: Leases,
-    table: LeaseTable,
-    metrics: LeaseMetrics,
-    /// The store answered that it does not lease: every request asks it.
-    unsupported: AtomicBool,
-}
-
-impl Leasing {
-    pub(crate) fn new(config: Leases, layer: &Arc<str>) -> Self {
-        Self {
-            table: LeaseTable::new(config.caller_capacity()),
-            metrics: LeaseMetrics::new(&SharedString::from_shared(layer.clone())),
-            config,
-            unsupported: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether this instance holds a lease of `caller`'s under the set `set_id`, or is
-    /// taking one.
-    pub(crate) fn holds(&self, caller: &CallerKey, set_id: u64) -> bool {
-        self.table.holds(caller, set_id)
-    }
-
-    fn sizing(&self, limits: &[Policy]) -> Sizing {
-        let instances = self.config.instance_count().max(1);
-        let cap = limits
-            .iter()
-            .map(|limit| limit.algorithm().quota() / instances)
-            .min()
-            .unwrap_or(0);
-        Sizing {
-            threshold_per_sec: self.config.threshold(),
-            period_ms: self.config.period_ms(),
-            cap,
-        }
-    }
-}
-
-impl std::fmt::Debug for Leasing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leasing")
-            .field("config", &self.config)
-            .field("table", &self.table)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Decides a request of `cost` units from the caller's lease, or by taking one; `None`
 /// when the request is for the store alone (the caller is not hot, a lease is being
@@ -152,16 +101,7 @@ fn take(
     asked_ms: u64,
 ) -> Option<StoreFuture<Decision>> {
     let (reach, domain) = path.domain_of(caller.key());
-    let reason = match domain.admit_at(reach, || path.clock.now_millis()) {
-        Admission::Call(permit) if reach.can_call() => Ok(permit),
-        Admission::Call(permit) => {
-            // No connection to call on: a failure for the breaker, without a call.
-            permit.failed(&not_connected());
-            Err(FallbackReason::without_a_connection(reach))
-        }
-        Admission::Reject => Err(FallbackReason::BreakerOpen),
-    };
-    let permit = match reason {
+    let permit = match permit(path, reach, &domain) {
         Ok(permit) => permit,
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
@@ -180,9 +120,6 @@ fn take(
         return None;
     };
     let started = std::time::Instant::now();
-    let path = path.clone();
-    let caller = caller.clone();
-    let set = set.clone();
     let taking = Taking {
         path: path.clone(),
         caller: caller.clone(),
@@ -194,45 +131,60 @@ fn take(
         // The whole guard moves in, so it lives (and settles) with the future; it
         // holds the store's answer until it comes.
         let mut taking = taking;
-        let answer = match taking.lease.as_mut() {
-            Some(lease) => tokio::time::timeout(path.store.timeout(), lease).await,
-            None => Ok(Err(StoreError::new(
-                StoreErrorKind::Other,
-                "the lease was answered already",
-            ))),
-        };
-        let result = match answer {
-            Ok(result) => {
-                taking.lease = None;
-                result
-            }
-            Err(_) => Err(path.store.timed_out(caller.key(), "lease")),
-        };
+        let result = taking.answer().await;
+        let Taking {
+            path, caller, set, ..
+        } = &taking;
         path.store.answered(started);
         let decision = match result {
             Ok(grant) => {
                 permit.success();
-                granted(&path, &caller, &set, grant, cost, asked_ms)
+                granted(path, caller, set, grant, cost, asked_ms)
             }
             Err(error) => {
                 permit.failed(&error);
-                if let Some(leasing) = &path.leases {
-                    leasing.table.granted(caller.key(), set.id, None);
-                }
-                tracing::debug!(layer = %path.name, %error, "taking a lease failed");
-                path.fall_back(
-                    &domain,
-                    &caller,
-                    &set,
-                    FallbackReason::of(&error),
-                    cost,
-                    None,
-                )
+                not_granted(path, &domain, caller, set, &error, cost)
             }
         };
         taking.settled = true;
         decision
     }))
+}
+
+/// The breaker's leave to ask the caller's part of the store (`reach`) for a lease, or
+/// why the failure policy decides instead.
+fn permit(
+    path: &RemotePath,
+    reach: FailureDomain,
+    domain: &Domain,
+) -> Result<Permit, FallbackReason> {
+    match domain.admit_at(reach, || path.clock.now_millis()) {
+        Admission::Call(permit) if reach.can_call() => Ok(permit),
+        Admission::Call(permit) => {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            Err(FallbackReason::without_a_connection(reach))
+        }
+        Admission::Reject => Err(FallbackReason::BreakerOpen),
+    }
+}
+
+/// Taking a lease failed with `error`: the caller may take another, and the failure
+/// policy decides the request.
+fn not_granted(
+    path: &RemotePath,
+    domain: &Domain,
+    caller: &Caller,
+    set: &PolicySet,
+    error: &StoreError,
+    cost: u64,
+) -> Decision {
+    if let Some(leasing) = &path.leases {
+        leasing.table.granted(caller.key(), set.id, None);
+    }
+    tracing::debug!(layer = %path.name, %error, "taking a lease failed");
+    let reason = FallbackReason::of(error);
+    path.fall_back(domain, caller, set, reason, cost, None)
 }
 
 /// A lease being taken for a request that may be dropped (its client went away) before
@@ -248,6 +200,26 @@ struct Taking {
     set: PolicySet,
     lease: Option<StoreFuture<Result<LeaseGrant, StoreError>>>,
     settled: bool,
+}
+
+impl Taking {
+    /// The store's answer to the lease, within the store timeout; once it has come, the
+    /// guard no longer holds it.
+    async fn answer(&mut self) -> Result<LeaseGrant, StoreError> {
+        let Some(lease) = self.lease.as_mut() else {
+            return Err(StoreError::new(
+                StoreErrorKind::Other,
+                "the lease was answered already",
+            ));
+        };
+        match tokio::time::timeout(self.path.store.timeout(), lease).await {
+            Ok(result) => {
+                self.lease = None;
+                result
+            }
+            Err(_) => Err(self.path.store.timed_out(self.caller.key(), "lease")),
+        }
+    }
 }
 
 impl Drop for Taking {
@@ -431,6 +403,7 @@ mod tests {
     use super::*;
     use crate::limiter::Limiter;
     use crate::limiter::failure::FailurePolicy;
+    use crate::limiter::lease::config::Leases;
     use crate::store::backend::{Backend, CheckOutcome};
     use crate::store::clock::ManualClock;
     use crate::store::future::StoreFuture;

@@ -1,8 +1,10 @@
 //! The way a decision goes, chosen once when the limiter is built: straight to an
-//! in-process store ([`local`]), or through the guards a remote store needs ([`remote`]).
+//! in-process store ([`local`]), or through the guards a remote store needs ([`remote`],
+//! and its request path in `remote_check`).
 
 pub(super) mod local;
 pub(super) mod remote;
+mod remote_check;
 
 use std::sync::Arc;
 

@@ -1,21 +1,21 @@
-//! The path to a remote store: the denial cache, a hot caller's lease, the breaker of the
-//! caller's part of the store, the call under the store timeout, and the failure policy
-//! when the store cannot decide.
+//! What deciding on a remote store takes, and the steps that deciding a request (see
+//! `remote_check`) and taking a lease (see `lease::path`) share: finding the breaker of the
+//! caller's part of the store, turning the store's answer into a decision, falling back to
+//! the failure policy, and giving units back.
 
 use std::sync::Arc;
-use std::time::Instant;
 
-use crate::limiter::breaker::{Admission, BreakerState, Permit};
+use crate::limiter::breaker::BreakerState;
 use crate::limiter::decision::{Decision, FallbackReason, Receipt};
 use crate::limiter::denial_cache::DenialCache;
-use crate::limiter::domains::{Domain, DomainRef, Domains, not_connected};
+use crate::limiter::domains::{Domain, DomainRef, Domains};
 use crate::limiter::failure::{Failure, Fallback, Held};
-use crate::limiter::lease::path::{Leasing, leased};
+use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::path::{answered, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{CheckOutcome, Refund, StoreError, StoreErrorKind};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::domain::FailureDomain;
@@ -29,11 +29,11 @@ pub(in crate::limiter) struct RemotePath {
     pub(in crate::limiter) clock: Arc<dyn Clock>,
     /// A circuit breaker per failure domain of the store.
     domains: Domains,
-    denials: Option<DenialCache>,
+    pub(super) denials: Option<DenialCache>,
     pub(in crate::limiter) fallback: Fallback,
     /// Hot callers' leases of quota, when the limiter leases.
     pub(in crate::limiter) leases: Option<Leasing>,
-    metrics: Arc<LimiterMetrics>,
+    pub(super) metrics: Arc<LimiterMetrics>,
 }
 
 /// The parts of a [`RemotePath`], as the builder assembles them.
@@ -72,117 +72,6 @@ impl RemotePath {
         }
     }
 
-    pub(super) fn decide(
-        self: &Arc<Self>,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-    ) -> StoreFuture<Decision> {
-        // Read once, and only if needed: by a cached refusal, an open breaker, or as the
-        // time the store was asked.
-        let mut read_clock = None;
-        let mut now = || *read_clock.get_or_insert_with(|| self.clock.now_millis());
-        if let Some(denials) = &self.denials
-            && !denials.is_empty()
-            && let Some(info) = denials.get(caller.key(), set.id, now(), cost)
-        {
-            self.metrics.denial_cache_hit();
-            return StoreFuture::ready(Decision::Limited(info));
-        }
-        // While what a local share counted still weighs, no lease is served or taken,
-        // whose units the share would not see.
-        let share_weighs = self.fallback.may_weigh() && self.fallback.share_weighs(now());
-        if !share_weighs
-            && let Some(leasing) = &self.leases
-            && let Some(decision) = leased(self, leasing, caller, set, cost)
-        {
-            return decision;
-        }
-        let (reach, domain) = self.domain_of(caller.key());
-        let permit = match domain.admit_at(reach, &mut now) {
-            Admission::Call(permit) => permit,
-            Admission::Reject => {
-                let reason = FallbackReason::BreakerOpen;
-                return StoreFuture::ready(
-                    self.fall_back(&domain, caller, set, reason, cost, read_clock),
-                );
-            }
-        };
-        // And the callers a share counted are decided by their share as well as by the
-        // store, which did not see those requests; except for the breaker's probe, which
-        // the store alone answers (one request at most), so that the breaker can close.
-        let mut held = None;
-        if share_weighs && !permit.is_probe() {
-            match self.fallback.recovering(caller, set, cost, now()) {
-                Some(Err(refused)) => return StoreFuture::ready(refused),
-                Some(Ok(counted)) => held = Some(counted),
-                None => {}
-            }
-        }
-        if !reach.can_call() {
-            // No connection to call on: a failure for the breaker, without a call.
-            permit.failed(&not_connected());
-            self.release(caller, held);
-            let reason = FallbackReason::without_a_connection(reach);
-            return StoreFuture::ready(
-                self.fall_back(&domain, caller, set, reason, cost, read_clock),
-            );
-        }
-        let now = now();
-        let started = Instant::now();
-        let mut check = self.ask(caller, set, cost, held.as_ref());
-        if let Some(result) = check.try_take_ready() {
-            self.store.answered(started);
-            return StoreFuture::ready(self.finish(
-                &domain,
-                caller,
-                set,
-                result,
-                permit,
-                (now, held),
-                cost,
-            ));
-        }
-        let domain = domain.to_shared();
-        let path = self.clone();
-        let caller = caller.clone();
-        let set = set.clone();
-        StoreFuture::boxed(async move {
-            let result = path
-                .store
-                .wait(check, started, caller.key(), "answer")
-                .await;
-            path.finish(&domain, &caller, &set, result, permit, (now, held), cost)
-        })
-    }
-
-    /// The store's decision on a request; for a caller that a local share counted while
-    /// the store was away, the request and what the share counted, consumed as far as
-    /// the limits allow (a lease's arithmetic: the units beyond the request are dropped).
-    fn ask(
-        &self,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-        held: Option<&Held>,
-    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
-        let backend = self.store.backend();
-        let unseen = held.map_or(0, |held| held.unseen);
-        if unseen > 0
-            && cost > 0
-            && let Some(mut lease) =
-                backend.lease(caller.key(), &set.limits, cost, cost.saturating_add(unseen))
-        {
-            let outcome =
-                |grant: Result<LeaseGrant, StoreError>| grant.map(|g| g.outcome().clone());
-            return match lease.try_take_ready() {
-                Some(grant) => StoreFuture::ready(outcome(grant)),
-                None => StoreFuture::boxed(async move { outcome(lease.await) }),
-            };
-        }
-        backend.check(caller.key(), &set.limits, cost)
-    }
-
     /// Which part of the store decides `caller`, whether it is connected, and the limiter's
     /// breaker for that part.
     pub(in crate::limiter) fn domain_of(
@@ -191,41 +80,6 @@ impl RemotePath {
     ) -> (FailureDomain, DomainRef<'_>) {
         let reach = self.store.backend().failure_domain(caller);
         (reach, self.domains.get(reach.id(), self.store.backend()))
-    }
-
-    /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
-    /// `asked_ms` is when the store was asked; `held`, what the local share counted for
-    /// the request before (given back unless the store admits it).
-    #[allow(clippy::too_many_arguments)]
-    fn finish(
-        &self,
-        domain: &Domain,
-        caller: &Caller,
-        set: &PolicySet,
-        result: Result<CheckOutcome, StoreError>,
-        permit: Permit,
-        (asked_ms, held): (u64, Option<Held>),
-        cost: u64,
-    ) -> Decision {
-        match result {
-            Ok(outcome) => {
-                permit.success();
-                match held {
-                    Some(held) if outcome.admitted() => {
-                        self.fallback.reconcile(caller, &held, &outcome);
-                    }
-                    held => self.release(caller, held),
-                }
-                self.decided(caller, set, &outcome, asked_ms, cost)
-            }
-            Err(error) => {
-                permit.failed(&error);
-                // The failure policy decides again, the local share included.
-                self.release(caller, held);
-                tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
-                self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
-            }
-        }
     }
 
     /// The store's answer as a decision. A refusal is cached until its retry time counted
@@ -288,7 +142,7 @@ impl RemotePath {
     }
 
     /// Gives back to the local share what it counted for a request the store decides.
-    fn release(&self, caller: &Caller, held: Option<Held>) {
+    pub(super) fn release(&self, caller: &Caller, held: Option<Held>) {
         if let Some(held) = held {
             self.fallback.release(caller, held);
         }

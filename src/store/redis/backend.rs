@@ -5,9 +5,11 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::cluster::ClusterClientBuilder;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+use redis::{ErrorKind, RedisError, Script};
 
+use super::cluster;
 use super::cluster_link::ClusterLink;
+use super::eval::evaluate;
 use super::link::{Endpoint, Link, LinkConfig};
 use super::sentinel::SentinelMaster;
 use super::topology;
@@ -419,44 +421,6 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
     }
 }
 
-/// `EVALSHA`, or on NOSCRIPT (a restart, a `SCRIPT FLUSH`) `EVAL` with the source, which
-/// runs in the same round trip and caches the script again. Unlike load-then-retry, no
-/// flush between two commands can make it fail.
-pub(super) async fn evaluate<T: redis::FromRedisValue>(
-    connection: &mut impl redis::aio::ConnectionLike,
-    script: &Script,
-    source: &str,
-    keys: &[Vec<u8>],
-    args: &(impl redis::ToRedisArgs + Sync),
-) -> Result<T, RedisError> {
-    // Sized once: built argument by argument from empty, the command's buffers were
-    // reallocated several times per call. Numbers take at most 20 bytes.
-    let arg_count = redis::ToRedisArgs::num_of_args(args);
-    let key_bytes: usize = keys.iter().map(Vec::len).sum();
-    let command = |name: &str, script: &str| {
-        let mut command = redis::Cmd::with_capacity(
-            3 + keys.len() + arg_count,
-            name.len() + script.len() + 20 + key_bytes + 20 * arg_count,
-        );
-        command
-            .arg(name)
-            .arg(script)
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        command
-    };
-    match command("EVALSHA", script.get_hash())
-        .query_async(connection)
-        .await
-    {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            command("EVAL", source).query_async(connection).await
-        }
-        result => result,
-    }
-}
-
 impl Connection {
     /// Whether a call can be made now.
     fn is_connected(&self) -> bool {
@@ -492,7 +456,7 @@ impl Connection {
                         .and_then(|key| cluster.topology().master(topology::slot(key)));
                     // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
                     // whose reply was lost.
-                    super::cluster::evaluate(
+                    cluster::evaluate(
                         &connection,
                         master,
                         || cluster.stale(),

@@ -31,6 +31,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, Script};
 use redis::{ServerErrorKind, Value};
 
+use super::eval;
 use super::topology::Address;
 
 /// How many redirects (or pauses) one call follows before it gives up.
@@ -84,7 +85,7 @@ pub(super) async fn evaluate<T: FromRedisValue>(
             connection: connection.clone(),
             route: route.clone(),
         };
-        let error = match super::backend::evaluate(&mut routed, script, source, keys, args).await {
+        let error = match eval::evaluate(&mut routed, script, source, keys, args).await {
             Ok(reply) => return Ok(reply),
             Err(error) => error,
         };

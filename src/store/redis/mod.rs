@@ -5,6 +5,7 @@
 pub(crate) mod backend;
 mod cluster;
 mod cluster_link;
+mod eval;
 mod link;
 pub(crate) mod registry;
 mod sentinel;

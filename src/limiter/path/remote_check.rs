@@ -1,0 +1,194 @@
+//! The request path on a remote store: the denial cache, a hot caller's lease, the breaker
+//! of the caller's part of the store, the call under the store timeout, and the failure
+//! policy when the store cannot decide.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::limiter::breaker::{Admission, Permit};
+use crate::limiter::decision::{Decision, FallbackReason};
+use crate::limiter::domains::{Domain, DomainRef, not_connected};
+use crate::limiter::failure::Held;
+use crate::limiter::lease::path::leased;
+use crate::limiter::path::remote::RemotePath;
+use crate::limiter::policy_set::PolicySet;
+use crate::store::backend::{CheckOutcome, LeaseGrant, StoreError};
+use crate::store::caller::Caller;
+use crate::store::future::StoreFuture;
+
+impl RemotePath {
+    pub(super) fn decide(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
+        // Read once, and only if needed: by a cached refusal, an open breaker, or as the
+        // time the store was asked.
+        let mut read_clock = None;
+        let mut now = || *read_clock.get_or_insert_with(|| self.clock.now_millis());
+        if let Some(refused) = self.cached_refusal(caller, set, cost, &mut now) {
+            return StoreFuture::ready(refused);
+        }
+        // While what a local share counted still weighs, no lease is served or taken,
+        // whose units the share would not see.
+        let share_weighs = self.fallback.may_weigh() && self.fallback.share_weighs(now());
+        if !share_weighs
+            && let Some(leasing) = &self.leases
+            && let Some(decision) = leased(self, leasing, caller, set, cost)
+        {
+            return decision;
+        }
+        let (reach, domain) = self.domain_of(caller.key());
+        let permit = match domain.admit_at(reach, &mut now) {
+            Admission::Call(permit) => permit,
+            Admission::Reject => {
+                let reason = FallbackReason::BreakerOpen;
+                return StoreFuture::ready(
+                    self.fall_back(&domain, caller, set, reason, cost, read_clock),
+                );
+            }
+        };
+        // And the callers a share counted are decided by their share as well as by the
+        // store, which did not see those requests; except for the breaker's probe, which
+        // the store alone answers (one request at most), so that the breaker can close.
+        let mut held = None;
+        if share_weighs && !permit.is_probe() {
+            match self.fallback.recovering(caller, set, cost, now()) {
+                Some(Err(refused)) => return StoreFuture::ready(refused),
+                Some(Ok(counted)) => held = Some(counted),
+                None => {}
+            }
+        }
+        if !reach.can_call() {
+            // No connection to call on: a failure for the breaker, without a call.
+            permit.failed(&not_connected());
+            self.release(caller, held);
+            let reason = FallbackReason::without_a_connection(reach);
+            return StoreFuture::ready(
+                self.fall_back(&domain, caller, set, reason, cost, read_clock),
+            );
+        }
+        let asked_ms = now();
+        self.call(&domain, caller, set, cost, permit, (asked_ms, held))
+    }
+
+    /// A refusal of the caller that the denial cache still holds; the clock is read only
+    /// when the cache holds any.
+    fn cached_refusal(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        now: impl FnOnce() -> u64,
+    ) -> Option<Decision> {
+        let denials = self
+            .denials
+            .as_ref()
+            .filter(|denials| !denials.is_empty())?;
+        let info = denials.get(caller.key(), set.id, now(), cost)?;
+        self.metrics.denial_cache_hit();
+        Some(Decision::Limited(info))
+    }
+
+    /// Asks the store under the breaker's `permit`, at `asked_ms`, and makes its answer
+    /// the decision, at once or when it comes.
+    fn call(
+        self: &Arc<Self>,
+        domain: &DomainRef<'_>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        permit: Permit,
+        (asked_ms, held): (u64, Option<Held>),
+    ) -> StoreFuture<Decision> {
+        let started = Instant::now();
+        let mut check = self.ask(caller, set, cost, held.as_ref());
+        if let Some(result) = check.try_take_ready() {
+            self.store.answered(started);
+            let decision = self.finish(domain, caller, set, result, permit, (asked_ms, held), cost);
+            return StoreFuture::ready(decision);
+        }
+        let domain = domain.to_shared();
+        let path = self.clone();
+        let caller = caller.clone();
+        let set = set.clone();
+        StoreFuture::boxed(async move {
+            let result = path
+                .store
+                .wait(check, started, caller.key(), "answer")
+                .await;
+            path.finish(
+                &domain,
+                &caller,
+                &set,
+                result,
+                permit,
+                (asked_ms, held),
+                cost,
+            )
+        })
+    }
+
+    /// The store's decision on a request; for a caller that a local share counted while
+    /// the store was away, the request and what the share counted, consumed as far as
+    /// the limits allow (a lease's arithmetic: the units beyond the request are dropped).
+    fn ask(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        held: Option<&Held>,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let backend = self.store.backend();
+        let unseen = held.map_or(0, |held| held.unseen);
+        if unseen > 0
+            && cost > 0
+            && let Some(mut lease) =
+                backend.lease(caller.key(), &set.limits, cost, cost.saturating_add(unseen))
+        {
+            let outcome =
+                |grant: Result<LeaseGrant, StoreError>| grant.map(|g| g.outcome().clone());
+            return match lease.try_take_ready() {
+                Some(grant) => StoreFuture::ready(outcome(grant)),
+                None => StoreFuture::boxed(async move { outcome(lease.await) }),
+            };
+        }
+        backend.check(caller.key(), &set.limits, cost)
+    }
+
+    /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
+    /// `asked_ms` is when the store was asked; `held`, what the local share counted for
+    /// the request before (given back unless the store admits it).
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        domain: &Domain,
+        caller: &Caller,
+        set: &PolicySet,
+        result: Result<CheckOutcome, StoreError>,
+        permit: Permit,
+        (asked_ms, held): (u64, Option<Held>),
+        cost: u64,
+    ) -> Decision {
+        match result {
+            Ok(outcome) => {
+                permit.success();
+                match held {
+                    Some(held) if outcome.admitted() => {
+                        self.fallback.reconcile(caller, &held, &outcome);
+                    }
+                    held => self.release(caller, held),
+                }
+                self.decided(caller, set, &outcome, asked_ms, cost)
+            }
+            Err(error) => {
+                permit.failed(&error);
+                // The failure policy decides again, the local share included.
+                self.release(caller, held);
+                tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
+                self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
+            }
+        }
+    }
+}
