@@ -36,6 +36,7 @@ mod frozen_store;
 mod in_process;
 mod layer;
 mod leases;
+mod limits;
 mod memory;
 mod redis;
 mod report;
@@ -66,6 +67,7 @@ criterion_group! {
         frozen_store::bench,
         denial_cache::bench,
         leases::bench,
+        limits::bench,
         memory::bench,
 }
 criterion_main!(setup, scenarios);
