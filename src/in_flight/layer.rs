@@ -46,7 +46,7 @@ pub struct InFlightLayer<K = ClientIp> {
 impl InFlightLayer<ClientIp> {
     /// At most `limit` requests in flight per caller, with slots in `store` (an
     /// [`InMemoryBackend`](crate::InMemoryBackend) for one process, a
-    /// [`RedisBackend`](crate::RedisBackend) across instances). `name` names the limit in
+    /// `RedisBackend` (the `redis` feature) across instances). `name` names the limit in
     /// the store's keys and in metrics: layers that share a name share their slots.
     pub fn new(name: impl Into<Arc<str>>, limit: u64, store: impl SlotStore) -> Self {
         Self {

@@ -20,7 +20,7 @@ use crate::store::future::StoreFuture;
 /// the caller of these methods, unique across instances.
 ///
 /// [`InMemoryBackend`](crate::InMemoryBackend) implements it for one process,
-/// [`RedisBackend`](crate::RedisBackend) for many (a sorted set per caller, scored by each
+/// `RedisBackend` (the `redis` feature) for many (a sorted set per caller, scored by each
 /// slot's expiry on Redis's clock, changed by one Lua script).
 ///
 /// ```
