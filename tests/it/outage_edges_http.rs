@@ -3,6 +3,12 @@
 //! at 120 requests a second round robin, the store refused for 6 s. The worst second of
 //! acme's admissions, by send time, around the outage's start and around the store's
 //! return stays within 10% of the limit of 50, and the outage's steady rate near 50.
+//!
+//! The worst second is a timing measurement: with the rest of the suite running beside
+//! it (other tests start processes of their own) the client's sends and the instances'
+//! decisions drift apart on 2 cores, and a second of sends held up to 74 admissions. So
+//! these tests are ignored in the parallel run and scripts/test runs them on their own,
+//! one after the other.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,6 +207,7 @@ fn check(measured: &[Measured]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worst-second measurement of 4 processes on a 2-core machine: scripts/test runs it alone, after the parallel run"]
 async fn the_sliding_window_and_the_static_chain_hold_the_limit_at_both_edges() {
     let measured = run(vec![
         Case {
@@ -219,6 +226,7 @@ async fn the_sliding_window_and_the_static_chain_hold_the_limit_at_both_edges() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worst-second measurement of 4 processes on a 2-core machine: scripts/test runs it alone, after the parallel run"]
 async fn the_token_bucket_and_leases_hold_the_limit_at_both_edges() {
     let dir = std::env::temp_dir().join(format!("tollgate-edges-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
