@@ -104,9 +104,10 @@ fn a_scripted_run_shows_every_documented_metric() {
         counter(&during_outage, "tollgate_denial_cache_hits_total", &[layer]),
         2
     );
-    // Two failed store calls: refused at once, or timed out while the connection manager
-    // was still trying to reconnect; either way a fallback with its reason.
-    let failed: u64 = ["refused", "timeout"]
+    // Two failed store calls: refused at once, timed out while the connection manager
+    // was still trying to reconnect, or not made because the client already knew the
+    // connection lost (`not_connected`); either way a fallback with its reason.
+    let failed: u64 = ["refused", "timeout", "not_connected"]
         .iter()
         .map(|reason| {
             counter(
