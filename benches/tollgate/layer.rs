@@ -2,11 +2,10 @@
 //! service.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use axum::body::Body;
 use criterion::{Criterion, Throughput};
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use tollgate::{
     InMemoryBackend, Limiter, RateLimitLayer,
     key::HeaderKey,
@@ -17,7 +16,7 @@ use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 
 use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{CALLERS, CUSTOMER, big_bucket, drive};
+use crate::support::{CUSTOMER, big_bucket, drive};
 
 /// tower_governor's key extractor for the customer header, written as its docs suggest.
 #[derive(Clone, Debug)]
@@ -38,13 +37,7 @@ impl tower_governor::key_extractor::KeyExtractor for CustomerHeader {
 
 pub(crate) fn bench(c: &mut Criterion) {
     const GROUP: &str = "layer";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let customers: Arc<[HeaderValue]> = (0..CALLERS)
-        .map(|i| HeaderValue::try_from(format!("customer-{i:05}")).expect("header value"))
-        .collect();
+    let (runtime, customers) = crate::support::layer_setup();
     let orders = tower::service_fn(|_request: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Body::from("[]")))
     });

@@ -5,12 +5,11 @@
 
 use std::convert::Infallible;
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use criterion::{Criterion, Throughput};
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use tollgate::in_flight::InFlightLayer;
 use tollgate::key::HeaderKey;
 use tollgate::response::{DecisionExtension, HeaderMode};
@@ -23,13 +22,7 @@ use crate::support::{BIG, CALLERS, big_window, callers, drive, ready_now};
 
 pub(crate) fn bench(c: &mut Criterion) {
     const GROUP: &str = "limits";
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let customers: Arc<[HeaderValue]> = (0..CALLERS)
-        .map(|i| HeaderValue::try_from(format!("customer-{i:05}")).expect("header value"))
-        .collect();
+    let (runtime, customers) = crate::support::layer_setup();
     let reports = tower::service_fn(|_request: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Body::from("[]")))
     });

@@ -107,6 +107,19 @@ pub(crate) fn wanted(group: &str) -> bool {
 /// The header that names the caller in the layer scenarios.
 pub(crate) static CUSTOMER: HeaderName = HeaderName::from_static("x-customer-id");
 
+/// A current-thread runtime for the layer scenarios, and the header values naming their
+/// 10,000 callers.
+pub(crate) fn layer_setup() -> (Runtime, Arc<[HeaderValue]>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let customers = (0..CALLERS)
+        .map(|i| HeaderValue::try_from(format!("customer-{i:05}")).expect("header value"))
+        .collect();
+    (runtime, customers)
+}
+
 /// Drives `service` with `ready().await` then `call` in a loop, callers in turn.
 pub(crate) fn drive<S, B>(
     b: &mut Bencher<'_>,

@@ -15,7 +15,7 @@ use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::caller::CallerKey;
 use crate::store::slots::{HeldHere, HeldSlot, SlotStore};
 
-pub(super) const DECISIONS: &str = "tollgate_in_flight_decisions_total";
+const DECISIONS: &str = "tollgate_in_flight_decisions_total";
 pub(super) const IN_FLIGHT: &str = "tollgate_in_flight";
 
 /// What a request gets.
@@ -130,13 +130,18 @@ impl Shared {
             },
             Err(error) => self.fall_back(caller, &error),
         };
+        self.count(admission.outcome());
+        admission
+    }
+
+    /// Counts one decision of `outcome` in `tollgate_in_flight_decisions_total`.
+    pub(super) fn count(&self, outcome: &'static str) {
         metrics::counter!(
             DECISIONS,
             "layer" => self.settings.name.clone(),
-            "outcome" => admission.outcome()
+            "outcome" => outcome
         )
         .increment(1);
-        admission
     }
 
     fn held(&self, slot: HeldSlot, quota: u64, held: u64) -> Admission {

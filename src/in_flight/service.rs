@@ -102,7 +102,7 @@ where
                 Extracted::NoKey => match missing_key {
                     MissingKey::Anonymous => CallerKey::anonymous(),
                     MissingKey::Pass => {
-                        count(&shared, "unlimited");
+                        shared.count("unlimited");
                         let response = inner.call(request).await?;
                         return Ok(response.map(ResponseBody::inner));
                     }
@@ -139,15 +139,6 @@ where
             }
         })
     }
-}
-
-fn count(shared: &Shared, outcome: &'static str) {
-    metrics::counter!(
-        super::admission::DECISIONS,
-        "layer" => shared.settings.name.clone(),
-        "outcome" => outcome
-    )
-    .increment(1);
 }
 
 fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>> {
