@@ -6,7 +6,8 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
-use crate::store::algorithm::{AdmissionLog, PolicyState};
+use super::packed::Packing;
+use crate::store::algorithm::{AdmissionLog, Algorithm, PolicyOutcome, PolicyState};
 use crate::store::inline_bytes::InlineBytes;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
@@ -17,9 +18,10 @@ const INLINE_KEY_BYTES: usize = 22;
 /// A caller's encoded key, as the shard stores it.
 type StoredKey = InlineBytes<INLINE_KEY_BYTES>;
 
-/// A counter's state, read and written through a shared reference. The entry's lock makes
-/// a decision's reads and writes one step; the atomics, all relaxed, only let safe code
-/// write through `&`.
+/// A counter's state, read and written through a shared reference. Unpacked, the entry's
+/// lock makes a decision's reads and writes one step and the atomics, all relaxed, only let
+/// safe code write through `&`. Packed (see [`Packing`]), `a` holds the whole state and `b`
+/// and `c` how it is packed, so a decision reads and writes `a` with one compare-and-swap.
 struct SharedState {
     kind: AtomicU8,
     a: AtomicU64,
@@ -32,6 +34,10 @@ const TOKEN_BUCKET: u8 = 2;
 /// A lockout's block, kept under its own counter: `a` is when it began, `b` when it ends
 /// (0: no block).
 const BLOCK: u8 = 3;
+/// A sliding window's state packed in `a`.
+const PACKED_WINDOW: u8 = 4;
+/// A token bucket's state packed in `a`.
+const PACKED_BUCKET: u8 = 5;
 
 impl SharedState {
     fn new(state: PolicyState) -> Self {
@@ -43,6 +49,40 @@ impl SharedState {
         };
         shared.store(state);
         shared
+    }
+
+    /// A state packed as `packing` says, if it fits; unpacked otherwise.
+    fn packed(state: PolicyState, packing: Option<Packing>) -> Self {
+        let Some((packing, word)) =
+            packing.and_then(|packing| Some((packing, packing.encode(&state)?)))
+        else {
+            return Self::new(state);
+        };
+        let words = packing.to_words();
+        Self {
+            kind: AtomicU8::new(if words.window {
+                PACKED_WINDOW
+            } else {
+                PACKED_BUCKET
+            }),
+            a: AtomicU64::new(word),
+            b: AtomicU64::new(words.first),
+            c: AtomicU64::new(words.second),
+        }
+    }
+
+    /// How the state is packed, if it is.
+    fn packing(&self) -> Option<Packing> {
+        let window = match self.kind.load(Relaxed) {
+            PACKED_WINDOW => true,
+            PACKED_BUCKET => false,
+            _ => return None,
+        };
+        Some(Packing::from_words(
+            window,
+            self.b.load(Relaxed),
+            self.c.load(Relaxed),
+        ))
     }
 
     fn block() -> Self {
@@ -68,6 +108,9 @@ impl SharedState {
     }
 
     fn load(&self) -> PolicyState {
+        if let Some(packing) = self.packing() {
+            return packing.decode(self.a.load(Relaxed));
+        }
         let (a, b) = (self.a.load(Relaxed), self.b.load(Relaxed));
         match self.kind.load(Relaxed) {
             TOKEN_BUCKET => PolicyState::TokenBucket {
@@ -82,7 +125,16 @@ impl SharedState {
         }
     }
 
+    /// Writes `state`: packed if the slot is and it fits, otherwise unpacked (the slot then
+    /// stays so). Under the entry's lock, where no compare-and-swap runs beside it (see
+    /// [`Entry::decide_packed`]).
     fn store(&self, state: PolicyState) {
+        if let Some(packing) = self.packing()
+            && let Some(word) = packing.encode(&state)
+        {
+            self.a.store(word, Relaxed);
+            return;
+        }
         match state {
             PolicyState::SlidingWindow {
                 window_start,
@@ -197,6 +249,17 @@ pub(super) struct Entry {
     busy: AtomicBool,
 }
 
+/// What a decision by compare-and-swap came to.
+pub(super) enum PackedDecision {
+    /// Admitted or refused, with what the policy reports.
+    Decided(bool, PolicyOutcome),
+    /// The counter is not packed, or not the entry's only one: the entry's lock decides.
+    NotPacked,
+    /// The state to write does not fit its packing: the shard's write lock decides, and
+    /// unpacks the slot (never under the entry's lock, beside a compare-and-swap).
+    DoesNotFit,
+}
+
 /// Spins this many times on a held entry before yielding the thread: a decision holds it
 /// for tens of nanoseconds, unless its thread was preempted.
 const SPINS_BEFORE_YIELD: u32 = 64;
@@ -213,8 +276,14 @@ impl Drop for EntryGuard<'_> {
 }
 
 impl Entry {
-    /// A caller's first entry, holding one counter's state.
-    pub(super) fn new(key: &[u8], counter: u32, state: PolicyState) -> Self {
+    /// A caller's first entry, holding one counter's state, packed as `packing` says when
+    /// it fits.
+    pub(super) fn new(
+        key: &[u8],
+        counter: u32,
+        state: PolicyState,
+        packing: Option<Packing>,
+    ) -> Self {
         let (first_counter, first_state, more) = match state {
             PolicyState::SlidingLog(_) => (
                 NO_COUNTER,
@@ -227,7 +296,7 @@ impl Entry {
                     state: SlotState::new(state),
                 }])),
             ),
-            fixed => (counter, SharedState::new(fixed), None),
+            fixed => (counter, SharedState::packed(fixed, packing), None),
         };
         Self {
             key: StoredKey::new(key),
@@ -262,6 +331,41 @@ impl Entry {
             }
         }
         EntryGuard { entry: self }
+    }
+
+    /// Decides a request of `cost` units against `algorithm` for the counter `counter`, by a
+    /// compare-and-swap on its packed state, without the entry's lock, when the counter is
+    /// the entry's only one and packed.
+    ///
+    /// Only a compare-and-swap writes such a slot through a shared reference: the entry's
+    /// lock is taken for an entry with more than one counter, and a second counter is
+    /// added under the shard's write lock, which no decision holding the read lock meets.
+    pub(super) fn decide_packed(
+        &self,
+        counter: u32,
+        algorithm: &Algorithm,
+        now_ms: u64,
+        cost: u64,
+    ) -> PackedDecision {
+        let packing = match self.first_state.packing() {
+            Some(packing) if self.first_counter == counter && self.more.is_none() => packing,
+            _ => return PackedDecision::NotPacked,
+        };
+        let word = &self.first_state.a;
+        let mut current = word.load(Relaxed);
+        loop {
+            let evaluation = algorithm.evaluate_cost(Some(packing.decode(current)), now_ms, cost);
+            if !evaluation.admitted {
+                return PackedDecision::Decided(false, evaluation.outcome);
+            }
+            let Some(next) = packing.encode(&evaluation.admitted_state) else {
+                return PackedDecision::DoesNotFit;
+            };
+            match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
+                Ok(_) => return PackedDecision::Decided(true, evaluation.outcome),
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     fn slot(&self, counter: u32) -> Option<StateRef<'_>> {
@@ -360,17 +464,20 @@ impl Entry {
         self.idle_at_ms.load(Relaxed)
     }
 
-    /// Keeps the entry until `idle_at_ms` at least; under the entry's lock or the shard's
-    /// write lock.
+    /// Keeps the entry until `idle_at_ms` at least. Decisions that take no lock race here:
+    /// the later time always wins, so no caller is swept while its counters still matter.
     pub(super) fn keep_until(&self, idle_at_ms: u64) {
         if idle_at_ms > self.idle_at_ms.load(Relaxed) {
-            self.idle_at_ms.store(idle_at_ms, Relaxed);
+            self.idle_at_ms.fetch_max(idle_at_ms, Relaxed);
         }
     }
 
     /// Marks the caller as seen since the eviction hand last passed.
     pub(super) fn mark_referenced(&self) {
-        self.referenced.store(true, Relaxed);
+        // Read first: a caller seen again leaves the line unwritten, and shared.
+        if !self.referenced.load(Relaxed) {
+            self.referenced.store(true, Relaxed);
+        }
     }
 
     /// Whether the caller was seen since the hand last passed; clears the mark.
@@ -390,7 +497,7 @@ mod tests {
             previous: 0,
             current,
         };
-        let mut entry = Entry::new(b"=acme", 3, window(1));
+        let mut entry = Entry::new(b"=acme", 3, window(1), None);
         assert_eq!(entry.state(3), Some(window(1)));
         assert_eq!(entry.state(0), None);
         entry.store(0, window(7));
@@ -420,7 +527,7 @@ mod tests {
             current: 4,
         };
         // A caller whose first counter is a log.
-        let mut entry = Entry::new(b"=acme", 2, log(&[1, 2]));
+        let mut entry = Entry::new(b"=acme", 2, log(&[1, 2]), None);
         assert_eq!(entry.state(2), Some(log(&[1, 2])));
         assert_eq!(entry.state(0), None);
         entry.store(0, window.clone());
@@ -431,7 +538,7 @@ mod tests {
         assert_eq!(entry.state(2), Some(log(&[2, 3, 4])));
         assert_eq!(entry.state(0), Some(window.clone()));
         // A fixed first counter, then a log.
-        let mut entry = Entry::new(b"=acme", 0, window.clone());
+        let mut entry = Entry::new(b"=acme", 0, window.clone(), None);
         entry.store(1, log(&[9]));
         entry.store(1, log(&[9, 10]));
         assert_eq!(entry.state(1), Some(log(&[9, 10])));
@@ -454,6 +561,7 @@ mod tests {
                 level: 0,
                 updated_ms: 0,
             },
+            None,
         );
         std::thread::scope(|scope| {
             for _ in 0..4 {

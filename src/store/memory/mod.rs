@@ -1,4 +1,5 @@
 mod entry;
+mod packed;
 mod shard;
 mod slots;
 
@@ -8,7 +9,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use self::entry::{Block, Entry};
+use self::entry::{Block, Entry, PackedDecision};
+use self::packed::Packing;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
@@ -165,7 +167,8 @@ impl InMemoryBackend {
         }
     }
 
-    fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
+    /// Decides a request of `cost` units now: what [`Backend::check`] answers, unwrapped.
+    pub(crate) fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
         self.decide_at(caller, limits, cost, self.shared.clock.now_millis())
     }
 
@@ -272,6 +275,7 @@ impl InMemoryBackend {
             counters,
             fresh: None,
             key: caller.encoded(),
+            now,
         };
         let locks = limits.iter().any(|limit| limit.lockout_ms().is_some());
         if let Some(entry) = store.entry.as_deref_mut() {
@@ -334,6 +338,24 @@ fn decide_tracked(
         return None;
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
+    // One policy on a caller with one packed counter: one compare-and-swap, no lock.
+    if let [limit] = limits
+        && limit.lockout_ms().is_none()
+    {
+        let counter = shard.counter(limit.counter_arc())?;
+        match entry.decide_packed(counter, limit.algorithm(), now, cost) {
+            PackedDecision::Decided(admitted, outcome) => {
+                // A refused caller is as active as an admitted one.
+                entry.mark_referenced();
+                if admitted {
+                    entry.keep_until(now.saturating_add(limit.retention_ms()));
+                }
+                return Some(CheckOutcome::one(outcome).counted_at(now));
+            }
+            PackedDecision::DoesNotFit => return None,
+            PackedDecision::NotPacked => {}
+        }
+    }
     let mut counters = [0u32; INLINE_POLICIES];
     // Each locking policy's block slot; the fast path needs the caller to have them all.
     let mut blocks = [None; INLINE_POLICIES];
@@ -456,6 +478,8 @@ struct Decision<'a> {
     counters: &'a mut Vec<Arc<str>>,
     fresh: Option<Entry>,
     key: &'a [u8],
+    /// When the decision is made: a new entry's packed state counts from it.
+    now: u64,
 }
 
 impl Decision<'_> {
@@ -475,7 +499,10 @@ impl Decision<'_> {
         match (&mut self.entry, &mut self.fresh) {
             (Some(entry), _) => entry.store(counter, state),
             (None, Some(fresh)) => fresh.store(counter, state),
-            (None, None) => self.fresh = Some(Entry::new(self.key, counter, state)),
+            (None, None) => {
+                let packing = Packing::of(limit.algorithm(), self.now);
+                self.fresh = Some(Entry::new(self.key, counter, state, packing));
+            }
         }
     }
 }

@@ -1,0 +1,296 @@
+//! A counter's state in one 64-bit word, for the shapes that fit: a decision on a caller
+//! with one such policy reads the word, evaluates, and writes it back with one
+//! compare-and-swap, taking no lock of its own.
+//!
+//! - A sliding window packs its window's index (counted from the slot's base window), the
+//!   previous window's count and the current one's.
+//! - A token bucket packs the time of its level (ms after the slot's base) and the level,
+//!   in units of the greatest common divisor of its rate and period (every level the
+//!   arithmetic writes is a multiple of it).
+//!
+//! Each packed slot covers at least 2^34 ms (about 199 days) from its base, which is set
+//! when the slot is made. A state that does not fit (a count or level too large for its
+//! bits, a time outside the span, a state of another algorithm) is never written packed:
+//! the slot goes back to the unpacked form, under the shard's write lock. Decoding is
+//! exact, so both forms decide alike.
+
+use crate::store::algorithm::{Algorithm, PolicyState};
+
+/// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
+const SPAN_BITS: u32 = 34;
+
+/// How long before its creation a slot's base lies, so that a state a little in the past
+/// (a clock that moved back, another instance's slightly slower clock) still fits.
+const BASE_MARGIN_MS: u64 = 3_600_000;
+
+/// How one slot's state is packed: fixed when the slot is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Packing {
+    /// `index << 2c | previous << c | current`, with `c` bits per count.
+    Window {
+        window_ms: u64,
+        count_bits: u32,
+        /// The window index (start / window) the packed index counts from.
+        base_index: u64,
+    },
+    /// `time << level_bits | level / unit`.
+    Bucket {
+        unit: u64,
+        level_bits: u32,
+        /// The time the packed time counts from.
+        base_ms: u64,
+    },
+}
+
+/// Packing's parameters as two words, kept beside the packed state.
+pub(super) struct PackingWords {
+    pub(super) window: bool,
+    pub(super) first: u64,
+    pub(super) second: u64,
+}
+
+/// Where the bit count sits in the second parameter word (bases stay below 2^58).
+const BITS_SHIFT: u32 = 58;
+
+impl Packing {
+    /// The packing for `algorithm`'s states in a slot made at `now_ms`, if its states fit.
+    pub(super) fn of(algorithm: &Algorithm, now_ms: u64) -> Option<Self> {
+        let base_ms = now_ms.saturating_sub(BASE_MARGIN_MS);
+        match *algorithm {
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                let index_bits = SPAN_BITS.saturating_sub(window_ms.checked_ilog2()?).max(1);
+                let count_bits = (64 - index_bits) / 2;
+                (bits(limit) <= count_bits).then_some(Packing::Window {
+                    window_ms,
+                    count_bits,
+                    base_index: base_ms / window_ms,
+                })
+            }
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => {
+                let unit = gcd(rate, period_ms);
+                let level_bits = 64 - SPAN_BITS;
+                let capacity = u128::from(burst) * u128::from(period_ms) / u128::from(unit);
+                (capacity < 1 << level_bits).then_some(Packing::Bucket {
+                    unit,
+                    level_bits,
+                    base_ms,
+                })
+            }
+            Algorithm::SlidingLog { .. } => None,
+        }
+    }
+
+    /// The words [`from_words`](Self::from_words) reads back.
+    pub(super) fn to_words(self) -> PackingWords {
+        match self {
+            Packing::Window {
+                window_ms,
+                count_bits,
+                base_index,
+            } => PackingWords {
+                window: true,
+                first: window_ms,
+                second: base_index | u64::from(count_bits) << BITS_SHIFT,
+            },
+            Packing::Bucket {
+                unit,
+                level_bits,
+                base_ms,
+            } => PackingWords {
+                window: false,
+                first: unit,
+                second: base_ms | u64::from(level_bits) << BITS_SHIFT,
+            },
+        }
+    }
+
+    pub(super) fn from_words(window: bool, first: u64, second: u64) -> Self {
+        let bits = (second >> BITS_SHIFT) as u32;
+        let base = second & ((1 << BITS_SHIFT) - 1);
+        if window {
+            Packing::Window {
+                window_ms: first,
+                count_bits: bits,
+                base_index: base,
+            }
+        } else {
+            Packing::Bucket {
+                unit: first,
+                level_bits: bits,
+                base_ms: base,
+            }
+        }
+    }
+
+    /// `state` in one word, if it fits.
+    pub(super) fn encode(self, state: &PolicyState) -> Option<u64> {
+        match (self, state) {
+            (
+                Packing::Window {
+                    window_ms,
+                    count_bits,
+                    base_index,
+                },
+                &PolicyState::SlidingWindow {
+                    window_start,
+                    previous,
+                    current,
+                },
+            ) => {
+                let index = window_start / window_ms;
+                if index * window_ms != window_start {
+                    return None;
+                }
+                let relative = index.checked_sub(base_index)?;
+                let limit = 1u64 << count_bits;
+                (relative < 1 << (64 - 2 * count_bits) && previous < limit && current < limit)
+                    .then_some(relative << (2 * count_bits) | previous << count_bits | current)
+            }
+            (
+                Packing::Bucket {
+                    unit,
+                    level_bits,
+                    base_ms,
+                },
+                &PolicyState::TokenBucket { level, updated_ms },
+            ) => {
+                let relative = updated_ms.checked_sub(base_ms)?;
+                let units = level / unit;
+                (units * unit == level && units < 1 << level_bits && relative < 1 << SPAN_BITS)
+                    .then_some(relative << level_bits | units)
+            }
+            _ => None,
+        }
+    }
+
+    /// The state a word holds.
+    pub(super) fn decode(self, word: u64) -> PolicyState {
+        match self {
+            Packing::Window {
+                window_ms,
+                count_bits,
+                base_index,
+            } => {
+                let mask = (1u64 << count_bits) - 1;
+                PolicyState::SlidingWindow {
+                    window_start: (base_index + (word >> (2 * count_bits))) * window_ms,
+                    previous: (word >> count_bits) & mask,
+                    current: word & mask,
+                }
+            }
+            Packing::Bucket {
+                unit,
+                level_bits,
+                base_ms,
+            } => PolicyState::TokenBucket {
+                level: (word & ((1u64 << level_bits) - 1)) * unit,
+                updated_ms: base_ms + (word >> level_bits),
+            },
+        }
+    }
+}
+
+/// How many bits `n` takes.
+fn bits(n: u64) -> u32 {
+    64 - n.leading_zeros()
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    #[test]
+    fn the_usual_shapes_pack() {
+        let window = Algorithm::sliding_window(50, Duration::from_secs(1));
+        let day = Algorithm::sliding_window(1_000_000, Duration::from_secs(86_400));
+        let bucket = Algorithm::token_bucket(1_000_000_000, Duration::from_secs(1), 1_000_000_000);
+        for algorithm in [window, day, bucket] {
+            assert!(Packing::of(&algorithm, NOW).is_some(), "{algorithm:?}");
+        }
+        let huge = Algorithm::sliding_window(1 << 40, Duration::from_millis(1));
+        assert!(Packing::of(&huge, NOW).is_none());
+        let log = Algorithm::sliding_log(5, Duration::from_secs(1));
+        assert!(Packing::of(&log, NOW).is_none());
+    }
+
+    #[test]
+    fn a_state_that_does_not_fit_is_not_packed() {
+        let window = Algorithm::sliding_window(50, Duration::from_secs(1));
+        let packing = Packing::of(&window, NOW).expect("packs");
+        let early = PolicyState::SlidingWindow {
+            window_start: 0,
+            previous: 0,
+            current: 1,
+        };
+        assert_eq!(packing.encode(&early), None);
+        let unaligned = PolicyState::SlidingWindow {
+            window_start: NOW + 1,
+            previous: 0,
+            current: 1,
+        };
+        assert_eq!(packing.encode(&unaligned), None);
+        let bucket = PolicyState::TokenBucket {
+            level: 0,
+            updated_ms: NOW,
+        };
+        assert_eq!(packing.encode(&bucket), None);
+    }
+
+    fn algorithms() -> impl Strategy<Value = Algorithm> {
+        prop_oneof![
+            (1u64..2_000_000, 1u64..100_000_000).prop_filter_map("exact", |(limit, ms)| {
+                Algorithm::try_sliding_window(limit, Duration::from_millis(ms)).ok()
+            }),
+            (1u64..2_000_000, 1u64..10_000_000, 1u64..2_000_000).prop_filter_map(
+                "exact",
+                |(rate, ms, burst)| {
+                    Algorithm::try_token_bucket(rate, Duration::from_millis(ms), burst).ok()
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the arithmetic writes within a slot's span packs and unpacks to itself.
+        #[test]
+        fn states_the_arithmetic_writes_round_trip(
+            algorithm in algorithms(),
+            steps in prop::collection::vec((0u64..5_000, 0u64..4), 1..40),
+        ) {
+            let Some(packing) = Packing::of(&algorithm, NOW) else { return Ok(()) };
+            let mut state = None;
+            let mut now = NOW;
+            for (advance, cost) in steps {
+                now += advance;
+                let evaluation = algorithm.evaluate_cost(state.clone(), now, cost);
+                if evaluation.admitted {
+                    let word = packing.encode(&evaluation.admitted_state);
+                    prop_assert!(word.is_some(), "{:?} did not pack", evaluation.admitted_state);
+                    let word = word.unwrap_or_default();
+                    prop_assert_eq!(packing.decode(word), evaluation.admitted_state.clone());
+                    let words = packing.to_words();
+                    let back = Packing::from_words(words.window, words.first, words.second);
+                    prop_assert_eq!(back, packing);
+                    state = Some(evaluation.admitted_state);
+                }
+            }
+        }
+    }
+}
