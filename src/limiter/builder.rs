@@ -1,5 +1,6 @@
 //! Configuring a limiter: the builder, which assembles the limiter's parts.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +56,8 @@ pub struct LimiterBuilder {
     name: Arc<str>,
     named: bool,
     backend: Option<Arc<dyn Backend>>,
+    /// The backend again when it is the in-process one: decided by a direct call.
+    memory: Option<InMemoryBackend>,
     limits: Limits,
     on_store_failure: FailurePolicy,
     store_timeout: Duration,
@@ -73,6 +76,7 @@ impl Default for LimiterBuilder {
             name: "default".into(),
             named: false,
             backend: None,
+            memory: None,
             limits: Limits::new(),
             on_store_failure: FailurePolicy::default(),
             store_timeout: DEFAULT_STORE_TIMEOUT,
@@ -128,6 +132,9 @@ impl LimiterBuilder {
     /// assert_ne!(search.policies()[0].counter(), login.policies()[0].counter());
     /// ```
     pub fn backend(mut self, backend: impl Backend) -> Self {
+        self.memory = (&backend as &dyn Any)
+            .downcast_ref::<InMemoryBackend>()
+            .cloned();
         self.backend = Some(Arc::new(backend));
         self
     }
@@ -320,9 +327,13 @@ impl LimiterBuilder {
         let metrics = Arc::new(LimiterMetrics::new(&name, self.limits.policy_names()));
         let active = ActiveLimits::new(self.limits, &scope, 0)?;
         let limits = Arc::new(InForce::new(active, scope, name.clone(), metrics.clone()));
-        let backend = self
-            .backend
-            .unwrap_or_else(|| Arc::new(InMemoryBackend::new()));
+        let (backend, memory) = match self.backend {
+            Some(backend) => (backend, self.memory),
+            None => {
+                let memory = InMemoryBackend::new();
+                (Arc::new(memory.clone()) as Arc<dyn Backend>, Some(memory))
+            }
+        };
         let remote = backend.is_remote();
         let store = StoreCall::new(backend, self.store_timeout, metrics.clone());
         let fallback = Fallback::new(self.on_store_failure, self.clock.clone());
@@ -348,7 +359,7 @@ impl LimiterBuilder {
                 metrics: metrics.clone(),
             })))
         } else {
-            Path::Local(Arc::new(LocalPath::new(store, fallback, &name)))
+            Path::Local(Arc::new(LocalPath::new(store, memory, fallback, &name)))
         };
         Ok(Limiter::from_parts(name, self.mode, limits, metrics, path))
     }

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::limiter::reported_set::ReportedSet;
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::domain::FailureDomain;
@@ -110,7 +111,7 @@ impl UnlimitedReason {
 pub struct RateLimitInfo {
     // The policy set reported on, shared: what the headers advertise depends on it alone,
     // so the HTTP floor can cache that part per set.
-    set: Arc<[Policy]>,
+    set: ReportedSet,
     outcomes: Outcomes,
     source: DecisionSource,
     cost: u64,
@@ -212,9 +213,18 @@ impl RateLimitInfo {
         outcomes: &[PolicyOutcome],
         source: DecisionSource,
     ) -> Self {
-        let count = limits.len().min(outcomes.len());
+        Self::from_set(limits.into(), outcomes, source)
+    }
+
+    /// [`from_outcomes`](Self::from_outcomes) for a set as decisions hold it.
+    pub(crate) fn from_set(
+        set: ReportedSet,
+        outcomes: &[PolicyOutcome],
+        source: DecisionSource,
+    ) -> Self {
+        let count = set.get().len().min(outcomes.len());
         Self {
-            set: limits.clone(),
+            set,
             outcomes: Outcomes::build(count, |i| outcomes[i]),
             source,
             cost: 1,
@@ -304,7 +314,7 @@ impl RateLimitInfo {
 
     /// The policy set this report is about.
     pub(crate) fn policy_set(&self) -> &Arc<[Policy]> {
-        &self.set
+        self.set.get()
     }
 
     /// Who decided: the store, the denial cache or the local share.
@@ -329,6 +339,7 @@ impl RateLimitInfo {
     /// ```
     pub fn policies(&self) -> impl ExactSizeIterator<Item = PolicyReport<'_>> + Clone + '_ {
         self.set
+            .get()
             .iter()
             .zip(self.outcomes.as_slice())
             .map(|(policy, outcome)| PolicyReport {
@@ -353,7 +364,7 @@ impl RateLimitInfo {
     /// ```
     pub fn policy(&self, index: usize) -> Option<PolicyReport<'_>> {
         Some(PolicyReport {
-            policy: self.set.get(index)?,
+            policy: self.set.get().get(index)?,
             outcome: *self.outcomes.as_slice().get(index)?,
         })
     }

@@ -26,6 +26,7 @@ pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod path;
 pub(crate) mod policy_set;
+pub(crate) mod reported_set;
 pub(crate) mod store_call;
 pub(crate) mod telemetry;
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::limiter::build_error::BuildError;
+use crate::limiter::reported_set::ReportedSet;
 use crate::store::policy::Policy;
 
 /// One set of policies a caller is decided against (the defaults, or a tier's), with an
@@ -12,6 +13,8 @@ use crate::store::policy::Policy;
 #[derive(Clone, Debug)]
 pub(crate) struct PolicySet {
     pub(crate) limits: Arc<[Policy]>,
+    /// The same policies, as the decisions made against them hold them.
+    pub(crate) reported: ReportedSet,
     pub(crate) id: u64,
     /// Whether a policy of the set locks out: its callers are decided by the store on
     /// every request, never from a lease, so that the block starts when the quota is
@@ -49,6 +52,7 @@ impl PolicySet {
         );
         let locks_out = limits.iter().any(|limit| limit.lockout_ms().is_some());
         Ok(Self {
+            reported: ReportedSet::store(&limits),
             limits,
             id,
             locks_out,

@@ -369,7 +369,7 @@ fn leased_info(
             reset_ms: outcome.reset_ms,
         })
         .collect();
-    RateLimitInfo::from_outcomes(&set.limits, &outcomes, DecisionSource::Lease)
+    RateLimitInfo::from_set(set.reported.clone(), &outcomes, DecisionSource::Lease)
         .for_cost(cost)
         .with_receipt(Receipt {
             counted_at_ms,

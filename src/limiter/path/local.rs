@@ -14,11 +14,15 @@ use crate::limiter::telemetry::FallbackCounters;
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
+use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
 /// An in-process store and the failure policy for the rare store that fails.
 pub(in crate::limiter) struct LocalPath {
     pub(super) store: StoreCall,
+    /// The store again when it is the crate's own: asked by a direct call, its answer
+    /// neither boxed nor wrapped in a `Result` it never fails with.
+    memory: Option<InMemoryBackend>,
     pub(super) fallback: Fallback,
     /// The store's one part, as metrics label it.
     label: Arc<str>,
@@ -26,7 +30,12 @@ pub(in crate::limiter) struct LocalPath {
 }
 
 impl LocalPath {
-    pub(in crate::limiter) fn new(store: StoreCall, fallback: Fallback, layer: &Arc<str>) -> Self {
+    pub(in crate::limiter) fn new(
+        store: StoreCall,
+        memory: Option<InMemoryBackend>,
+        fallback: Fallback,
+        layer: &Arc<str>,
+    ) -> Self {
         let label: Arc<str> = store
             .backend()
             .failure_domain_label(0)
@@ -35,6 +44,7 @@ impl LocalPath {
         let fallbacks = FallbackCounters::new(layer, fallback.policy().as_str(), &label);
         Self {
             store,
+            memory,
             fallback,
             label,
             fallbacks,
@@ -51,6 +61,10 @@ impl LocalPath {
         set: &PolicySet,
         cost: u64,
     ) -> StoreFuture<Decision> {
+        if let Some(memory) = &self.memory {
+            let outcome = memory.decide(caller.key(), &set.limits, cost);
+            return StoreFuture::ready(decision(outcome.admitted(), answered(set, &outcome, cost)));
+        }
         let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
         if let Some(result) = check.try_take_ready() {
             return StoreFuture::ready(self.decided(caller, set, result, cost));

@@ -115,8 +115,12 @@ impl Path {
 /// A store's answer as what the decision reports: each policy's outcome, and for an
 /// admission, the receipt a refund needs.
 fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo {
-    let info = RateLimitInfo::from_outcomes(&set.limits, outcome.limits(), DecisionSource::Store)
-        .for_cost(cost);
+    let info = RateLimitInfo::from_set(
+        set.reported.clone(),
+        outcome.limits(),
+        DecisionSource::Store,
+    )
+    .for_cost(cost);
     if outcome.admitted() {
         info.with_receipt(Receipt {
             counted_at_ms: outcome.counted_at_ms(),

@@ -1,0 +1,99 @@
+//! The policy set a decision reports on, held without a reference count where it can be.
+//!
+//! Every decision carries its set (the headers advertise it, a refund gives units back to
+//! it). Cloning an `Arc` per decision writes the set's count, one cache line that every
+//! core deciding for the limiter then pulls back and forth. A limiter's sets are few and
+//! made when it is built or its limits swapped, so each distinct set is stored once for
+//! the process and decisions refer to it by a plain reference. The store is bounded: past
+//! [`MAX_STORED_SETS`] distinct sets (limits swapped in a loop with ever new values), new
+//! sets are shared by reference count as before.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::store::policy::Policy;
+
+/// How many distinct policy sets the process keeps for good: a few per limiter, and the
+/// sets of every swap with new values, up to here.
+const MAX_STORED_SETS: usize = 4_096;
+
+/// A policy set as a decision holds it.
+#[derive(Clone)]
+pub(crate) enum ReportedSet {
+    /// Stored for the process: copying it touches no count.
+    Stored(&'static Arc<[Policy]>),
+    /// Shared by reference count.
+    Counted(Arc<[Policy]>),
+}
+
+impl ReportedSet {
+    /// `set`, stored for the process if it is not yet and there is room.
+    pub(crate) fn store(set: &Arc<[Policy]>) -> Self {
+        static STORED: OnceLock<Mutex<HashSet<&'static Arc<[Policy]>>>> = OnceLock::new();
+        let stored = STORED.get_or_init(Default::default);
+        // A panic while the set was locked left it whole (one insert): still usable.
+        let mut stored = stored
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(found) = stored.get(set) {
+            return ReportedSet::Stored(found);
+        }
+        if stored.len() >= MAX_STORED_SETS {
+            return ReportedSet::Counted(set.clone());
+        }
+        let kept: &'static Arc<[Policy]> = Box::leak(Box::new(set.clone()));
+        stored.insert(kept);
+        ReportedSet::Stored(kept)
+    }
+
+    pub(crate) fn get(&self) -> &Arc<[Policy]> {
+        match self {
+            ReportedSet::Stored(set) => set,
+            ReportedSet::Counted(set) => set,
+        }
+    }
+}
+
+impl From<&Arc<[Policy]>> for ReportedSet {
+    fn from(set: &Arc<[Policy]>) -> Self {
+        ReportedSet::Counted(set.clone())
+    }
+}
+
+impl PartialEq for ReportedSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for ReportedSet {}
+
+impl fmt::Debug for ReportedSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::policy::Quota;
+
+    #[test]
+    fn equal_sets_are_stored_once() {
+        let set = |n| -> Arc<[Policy]> {
+            vec![Policy::sliding_window("stored-once", Quota::per_second(n))].into()
+        };
+        let (ReportedSet::Stored(a), ReportedSet::Stored(b)) =
+            (ReportedSet::store(&set(7)), ReportedSet::store(&set(7)))
+        else {
+            panic!("stored");
+        };
+        assert!(Arc::ptr_eq(a, b));
+        let ReportedSet::Stored(c) = ReportedSet::store(&set(8)) else {
+            panic!("stored");
+        };
+        assert!(!Arc::ptr_eq(a, c));
+    }
+}
