@@ -25,6 +25,7 @@ use tollgate::RateLimit;
 use tollgate::RateLimitLayer;
 use tollgate::decision::BreakerState;
 use tollgate::key::HeaderKey;
+use tollgate::response::DecisionExtension;
 use tollgate::store::Backend;
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
@@ -377,8 +378,10 @@ impl Scenario {
                     .iter()
                     .cloned()
                     .map(|limiter| {
+                        // The trace reads each admitted request's decision too.
                         RateLimitLayer::new(limiter)
                             .key(HeaderKey::new(CUSTOMER_HEADER))
+                            .decision_extension(DecisionExtension::Always)
                             .layer(Orders)
                     })
                     .collect(),

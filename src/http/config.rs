@@ -16,21 +16,22 @@ use crate::limiter::decision::Decision;
 /// Which responses carry the [`Decision`](crate::Decision) in their extensions.
 ///
 /// Inserting it allocates (a response's extensions are a map created on first use), which
-/// on a fast in-process path is a fair share of the layer's cost; a service whose outer
-/// middleware does not read the decision of admitted requests can leave it off them.
+/// on a fast in-process path is a fair share of the layer's cost: by default only refusals
+/// carry it, and a service whose outer middleware or handler-side logging reads the
+/// decision of admitted requests too asks for [`Always`](Self::Always).
 ///
 /// ```
 /// use tollgate::response::DecisionExtension;
-/// assert_eq!(DecisionExtension::default(), DecisionExtension::Always);
+/// assert_eq!(DecisionExtension::default(), DecisionExtension::OnRefusal);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum DecisionExtension {
     /// On every response the layer decided or let through (skipped requests, requests
     /// without a key, allowed ones) and on every refusal.
-    #[default]
     Always,
     /// On refusals only: 429, 503 and the rejections of requests without a valid key.
+    #[default]
     OnRefusal,
 }
 

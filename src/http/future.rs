@@ -96,11 +96,12 @@ pin_project! {
     }
 }
 
-/// Where a request goes after a step.
+/// Where a request goes after a step. A request that waits is boxed at once, so that the
+/// steps of one decided within `call` (moved whole from function to function) stay small.
 enum Step<InnerFuture, KeyFuture, S, ReqBody> {
     Call(InnerFuture, Decision),
     Answer(Response<Bytes>),
-    Wait(Waiting<KeyFuture, S, ReqBody>),
+    Wait(Pin<Box<Waiting<KeyFuture, S, ReqBody>>>),
 }
 
 impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
@@ -129,11 +130,11 @@ where
         };
         let step = match head.config.key.extract_now(&request) {
             Some(key) => after_key(&mut head, key, request, inner),
-            None => Step::Wait(Waiting::Key {
+            None => Step::Wait(Box::pin(Waiting::Key {
                 key: head.config.key.extract_async(&request),
                 request: Some(request),
                 inner: Some(inner),
-            }),
+            })),
         };
         let (state, waiting) = match step {
             Step::Call(future, decision) => (
@@ -149,7 +150,7 @@ where
                 },
                 None,
             ),
-            Step::Wait(waiting) => (State::Waiting, Some(Box::pin(waiting))),
+            Step::Wait(waiting) => (State::Waiting, Some(waiting)),
         };
         Self {
             state,
@@ -221,11 +222,11 @@ where
     }
     match decision.try_take_ready() {
         Some(decision) => after_decision(head, decision, request, inner),
-        None => Step::Wait(Waiting::Decision {
+        None => Step::Wait(Box::pin(Waiting::Decision {
             decision,
             request: Some(request),
             inner: Some(inner),
-        }),
+        })),
     }
 }
 
@@ -293,7 +294,7 @@ where
                         unreachable!("a waiting request is stored before the state is set");
                     };
                     match ready!(poll_waiting(waiting.as_mut(), this.head, cx)) {
-                        Step::Wait(next) => waiting.as_mut().set(next),
+                        Step::Wait(next) => *waiting = next,
                         Step::Call(future, decision) => {
                             *this.waiting = None;
                             this.state.set(State::Calling {

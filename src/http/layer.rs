@@ -178,20 +178,21 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     }
 
     /// Which responses carry the [`Decision`] in their extensions, for outer middleware
-    /// and logs (default: every response the limiter decided or let through,
-    /// [`DecisionExtension::Always`]). Refusals always carry it.
+    /// and logs (default: refusals only, [`DecisionExtension::OnRefusal`], which saves
+    /// every admitted response the allocation of its extensions map). Refusals always
+    /// carry it.
     ///
     /// ```
     /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, response::DecisionExtension, key::GlobalKey};
     ///
-    /// // Nothing outside reads the decision of admitted requests: skip the insert.
+    /// // An outer middleware logs what every request had left: put it on admitted ones too.
     /// let layer = RateLimitLayer::new(
     ///     Limiter::builder()
     ///         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
     ///         .build(),
     /// )
     /// .key(GlobalKey)
-    /// .decision_extension(DecisionExtension::OnRefusal);
+    /// .decision_extension(DecisionExtension::Always);
     /// # drop(layer);
     /// ```
     pub fn decision_extension(self, which: DecisionExtension) -> Self {
@@ -342,14 +343,14 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// the predicate cheap: it runs on every request before anything else.
     ///
     /// Each skipped request is counted in `tollgate_decisions_total` with outcome
-    /// `skipped`, and its response's extensions hold
+    /// `skipped`, and with [`DecisionExtension::Always`] its response's extensions hold
     /// `Decision::Unlimited(UnlimitedReason::Skipped)`. The counter is registered with the
     /// metrics recorder installed when `skip` is called. A later `skip` replaces an
     /// earlier one.
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{Decision, decision::UnlimitedReason};
+    /// use tollgate::{Decision, decision::UnlimitedReason, response::DecisionExtension};
     /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
@@ -359,6 +360,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
     ///     .key(GlobalKey)
+    ///     .decision_extension(DecisionExtension::Always)
     ///     .skip(|request| request.uri.path() == "/healthz");
     /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
     ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))

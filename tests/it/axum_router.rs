@@ -41,6 +41,7 @@ fn per_second(limit: u64) -> Policy {
 /// Per `x-customer-id`; no header is 401.
 fn per_customer(limiter: Limiter) -> RateLimitLayer<HeaderKey> {
     RateLimitLayer::new(limiter)
+        .decision_extension(DecisionExtension::Always)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
 }
@@ -204,13 +205,15 @@ async fn router_layer_by_contrast_also_covers_the_fallback() {
 fn orders_and_login() -> Router {
     let login = limiter([Policy::sliding_window("login", Quota::per_minute(3))]);
     let router_wide = RateLimitLayer::new(limiter([per_second(10)]))
+        .decision_extension(DecisionExtension::Always)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Pass);
     Router::new()
         .route("/orders", get(|| async { "orders" }))
         .route(
             "/login",
-            post(|| async { "welcome" }).layer(RateLimitLayer::new(login)),
+            post(|| async { "welcome" })
+                .layer(RateLimitLayer::new(login).decision_extension(DecisionExtension::Always)),
         )
         .layer(router_wide)
 }
@@ -602,6 +605,7 @@ async fn client_ip_without_connect_info_has_no_key() {
         .route("/login", post(|| async { "welcome" }))
         .layer(
             RateLimitLayer::new(limiter([per_second(5)]))
+                .decision_extension(DecisionExtension::Always)
                 .key(ClientIp::new())
                 .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
         );

@@ -13,6 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::{BreakerState, UnlimitedReason};
 use tollgate::future::StoreFuture;
+use tollgate::response::DecisionExtension;
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
     Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
@@ -251,6 +252,7 @@ fn layered<K: KeyExtractor>(limiter: Limiter, key: K) -> Svc {
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(limiter)
+                    .decision_extension(DecisionExtension::Always)
                     .key(key)
                     .on_missing_key(MissingKey::Pass),
             )
@@ -549,6 +551,7 @@ async fn a_failing_store_with_fail_closed_answers_503() {
             ServiceBuilder::new()
                 .layer(
                     RateLimitLayer::new(limiter)
+                        .decision_extension(DecisionExtension::Always)
                         .key(HeaderKey::new("x-customer-id"))
                         .unavailable_status(status),
                 )
@@ -702,6 +705,7 @@ async fn an_async_store_behind_an_axum_router() {
         .route("/orders", route_get(|| async { "orders" }))
         .route_layer(
             RateLimitLayer::new(slow_limiter(&map, 1))
+                .decision_extension(DecisionExtension::Always)
                 .key(HeaderKey::new("x-customer-id"))
                 .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
         )

@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
+use tollgate::response::DecisionExtension;
 use tollgate::response::{QUOTA_EXCEEDED, ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::ManualClock;
 use tollgate::{
@@ -46,6 +47,7 @@ fn service(
     ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(limiter)
+                .decision_extension(DecisionExtension::Always)
                 .key(GlobalKey)
                 .headers(mode)
                 .uncapped_remaining(),
@@ -626,7 +628,12 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // a client dividing r by t would go at 999,999 per second. By default r is a minute's
     // worth of the daily average, ceil(1e6 * 60 / 86400) = 695; the per-second policy (its
     // quota fits in a minute) is reported as it is, its t=2 beside w=1.
-    let reply = fresh(RateLimitLayer::new(limiter_at(&clock, policies())).key(GlobalKey)).await;
+    let reply = fresh(
+        RateLimitLayer::new(limiter_at(&clock, policies()))
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::OK);
     let state = items(&reply, "ratelimit", &["r", "t"]);
     assert_eq!(state[0].0, "per-second");
@@ -647,6 +654,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // A zero horizon: r / t is at most q / w exactly, ceil(1e6 / 86400) = 12.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
+            .decision_extension(DecisionExtension::Always)
             .key(GlobalKey)
             .remaining_horizon(Duration::ZERO),
     )
@@ -658,6 +666,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // Ten minutes: 6,945.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
+            .decision_extension(DecisionExtension::Always)
             .key(GlobalKey)
             .remaining_horizon(Duration::from_secs(600)),
     )
@@ -667,6 +676,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // Uncapped: what the store computed.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
+            .decision_extension(DecisionExtension::Always)
             .key(GlobalKey)
             .uncapped_remaining(),
     )
@@ -682,8 +692,11 @@ async fn a_sliding_daily_window_keeps_r_over_t_at_the_daily_average() {
     // Two requests at 16:40: they count until the window ends (26,400 s) and then fade, so
     // r grows again after t = 69,600 s; r is capped at ceil(1e6 * 69600 / 86400).
     let clock = ManualClock::new(START_MS);
-    let mut svc =
-        serve(RateLimitLayer::new(limiter_at(&clock, [per_day(1_000_000)])).key(GlobalKey));
+    let mut svc = serve(
+        RateLimitLayer::new(limiter_at(&clock, [per_day(1_000_000)]))
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    );
     let mut last = None;
     for _ in 0..2 {
         let reply = send(&mut svc, get("/", &[])).await;
@@ -700,7 +713,11 @@ async fn the_cap_never_hides_the_last_request_nor_raises_r() {
     // 3 a day, a token every 8 hours: ceil(3 * 28800 / 86400) = 1 while 2 remain, then
     // the last one is still advertised, then nothing.
     let clock = ManualClock::new(START_MS);
-    let mut svc = serve(RateLimitLayer::new(limiter_at(&clock, [daily_bucket(3)])).key(GlobalKey));
+    let mut svc = serve(
+        RateLimitLayer::new(limiter_at(&clock, [daily_bucket(3)]))
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    );
     let mut seen = Vec::new();
     for _ in 0..3 {
         let reply = send(&mut svc, get("/", &[])).await;
@@ -721,7 +738,9 @@ fn redirect_service(
     Error = Infallible,
 > + Clone {
     let clock = ManualClock::new(START_MS);
-    let layer = RateLimitLayer::new(limiter_at(&clock, [per_second(1)])).key(GlobalKey);
+    let layer = RateLimitLayer::new(limiter_at(&clock, [per_second(1)]))
+        .decision_extension(DecisionExtension::Always)
+        .key(GlobalKey);
     let layer = match mode {
         Some(mode) => layer.headers(mode),
         None => layer,
@@ -777,7 +796,11 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
         FailurePolicy::closed(),
         [per_second(50), per_day(1_000_000)],
     );
-    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    let mut svc = serve(
+        RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    );
     let reply = send(&mut svc, get("/", &[])).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -823,6 +846,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(50)]);
     let mut svc = serve(
         RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
             .key(GlobalKey)
             .headers(HeaderMode::Never),
     );
@@ -842,7 +866,11 @@ async fn a_local_share_advertises_the_share_on_allowed_and_refused_responses() {
         FailurePolicy::local_share(InstanceCount::fixed(4)),
         [per_second(8)],
     );
-    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    let mut svc = serve(
+        RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    );
     let mut admitted = 0;
     loop {
         let reply = send(&mut svc, get("/", &[])).await;
@@ -884,7 +912,11 @@ async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
         .mode(ModeSwitch::new(Mode::Shadow))
         .policy(per_second(1))
         .build();
-    let mut svc = serve(RateLimitLayer::new(limiter).key(GlobalKey));
+    let mut svc = serve(
+        RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
+            .key(GlobalKey),
+    );
     for _ in 0..3 {
         let reply = send(&mut svc, get("/", &[])).await;
         assert_eq!(reply.status, StatusCode::OK);
@@ -903,6 +935,7 @@ async fn a_partition_key_is_a_keyed_digest_of_the_caller_never_the_key() {
     let clock = ManualClock::new(START_MS);
     let layer = |secret: &[u8]| {
         RateLimitLayer::new(limiter_at(&clock, [per_second(2), per_day(1_000_000)]))
+            .decision_extension(DecisionExtension::Always)
             .key(HeaderKey::new("x-api-key"))
             .partition_key(secret)
     };
@@ -958,6 +991,7 @@ async fn a_partition_key_is_a_keyed_digest_of_the_caller_never_the_key() {
     let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(2)]);
     let mut down = serve(
         RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
             .key(HeaderKey::new("x-api-key"))
             .partition_key(b"secret one"),
     );

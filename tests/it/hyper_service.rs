@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tollgate::response::DecisionExtension;
 use tollgate::response::ResponseBody;
 use tollgate::store::ManualClock;
 use tollgate::{
@@ -69,7 +70,11 @@ where
 /// Serves `limit` requests per minute per client IP on 127.0.0.1:0 with hyper alone.
 async fn serve(limit: u64) -> SocketAddr {
     let limited = ServiceBuilder::new()
-        .layer(RateLimitLayer::new(login_limiter(limit)).key(ClientIp::new()))
+        .layer(
+            RateLimitLayer::new(login_limiter(limit))
+                .decision_extension(DecisionExtension::Always)
+                .key(ClientIp::new()),
+        )
         .service(service_fn(app::<Incoming>));
     // The layer keeps the inner error type and answers with its own body type around the
     // inner `Full<Bytes>`.
@@ -202,7 +207,11 @@ async fn the_key_is_the_peer_address_from_the_accept_loop() {
 #[tokio::test]
 async fn the_inner_error_passes_through_unchanged() {
     let service = ServiceBuilder::new()
-        .layer(RateLimitLayer::new(login_limiter(5)).key(ClientIp::new()))
+        .layer(
+            RateLimitLayer::new(login_limiter(5))
+                .decision_extension(DecisionExtension::Always)
+                .key(ClientIp::new()),
+        )
         .service(service_fn(app::<Full<Bytes>>));
     assert_error_is_app_error::<_, Request<Full<Bytes>>>(&service);
 
@@ -255,6 +264,7 @@ async fn without_a_peer_address_the_request_is_refused_with_a_4xx() {
     let mut service = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(login_limiter(5))
+                .decision_extension(DecisionExtension::Always)
                 .key(ClientIp::new())
                 .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
         )

@@ -15,6 +15,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::UnlimitedReason;
 use tollgate::key::{AsyncKeyExtractor, Extracted, ForwardedHeader, KeyRejection};
+use tollgate::response::DecisionExtension;
 use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
@@ -42,6 +43,7 @@ fn layered<K: AsyncKeyExtractor>(limiter: Limiter, key: K, missing: MissingKey) 
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(limiter)
+                    .decision_extension(DecisionExtension::Always)
                     .key(key)
                     .on_missing_key(missing),
             )
@@ -881,7 +883,11 @@ async fn missing_key_reject_answers_a_problem() {
     // The default is 400; a status that is not 4xx is taken as 400.
     let mut default = BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(RateLimitLayer::new(one_per_hour()).key(HeaderKey::new("x-customer-id")))
+            .layer(
+                RateLimitLayer::new(one_per_hour())
+                    .decision_extension(DecisionExtension::Always)
+                    .key(HeaderKey::new("x-customer-id")),
+            )
             .service(service_fn(ok_handler)),
     );
     assert_problem(

@@ -15,6 +15,7 @@ use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use tollgate::decision::DecisionSource;
+use tollgate::response::DecisionExtension;
 use tollgate::{
     BreakerConfig, Decision, FailurePolicy, InstanceCount, Limiter, Policy, Quota, RateLimitLayer,
     RedisBackend, key::HeaderKey,
@@ -131,7 +132,11 @@ fn group(policy: PolicyKind, url: &str) -> Group {
         routers.push(
             Router::new()
                 .route("/orders", get(|| async { "[]" }))
-                .layer(RateLimitLayer::new(limiter).key(HeaderKey::new("x-customer-id"))),
+                .layer(
+                    RateLimitLayer::new(limiter)
+                        .decision_extension(DecisionExtension::Always)
+                        .key(HeaderKey::new("x-customer-id")),
+                ),
         );
     }
     Group {

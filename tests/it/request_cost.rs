@@ -9,11 +9,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-#[cfg(feature = "redis")]
 use tollgate::Caller;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
+#[cfg(feature = "redis")]
+use tollgate::response::DecisionExtension;
 use tollgate::response::{COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
@@ -39,14 +40,17 @@ fn items() -> Policy {
 
 /// The batch endpoint: `?items=N` costs N units.
 fn batch(limiter: Limiter) -> Batch {
-    let layer = RateLimitLayer::new(limiter).key(GlobalKey).cost(|request| {
-        request
-            .uri
-            .query()
-            .and_then(|query| query.strip_prefix("items="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(1)
-    });
+    let layer = RateLimitLayer::new(limiter)
+        .decision_extension(DecisionExtension::Always)
+        .key(GlobalKey)
+        .cost(|request| {
+            request
+                .uri
+                .query()
+                .and_then(|query| query.strip_prefix("items="))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(1)
+        });
     BoxCloneService::new(
         ServiceBuilder::new()
             .layer(layer)

@@ -14,10 +14,11 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Response, StatusCode};
-#[cfg(feature = "redis")]
 use tollgate::FailurePolicy;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
+#[cfg(feature = "redis")]
+use tollgate::response::DecisionExtension;
 const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 use tollgate::store::ManualClock;
@@ -86,6 +87,7 @@ fn a_skipped_path_passes_uncounted_while_another_is_limited() {
     let ((), snapshot) = with_recorder(|_| async {
         let (limiter, store_calls) = counted_limiter("api", 5);
         let layer = RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
             .key(HeaderKey::new("x-customer-id"))
             .skip(|request: &Parts| request.uri.path() == "/healthz");
         let mut app: Router = Router::new()
@@ -162,6 +164,7 @@ fn skip_by_peer_network_and_by_an_allow_list_of_keys() {
                 .is_some_and(|key| key == "monitoring" || key == "billing-batch")
         };
         let layer = RateLimitLayer::new(limiter)
+            .decision_extension(DecisionExtension::Always)
             .key(HeaderKey::new("x-api-key"))
             .skip(move |parts| internal(parts) || allow_listed(parts));
         let mut app: Router = Router::new()
@@ -255,6 +258,7 @@ fn a_custom_429_keeps_the_fields_unless_the_hook_removes_them() {
                 "/kept",
                 get(|| async { "kept" }).layer(
                     RateLimitLayer::new(kept)
+                        .decision_extension(DecisionExtension::Always)
                         .key(key.clone())
                         .on_refusal(json_error),
                 ),
@@ -263,6 +267,7 @@ fn a_custom_429_keeps_the_fields_unless_the_hook_removes_them() {
                 "/stripped",
                 get(|| async { "stripped" }).layer(
                     RateLimitLayer::new(stripped)
+                        .decision_extension(DecisionExtension::Always)
                         .key(key)
                         .on_refusal(json_error_without_fields),
                 ),
@@ -332,6 +337,7 @@ fn a_custom_fail_closed_503_keeps_the_fields_unless_the_hook_removes_them() {
                 "/kept",
                 get(|| async { "kept" }).layer(
                     RateLimitLayer::new(closed_limiter("login-kept", &url))
+                        .decision_extension(DecisionExtension::Always)
                         .key(key.clone())
                         .on_refusal(json_error),
                 ),
@@ -340,6 +346,7 @@ fn a_custom_fail_closed_503_keeps_the_fields_unless_the_hook_removes_them() {
                 "/stripped",
                 get(|| async { "stripped" }).layer(
                     RateLimitLayer::new(closed_limiter("login-stripped", &url))
+                        .decision_extension(DecisionExtension::Always)
                         .key(key)
                         .on_refusal(json_error_without_fields),
                 ),
