@@ -222,13 +222,25 @@ impl RateLimitInfo {
         outcomes: &[PolicyOutcome],
         source: DecisionSource,
     ) -> Self {
+        Self::of_store(set, outcomes, source, 1, None)
+    }
+
+    /// The report of a store's answer about a request of `cost` units, made in one step (a
+    /// decision is built on every request: no intermediate copies).
+    pub(crate) fn of_store(
+        set: ReportedSet,
+        outcomes: &[PolicyOutcome],
+        source: DecisionSource,
+        cost: u64,
+        receipt: Option<Receipt>,
+    ) -> Self {
         let count = set.get().len().min(outcomes.len());
         Self {
             set,
             outcomes: Outcomes::build(count, |i| outcomes[i]),
             source,
-            cost: 1,
-            receipt: None,
+            cost,
+            receipt,
         }
     }
 

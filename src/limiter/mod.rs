@@ -122,21 +122,37 @@ impl Limiter {
         // Read once, so a swap never splits a decision.
         let active = inner.limits.load();
         let set = active.for_caller(caller);
-        let mut decision = match set.unaffordable(cost) {
-            Some(refusal) => StoreFuture::ready(refusal),
-            None => inner.path.decide(caller, set, cost),
+        let decision = match set.unaffordable(cost) {
+            Some(refusal) => refusal,
+            None => match inner.path.decide_now(caller, set, cost) {
+                Some(decision) => decision,
+                None => {
+                    let mut pending = inner.path.decide(caller, set, cost);
+                    match pending.try_take_ready() {
+                        Some(decision) => decision,
+                        None => return self.conclude_later(pending, mode, span.clone()),
+                    }
+                }
+            },
         };
-        if let Some(decision) = decision.try_take_ready() {
-            return StoreFuture::ready(inner.conclude(decision, mode, &span));
-        }
+        StoreFuture::ready(inner.conclude(decision, mode, &span))
+    }
+
+    /// Concludes a decision the store answers later, inside its span.
+    fn conclude_later(
+        &self,
+        pending: StoreFuture<Decision>,
+        mode: Mode,
+        span: Span,
+    ) -> StoreFuture<Decision> {
         let inner = self.inner.clone();
         let concluding = span.clone();
         StoreFuture::boxed(
             async move {
-                let decision = decision.await;
+                let decision = pending.await;
                 inner.conclude(decision, mode, &concluding)
             }
-            .instrument(span.clone()),
+            .instrument(span),
         )
     }
 

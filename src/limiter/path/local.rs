@@ -87,6 +87,13 @@ impl LocalPath {
         })
     }
 
+    /// The in-process store's decision, asked by a direct call: `None` for another store.
+    pub(super) fn decide_now(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Option<Decision> {
+        let memory = self.memory.as_ref()?;
+        let outcome = memory.decide(caller.key(), &set.limits, cost);
+        Some(decision(outcome.admitted(), answered(set, &outcome, cost)))
+    }
+
     fn decided(
         &self,
         caller: &Caller,

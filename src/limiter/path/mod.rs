@@ -45,6 +45,15 @@ impl Path {
         }
     }
 
+    /// The decision of a store that answers within the call (the in-process store), made
+    /// without a future around it; `None` for any other.
+    pub(super) fn decide_now(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Option<Decision> {
+        match self {
+            Path::Local(path) => path.decide_now(caller, set, cost),
+            Path::Remote(_) => None,
+        }
+    }
+
     /// Gives back to the store what a request it admitted consumed.
     pub(super) fn refund(
         &self,
@@ -115,20 +124,17 @@ impl Path {
 /// A store's answer as what the decision reports: each policy's outcome, and for an
 /// admission, the receipt a refund needs.
 fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo {
-    let info = RateLimitInfo::from_set(
+    let receipt = outcome.admitted().then(|| Receipt {
+        counted_at_ms: outcome.counted_at_ms(),
+        set_id: set.id,
+    });
+    RateLimitInfo::of_store(
         set.reported.clone(),
         outcome.limits(),
         DecisionSource::Store,
+        cost,
+        receipt,
     )
-    .for_cost(cost);
-    if outcome.admitted() {
-        info.with_receipt(Receipt {
-            counted_at_ms: outcome.counted_at_ms(),
-            set_id: set.id,
-        })
-    } else {
-        info
-    }
 }
 
 /// The decision of a store's answer, once what it reports is known.
