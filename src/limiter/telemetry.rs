@@ -341,7 +341,7 @@ impl LimiterMetrics {
             return;
         }
         for policy in info.policies() {
-            if policy.remaining() == 0 && policy.policy().lockout().is_some() {
+            if policy.policy().lockout().is_some() && policy.remaining() == 0 {
                 metrics::counter!(
                     LOCKOUTS,
                     "layer" => self.layer.clone(),

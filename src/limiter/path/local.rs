@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
-use crate::limiter::path::{answered, decision};
+use crate::limiter::path::{answered, answered_one, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::FallbackCounters;
@@ -90,6 +90,11 @@ impl LocalPath {
     /// The in-process store's decision, asked by a direct call: `None` for another store.
     pub(super) fn decide_now(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Option<Decision> {
         let memory = self.memory.as_ref()?;
+        if let [limit] = &*set.limits
+            && let Some((admitted, outcome, now)) = memory.decide_one(caller.key(), limit, cost)
+        {
+            return Some(decision(admitted, answered_one(set, admitted, outcome, now, cost)));
+        }
         let outcome = memory.decide(caller.key(), &set.limits, cost);
         Some(decision(outcome.admitted(), answered(set, &outcome, cost)))
     }

@@ -13,6 +13,7 @@ use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt}
 use crate::limiter::failure::Fallback;
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
+use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
@@ -131,6 +132,27 @@ fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo
     RateLimitInfo::of_store(
         set.reported.clone(),
         outcome.limits(),
+        DecisionSource::Store,
+        cost,
+        receipt,
+    )
+}
+
+/// [`answered`] for the answer of a set of one policy, given as that policy's outcome.
+fn answered_one(
+    set: &PolicySet,
+    admitted: bool,
+    outcome: PolicyOutcome,
+    counted_at_ms: u64,
+    cost: u64,
+) -> RateLimitInfo {
+    let receipt = admitted.then_some(Receipt {
+        counted_at_ms,
+        set_id: set.id,
+    });
+    RateLimitInfo::of_store(
+        set.reported.clone(),
+        &[outcome],
         DecisionSource::Store,
         cost,
         receipt,

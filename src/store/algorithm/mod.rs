@@ -597,6 +597,16 @@ fn ceil_div(numerator: u128, denominator: u128) -> u64 {
     u64::try_from(numerator.div_ceil(denominator)).unwrap_or(u64::MAX)
 }
 
+/// `numerator / denominator`, rounded down: the native division when both fit 64 bits (the
+/// usual case), the 128-bit one otherwise; the result is the same.
+fn floor_div(numerator: u128, denominator: u128) -> u128 {
+    if let (Ok(numerator), Ok(denominator)) = (u64::try_from(numerator), u64::try_from(denominator))
+    {
+        return u128::from(numerator / denominator);
+    }
+    numerator / denominator
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

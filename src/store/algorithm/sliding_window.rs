@@ -2,7 +2,7 @@
 //! it still overlaps the sliding window, plus the current window's count. lua/policies.lua
 //! is its transcription for Redis.
 
-use super::{PolicyOutcome, PolicyState};
+use super::{PolicyOutcome, PolicyState, floor_div};
 
 /// The state brought to `now_ms`: the window rolled forward, or a fresh one. A state of
 /// another algorithm starts afresh.
@@ -118,7 +118,7 @@ pub(super) fn report(
     let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
     let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
     let budget = u128::from(limit) * w;
-    let remaining = (budget.saturating_sub(used) / w) as u64;
+    let remaining = floor_div(budget.saturating_sub(used), w) as u64;
     let units = if admitted { remaining + 1 } else { cost };
     let reset_ms = if (admitted && remaining >= limit) || units > limit {
         0
@@ -162,7 +162,7 @@ fn wait(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, u
             return 0;
         }
         let slack = u128::from(limit - current - units) * w;
-        let earliest = w.saturating_sub(slack / u128::from(previous));
+        let earliest = w.saturating_sub(floor_div(slack, u128::from(previous)));
         (earliest as u64).saturating_sub(elapsed)
     } else if units <= limit {
         // Only in the next window, where this window's count becomes the previous one.
@@ -170,7 +170,7 @@ fn wait(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, u
         let earliest = if current == 0 {
             0
         } else {
-            w.saturating_sub(slack / u128::from(current))
+            w.saturating_sub(floor_div(slack, u128::from(current)))
         };
         (window_ms - elapsed) + earliest as u64
     } else {

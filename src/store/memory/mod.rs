@@ -14,7 +14,7 @@ use self::packed::Packing;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
-use crate::store::algorithm::PolicyState;
+use crate::store::algorithm::{PolicyOutcome, PolicyState};
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::future::StoreFuture;
@@ -184,6 +184,26 @@ impl InMemoryBackend {
         self.decide_seeded_at(caller, limits, cost, now, |_| None)
     }
 
+    /// Decides a request of `cost` units against the one policy `limit` for a caller this
+    /// backend tracks with that policy's packed state alone (the usual caller of a limiter
+    /// with one policy): whether it was admitted, what the policy reports, and when it was
+    /// counted. `None` for any other caller, which [`decide`](Self::decide) decides.
+    pub(crate) fn decide_one(
+        &self,
+        caller: &CallerKey,
+        limit: &Policy,
+        cost: u64,
+    ) -> Option<(bool, PolicyOutcome, u64)> {
+        let now = self.shared.clock.now_millis();
+        let (hash, lock) = self.shard(caller);
+        let shard = read(lock);
+        if now.saturating_sub(shard.last_sweep_ms.load(Relaxed)) >= self.shared.sweep_interval_ms {
+            return None;
+        }
+        let (admitted, outcome) = decide_packed_alone(&shard, hash, caller, limit, now, cost)?;
+        Some((admitted, outcome, now))
+    }
+
     /// Decides for a caller this backend tracks with a state for each of `limits`; `None`
     /// (nothing counted) for one it does not.
     pub(crate) fn decide_tracked_at(
@@ -255,10 +275,16 @@ impl InMemoryBackend {
         {
             let shard = read(lock);
             let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
-            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms
-                && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
-            {
-                return outcome;
+            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms {
+                if let [limit] = limits
+                    && let Some((_, outcome)) =
+                        decide_packed_alone(&shard, hash, caller, limit, now, cost)
+                {
+                    return CheckOutcome::one(outcome).counted_at(now);
+                }
+                if let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost) {
+                    return outcome;
+                }
             }
         }
         let mut guard = write(lock);
@@ -323,6 +349,36 @@ impl InMemoryBackend {
     }
 }
 
+/// Decides for a caller the shard tracks with one packed counter, the one of `limit` (a
+/// policy without a lockout): one compare-and-swap under the shard's read lock, no lock of
+/// the caller's. `None` when that is not the case, or when the state to write does not fit
+/// its packing (the general path decides, and unpacks it under the write lock).
+fn decide_packed_alone(
+    shard: &Shard,
+    hash: u64,
+    caller: &CallerKey,
+    limit: &Policy,
+    now: u64,
+    cost: u64,
+) -> Option<(bool, PolicyOutcome)> {
+    if limit.lockout_ms().is_some() {
+        return None;
+    }
+    let entry = &shard.entries[shard.find(hash, caller.encoded())?];
+    let counter = shard.counter(limit.counter_arc())?;
+    let PackedDecision::Decided(admitted, outcome) =
+        entry.decide_packed(counter, limit.algorithm(), now, cost)
+    else {
+        return None;
+    };
+    // A refused caller is as active as an admitted one.
+    entry.mark_referenced();
+    if admitted {
+        entry.keep_until(now.saturating_add(limit.retention_ms()));
+    }
+    Some((admitted, outcome))
+}
+
 /// Decides for a caller the shard already tracks with a state for each of `limits`, under
 /// the shard's read lock and the caller's own lock. `None` when the caller or one of its
 /// counters is new: that needs the write lock.
@@ -338,24 +394,6 @@ fn decide_tracked(
         return None;
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
-    // One policy on a caller with one packed counter: one compare-and-swap, no lock.
-    if let [limit] = limits
-        && limit.lockout_ms().is_none()
-    {
-        let counter = shard.counter(limit.counter_arc())?;
-        match entry.decide_packed(counter, limit.algorithm(), now, cost) {
-            PackedDecision::Decided(admitted, outcome) => {
-                // A refused caller is as active as an admitted one.
-                entry.mark_referenced();
-                if admitted {
-                    entry.keep_until(now.saturating_add(limit.retention_ms()));
-                }
-                return Some(CheckOutcome::one(outcome).counted_at(now));
-            }
-            PackedDecision::DoesNotFit => return None,
-            PackedDecision::NotPacked => {}
-        }
-    }
     let mut counters = [0u32; INLINE_POLICIES];
     // Each locking policy's block slot; the fast path needs the caller to have them all.
     let mut blocks = [None; INLINE_POLICIES];
