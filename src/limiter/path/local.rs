@@ -88,12 +88,20 @@ impl LocalPath {
     }
 
     /// The in-process store's decision, asked by a direct call: `None` for another store.
-    pub(super) fn decide_now(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Option<Decision> {
+    pub(super) fn decide_now(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Option<Decision> {
         let memory = self.memory.as_ref()?;
         if let [limit] = &*set.limits
             && let Some((admitted, outcome, now)) = memory.decide_one(caller.key(), limit, cost)
         {
-            return Some(decision(admitted, answered_one(set, admitted, outcome, now, cost)));
+            return Some(decision(
+                admitted,
+                answered_one(set, admitted, outcome, now, cost),
+            ));
         }
         let outcome = memory.decide(caller.key(), &set.limits, cost);
         Some(decision(outcome.admitted(), answered(set, &outcome, cost)))

@@ -48,7 +48,12 @@ impl Path {
 
     /// The decision of a store that answers within the call (the in-process store), made
     /// without a future around it; `None` for any other.
-    pub(super) fn decide_now(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Option<Decision> {
+    pub(super) fn decide_now(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> Option<Decision> {
         match self {
             Path::Local(path) => path.decide_now(caller, set, cost),
             Path::Remote(_) => None,

@@ -7,35 +7,41 @@ use super::{PolicyOutcome, PolicyState, floor_div};
 /// The state brought to `now_ms`: the window rolled forward, or a fresh one. A state of
 /// another algorithm starts afresh.
 pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
-    let start = now_ms - now_ms % window_ms;
-    let (previous, current) = match state {
+    let counts = match state {
         Some(PolicyState::SlidingWindow {
             window_start,
             previous,
             current,
-        }) => {
-            if window_start == start {
-                (previous, current)
-            } else if window_start.checked_add(window_ms) == Some(start) {
-                (current, 0)
-            } else if window_start > start {
-                // A state from the future (clock moved back): keep it, it only makes the
-                // limiter stricter until time catches up.
-                return PolicyState::SlidingWindow {
-                    window_start,
-                    previous,
-                    current,
-                };
-            } else {
-                (0, 0)
-            }
-        }
-        _ => (0, 0),
+        }) => [window_start, previous, current],
+        _ => [0, 0, 0],
     };
+    let [window_start, previous, current] = roll(window_ms, counts, now_ms);
     PolicyState::SlidingWindow {
-        window_start: start,
+        window_start,
         previous,
         current,
+    }
+}
+
+/// [`normalize`] on the numbers of a window's state, `[window_start, previous, current]`
+/// (`[0, 0, 0]` for none): the arithmetic itself, which the in-process store's packed
+/// states use without building a [`PolicyState`].
+pub(super) fn roll(
+    window_ms: u64,
+    [window_start, previous, current]: [u64; 3],
+    now_ms: u64,
+) -> [u64; 3] {
+    let start = now_ms - now_ms % window_ms;
+    if window_start == start {
+        [start, previous, current]
+    } else if window_start.checked_add(window_ms) == Some(start) {
+        [start, current, 0]
+    } else if window_start > start {
+        // A state from the future (clock moved back): keep it, it only makes the
+        // limiter stricter until time catches up.
+        [window_start, previous, current]
+    } else {
+        [start, 0, 0]
     }
 }
 
@@ -55,12 +61,31 @@ pub(super) fn consume(
     else {
         return None;
     };
-    let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
-    fits(limit, window_ms, previous, current, elapsed, cost).then_some(PolicyState::SlidingWindow {
+    let [window_start, previous, current] = take(
+        limit,
+        window_ms,
+        [window_start, previous, current],
+        now_ms,
+        cost,
+    )?;
+    Some(PolicyState::SlidingWindow {
         window_start,
         previous,
-        current: current + cost,
+        current,
     })
+}
+
+/// [`consume`] on the numbers of a rolled window's state.
+pub(super) fn take(
+    limit: u64,
+    window_ms: u64,
+    [window_start, previous, current]: [u64; 3],
+    now_ms: u64,
+    cost: u64,
+) -> Option<[u64; 3]> {
+    let elapsed = now_ms.saturating_sub(window_start).min(window_ms);
+    fits(limit, window_ms, previous, current, elapsed, cost)
+        .then(|| [window_start, previous, current + cost])
 }
 
 /// The state with `cost` units taken off the window they were counted in (at
@@ -114,6 +139,25 @@ pub(super) fn report(
     else {
         return PolicyOutcome::nothing(admitted);
     };
+    report_counts(
+        limit,
+        window_ms,
+        [window_start, previous, current],
+        now_ms,
+        admitted,
+        cost,
+    )
+}
+
+/// [`report`] on the numbers of a window's state.
+pub(super) fn report_counts(
+    limit: u64,
+    window_ms: u64,
+    [window_start, previous, current]: [u64; 3],
+    now_ms: u64,
+    admitted: bool,
+    cost: u64,
+) -> PolicyOutcome {
     let w = u128::from(window_ms);
     let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
     let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;

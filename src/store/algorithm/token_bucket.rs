@@ -18,21 +18,52 @@ pub(super) fn normalize(
     state: Option<PolicyState>,
     now_ms: u64,
 ) -> PolicyState {
-    let capacity = u128::from(burst) * u128::from(period_ms);
-    match state {
-        Some(PolicyState::TokenBucket { level, updated_ms }) => {
-            let elapsed = u128::from(now_ms.saturating_sub(updated_ms));
-            let level = (u128::from(level) + elapsed * u128::from(rate)).min(capacity);
-            PolicyState::TokenBucket {
-                level: level as u64,
-                updated_ms: updated_ms.max(now_ms),
+    let stored = match state {
+        Some(PolicyState::TokenBucket { level, updated_ms }) => Some([level, updated_ms]),
+        _ => None,
+    };
+    let [level, updated_ms] = refill(rate, period_ms, burst, stored, now_ms);
+    PolicyState::TokenBucket { level, updated_ms }
+}
+
+/// [`normalize`] on the numbers of a bucket's state, `[level, updated_ms]`: the arithmetic
+/// itself, which the in-process store's packed states use without building a
+/// [`PolicyState`].
+pub(super) fn refill(
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    stored: Option<[u64; 2]>,
+    now_ms: u64,
+) -> [u64; 2] {
+    // In 64 bits when the products fit (always, for the quotas the constructors allow: a
+    // capacity below 2^53), in 128 otherwise; the result is the same.
+    let elapsed = now_ms.saturating_sub(updated_ms_of(stored, now_ms));
+    if let Some(capacity) = burst.checked_mul(period_ms) {
+        return match stored {
+            Some([level, updated_ms]) => {
+                let refilled = elapsed
+                    .checked_mul(rate)
+                    .and_then(|flowed| flowed.checked_add(level))
+                    .map_or(capacity, |level| level.min(capacity));
+                [refilled, updated_ms.max(now_ms)]
             }
-        }
-        _ => PolicyState::TokenBucket {
-            level: capacity as u64,
-            updated_ms: now_ms,
-        },
+            None => [capacity, now_ms],
+        };
     }
+    let capacity = u128::from(burst) * u128::from(period_ms);
+    match stored {
+        Some([level, updated_ms]) => {
+            let level = (u128::from(level) + u128::from(elapsed) * u128::from(rate)).min(capacity);
+            [level as u64, updated_ms.max(now_ms)]
+        }
+        None => [capacity as u64, now_ms],
+    }
+}
+
+/// The time of a stored state (none: now, so nothing flows in).
+fn updated_ms_of(stored: Option<[u64; 2]>, now_ms: u64) -> u64 {
+    stored.map_or(now_ms, |[_, updated_ms]| updated_ms)
 }
 
 /// The state after taking `cost` tokens (at most the burst), if there are that many.
@@ -40,11 +71,14 @@ pub(super) fn consume(period_ms: u64, state: &PolicyState, cost: u64) -> Option<
     let PolicyState::TokenBucket { level, updated_ms } = *state else {
         return None;
     };
+    let [level, updated_ms] = take(period_ms, [level, updated_ms], cost)?;
+    Some(PolicyState::TokenBucket { level, updated_ms })
+}
+
+/// [`consume`] on the numbers of a refilled bucket's state.
+pub(super) fn take(period_ms: u64, [level, updated_ms]: [u64; 2], cost: u64) -> Option<[u64; 2]> {
     let needed = cost * period_ms;
-    (level >= needed).then(|| PolicyState::TokenBucket {
-        level: level - needed,
-        updated_ms,
-    })
+    (level >= needed).then(|| [level - needed, updated_ms])
 }
 
 /// The state `current` (the stored state brought to now) with the tokens of a request of
@@ -92,6 +126,18 @@ pub(super) fn report(
     let PolicyState::TokenBucket { level, .. } = *state else {
         return PolicyOutcome::nothing(admitted);
     };
+    report_level(rate, period_ms, burst, level, admitted, cost)
+}
+
+/// [`report`] on a bucket's level.
+pub(super) fn report_level(
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    level: u64,
+    admitted: bool,
+    cost: u64,
+) -> PolicyOutcome {
     let remaining = level / period_ms;
     let units = if admitted { remaining + 1 } else { cost };
     let reset_ms = if (admitted && remaining >= burst) || units > burst {

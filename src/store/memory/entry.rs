@@ -352,13 +352,18 @@ impl Entry {
             _ => return PackedDecision::NotPacked,
         };
         let word = &self.first_state.a;
+        let window = packing.is_window();
         let mut current = word.load(Relaxed);
         loop {
-            let evaluation = algorithm.evaluate_cost(Some(packing.decode(current)), now_ms, cost);
+            let stored = packing.decode_numbers(current);
+            let Some(evaluation) = algorithm.evaluate_numbers(window, stored, now_ms, cost) else {
+                // Another algorithm's state: the general path starts it afresh.
+                return PackedDecision::DoesNotFit;
+            };
             if !evaluation.admitted {
                 return PackedDecision::Decided(false, evaluation.outcome);
             }
-            let Some(next) = packing.encode(&evaluation.admitted_state) else {
+            let Some(next) = packing.encode_numbers(evaluation.state) else {
                 return PackedDecision::DoesNotFit;
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {

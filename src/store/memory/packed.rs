@@ -14,7 +14,7 @@
 //! the slot goes back to the unpacked form, under the shard's write lock. Decoding is
 //! exact, so both forms decide alike.
 
-use crate::store::algorithm::{Algorithm, PolicyState};
+use crate::store::algorithm::{Algorithm, Numbers, PolicyState};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -130,17 +130,29 @@ impl Packing {
     pub(super) fn encode(self, state: &PolicyState) -> Option<u64> {
         match (self, state) {
             (
-                Packing::Window {
-                    window_ms,
-                    count_bits,
-                    base_index,
-                },
+                Packing::Window { .. },
                 &PolicyState::SlidingWindow {
                     window_start,
                     previous,
                     current,
                 },
-            ) => {
+            ) => self.encode_numbers([window_start, previous, current]),
+            (Packing::Bucket { .. }, &PolicyState::TokenBucket { level, updated_ms }) => {
+                self.encode_numbers([level, updated_ms, 0])
+            }
+            _ => None,
+        }
+    }
+
+    /// A state given as [`Numbers`] of this packing's kind in one word, if it fits.
+    pub(super) fn encode_numbers(self, numbers: Numbers) -> Option<u64> {
+        match self {
+            Packing::Window {
+                window_ms,
+                count_bits,
+                base_index,
+            } => {
+                let [window_start, previous, current] = numbers;
                 let index = window_start / window_ms;
                 if index * window_ms != window_start {
                     return None;
@@ -150,25 +162,34 @@ impl Packing {
                 (relative < 1 << (64 - 2 * count_bits) && previous < limit && current < limit)
                     .then_some(relative << (2 * count_bits) | previous << count_bits | current)
             }
-            (
-                Packing::Bucket {
-                    unit,
-                    level_bits,
-                    base_ms,
-                },
-                &PolicyState::TokenBucket { level, updated_ms },
-            ) => {
+            Packing::Bucket {
+                unit,
+                level_bits,
+                base_ms,
+            } => {
+                let [level, updated_ms, _] = numbers;
                 let relative = updated_ms.checked_sub(base_ms)?;
                 let units = level / unit;
                 (units * unit == level && units < 1 << level_bits && relative < 1 << SPAN_BITS)
                     .then_some(relative << level_bits | units)
             }
-            _ => None,
         }
     }
 
     /// The state a word holds.
     pub(super) fn decode(self, word: u64) -> PolicyState {
+        match self.decode_numbers(word) {
+            [window_start, previous, current] if self.is_window() => PolicyState::SlidingWindow {
+                window_start,
+                previous,
+                current,
+            },
+            [level, updated_ms, _] => PolicyState::TokenBucket { level, updated_ms },
+        }
+    }
+
+    /// The state a word holds, as [`Numbers`].
+    pub(super) fn decode_numbers(self, word: u64) -> Numbers {
         match self {
             Packing::Window {
                 window_ms,
@@ -176,21 +197,27 @@ impl Packing {
                 base_index,
             } => {
                 let mask = (1u64 << count_bits) - 1;
-                PolicyState::SlidingWindow {
-                    window_start: (base_index + (word >> (2 * count_bits))) * window_ms,
-                    previous: (word >> count_bits) & mask,
-                    current: word & mask,
-                }
+                [
+                    (base_index + (word >> (2 * count_bits))) * window_ms,
+                    (word >> count_bits) & mask,
+                    word & mask,
+                ]
             }
             Packing::Bucket {
                 unit,
                 level_bits,
                 base_ms,
-            } => PolicyState::TokenBucket {
-                level: (word & ((1u64 << level_bits) - 1)) * unit,
-                updated_ms: base_ms + (word >> level_bits),
-            },
+            } => [
+                (word & ((1u64 << level_bits) - 1)) * unit,
+                base_ms + (word >> level_bits),
+                0,
+            ],
         }
+    }
+
+    /// Whether this packs a sliding window (a token bucket otherwise).
+    pub(super) fn is_window(self) -> bool {
+        matches!(self, Packing::Window { .. })
     }
 }
 
