@@ -17,6 +17,7 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::instances::InstanceCount;
 use crate::limiter::last_answers::LastAnswers;
 use crate::limiter::policy_set::PolicySet;
+use crate::limiter::reported_set::ReportedSet;
 use crate::limiter::telemetry::FallbackCounters;
 use crate::store::algorithm::{Algorithm, PolicyOutcome, Share};
 use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError, StoreErrorKind};
@@ -145,6 +146,8 @@ struct ShareSet {
     place: Option<u64>,
     /// The parts as policies, under the original counters' names.
     policies: Arc<[Policy]>,
+    /// The same, as the decisions made against them hold them.
+    reported: ReportedSet,
     parts: Box<[Share]>,
     /// How long a decision on these counters weighs.
     retention_ms: u64,
@@ -166,6 +169,7 @@ impl ShareSet {
             original: original.clone(),
             instances,
             place,
+            reported: ReportedSet::store(&policies),
             policies,
             parts,
             retention_ms,
@@ -504,18 +508,20 @@ impl Fallback {
         outcome: &CheckOutcome,
         cost: u64,
     ) -> Decision {
-        let info = RateLimitInfo::from_outcomes(
-            &share.policies,
+        // An admission was taken by the local counters: a refund goes back to them.
+        let receipt = outcome.admitted().then(|| Receipt {
+            counted_at_ms: outcome.counted_at_ms(),
+            set_id: set.id,
+        });
+        let info = RateLimitInfo::of_store(
+            share.reported.clone(),
             outcome.limits(),
             DecisionSource::LocalShare,
-        )
-        .for_cost(cost);
+            cost,
+            receipt,
+        );
         if outcome.admitted() {
-            // The local counters took it: a refund goes back to them.
-            Decision::Allowed(info.with_receipt(Receipt {
-                counted_at_ms: outcome.counted_at_ms(),
-                set_id: set.id,
-            }))
+            Decision::Allowed(info)
         } else {
             Decision::Limited(info)
         }
