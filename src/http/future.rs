@@ -52,8 +52,6 @@ struct Head<K> {
     config: Arc<Config<K>>,
     // The caller's partition key, when the layer sends one.
     pk: Option<[u8; PARTITION_KEY_LEN]>,
-    // A gRPC request gets its refusals as gRPC statuses, not HTTP errors.
-    protocol: Protocol,
     // The units the request costs.
     cost: u64,
     // Who is calling, kept under `count_only` only: a refund names the caller.
@@ -118,11 +116,6 @@ where
         cost: u64,
     ) -> Self {
         let mut head = Head {
-            protocol: if grpc::is_grpc(request.headers()) {
-                Protocol::Grpc
-            } else {
-                Protocol::Http
-            },
             config,
             pk: None,
             cost,
@@ -172,8 +165,6 @@ where
             head: Head {
                 config,
                 pk: None,
-                // Nothing is refused on this path.
-                protocol: Protocol::Http,
                 cost: 1,
                 caller: None,
             },
@@ -199,7 +190,7 @@ where
             MissingKey::Reject(status) => {
                 let rejection =
                     KeyRejection::new(status, "the request does not say who is calling");
-                return Step::Answer(rejected(head, &rejection));
+                return Step::Answer(rejected(head, &rejection, &request));
             }
             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
             MissingKey::Pass => {
@@ -209,7 +200,9 @@ where
                 );
             }
         },
-        Extracted::Rejected(rejection) => return Step::Answer(rejected(head, &rejection)),
+        Extracted::Rejected(rejection) => {
+            return Step::Answer(rejected(head, &rejection, &request));
+        }
     };
     head.pk = head
         .config
@@ -243,7 +236,7 @@ where
 {
     let fields = fields(&head.config, head.pk.as_ref());
     let default = Refusal::of(&decision, head.config.unavailable_status)
-        .map(|refusal| refusal.render(head.protocol, fields));
+        .map(|refusal| refusal.render(protocol_of(&request), fields));
     match default {
         Some(default) => {
             let mut refusal = match &head.config.refusal {
@@ -457,9 +450,23 @@ fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>)
 
 /// A key rejection in the request's protocol. A missing key is rejected without the
 /// RateLimit fields, which only a decision has.
-fn rejected<K>(head: &Head<K>, rejection: &KeyRejection) -> Response<Bytes> {
+fn rejected<K, ReqBody>(
+    head: &Head<K>,
+    rejection: &KeyRejection,
+    request: &Request<ReqBody>,
+) -> Response<Bytes> {
     let fields = fields(&head.config, None);
-    Refusal::Rejected(rejection).render(head.protocol, fields)
+    Refusal::Rejected(rejection).render(protocol_of(request), fields)
+}
+
+/// A gRPC request gets its refusals as gRPC statuses, not HTTP errors. Read only when
+/// refusing: an admitted request costs no header lookup for it.
+fn protocol_of<ReqBody>(request: &Request<ReqBody>) -> Protocol {
+    if grpc::is_grpc(request.headers()) {
+        Protocol::Grpc
+    } else {
+        Protocol::Http
+    }
 }
 
 fn take<R, S>(request: &mut Option<R>, inner: &mut Option<S>) -> (R, S) {

@@ -8,7 +8,9 @@ use crate::store::backend::{StoreError, StoreErrorKind};
 use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
-/// The outcome of one request, put in the response's extensions for handlers and logs.
+/// The outcome of one request, put in the response's extensions for outer middleware and
+/// logs: a refusal's always, an admitted request's when the layer asks for it
+/// ([`DecisionExtension::Always`](crate::response::DecisionExtension::Always)).
 ///
 /// ```
 /// use tollgate::Decision;
