@@ -137,10 +137,9 @@ impl<E: Error + 'static> Error for ThrottleError<E> {
 ///     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
 ///     Ok::<_, std::io::Error>(response)
 /// });
-/// let client = AdaptiveThrottleLayer::builder()
+/// let client = AdaptiveThrottleLayer::new()
 ///     .clock(ManualClock::new(0))
 ///     .random(|| 0.0) // reject whenever the probability is above 0
-///     .build()
 ///     .layer(backend);
 /// assert_eq!(client.clone().oneshot(Request::new(())).await.unwrap().status(), 429);
 /// let Err(ThrottleError::Throttled(throttled)) = client.oneshot(Request::new(())).await else {
@@ -168,7 +167,7 @@ impl Throttled {
     /// # let backend = tower::service_fn(|_req: Request<()>| async {
     /// #     Err::<Response<()>, _>(std::io::Error::other("connection refused"))
     /// # });
-    /// # let client = AdaptiveThrottleLayer::builder().random(|| 0.0).build().layer(backend);
+    /// # let client = AdaptiveThrottleLayer::new().random(|| 0.0).layer(backend);
     /// # let _ = client.clone().oneshot(Request::new(())).await;
     /// # let _ = client.clone().oneshot(Request::new(())).await;
     /// // After two failed calls:
@@ -190,7 +189,7 @@ impl Throttled {
     /// # let backend = tower::service_fn(|_req: Request<()>| async {
     /// #     Err::<Response<()>, _>(std::io::Error::other("connection refused"))
     /// # });
-    /// # let client = AdaptiveThrottleLayer::builder().random(|| 0.0).build().layer(backend);
+    /// # let client = AdaptiveThrottleLayer::new().random(|| 0.0).layer(backend);
     /// # let _ = client.clone().oneshot(Request::new(())).await;
     /// let error = client.oneshot(Request::new(())).await.unwrap_err();
     /// let stats = error.throttled().unwrap().stats();

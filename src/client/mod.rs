@@ -33,9 +33,7 @@ mod window;
 
 pub use error::{ThrottleError, Throttled};
 pub use future::AdaptiveThrottleFuture;
-pub use hold::{
-    HeldBack, HoldBack, HoldBackBuilder, HoldBackError, HoldBackFuture, HoldBackLayer, HoldReason,
-};
-pub use layer::{AdaptiveThrottleBuilder, AdaptiveThrottleLayer};
+pub use hold::{HeldBack, HoldBack, HoldBackError, HoldBackFuture, HoldBackLayer, HoldReason};
+pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;
 pub use stats::ThrottleStats;

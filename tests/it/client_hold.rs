@@ -195,7 +195,7 @@ mod http_orders {
                 hyper.request(request)
             }
         });
-        let layer = HoldBackLayer::builder().name("orders").build();
+        let layer = HoldBackLayer::new().name("orders");
         let client = layer.layer(inner);
 
         let started = Instant::now();
@@ -260,19 +260,17 @@ mod http_orders {
     async fn a_customer_told_to_wait_does_not_hold_back_another() {
         let server = orders_api();
         let hyper = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        let layer = HoldBackLayer::builder()
-            .partition(|parts| {
-                let customer = parts
-                    .headers
-                    .get("x-customer-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                format!(
-                    "{}#{customer}",
-                    parts.uri.authority().map_or("", |a| a.as_str())
-                )
-            })
-            .build();
+        let layer = HoldBackLayer::new().partition(|parts| {
+            let customer = parts
+                .headers
+                .get("x-customer-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            format!(
+                "{}#{customer}",
+                parts.uri.authority().map_or("", |a| a.as_str())
+            )
+        });
         let client = layer.layer(tower::service_fn(move |request| hyper.request(request)));
         let authority = server.addr.trim_start_matches("http://").to_owned();
         let mut held = None;
@@ -330,8 +328,7 @@ mod grpc_health {
                 async move { channel.ready().await?.call(request).await }
             }
         });
-        let client =
-            HealthClient::new(HoldBackLayer::builder().name("health").build().layer(inner));
+        let client = HealthClient::new(HoldBackLayer::new().name("health").layer(inner));
 
         let started = Instant::now();
         let tasks: Vec<_> = (0..CALLERS)

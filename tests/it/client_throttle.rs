@@ -192,11 +192,10 @@ async fn traffic_reaching_an_overloaded_backend_settles_at_k_times_what_it_accep
     // The client offers 100 requests a second; the backend can take 10 a second (a tenth
     // of the offered load) and answers 503 to the rest.
     let backend = Backend::new(Behaviour::CapacityPerSecond(10), &clock);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .name("inventory")
         .clock(clock.clone())
-        .random(tollgate_testkit::random::seeded(1))
-        .build();
+        .random(tollgate_testkit::random::seeded(1));
     let mut client = layer.layer(backend.service());
 
     // Eight minutes for the window to fill and settle, then two measured minutes.
@@ -260,11 +259,10 @@ async fn k_is_configurable() {
     for k in [1.5, 3.0] {
         let clock = ManualClock::new(START);
         let backend = Backend::new(Behaviour::CapacityPerSecond(10), &clock);
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .k(k)
             .clock(clock.clone())
-            .random(tollgate_testkit::random::seeded(2))
-            .build();
+            .random(tollgate_testkit::random::seeded(2));
         let mut client = layer.layer(backend.service());
         offer(&mut client, &clock, &backend, 360, 100).await;
         let measured = offer(&mut client, &clock, &backend, 120, 100).await;
@@ -287,10 +285,9 @@ async fn k_is_configurable() {
 async fn a_backend_refusing_a_fixed_share_of_whatever_reaches_it_gets_a_trickle() {
     let clock = ManualClock::new(START);
     let backend = Backend::new(Behaviour::EveryNth(10), &clock);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(tollgate_testkit::random::seeded(3))
-        .build();
+        .random(tollgate_testkit::random::seeded(3));
     let mut client = layer.layer(backend.service());
     let settling = offer(&mut client, &clock, &backend, 360, 100).await;
     let measured = offer(&mut client, &clock, &backend, 120, 100).await;
@@ -380,10 +377,9 @@ async fn the_probability_follows_the_formula() {
     let clock = ManualClock::new(START);
     let dial = Dial::new(0.999_999);
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(dial.source())
-        .build();
+        .random(dial.source());
     let mut client = layer.layer(backend.clone());
     let stats = layer.stats();
     assert_eq!((stats.requests(), stats.accepts()), (0, 0));
@@ -443,11 +439,10 @@ async fn k_changes_the_formula_and_is_at_least_one() {
         (0.5, 7.0 / 11.0),
     ] {
         let backend = Scripted::default();
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .k(k)
             .clock(ManualClock::new(START))
-            .random(|| 0.999_999)
-            .build();
+            .random(|| 0.999_999);
         let mut client = layer.layer(backend.clone());
         backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 7);
         backend.queue(Ok(StatusCode::OK), 3);
@@ -461,11 +456,10 @@ async fn buckets_rotate_on_the_clock() {
     let clock = ManualClock::new(START);
     let backend = Scripted::default();
     // Ten seconds in ten one-second buckets.
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .window(Duration::from_secs(10), 10)
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(backend.clone());
     let counts = || {
         let stats = layer.stats();
@@ -496,10 +490,9 @@ async fn buckets_rotate_on_the_clock() {
 
     // The default window: two minutes in one-second buckets.
     let clock = ManualClock::new(START);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(Scripted::default());
     send(&mut client, 2).await;
     clock.advance(Duration::from_millis(119_999));
@@ -511,10 +504,9 @@ async fn buckets_rotate_on_the_clock() {
 #[tokio::test]
 async fn the_error_tells_a_local_rejection_from_an_inner_error() {
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.0)
-        .build();
+        .random(|| 0.0);
     let mut client = layer.layer(backend.clone());
 
     backend.queue(Err("connection reset"), 1);
@@ -574,9 +566,7 @@ async fn readiness_errors_are_inner_errors() {
             unreachable!("never ready")
         }
     }
-    let layer = AdaptiveThrottleLayer::builder()
-        .clock(ManualClock::new(START))
-        .build();
+    let layer = AdaptiveThrottleLayer::new().clock(ManualClock::new(START));
     let error = layer
         .layer(NeverReady)
         .oneshot(Request::new(()))
@@ -589,10 +579,9 @@ async fn readiness_errors_are_inner_errors() {
 #[tokio::test]
 async fn status_429_and_503_count_as_not_accepted_and_others_as_accepted() {
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(backend.clone());
     for (status, accepted) in [
         (StatusCode::TOO_MANY_REQUESTS, false),
@@ -621,11 +610,10 @@ async fn status_429_and_503_count_as_not_accepted_and_others_as_accepted() {
 async fn the_rejection_statuses_are_configurable() {
     let accepted = |statuses: Vec<StatusCode>, answer: StatusCode| async move {
         let backend = Scripted::default();
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .rejection_statuses(statuses)
             .clock(ManualClock::new(START))
-            .random(|| 0.999_999)
-            .build();
+            .random(|| 0.999_999);
         let mut client = layer.layer(backend.clone());
         backend.queue(Ok(answer), 1);
         send(&mut client, 1).await;
@@ -643,10 +631,9 @@ async fn the_rejection_statuses_are_configurable() {
 
 #[tokio::test]
 async fn a_call_dropped_before_it_answers_counts_as_not_accepted() {
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let hanging = tower::service_fn(|_request: Request<()>| {
         std::future::pending::<Result<Response<()>, Infallible>>()
     });
@@ -666,10 +653,9 @@ async fn a_call_dropped_before_it_answers_counts_as_not_accepted() {
 #[tokio::test]
 async fn clones_and_every_wrapped_service_share_one_window() {
     let clock = ManualClock::new(START);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let backend = Scripted::default();
     let mut first = layer.layer(backend.clone());
     let mut second = first.clone();
@@ -680,9 +666,7 @@ async fn clones_and_every_wrapped_service_share_one_window() {
     assert_eq!(layer.stats().requests(), 6);
     assert_eq!(first.stats(), third.stats());
     // A new layer has its own window.
-    let other = AdaptiveThrottleLayer::builder()
-        .clock(clock.clone())
-        .build();
+    let other = AdaptiveThrottleLayer::new().clock(clock.clone());
     assert_eq!(other.stats().requests(), 0);
 }
 
@@ -694,11 +678,10 @@ fn local_rejections_are_counted_in_metrics_by_layer() {
         .build()
         .unwrap();
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .name("payments")
         .clock(ManualClock::new(START))
-        .random(tollgate_testkit::random::seeded(7))
-        .build();
+        .random(tollgate_testkit::random::seeded(7));
     let mut client = layer.layer(backend.clone());
     backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 1_000);
     let mut throttled = 0;
@@ -733,7 +716,7 @@ fn the_service_and_its_future_are_send_sync_and_clone() {
     fn send<T: Send>(_: &T) {}
     let clock = ManualClock::new(START);
     let backend = Backend::new(Behaviour::Healthy, &clock);
-    let layer = AdaptiveThrottleLayer::builder().clock(clock).build();
+    let layer = AdaptiveThrottleLayer::new().clock(clock);
     send_sync_clone(&layer);
     let mut client = layer.layer(backend.service());
     send_sync_clone(&client);

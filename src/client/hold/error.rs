@@ -135,7 +135,7 @@ impl<E: Error + 'static> Error for HoldBackError<E> {
 ///         .unwrap();
 ///     Ok::<_, std::convert::Infallible>(response)
 /// });
-/// let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+/// let client = HoldBackLayer::new().clock(ManualClock::new(0)).layer(backend);
 /// let call = || Request::get("http://api.example.com/orders").body(()).unwrap();
 /// assert_eq!(client.clone().oneshot(call()).await.unwrap().status(), 429);
 /// let Err(HoldBackError::HeldBack(held)) = client.oneshot(call()).await else {
@@ -167,7 +167,7 @@ impl HeldBack {
     /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
     /// #     Ok::<_, std::convert::Infallible>(response)
     /// # });
-    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let client = HoldBackLayer::new().clock(ManualClock::new(0)).layer(backend);
     /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
     /// # client.clone().oneshot(call()).await.unwrap();
     /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
@@ -190,7 +190,7 @@ impl HeldBack {
     /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
     /// #     Ok::<_, std::convert::Infallible>(response)
     /// # });
-    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let client = HoldBackLayer::new().clock(ManualClock::new(0)).layer(backend);
     /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
     /// # client.clone().oneshot(call()).await.unwrap();
     /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();
@@ -214,7 +214,7 @@ impl HeldBack {
     /// #     let response = Response::builder().header("ratelimit", r#""s";r=0;t=4"#).body(()).unwrap();
     /// #     Ok::<_, std::convert::Infallible>(response)
     /// # });
-    /// # let client = HoldBackLayer::builder().clock(ManualClock::new(0)).build().layer(backend);
+    /// # let client = HoldBackLayer::new().clock(ManualClock::new(0)).layer(backend);
     /// # let call = || Request::get("http://api.example.com/").body(()).unwrap();
     /// # client.clone().oneshot(call()).await.unwrap();
     /// let held = client.oneshot(call()).await.unwrap_err().held_back().cloned().unwrap();

@@ -14,6 +14,6 @@ mod tests;
 
 pub use error::{HeldBack, HoldBackError};
 pub use future::HoldBackFuture;
-pub use layer::{HoldBackBuilder, HoldBackLayer};
+pub use layer::HoldBackLayer;
 pub use service::HoldBack;
 pub use signals::HoldReason;
