@@ -16,12 +16,13 @@ use crate::store::clock::Clock;
 
 /// Throttles outgoing HTTP calls on the client side: the Google SRE adaptive throttle.
 ///
-/// Wraps any `Service<http::Request<B>, Response = http::Response<R>>` (a hyper client, a
-/// tower stack in front of one). Over a sliding window kept in buckets (two minutes in
+/// Wraps any `Service<http::Request<B>, Response = http::Response<R>>` whose error converts
+/// into tower's boxed error (a hyper client, a tower stack in front of one). Over a sliding window kept in buckets (two minutes in
 /// 120 one-second buckets by default) it counts the requests this client attempted and
 /// those the backend accepted, and before each call rejects locally with probability
 /// `max(0, (requests - K * accepts) / (requests + 1))`, K = 2 by default. A local rejection
-/// is the error [`ThrottleError::Throttled`](super::ThrottleError::Throttled); the request
+/// fails with a boxed [`Throttled`](super::Throttled) (the service's error is tower's
+/// `Box<dyn Error + Send + Sync>`, as with tower's `Timeout` and `LoadShed`); the request
 /// never reaches the inner service.
 ///
 /// What counts as accepted: every response except those whose status is in the rejection
@@ -40,7 +41,7 @@ use crate::store::clock::Clock;
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, Throttled};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -62,8 +63,8 @@ use crate::store::clock::Clock;
 ///             assert_eq!(response.status(), 503);
 ///             sent += 1;
 ///         }
-///         Err(ThrottleError::Throttled(_)) => throttled += 1,
-///         Err(ThrottleError::Inner(never)) => match never {},
+///         Err(error) if error.is::<Throttled>() => throttled += 1,
+///         Err(error) => panic!("the backend never fails: {error}"),
 ///     }
 /// }
 /// // With nothing accepted, almost every request after the first few stays local.

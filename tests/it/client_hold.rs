@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use headers::HeaderMapExt;
 use http::HeaderMap;
-use tollgate::client::{HoldBackError, HoldBackLayer};
+use tollgate::client::{HeldBack, HoldBackLayer};
 use tollgate::headers::{RateLimitHeader, RetryAfter};
 use tower::{Layer, Service, ServiceExt};
 
@@ -218,12 +218,12 @@ mod http_orders {
                                     allowed += 1;
                                 }
                             }
-                            Err(HoldBackError::HeldBack(_)) => {
+                            Err(e) if e.is::<HeldBack>() => {
                                 held += 1;
                                 // A caller that retries at once, a few hundred times a second.
                                 tokio::time::sleep(Duration::from_millis(2)).await;
                             }
-                            Err(HoldBackError::Inner(e)) => panic!("{e}"),
+                            Err(e) => panic!("{e}"),
                         }
                     }
                     (allowed, refused, held)
@@ -277,11 +277,13 @@ mod http_orders {
         for _ in 0..LIMIT * 3 {
             match client.clone().oneshot(get(&server.addr, "acme")).await {
                 Ok(_) => {}
-                Err(HoldBackError::HeldBack(h)) => {
-                    held = Some(h);
-                    break;
-                }
-                Err(HoldBackError::Inner(e)) => panic!("{e}"),
+                Err(e) => match e.downcast::<HeldBack>() {
+                    Ok(h) => {
+                        held = Some(*h);
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                },
             }
         }
         let held = held.expect("acme was never held back");
@@ -355,10 +357,7 @@ mod grpc_health {
                             }
                             Err(status) => {
                                 let held_back = std::error::Error::source(&status)
-                                    .and_then(|e| {
-                                        e.downcast_ref::<HoldBackError<tonic::transport::Error>>()
-                                    })
-                                    .is_some_and(HoldBackError::is_held_back);
+                                    .is_some_and(|e| e.is::<HeldBack>());
                                 assert!(held_back, "{status:?}");
                                 held += 1;
                                 tokio::time::sleep(Duration::from_millis(2)).await;

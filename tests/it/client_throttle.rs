@@ -4,7 +4,6 @@
 //! rejection statuses and the typed error, on a manual clock with deterministic randomness.
 
 use std::convert::Infallible;
-use std::error::Error;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +13,9 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tollgate::client::{AdaptiveThrottleLayer, ThrottleError, Throttled};
+use tollgate::client::{AdaptiveThrottleLayer, Throttled};
 use tollgate::store::ManualClock;
-use tower::{Layer, Service, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceExt};
 
 /// Aligned to whole seconds, so one-second buckets start on the clock's seconds.
 const START: u64 = 1_800_000_000_000;
@@ -164,7 +163,7 @@ async fn offer<S>(
     per_second: u64,
 ) -> Tally
 where
-    S: Service<Request<()>, Response = Response<()>, Error = ThrottleError<Infallible>>,
+    S: Service<Request<()>, Response = Response<()>, Error = BoxError>,
 {
     let before = backend.counts();
     let mut tally = Tally::default();
@@ -174,8 +173,8 @@ where
         let ready = client.ready().await.expect("the backend is always ready");
         match ready.call(Request::new(())).await {
             Ok(_) => {}
-            Err(ThrottleError::Throttled(_)) => tally.throttled += 1,
-            Err(ThrottleError::Inner(never)) => match never {},
+            Err(error) if error.is::<Throttled>() => tally.throttled += 1,
+            Err(error) => panic!("the backend never fails: {error}"),
         }
         clock.advance(gap);
     }
@@ -357,12 +356,9 @@ impl Service<Request<()>> for Scripted {
     }
 }
 
-async fn send<S>(
-    client: &mut S,
-    times: usize,
-) -> Vec<Result<StatusCode, ThrottleError<std::io::Error>>>
+async fn send<S>(client: &mut S, times: usize) -> Vec<Result<StatusCode, BoxError>>
 where
-    S: Service<Request<()>, Response = Response<()>, Error = ThrottleError<std::io::Error>>,
+    S: Service<Request<()>, Response = Response<()>, Error = BoxError>,
 {
     let mut results = Vec::new();
     for _ in 0..times {
@@ -396,7 +392,7 @@ async fn the_probability_follows_the_formula() {
     // A draw below the probability rejects, and the rejected request counts in requests.
     dial.set(0.36);
     let rejected = send(&mut client, 1).await.remove(0).unwrap_err();
-    let throttled = *rejected.throttled().unwrap();
+    let throttled = *rejected.downcast_ref::<Throttled>().unwrap();
     assert_eq!(throttled.probability(), 4.0 / 11.0);
     assert_eq!(
         (throttled.stats().requests(), throttled.stats().accepts()),
@@ -511,44 +507,44 @@ async fn the_error_tells_a_local_rejection_from_an_inner_error() {
 
     backend.queue(Err("connection reset"), 1);
     let inner = send(&mut client, 1).await.remove(0).unwrap_err();
-    assert!(!inner.is_throttled());
-    assert!(inner.throttled().is_none());
+    assert!(!inner.is::<Throttled>());
     assert_eq!(inner.to_string(), "connection reset");
-    let ThrottleError::Inner(io) = &inner else {
-        panic!("{inner:?}")
-    };
+    // The inner error, boxed as it boxes itself.
+    let io = inner.downcast_ref::<std::io::Error>().unwrap();
     assert_eq!(io.kind(), std::io::ErrorKind::Other);
     // An inner error counts as not accepted.
     assert_eq!((layer.stats().requests(), layer.stats().accepts()), (1, 0));
 
     // One request, none accepted: the next is rejected with probability 1/2 (the draw is 0).
     let throttled = send(&mut client, 1).await.remove(0).unwrap_err();
-    assert!(throttled.is_throttled());
-    assert_eq!(throttled.throttled().unwrap().probability(), 0.5);
+    assert_eq!(
+        throttled.downcast_ref::<Throttled>().unwrap().probability(),
+        0.5
+    );
     assert!(
         throttled.to_string().contains("rejected locally"),
         "{throttled}"
     );
     assert!(throttled.source().is_none());
     assert_eq!(backend.reached(), 1);
+}
 
-    // Both are std errors, so `?` boxes them; the rejection downcasts back.
-    fn boxed(error: ThrottleError<std::io::Error>) -> Result<(), Box<dyn Error + Send + Sync>> {
-        Err(error)?
-    }
-    let expected = *throttled.throttled().unwrap();
-    let error = boxed(throttled).unwrap_err();
-    let downcast = error
-        .downcast_ref::<ThrottleError<std::io::Error>>()
-        .unwrap();
-    assert_eq!(downcast.throttled(), Some(&expected));
-    // Through `into_box_error`, the way tower's middleware errors box themselves.
-    let error = ThrottleError::<std::io::Error>::Throttled(expected).into_box_error();
-    assert_eq!(error.downcast_ref::<Throttled>(), Some(&expected));
-    let error = inner.into_box_error();
+#[tokio::test]
+async fn an_error_already_boxed_stays_as_it_is() {
+    // After tower's Buffer or Timeout, the inner error is already a box: it is not boxed
+    // again, so what it holds still downcasts.
+    let backend = tower::service_fn(|_: Request<()>| async {
+        let error: BoxError = Box::new(std::io::Error::other("timed out"));
+        Err::<Response<()>, _>(error)
+    });
+    let error = AdaptiveThrottleLayer::new()
+        .clock(ManualClock::new(START))
+        .layer(backend)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap_err();
     assert!(error.downcast_ref::<std::io::Error>().is_some());
     assert!(!error.is::<Throttled>());
-    assert!(ThrottleError::<()>::from(expected).into_inner().is_none());
 }
 
 #[tokio::test]
@@ -572,7 +568,7 @@ async fn readiness_errors_are_inner_errors() {
         .oneshot(Request::new(()))
         .await
         .unwrap_err();
-    assert_eq!(error, ThrottleError::Inner("pool closed"));
+    assert_eq!(error.to_string(), "pool closed");
     assert_eq!(layer.stats().requests(), 0, "never attempted");
 }
 

@@ -17,7 +17,8 @@ use crate::store::clock::Clock;
 /// Honours what servers say about their limits, on the client side: after a response that
 /// says to wait, calls to that server's partition are not sent until the wait is over.
 ///
-/// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone`: hyper's
+/// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone` whose error
+/// converts into tower's boxed error: hyper's
 /// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. A response
 /// holds its partition when it carries
 ///
@@ -29,7 +30,8 @@ use crate::store::clock::Clock;
 ///
 /// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it
-/// fails at once with [`HoldBackError::HeldBack`](super::HoldBackError::HeldBack), or,
+/// fails at once with a boxed [`HeldBack`](super::HeldBack) (the service's error is tower's
+/// `Box<dyn Error + Send + Sync>`), or,
 /// with [`max_wait`](Self::max_wait), waits for the hold to end if it ends
 /// within that time and is sent then. Calls already in flight when a hold starts are not
 /// recalled.
@@ -45,14 +47,15 @@ use crate::store::clock::Clock;
 ///
 /// The two compose: put this layer outside the
 /// [`AdaptiveThrottleLayer`](crate::client::AdaptiveThrottleLayer), so that calls held back here
-/// (never sent) do not count as requests the backend refused. The error is then
-/// `HoldBackError<ThrottleError<E>>`.
+/// (never sent) do not count as requests the backend refused. Both fail with tower's boxed
+/// error: a call held back downcasts to [`HeldBack`](super::HeldBack), one throttled to
+/// [`Throttled`](crate::client::Throttled), and anything else is the inner service's.
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use std::time::Duration;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, HoldBackError, HoldBackLayer, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, HeldBack, HoldBackLayer};
 /// use tollgate::store::ManualClock;
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
@@ -76,14 +79,13 @@ use crate::store::clock::Clock;
 /// assert_eq!(client.clone().oneshot(call()).await.unwrap().status(), 200);
 /// // Not sent: the server said to wait.
 /// let error = client.clone().oneshot(call()).await.unwrap_err();
-/// assert!(error.is_held_back());
+/// assert!(error.is::<HeldBack>());
 /// assert_eq!(hold.held_for("orders.internal"), Some(Duration::from_secs(2)));
 /// // The throttle saw one request, accepted.
 /// assert_eq!((throttle.stats().requests(), throttle.stats().accepts()), (1, 1));
 ///
 /// clock.advance(Duration::from_secs(2));
 /// assert!(client.oneshot(call()).await.is_ok());
-/// # let _ = |e: HoldBackError<ThrottleError<Infallible>>| e;
 /// # }
 /// ```
 #[derive(Clone)]

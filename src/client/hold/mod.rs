@@ -12,7 +12,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use error::{HeldBack, HoldBackError};
+pub use error::HeldBack;
 pub use future::HoldBackFuture;
 pub use layer::HoldBackLayer;
 pub use service::HoldBack;

@@ -10,6 +10,22 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
 use super::*;
+use crate::client::error::BoxError;
+
+/// What the tests ask of the service's boxed error.
+trait Held {
+    fn held_back(&self) -> Option<&HeldBack>;
+
+    fn is_held_back(&self) -> bool {
+        self.held_back().is_some()
+    }
+}
+
+impl Held for BoxError {
+    fn held_back(&self) -> Option<&HeldBack> {
+        self.downcast_ref()
+    }
+}
 use crate::store::ManualClock;
 use crate::store::clock::Clock;
 
@@ -64,10 +80,7 @@ fn to(host: &str) -> Request<()> {
         .unwrap()
 }
 
-async fn send(
-    client: &HoldBack<Backend>,
-    host: &str,
-) -> Result<StatusCode, HoldBackError<Infallible>> {
+async fn send(client: &HoldBack<Backend>, host: &str) -> Result<StatusCode, BoxError> {
     client.clone().oneshot(to(host)).await.map(|r| r.status())
 }
 
