@@ -242,16 +242,24 @@ fn load(path: &Path) -> Result<Loaded, String> {
     let config: OrdersConfig = toml::from_str(&text).map_err(|e| e.to_string())?;
     let orders = &config.orders;
     let set_by_flag = [
-        ("name", orders.name.is_some(), "the limiter is named orders"),
-        ("key", orders.key.is_some(), "the key is x-customer-id"),
+        (
+            "name",
+            orders.name().is_some(),
+            "the limiter is named orders",
+        ),
+        (
+            "key",
+            !matches!(orders.key(), Ok(None)),
+            "the key is x-customer-id",
+        ),
         (
             "on_store_failure",
-            orders.on_store_failure.is_some(),
+            !matches!(orders.on_store_failure(), Ok(None)),
             "use --on-store-failure",
         ),
         (
             "store_timeout",
-            orders.store_timeout.is_some(),
+            orders.store_timeout().is_some(),
             "use --store-timeout-ms",
         ),
     ];

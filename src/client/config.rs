@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::StatusCode;
 
@@ -42,6 +43,19 @@ impl Default for Config {
             clock: Arc::new(SystemClock),
             random: None,
         }
+    }
+}
+
+impl Config {
+    /// The sliding window and its buckets: each bucket lasts `window / buckets`, rounded
+    /// down to whole milliseconds and at least 1 ms, and there is at least one bucket.
+    pub(super) fn set_window(&mut self, window: Duration, buckets: u32) {
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
+        let buckets = buckets.max(1);
+        self.buckets = u32::try_from(window_ms)
+            .map_or(buckets, |ms| buckets.min(ms))
+            .max(1);
+        self.bucket_ms = (window_ms / u64::from(self.buckets)).max(1);
     }
 }
 

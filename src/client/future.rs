@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::error::{ThrottleError, Throttled};
+use super::error::{BoxError, Throttled};
 use super::rejection::Shared;
 
 pin_project! {
@@ -83,8 +83,9 @@ impl<F> fmt::Debug for AdaptiveThrottleFuture<F> {
 impl<F, ResBody, E> Future for AdaptiveThrottleFuture<F>
 where
     F: Future<Output = Result<Response<ResBody>, E>>,
+    E: Into<BoxError>,
 {
-    type Output = Result<Response<ResBody>, ThrottleError<E>>;
+    type Output = Result<Response<ResBody>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
@@ -95,11 +96,9 @@ where
                 {
                     shared.record_accept();
                 }
-                Poll::Ready(result.map_err(ThrottleError::Inner))
+                Poll::Ready(result.map_err(Into::into))
             }
-            KindProj::Throttled { throttled } => {
-                Poll::Ready(Err(ThrottleError::Throttled(*throttled)))
-            }
+            KindProj::Throttled { throttled } => Poll::Ready(Err(Box::new(*throttled))),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The layer, one backend's window shared by every service it wraps, and its builder: K, the
+//! The layer, one backend's window shared by every service it wraps, and its settings: K, the
 //! window, what counts as a refusal, the clock and the random source.
 
 use std::fmt;
@@ -16,16 +16,17 @@ use crate::store::clock::Clock;
 
 /// Throttles outgoing HTTP calls on the client side: the Google SRE adaptive throttle.
 ///
-/// Wraps any `Service<http::Request<B>, Response = http::Response<R>>` (a hyper client, a
-/// tower stack in front of one). Over a sliding window kept in buckets (two minutes in
+/// Wraps any `Service<http::Request<B>, Response = http::Response<R>>` whose error converts
+/// into tower's boxed error (a hyper client, a tower stack in front of one). Over a sliding window kept in buckets (two minutes in
 /// 120 one-second buckets by default) it counts the requests this client attempted and
 /// those the backend accepted, and before each call rejects locally with probability
 /// `max(0, (requests - K * accepts) / (requests + 1))`, K = 2 by default. A local rejection
-/// is the error [`ThrottleError::Throttled`](super::ThrottleError::Throttled); the request
+/// fails with a boxed [`Throttled`](super::Throttled) (the service's error is tower's
+/// `Box<dyn Error + Send + Sync>`, as with tower's `Timeout` and `LoadShed`); the request
 /// never reaches the inner service.
 ///
 /// What counts as accepted: every response except those whose status is in the rejection
-/// set (429 and 503 by default, see [`AdaptiveThrottleBuilder::rejection_statuses`]).
+/// set (429 and 503 by default, see [`rejection_statuses`](Self::rejection_statuses)).
 /// An error of the inner service counts as not accepted, and so does a call whose future
 /// is dropped before it answers (a timeout outside this layer). Locally rejected requests
 /// count in `requests`.
@@ -34,17 +35,17 @@ use crate::store::clock::Clock;
 /// their clones share it. Give each backend its own layer.
 ///
 /// Each local rejection increments the counter `tollgate_client_throttled_total`, labelled
-/// `layer` with the [name](AdaptiveThrottleBuilder::name) of the layer, through the
+/// `layer` with the [name](Self::name) of the layer, through the
 /// `metrics` facade, and logs a `tracing` event at debug level.
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, Throttled};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let throttle = AdaptiveThrottleLayer::builder().name("payments").build();
+/// let throttle = AdaptiveThrottleLayer::new().name("payments");
 /// // A backend that is down: every call answers 503.
 /// let client = ServiceBuilder::new()
 ///     .layer(throttle.clone())
@@ -62,8 +63,8 @@ use crate::store::clock::Clock;
 ///             assert_eq!(response.status(), 503);
 ///             sent += 1;
 ///         }
-///         Err(ThrottleError::Throttled(_)) => throttled += 1,
-///         Err(ThrottleError::Inner(never)) => match never {},
+///         Err(error) if error.is::<Throttled>() => throttled += 1,
+///         Err(error) => panic!("the backend never fails: {error}"),
 ///     }
 /// }
 /// // With nothing accepted, almost every request after the first few stays local.
@@ -89,24 +90,21 @@ impl AdaptiveThrottleLayer {
     /// assert_eq!(layer.stats().rejection_probability(), 0.0);
     /// ```
     pub fn new() -> Self {
-        Self::builder().build()
+        Self::from_config(Config::default())
     }
 
-    /// Configures a layer.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    ///
-    /// let layer = AdaptiveThrottleLayer::builder()
-    ///     .name("inventory")
-    ///     .k(1.5)
-    ///     .window(Duration::from_secs(60), 60)
-    ///     .build();
-    /// assert_eq!(layer.name(), "inventory");
-    /// ```
-    pub fn builder() -> AdaptiveThrottleBuilder {
-        AdaptiveThrottleBuilder::default()
+    /// A layer with an empty window, from `config`.
+    fn from_config(config: Config) -> Self {
+        Self {
+            shared: Arc::new(Shared::new(config)),
+        }
+    }
+
+    /// The same settings with `change` made, and an empty window.
+    fn configure(self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.shared.config.clone();
+        change(&mut config);
+        Self::from_config(config)
     }
 
     /// The counts in the window now, and the probability the next request is rejected.
@@ -119,16 +117,6 @@ impl AdaptiveThrottleLayer {
     /// ```
     pub fn stats(&self) -> ThrottleStats {
         self.shared.stats()
-    }
-
-    /// The layer's name, used in metric labels and logs.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// assert_eq!(AdaptiveThrottleLayer::new().name(), "default");
-    /// ```
-    pub fn name(&self) -> &str {
-        &self.shared.config.name
     }
 }
 
@@ -154,7 +142,9 @@ impl<S> Layer<S> for AdaptiveThrottleLayer {
     }
 }
 
-/// Configures an [`AdaptiveThrottleLayer`].
+/// Configuration, tower-http style: each method takes the layer and returns it with the
+/// setting changed, and with an empty window (configure a layer before cloning it or
+/// wrapping services with it).
 ///
 /// ```
 /// use std::time::Duration;
@@ -162,42 +152,27 @@ impl<S> Layer<S> for AdaptiveThrottleLayer {
 /// use tollgate::client::AdaptiveThrottleLayer;
 /// use tollgate::store::ManualClock;
 ///
-/// let layer = AdaptiveThrottleLayer::builder()
+/// let layer = AdaptiveThrottleLayer::new()
 ///     .name("search")
 ///     .k(2.0)
 ///     .window(Duration::from_secs(120), 120)
 ///     .rejection_statuses([StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE])
 ///     .clock(ManualClock::new(0))
-///     .random(|| 0.5)
-///     .build();
-/// # drop(layer);
+///     .random(|| 0.5);
+/// assert!(format!("{layer:?}").contains(r#"name: "search""#));
 /// ```
-#[derive(Clone)]
-pub struct AdaptiveThrottleBuilder {
-    config: Config,
-}
-
-impl Default for AdaptiveThrottleBuilder {
-    /// K = 2, two minutes in 120 one-second buckets, 429 and 503, the system clock.
-    fn default() -> Self {
-        Self {
-            config: Config::default(),
-        }
-    }
-}
-
-impl AdaptiveThrottleBuilder {
+impl AdaptiveThrottleLayer {
     /// Names the layer in metric labels and logs (default `"default"`). Name it after the
     /// backend it protects.
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;
-    /// let layer = AdaptiveThrottleLayer::builder().name("billing").build();
-    /// assert_eq!(layer.name(), "billing");
+    /// let layer = AdaptiveThrottleLayer::new().name("billing");
+    /// assert!(format!("{layer:?}").contains(r#"name: "billing""#));
     /// ```
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
-        self.config.name = name.into();
-        self
+    pub fn name(self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.configure(|config| config.name = name)
     }
 
     /// K, the multiplier of accepts (default 2, at least 1): under sustained refusals the
@@ -208,12 +183,11 @@ impl AdaptiveThrottleBuilder {
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;
-    /// let builder = AdaptiveThrottleLayer::builder().k(1.1);
-    /// # drop(builder);
+    /// let layer = AdaptiveThrottleLayer::new().k(1.1);
+    /// # drop(layer);
     /// ```
-    pub fn k(mut self, k: f64) -> Self {
-        self.config.k = k.max(1.0);
-        self
+    pub fn k(self, k: f64) -> Self {
+        self.configure(|config| config.k = k.max(1.0))
     }
 
     /// The sliding window and how many buckets keep it (default two minutes in 120
@@ -226,17 +200,11 @@ impl AdaptiveThrottleBuilder {
     /// use std::time::Duration;
     /// use tollgate::client::AdaptiveThrottleLayer;
     /// // One minute in six ten-second buckets.
-    /// let builder = AdaptiveThrottleLayer::builder().window(Duration::from_secs(60), 6);
-    /// # drop(builder);
+    /// let layer = AdaptiveThrottleLayer::new().window(Duration::from_secs(60), 6);
+    /// # drop(layer);
     /// ```
-    pub fn window(mut self, window: Duration, buckets: u32) -> Self {
-        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-        let buckets = buckets.max(1);
-        self.config.buckets = u32::try_from(window_ms)
-            .map_or(buckets, |ms| buckets.min(ms))
-            .max(1);
-        self.config.bucket_ms = (window_ms / u64::from(self.config.buckets)).max(1);
-        self
+    pub fn window(self, window: Duration, buckets: u32) -> Self {
+        self.configure(|config| config.set_window(window, buckets))
     }
 
     /// The response statuses that count as the backend refusing the request (default 429
@@ -247,19 +215,18 @@ impl AdaptiveThrottleBuilder {
     /// use http::StatusCode;
     /// use tollgate::client::AdaptiveThrottleLayer;
     /// // This backend also sheds load with 502 from its proxy.
-    /// let builder = AdaptiveThrottleLayer::builder().rejection_statuses([
+    /// let layer = AdaptiveThrottleLayer::new().rejection_statuses([
     ///     StatusCode::TOO_MANY_REQUESTS,
     ///     StatusCode::BAD_GATEWAY,
     ///     StatusCode::SERVICE_UNAVAILABLE,
     /// ]);
-    /// # drop(builder);
+    /// # drop(layer);
     /// ```
-    pub fn rejection_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+    pub fn rejection_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let mut statuses: Vec<StatusCode> = statuses.into_iter().collect();
         statuses.sort_unstable();
         statuses.dedup();
-        self.config.rejection_statuses = statuses.into();
-        self
+        self.configure(|config| config.rejection_statuses = statuses.into())
     }
 
     /// Reads time from `clock` (default [`SystemClock`](crate::store::SystemClock)), such as a
@@ -269,12 +236,11 @@ impl AdaptiveThrottleBuilder {
     /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tollgate::store::ManualClock;
     /// let clock = ManualClock::new(1_800_000_000_000);
-    /// let builder = AdaptiveThrottleLayer::builder().clock(clock.clone());
-    /// # drop(builder);
+    /// let layer = AdaptiveThrottleLayer::new().clock(clock.clone());
+    /// # drop(layer);
     /// ```
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.config.clock = Arc::new(clock);
-        self
+    pub fn clock(self, clock: impl Clock) -> Self {
+        self.configure(|config| config.clock = Arc::new(clock))
     }
 
     /// Replaces the random source: a number in `[0, 1)` per call, drawn only when the
@@ -288,34 +254,12 @@ impl AdaptiveThrottleBuilder {
     ///
     /// // A deterministic sequence: 0.0, 0.1, ..., 0.9, 0.0, ...
     /// let n = Arc::new(AtomicU64::new(0));
-    /// let builder = AdaptiveThrottleLayer::builder()
+    /// let layer = AdaptiveThrottleLayer::new()
     ///     .random(move || (n.fetch_add(1, Ordering::Relaxed) % 10) as f64 / 10.0);
-    /// # drop(builder);
+    /// # drop(layer);
     /// ```
-    pub fn random(mut self, random: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
-        self.config.random = Some(Arc::new(random));
-        self
-    }
-
-    /// Builds the layer, with an empty window.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// let layer = AdaptiveThrottleLayer::builder().build();
-    /// assert_eq!(layer.stats().requests(), 0);
-    /// ```
-    pub fn build(self) -> AdaptiveThrottleLayer {
-        AdaptiveThrottleLayer {
-            shared: Arc::new(Shared::new(self.config)),
-        }
-    }
-}
-
-impl fmt::Debug for AdaptiveThrottleBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveThrottleBuilder")
-            .field("config", &self.config)
-            .finish()
+    pub fn random(self, random: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
+        self.configure(|config| config.random = Some(Arc::new(random)))
     }
 }
 
@@ -325,15 +269,21 @@ mod tests {
 
     #[test]
     fn window_arithmetic() {
-        let b = AdaptiveThrottleBuilder::default();
-        assert_eq!((b.config.bucket_ms, b.config.buckets), (1_000, 120));
+        let window = |layer: &AdaptiveThrottleLayer| {
+            (layer.shared.config.bucket_ms, layer.shared.config.buckets)
+        };
+        let b = AdaptiveThrottleLayer::new();
+        assert_eq!(window(&b), (1_000, 120));
         let b = b.window(Duration::from_millis(5), 10);
-        assert_eq!((b.config.bucket_ms, b.config.buckets), (1, 5));
+        assert_eq!(window(&b), (1, 5));
         let b = b.window(Duration::ZERO, 0);
-        assert_eq!((b.config.bucket_ms, b.config.buckets), (1, 1));
+        assert_eq!(window(&b), (1, 1));
         let b = b.window(Duration::from_secs(10), 3);
-        assert_eq!((b.config.bucket_ms, b.config.buckets), (3_333, 3));
-        assert_eq!(AdaptiveThrottleBuilder::default().k(0.5).config.k, 1.0);
-        assert_eq!(AdaptiveThrottleBuilder::default().k(f64::NAN).config.k, 1.0);
+        assert_eq!(window(&b), (3_333, 3));
+        assert_eq!(AdaptiveThrottleLayer::new().k(0.5).shared.config.k, 1.0);
+        assert_eq!(
+            AdaptiveThrottleLayer::new().k(f64::NAN).shared.config.k,
+            1.0
+        );
     }
 }

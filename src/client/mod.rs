@@ -31,11 +31,9 @@ mod service;
 mod stats;
 mod window;
 
-pub use error::{ThrottleError, Throttled};
+pub use error::Throttled;
 pub use future::AdaptiveThrottleFuture;
-pub use hold::{
-    HeldBack, HoldBack, HoldBackBuilder, HoldBackError, HoldBackFuture, HoldBackLayer, HoldReason,
-};
-pub use layer::{AdaptiveThrottleBuilder, AdaptiveThrottleLayer};
+pub use hold::{HeldBack, HoldBack, HoldBackFuture, HoldBackLayer, HoldReason};
+pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;
 pub use stats::ThrottleStats;

@@ -25,10 +25,10 @@ pub(super) struct Shared {
 impl Shared {
     /// A layer's state, with an empty window; the random source is the crate's own unless
     /// `config` names one.
-    pub(super) fn new(mut config: Config) -> Self {
+    pub(super) fn new(config: Config) -> Self {
         let random = config
             .random
-            .take()
+            .clone()
             .unwrap_or_else(|| Arc::new(RandomSource::new().into_fn()));
         // Described for each layer built, so a recorder installed after an earlier layer
         // gets the description too.

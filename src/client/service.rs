@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::error::ThrottleError;
+use super::error::BoxError;
 use super::future::AdaptiveThrottleFuture;
 use super::rejection::Shared;
 use super::stats::ThrottleStats;
@@ -15,9 +15,9 @@ use super::stats::ThrottleStats;
 /// A service whose outgoing calls an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
 /// throttles.
 ///
-/// Its error is [`ThrottleError`]: [`Throttled`](ThrottleError::Throttled) for a request
-/// rejected locally, [`Inner`](ThrottleError::Inner) for an error of the wrapped service
-/// (readiness errors included). Clones share the layer's window.
+/// Its error is tower's boxed error (`Box<dyn Error + Send + Sync>`): a request rejected
+/// locally downcasts to [`Throttled`](super::Throttled); any other error is the wrapped
+/// service's own (readiness errors included), boxed. Clones share the layer's window.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -114,13 +114,14 @@ impl<S: fmt::Debug> fmt::Debug for AdaptiveThrottle<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveThrottle<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
 {
     type Response = Response<ResBody>;
-    type Error = ThrottleError<S::Error>;
+    type Error = BoxError;
     type Future = AdaptiveThrottleFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(ThrottleError::Inner)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {

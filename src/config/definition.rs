@@ -19,101 +19,100 @@ use crate::store::algorithm::Algorithm;
 use crate::store::policy::Policy;
 
 /// One limiter as written in a configuration file; see the [module docs](super) for the
-/// format. Every field may be left out; [`limits`](Self::limits) needs at least one
-/// default policy.
+/// format. It is read whole from the file (any format serde reads) and turned into the
+/// crate's types by its methods: [`limits`](Self::limits) (which needs at least one default
+/// policy), [`builder`](Self::builder), [`on_store_failure`](Self::on_store_failure) and
+/// [`key`](Self::key).
+///
+/// Its fields, each of which may be left out:
+///
+/// | field | what | as in code |
+/// |---|---|---|
+/// | `name` | the limiter's name; required once the limiter is given a store (unless the code sets a counter scope) | [`LimiterBuilder::name`] |
+/// | `policies` | the policies of callers without a tier | [`Limits::policy`](crate::reload::Limits::policy) |
+/// | `tiers` | each tier's policies, by tier name | [`Limits::tier`](crate::reload::Limits::tier) |
+/// | `on_store_failure` | `"open"`, `"closed"`, `"static"` or `{ local_share = { instances = 4 } }` | [`LimiterBuilder::on_store_failure`] |
+/// | `store_timeout` | how long a decision waits for the store, at least `"1ms"` | [`LimiterBuilder::store_timeout`] |
+/// | `key` | `{ header = "x-customer-id" }`, `"client_ip"` (no proxy trusted; build a [`ClientIp`] in code to trust some) or `"global"`: a layer setting | [`RateLimitLayer::key`](crate::RateLimitLayer::key) |
+///
+/// Each policy has a `name` (what clients see in the `RateLimit-Policy` field), an
+/// `algorithm` and that algorithm's numbers: `"sliding_window"` ([`Policy::sliding_window`])
+/// and `"sliding_log"` ([`Policy::sliding_log`]) take `limit` requests in any `window`;
+/// `"token_bucket"` ([`Policy::token_bucket`]) takes `rate` tokens every `period`, at most
+/// `burst` held. Any policy may add a `lockout`: how long a caller who uses the quota up is
+/// refused ([`Policy::lock_out_for`]).
+///
+/// ```
+/// use tollgate::config::LimiterDefinition;
+///
+/// let definition: LimiterDefinition = toml::from_str(r#"
+///     name = "search"
+///     [[policies]]
+///     name = "per-minute"
+///     algorithm = "token_bucket"
+///     rate = 60
+///     period = "1m"
+///     burst = 10
+/// "#).unwrap();
+/// assert_eq!(definition.name(), Some("search"));
+/// assert_eq!(definition.limits().unwrap().policies()[0].name(), "per-minute");
+/// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
 pub struct LimiterDefinition {
-    /// The limiter's name ([`LimiterBuilder::name`]). Required once the limiter is given a
-    /// store with [`LimiterBuilder::backend`] (unless the code sets a counter scope):
-    /// `try_build` refuses it otherwise ([`BuildError::Unnamed`](crate::BuildError::Unnamed)).
-    pub name: Option<String>,
-    /// The policies of callers without a tier.
+    name: Option<String>,
     #[serde(default)]
-    pub policies: Vec<PolicyDefinition>,
-    /// Each tier's policies, by tier name.
+    policies: Vec<PolicyDefinition>,
     #[serde(default)]
-    pub tiers: BTreeMap<String, Vec<PolicyDefinition>>,
-    /// What to do when the store cannot decide ([`LimiterBuilder::on_store_failure`]).
-    pub on_store_failure: Option<FailureDefinition>,
-    /// How long a decision waits for the store ([`LimiterBuilder::store_timeout`]).
+    tiers: BTreeMap<String, Vec<PolicyDefinition>>,
+    on_store_failure: Option<FailureDefinition>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
-    pub store_timeout: Option<Duration>,
-    /// Who a request is counted as: a layer setting, see [`key`](Self::key).
-    pub key: Option<KeyDefinition>,
+    store_timeout: Option<Duration>,
+    key: Option<KeyDefinition>,
 }
 
 /// One policy: its name, its algorithm and that algorithm's numbers.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-#[non_exhaustive]
-pub struct PolicyDefinition {
-    /// The name clients see in the `RateLimit-Policy` field.
-    pub name: String,
-    /// How it counts.
-    pub algorithm: AlgorithmName,
-    /// A sliding window's (or sliding log's) requests per window.
-    pub limit: Option<u64>,
-    /// A sliding window's (or sliding log's) length.
+struct PolicyDefinition {
+    name: String,
+    algorithm: AlgorithmName,
+    limit: Option<u64>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
-    pub window: Option<Duration>,
-    /// A token bucket's tokens added per period.
-    pub rate: Option<u64>,
-    /// A token bucket's refill period.
+    window: Option<Duration>,
+    rate: Option<u64>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
-    pub period: Option<Duration>,
-    /// A token bucket's capacity.
-    pub burst: Option<u64>,
-    /// How long a caller who uses the quota up is refused ([`Policy::lock_out_for`]);
-    /// none when left out.
+    period: Option<Duration>,
+    burst: Option<u64>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
-    pub lockout: Option<Duration>,
+    lockout: Option<Duration>,
 }
 
 /// The algorithms, as a file names them.
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum AlgorithmName {
-    /// [`Policy::sliding_window`]: `limit` requests in any `window`.
+enum AlgorithmName {
     SlidingWindow,
-    /// [`Policy::token_bucket`]: `rate` tokens every `period`, at most `burst` held.
     TokenBucket,
-    /// [`Policy::sliding_log`]: exactly `limit` requests in any `window`.
     SlidingLog,
 }
 
-/// A failure policy, as a file names it: `"open"`, `"closed"`, `"static"`, or
-/// `{ local_share = { instances = 4 } }`.
+/// A failure policy, as a file names it.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum FailureDefinition {
-    /// [`FailurePolicy::open`].
+enum FailureDefinition {
     Open,
-    /// [`FailurePolicy::closed`].
     Closed,
-    /// [`FailurePolicy::fail_static`].
     Static,
-    /// [`FailurePolicy::local_share`] among a fixed number of instances.
-    LocalShare {
-        /// How many instances share the limit.
-        instances: u64,
-    },
+    LocalShare { instances: u64 },
 }
 
-/// A key, as a file names it: `{ header = "x-customer-id" }`, `"client_ip"` (no proxy
-/// trusted; build a [`ClientIp`] in code to trust some) or `"global"`.
+/// A key, as a file names it.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum KeyDefinition {
-    /// [`HeaderKey`] on this header.
+enum KeyDefinition {
     Header(String),
-    /// [`ClientIp`] with its defaults.
     ClientIp,
-    /// [`GlobalKey`].
     Global,
 }
 
@@ -145,8 +144,8 @@ impl LimiterDefinition {
         if let Some(name) = &self.name {
             builder = builder.name(name.as_str());
         }
-        if let Some(failure) = &self.on_store_failure {
-            builder = builder.on_store_failure(failure.to_policy()?);
+        if let Some(failure) = self.on_store_failure()? {
+            builder = builder.on_store_failure(failure);
         }
         if let Some(timeout) = self.store_timeout {
             if timeout < MIN_STORE_TIMEOUT {
@@ -158,9 +157,68 @@ impl LimiterDefinition {
     }
 
     /// The key extractor the definition names, for
-    /// [`RateLimitLayer::key`](crate::RateLimitLayer::key); `None` when it names none.
+    /// [`RateLimitLayer::key`](crate::RateLimitLayer::key); `None` when it names none. A
+    /// header name that is not one is refused.
+    ///
+    /// ```
+    /// use tollgate::config::LimiterDefinition;
+    /// use tollgate::key::ConfiguredKey;
+    ///
+    /// let definition: LimiterDefinition = toml::from_str(r#"key = "client_ip""#).unwrap();
+    /// assert!(matches!(definition.key(), Ok(Some(ConfiguredKey::ClientIp(_)))));
+    /// let bad: LimiterDefinition = toml::from_str(r#"key = { header = "x id" }"#).unwrap();
+    /// assert!(bad.key().is_err());
+    /// ```
     pub fn key(&self) -> Result<Option<ConfiguredKey>, DefinitionError> {
         self.key.as_ref().map(KeyDefinition::to_key).transpose()
+    }
+
+    /// The failure policy the definition names (`on_store_failure`), as
+    /// [`builder`](Self::builder) sets it; `None` when it names none. A local share among
+    /// zero instances is refused.
+    ///
+    /// ```
+    /// use tollgate::config::LimiterDefinition;
+    ///
+    /// let definition: LimiterDefinition = toml::from_str(r#"on_store_failure = "closed""#).unwrap();
+    /// assert!(definition.on_store_failure().unwrap().is_some());
+    /// let none: LimiterDefinition = toml::from_str("").unwrap();
+    /// assert!(none.on_store_failure().unwrap().is_none());
+    /// let zero: LimiterDefinition =
+    ///     toml::from_str("on_store_failure = { local_share = { instances = 0 } }").unwrap();
+    /// assert!(zero.on_store_failure().is_err());
+    /// ```
+    pub fn on_store_failure(&self) -> Result<Option<FailurePolicy>, DefinitionError> {
+        self.on_store_failure
+            .as_ref()
+            .map(FailureDefinition::to_policy)
+            .transpose()
+    }
+
+    /// The limiter's name (`name`), if the definition gives one.
+    ///
+    /// ```
+    /// use tollgate::config::LimiterDefinition;
+    ///
+    /// let definition: LimiterDefinition = toml::from_str(r#"name = "orders""#).unwrap();
+    /// assert_eq!(definition.name(), Some("orders"));
+    /// ```
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The store timeout (`store_timeout`), if the definition gives one; checked by
+    /// [`builder`](Self::builder).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::config::LimiterDefinition;
+    ///
+    /// let definition: LimiterDefinition = toml::from_str(r#"store_timeout = "20ms""#).unwrap();
+    /// assert_eq!(definition.store_timeout(), Some(Duration::from_millis(20)));
+    /// ```
+    pub fn store_timeout(&self) -> Option<Duration> {
+        self.store_timeout
     }
 }
 

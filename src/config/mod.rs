@@ -1,7 +1,7 @@
 //! Limiter definitions read from a configuration file (the `serde` feature): policies,
 //! tiers, the failure policy, the store timeout and the key, in any format serde reads.
 //!
-//! A [`LimiterDefinition`] is plain data; [`limits`](LimiterDefinition::limits),
+//! A [`LimiterDefinition`] is read whole from the file; [`limits`](LimiterDefinition::limits),
 //! [`builder`](LimiterDefinition::builder) and [`key`](LimiterDefinition::key) turn it into
 //! the crate's types, and refuse what cannot work with a [`DefinitionError`], never a
 //! panic. Durations are strings of a whole number and a unit: `"500ms"`, `"1s"`, `"1m"`,
@@ -54,8 +54,9 @@
 //! let limiter = definition.builder().unwrap().backend(InMemoryBackend::new()).build();
 //! assert_eq!(limiter.name(), "orders");
 //! assert_eq!(limiter.policies().len(), 2);
-//! let signin = &definition.tiers["signin"][0];
-//! assert_eq!(signin.lockout, Some(std::time::Duration::from_secs(600)));
+//! let limits = definition.limits().unwrap();
+//! let (_, signin) = limits.tiers().find(|(tier, _)| *tier == "signin").unwrap();
+//! assert_eq!(signin[0].lockout(), Some(std::time::Duration::from_secs(600)));
 //! let layer = RateLimitLayer::new(limiter.clone()).key(definition.key().unwrap().unwrap());
 //! # drop(layer);
 //!
@@ -72,7 +73,5 @@ mod definition;
 mod duration;
 mod error;
 
-pub use definition::{
-    AlgorithmName, FailureDefinition, KeyDefinition, LimiterDefinition, PolicyDefinition,
-};
+pub use definition::LimiterDefinition;
 pub use error::DefinitionError;

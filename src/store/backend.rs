@@ -14,11 +14,9 @@ use crate::store::policy::Policy;
 /// One call decides every policy of one request atomically: the request is admitted only
 /// if every limit admits it, consuming the request's cost (in units) from each, and a
 /// refused request consumes nothing from any limit.
-/// [`evaluate`](crate::store::evaluate) carries the arithmetic (and
-/// [`Algorithm::evaluate_cost`](crate::store::Algorithm::evaluate_cost) and
-/// [`Algorithm::peek_cost`](crate::store::Algorithm::peek_cost) its per-policy steps, which
-/// a backend that leases needs), so a backend only has to store
-/// [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
+/// [`evaluate`](crate::store::evaluate) carries the arithmetic (a backend that leases
+/// finds its grant with it too, see the [module docs](crate::store)), so a backend only
+/// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
 /// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
@@ -26,8 +24,8 @@ use crate::store::policy::Policy;
 /// the block beside the counters, under [`Policy::lockout_counter`], refuse the caller while
 /// it stands, start it on the admission that leaves the policy with nothing remaining
 /// (reporting the lockout as that policy's `reset_ms`), and lift it on a refund of a
-/// request counted no later than it began. [`evaluate`](crate::store::evaluate) and the
-/// per-policy arithmetic apply no lockout: a store built on them alone ignores it.
+/// request counted no later than it began. [`evaluate`](crate::store::evaluate) applies no
+/// lockout: a store built on it alone ignores it.
 ///
 /// ```
 /// use std::collections::HashMap;

@@ -18,13 +18,12 @@
 //!   [`PolicyState`]s it keeps, and [`Algorithm::refund`] to give units back; the time from
 //!   a [`Clock`] ([`SystemClock`], or a [`ManualClock`] in tests).
 //!
-//! The per-policy steps under [`evaluate`] ([`Algorithm::evaluate_cost`] and its
-//! [`Evaluation`], [`Algorithm::peek_cost`], the variants of [`PolicyState`] and the
-//! sliding log's [`AdmissionLog`]) are for a backend that does more than [`evaluate`]: one
-//! that leases (a grant is the most every policy admits at once, which only the per-policy
-//! steps tell), runs its own loop, or keeps states out of process, field by field. The
-//! builders, [`InvalidPolicy`], [`LiveInstances`] and (with `redis`) `RegistryError` belong
-//! to the crate's own stores and policies.
+//! A backend that leases finds the grant with [`evaluate`] too: a cost of 0 consumes
+//! nothing and reports each policy's `remaining`; the smallest of them, up to the units
+//! wanted, is the grant, which it then counts as one request of that cost. A backend that keeps states
+//! out of process stores the [`PolicyState`]s field by field (the sliding log's as its
+//! [`AdmissionLog`]). The builders, [`InvalidPolicy`], [`LiveInstances`] and (with
+//! `redis`) `RegistryError` belong to the crate's own stores and policies.
 //!
 //! This floor knows nothing above it: no limiter, no HTTP type.
 
@@ -48,7 +47,7 @@ pub(crate) mod random;
 pub(crate) mod redis;
 pub(crate) mod slots;
 
-pub use algorithm::{AdmissionLog, Algorithm, Evaluation, PolicyOutcome, PolicyState};
+pub use algorithm::{AdmissionLog, Algorithm, PolicyOutcome, PolicyState};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -175,10 +175,10 @@ impl Policy {
     /// approximation, not a cap on every window. A full quota `q` spent at the very end of
     /// one fixed window, then requests through the next one, admits up to `2q - 1` within
     /// one period: the worst case. On steady random traffic over the quota it is close:
-    /// measured by the crate's own arithmetic (`tests/it/algorithms.rs`, Poisson arrivals
-    /// at 1.1, 2 and 10 times the quota), the busiest window held at most 1.6 q for q = 5,
-    /// 1.11 q for q = 100 and 1.03 q for q = 1,000, and the count over q, averaged over the
-    /// windows ending at each admitted request, stayed under 1% of q. Bursty traffic (floods
+    /// measured by the crate's own arithmetic (`src/store/algorithm/model_tests.rs`,
+    /// Poisson arrivals at 1.1, 2 and 10 times the quota), the busiest window held at most
+    /// 1.6 q for q = 5, 1.11 q for q = 100 and 1.03 q for q = 1,000, and the count over q,
+    /// averaged over the windows ending at each admitted request, stayed under 1% of q. Bursty traffic (floods
     /// after quiet spells) comes nearer the worst case: up to 1.88 q, and 2.4% to 5.4% of q
     /// over it on average.
     ///

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use headers::HeaderMapExt;
 use http::HeaderMap;
-use tollgate::client::{HoldBackError, HoldBackLayer};
+use tollgate::client::{HeldBack, HoldBackLayer};
 use tollgate::headers::{RateLimitHeader, RetryAfter};
 use tower::{Layer, Service, ServiceExt};
 
@@ -195,7 +195,7 @@ mod http_orders {
                 hyper.request(request)
             }
         });
-        let layer = HoldBackLayer::builder().name("orders").build();
+        let layer = HoldBackLayer::new().name("orders");
         let client = layer.layer(inner);
 
         let started = Instant::now();
@@ -218,12 +218,12 @@ mod http_orders {
                                     allowed += 1;
                                 }
                             }
-                            Err(HoldBackError::HeldBack(_)) => {
+                            Err(e) if e.is::<HeldBack>() => {
                                 held += 1;
                                 // A caller that retries at once, a few hundred times a second.
                                 tokio::time::sleep(Duration::from_millis(2)).await;
                             }
-                            Err(HoldBackError::Inner(e)) => panic!("{e}"),
+                            Err(e) => panic!("{e}"),
                         }
                     }
                     (allowed, refused, held)
@@ -260,30 +260,30 @@ mod http_orders {
     async fn a_customer_told_to_wait_does_not_hold_back_another() {
         let server = orders_api();
         let hyper = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-        let layer = HoldBackLayer::builder()
-            .partition(|parts| {
-                let customer = parts
-                    .headers
-                    .get("x-customer-id")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default();
-                format!(
-                    "{}#{customer}",
-                    parts.uri.authority().map_or("", |a| a.as_str())
-                )
-            })
-            .build();
+        let layer = HoldBackLayer::new().partition(|parts| {
+            let customer = parts
+                .headers
+                .get("x-customer-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            format!(
+                "{}#{customer}",
+                parts.uri.authority().map_or("", |a| a.as_str())
+            )
+        });
         let client = layer.layer(tower::service_fn(move |request| hyper.request(request)));
         let authority = server.addr.trim_start_matches("http://").to_owned();
         let mut held = None;
         for _ in 0..LIMIT * 3 {
             match client.clone().oneshot(get(&server.addr, "acme")).await {
                 Ok(_) => {}
-                Err(HoldBackError::HeldBack(h)) => {
-                    held = Some(h);
-                    break;
-                }
-                Err(HoldBackError::Inner(e)) => panic!("{e}"),
+                Err(e) => match e.downcast::<HeldBack>() {
+                    Ok(h) => {
+                        held = Some(*h);
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                },
             }
         }
         let held = held.expect("acme was never held back");
@@ -330,8 +330,7 @@ mod grpc_health {
                 async move { channel.ready().await?.call(request).await }
             }
         });
-        let client =
-            HealthClient::new(HoldBackLayer::builder().name("health").build().layer(inner));
+        let client = HealthClient::new(HoldBackLayer::new().name("health").layer(inner));
 
         let started = Instant::now();
         let tasks: Vec<_> = (0..CALLERS)
@@ -358,10 +357,7 @@ mod grpc_health {
                             }
                             Err(status) => {
                                 let held_back = std::error::Error::source(&status)
-                                    .and_then(|e| {
-                                        e.downcast_ref::<HoldBackError<tonic::transport::Error>>()
-                                    })
-                                    .is_some_and(HoldBackError::is_held_back);
+                                    .is_some_and(|e| e.is::<HeldBack>());
                                 assert!(held_back, "{status:?}");
                                 held += 1;
                                 tokio::time::sleep(Duration::from_millis(2)).await;

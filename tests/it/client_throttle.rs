@@ -4,7 +4,6 @@
 //! rejection statuses and the typed error, on a manual clock with deterministic randomness.
 
 use std::convert::Infallible;
-use std::error::Error;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +13,9 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tollgate::client::{AdaptiveThrottleLayer, ThrottleError, Throttled};
+use tollgate::client::{AdaptiveThrottleLayer, Throttled};
 use tollgate::store::ManualClock;
-use tower::{Layer, Service, ServiceExt};
+use tower::{BoxError, Layer, Service, ServiceExt};
 
 /// Aligned to whole seconds, so one-second buckets start on the clock's seconds.
 const START: u64 = 1_800_000_000_000;
@@ -164,7 +163,7 @@ async fn offer<S>(
     per_second: u64,
 ) -> Tally
 where
-    S: Service<Request<()>, Response = Response<()>, Error = ThrottleError<Infallible>>,
+    S: Service<Request<()>, Response = Response<()>, Error = BoxError>,
 {
     let before = backend.counts();
     let mut tally = Tally::default();
@@ -174,8 +173,8 @@ where
         let ready = client.ready().await.expect("the backend is always ready");
         match ready.call(Request::new(())).await {
             Ok(_) => {}
-            Err(ThrottleError::Throttled(_)) => tally.throttled += 1,
-            Err(ThrottleError::Inner(never)) => match never {},
+            Err(error) if error.is::<Throttled>() => tally.throttled += 1,
+            Err(error) => panic!("the backend never fails: {error}"),
         }
         clock.advance(gap);
     }
@@ -192,11 +191,10 @@ async fn traffic_reaching_an_overloaded_backend_settles_at_k_times_what_it_accep
     // The client offers 100 requests a second; the backend can take 10 a second (a tenth
     // of the offered load) and answers 503 to the rest.
     let backend = Backend::new(Behaviour::CapacityPerSecond(10), &clock);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .name("inventory")
         .clock(clock.clone())
-        .random(tollgate_testkit::random::seeded(1))
-        .build();
+        .random(tollgate_testkit::random::seeded(1));
     let mut client = layer.layer(backend.service());
 
     // Eight minutes for the window to fill and settle, then two measured minutes.
@@ -260,11 +258,10 @@ async fn k_is_configurable() {
     for k in [1.5, 3.0] {
         let clock = ManualClock::new(START);
         let backend = Backend::new(Behaviour::CapacityPerSecond(10), &clock);
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .k(k)
             .clock(clock.clone())
-            .random(tollgate_testkit::random::seeded(2))
-            .build();
+            .random(tollgate_testkit::random::seeded(2));
         let mut client = layer.layer(backend.service());
         offer(&mut client, &clock, &backend, 360, 100).await;
         let measured = offer(&mut client, &clock, &backend, 120, 100).await;
@@ -287,10 +284,9 @@ async fn k_is_configurable() {
 async fn a_backend_refusing_a_fixed_share_of_whatever_reaches_it_gets_a_trickle() {
     let clock = ManualClock::new(START);
     let backend = Backend::new(Behaviour::EveryNth(10), &clock);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(tollgate_testkit::random::seeded(3))
-        .build();
+        .random(tollgate_testkit::random::seeded(3));
     let mut client = layer.layer(backend.service());
     let settling = offer(&mut client, &clock, &backend, 360, 100).await;
     let measured = offer(&mut client, &clock, &backend, 120, 100).await;
@@ -360,12 +356,9 @@ impl Service<Request<()>> for Scripted {
     }
 }
 
-async fn send<S>(
-    client: &mut S,
-    times: usize,
-) -> Vec<Result<StatusCode, ThrottleError<std::io::Error>>>
+async fn send<S>(client: &mut S, times: usize) -> Vec<Result<StatusCode, BoxError>>
 where
-    S: Service<Request<()>, Response = Response<()>, Error = ThrottleError<std::io::Error>>,
+    S: Service<Request<()>, Response = Response<()>, Error = BoxError>,
 {
     let mut results = Vec::new();
     for _ in 0..times {
@@ -380,10 +373,9 @@ async fn the_probability_follows_the_formula() {
     let clock = ManualClock::new(START);
     let dial = Dial::new(0.999_999);
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(dial.source())
-        .build();
+        .random(dial.source());
     let mut client = layer.layer(backend.clone());
     let stats = layer.stats();
     assert_eq!((stats.requests(), stats.accepts()), (0, 0));
@@ -400,7 +392,7 @@ async fn the_probability_follows_the_formula() {
     // A draw below the probability rejects, and the rejected request counts in requests.
     dial.set(0.36);
     let rejected = send(&mut client, 1).await.remove(0).unwrap_err();
-    let throttled = *rejected.throttled().unwrap();
+    let throttled = *rejected.downcast_ref::<Throttled>().unwrap();
     assert_eq!(throttled.probability(), 4.0 / 11.0);
     assert_eq!(
         (throttled.stats().requests(), throttled.stats().accepts()),
@@ -443,11 +435,10 @@ async fn k_changes_the_formula_and_is_at_least_one() {
         (0.5, 7.0 / 11.0),
     ] {
         let backend = Scripted::default();
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .k(k)
             .clock(ManualClock::new(START))
-            .random(|| 0.999_999)
-            .build();
+            .random(|| 0.999_999);
         let mut client = layer.layer(backend.clone());
         backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 7);
         backend.queue(Ok(StatusCode::OK), 3);
@@ -461,11 +452,10 @@ async fn buckets_rotate_on_the_clock() {
     let clock = ManualClock::new(START);
     let backend = Scripted::default();
     // Ten seconds in ten one-second buckets.
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .window(Duration::from_secs(10), 10)
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(backend.clone());
     let counts = || {
         let stats = layer.stats();
@@ -496,10 +486,9 @@ async fn buckets_rotate_on_the_clock() {
 
     // The default window: two minutes in one-second buckets.
     let clock = ManualClock::new(START);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(Scripted::default());
     send(&mut client, 2).await;
     clock.advance(Duration::from_millis(119_999));
@@ -511,52 +500,51 @@ async fn buckets_rotate_on_the_clock() {
 #[tokio::test]
 async fn the_error_tells_a_local_rejection_from_an_inner_error() {
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.0)
-        .build();
+        .random(|| 0.0);
     let mut client = layer.layer(backend.clone());
 
     backend.queue(Err("connection reset"), 1);
     let inner = send(&mut client, 1).await.remove(0).unwrap_err();
-    assert!(!inner.is_throttled());
-    assert!(inner.throttled().is_none());
+    assert!(!inner.is::<Throttled>());
     assert_eq!(inner.to_string(), "connection reset");
-    let ThrottleError::Inner(io) = &inner else {
-        panic!("{inner:?}")
-    };
+    // The inner error, boxed as it boxes itself.
+    let io = inner.downcast_ref::<std::io::Error>().unwrap();
     assert_eq!(io.kind(), std::io::ErrorKind::Other);
     // An inner error counts as not accepted.
     assert_eq!((layer.stats().requests(), layer.stats().accepts()), (1, 0));
 
     // One request, none accepted: the next is rejected with probability 1/2 (the draw is 0).
     let throttled = send(&mut client, 1).await.remove(0).unwrap_err();
-    assert!(throttled.is_throttled());
-    assert_eq!(throttled.throttled().unwrap().probability(), 0.5);
+    assert_eq!(
+        throttled.downcast_ref::<Throttled>().unwrap().probability(),
+        0.5
+    );
     assert!(
         throttled.to_string().contains("rejected locally"),
         "{throttled}"
     );
     assert!(throttled.source().is_none());
     assert_eq!(backend.reached(), 1);
+}
 
-    // Both are std errors, so `?` boxes them; the rejection downcasts back.
-    fn boxed(error: ThrottleError<std::io::Error>) -> Result<(), Box<dyn Error + Send + Sync>> {
-        Err(error)?
-    }
-    let expected = *throttled.throttled().unwrap();
-    let error = boxed(throttled).unwrap_err();
-    let downcast = error
-        .downcast_ref::<ThrottleError<std::io::Error>>()
-        .unwrap();
-    assert_eq!(downcast.throttled(), Some(&expected));
-    // Through `into_box_error`, the way tower's middleware errors box themselves.
-    let error = ThrottleError::<std::io::Error>::Throttled(expected).into_box_error();
-    assert_eq!(error.downcast_ref::<Throttled>(), Some(&expected));
-    let error = inner.into_box_error();
+#[tokio::test]
+async fn an_error_already_boxed_stays_as_it_is() {
+    // After tower's Buffer or Timeout, the inner error is already a box: it is not boxed
+    // again, so what it holds still downcasts.
+    let backend = tower::service_fn(|_: Request<()>| async {
+        let error: BoxError = Box::new(std::io::Error::other("timed out"));
+        Err::<Response<()>, _>(error)
+    });
+    let error = AdaptiveThrottleLayer::new()
+        .clock(ManualClock::new(START))
+        .layer(backend)
+        .oneshot(Request::new(()))
+        .await
+        .unwrap_err();
     assert!(error.downcast_ref::<std::io::Error>().is_some());
     assert!(!error.is::<Throttled>());
-    assert!(ThrottleError::<()>::from(expected).into_inner().is_none());
 }
 
 #[tokio::test]
@@ -574,25 +562,22 @@ async fn readiness_errors_are_inner_errors() {
             unreachable!("never ready")
         }
     }
-    let layer = AdaptiveThrottleLayer::builder()
-        .clock(ManualClock::new(START))
-        .build();
+    let layer = AdaptiveThrottleLayer::new().clock(ManualClock::new(START));
     let error = layer
         .layer(NeverReady)
         .oneshot(Request::new(()))
         .await
         .unwrap_err();
-    assert_eq!(error, ThrottleError::Inner("pool closed"));
+    assert_eq!(error.to_string(), "pool closed");
     assert_eq!(layer.stats().requests(), 0, "never attempted");
 }
 
 #[tokio::test]
 async fn status_429_and_503_count_as_not_accepted_and_others_as_accepted() {
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let mut client = layer.layer(backend.clone());
     for (status, accepted) in [
         (StatusCode::TOO_MANY_REQUESTS, false),
@@ -621,11 +606,10 @@ async fn status_429_and_503_count_as_not_accepted_and_others_as_accepted() {
 async fn the_rejection_statuses_are_configurable() {
     let accepted = |statuses: Vec<StatusCode>, answer: StatusCode| async move {
         let backend = Scripted::default();
-        let layer = AdaptiveThrottleLayer::builder()
+        let layer = AdaptiveThrottleLayer::new()
             .rejection_statuses(statuses)
             .clock(ManualClock::new(START))
-            .random(|| 0.999_999)
-            .build();
+            .random(|| 0.999_999);
         let mut client = layer.layer(backend.clone());
         backend.queue(Ok(answer), 1);
         send(&mut client, 1).await;
@@ -643,10 +627,9 @@ async fn the_rejection_statuses_are_configurable() {
 
 #[tokio::test]
 async fn a_call_dropped_before_it_answers_counts_as_not_accepted() {
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(ManualClock::new(START))
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let hanging = tower::service_fn(|_request: Request<()>| {
         std::future::pending::<Result<Response<()>, Infallible>>()
     });
@@ -666,10 +649,9 @@ async fn a_call_dropped_before_it_answers_counts_as_not_accepted() {
 #[tokio::test]
 async fn clones_and_every_wrapped_service_share_one_window() {
     let clock = ManualClock::new(START);
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .clock(clock.clone())
-        .random(|| 0.999_999)
-        .build();
+        .random(|| 0.999_999);
     let backend = Scripted::default();
     let mut first = layer.layer(backend.clone());
     let mut second = first.clone();
@@ -680,9 +662,7 @@ async fn clones_and_every_wrapped_service_share_one_window() {
     assert_eq!(layer.stats().requests(), 6);
     assert_eq!(first.stats(), third.stats());
     // A new layer has its own window.
-    let other = AdaptiveThrottleLayer::builder()
-        .clock(clock.clone())
-        .build();
+    let other = AdaptiveThrottleLayer::new().clock(clock.clone());
     assert_eq!(other.stats().requests(), 0);
 }
 
@@ -694,11 +674,10 @@ fn local_rejections_are_counted_in_metrics_by_layer() {
         .build()
         .unwrap();
     let backend = Scripted::default();
-    let layer = AdaptiveThrottleLayer::builder()
+    let layer = AdaptiveThrottleLayer::new()
         .name("payments")
         .clock(ManualClock::new(START))
-        .random(tollgate_testkit::random::seeded(7))
-        .build();
+        .random(tollgate_testkit::random::seeded(7));
     let mut client = layer.layer(backend.clone());
     backend.queue(Ok(StatusCode::SERVICE_UNAVAILABLE), 1_000);
     let mut throttled = 0;
@@ -733,7 +712,7 @@ fn the_service_and_its_future_are_send_sync_and_clone() {
     fn send<T: Send>(_: &T) {}
     let clock = ManualClock::new(START);
     let backend = Backend::new(Behaviour::Healthy, &clock);
-    let layer = AdaptiveThrottleLayer::builder().clock(clock).build();
+    let layer = AdaptiveThrottleLayer::new().clock(clock);
     send_sync_clone(&layer);
     let mut client = layer.layer(backend.service());
     send_sync_clone(&client);

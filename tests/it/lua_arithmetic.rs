@@ -1,6 +1,6 @@
 //! The Lua that Redis runs and the Rust that the in-process backend runs are the same
 //! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
-//! explicit timestamps through a test-only harness, agrees with `Algorithm::evaluate_cost`
+//! explicit timestamps through a test-only harness, agrees with `store::evaluate`
 //! and `Algorithm::refund` on every step of random sequences of requests of random costs
 //! (above the quota included), leases and refunds, for the sliding window, the token bucket
 //! and the sliding log; and after every step the key expires no earlier than its state
@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use tollgate::store::{Algorithm, PolicyState};
+use tollgate::Policy;
+use tollgate::store::{Algorithm, PolicyOutcome, PolicyState, evaluate};
 use tollgate_testkit::redis::RedisServer;
 
 /// The shipped lua/policies.lua, run at `now` given as an argument instead of Redis's TIME,
@@ -264,16 +265,16 @@ proptest! {
                         // once, up to the units wanted, or none below the cost.
                         let cost = cost.max(1);
                         let wanted = cost + extra * algorithm.quota() / 100;
-                        let room = algorithm.evaluate_cost(state.clone(), now, 0).outcome.remaining;
+                        let room = decide(&algorithm, state.clone(), now, 0).outcome.remaining;
                         let grant = room.min(wanted);
                         let rust = if grant >= cost {
-                            let rust = algorithm.evaluate_cost(state.clone(), now, grant);
+                            let rust = decide(&algorithm, state.clone(), now, grant);
                             prop_assert!(rust.admitted, "a grant of {} refused: {:?}", grant, rust);
-                            state = Some(rust.admitted_state);
+                            state = rust.admitted_state;
                             admitted.push((grant, now));
                             vec![grant, 1, rust.outcome.remaining, rust.outcome.reset_ms]
                         } else {
-                            let rust = algorithm.evaluate_cost(state.clone(), now, cost);
+                            let rust = decide(&algorithm, state.clone(), now, cost);
                             vec![0, u64::from(rust.admitted), rust.outcome.remaining, rust.outcome.reset_ms]
                         };
                         let lua: Vec<u64> = script
@@ -290,9 +291,9 @@ proptest! {
                     }
                     Step::Decide => {
                         for _ in 0..*burst {
-                            let rust = algorithm.evaluate_cost(state.clone(), now, cost);
+                            let rust = decide(&algorithm, state.clone(), now, cost);
                             if rust.admitted {
-                                state = Some(rust.admitted_state);
+                                state = rust.admitted_state;
                                 admitted.push((cost, now));
                             }
                             let lua: Vec<u64> = script
@@ -364,4 +365,23 @@ fn regression_a_lua_token_bucket_refund_never_adds_tokens_the_bucket_refilled() 
         r4[0], 0,
         "R4 admitted after the refund: {r4:?} (admitted, remaining, reset)"
     );
+}
+
+/// One request of `cost` units against one policy, as a store decides it through
+/// [`evaluate`]: whether it is admitted, the state to keep when it is, and the report.
+#[derive(Debug)]
+struct Decided {
+    admitted: bool,
+    admitted_state: Option<PolicyState>,
+    outcome: PolicyOutcome,
+}
+
+fn decide(algorithm: &Algorithm, state: Option<PolicyState>, now: u64, cost: u64) -> Decided {
+    let policies = [Policy::new("lua", *algorithm)];
+    let (outcome, admitted) = evaluate(&policies, |_| state.clone(), now, cost);
+    Decided {
+        admitted: outcome.admitted(),
+        admitted_state: admitted.map(|mut states| states.remove(0)),
+        outcome: outcome.limits()[0],
+    }
 }

@@ -17,7 +17,6 @@
     path = "skipped/orders_api.rs"
 )]
 mod alerts;
-mod algorithms;
 #[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]
 mod axum_router;
 #[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]

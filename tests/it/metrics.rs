@@ -256,10 +256,9 @@ fn scripted_scrape() -> String {
             drop(held);
 
             // A backend that answers 503: the second call is refused locally.
-            let mut client = AdaptiveThrottleLayer::builder()
+            let mut client = AdaptiveThrottleLayer::new()
                 .name("payments")
                 .random(|| 0.0)
-                .build()
                 .layer(service_fn(|_: Request<()>| async {
                     let mut response = Response::new(());
                     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -270,17 +269,17 @@ fn scripted_scrape() -> String {
             }
 
             // A server that says to wait: the second call is held back.
-            let mut client = HoldBackLayer::builder()
-                .name("payments")
-                .build()
-                .layer(service_fn(|_: Request<()>| async {
-                    let response = Response::builder()
-                        .status(StatusCode::TOO_MANY_REQUESTS)
-                        .header("retry-after", "60")
-                        .body(())
-                        .unwrap();
-                    Ok::<_, Infallible>(response)
-                }));
+            let mut client =
+                HoldBackLayer::new()
+                    .name("payments")
+                    .layer(service_fn(|_: Request<()>| async {
+                        let response = Response::builder()
+                            .status(StatusCode::TOO_MANY_REQUESTS)
+                            .header("retry-after", "60")
+                            .body(())
+                            .unwrap();
+                        Ok::<_, Infallible>(response)
+                    }));
             for _ in 0..2 {
                 let _ = client.ready().await.unwrap().call(Request::new(())).await;
             }

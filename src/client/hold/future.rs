@@ -13,8 +13,9 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::error::{HeldBack, HoldBackError};
+use super::error::HeldBack;
 use super::state::{Hold, Shared};
+use crate::client::error::BoxError;
 
 pin_project! {
     /// The future of [`HoldBack`](super::HoldBack)'s responses.
@@ -135,8 +136,9 @@ where
 impl<S, B, ResBody> Future for HoldBackFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
 {
-    type Output = Result<Response<ResBody>, HoldBackError<S::Error>>;
+    type Output = Result<Response<ResBody>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
@@ -150,11 +152,11 @@ where
                     if let Ok(response) = &result {
                         shared.observe(partition, response.status(), response.headers());
                     }
-                    return Poll::Ready(result.map_err(HoldBackError::Inner));
+                    return Poll::Ready(result.map_err(Into::into));
                 }
                 KindProj::HeldBack { held } => {
                     let held = held.take().expect("polled after completion");
-                    return Poll::Ready(Err(HoldBackError::HeldBack(held)));
+                    return Poll::Ready(Err(Box::new(held)));
                 }
                 KindProj::Waiting {
                     sleep,

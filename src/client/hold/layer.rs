@@ -1,4 +1,4 @@
-//! The layer, one set of holds shared by every service it wraps, and its builder: the
+//! The layer, one set of holds shared by every service it wraps, and its settings: the
 //! partition, how long a call may wait, the longest hold, the clock.
 
 use std::fmt;
@@ -17,7 +17,8 @@ use crate::store::clock::Clock;
 /// Honours what servers say about their limits, on the client side: after a response that
 /// says to wait, calls to that server's partition are not sent until the wait is over.
 ///
-/// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone`: hyper's
+/// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone` whose error
+/// converts into tower's boxed error: hyper's
 /// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. A response
 /// holds its partition when it carries
 ///
@@ -27,15 +28,16 @@ use crate::store::clock::Clock;
 /// - `grpc-retry-pushback-ms` (gRPC; read from the response headers, where a Trailers-Only
 ///   refusal such as tollgate's carries it).
 ///
-/// The longest of these wins, capped at [`max_hold`](HoldBackBuilder::max_hold); a hold
+/// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it
-/// fails at once with [`HoldBackError::HeldBack`](super::HoldBackError::HeldBack), or,
-/// with [`max_wait`](HoldBackBuilder::max_wait), waits for the hold to end if it ends
+/// fails at once with a boxed [`HeldBack`](super::HeldBack) (the service's error is tower's
+/// `Box<dyn Error + Send + Sync>`), or,
+/// with [`max_wait`](Self::max_wait), waits for the hold to end if it ends
 /// within that time and is sent then. Calls already in flight when a hold starts are not
 /// recalled.
 ///
 /// The partition is the request URI's authority by default, or what
-/// [`partition`](HoldBackBuilder::partition) chooses (a host and an API key's digest).
+/// [`partition`](Self::partition) chooses (a host and an API key's digest).
 ///
 /// Each call held back increments `tollgate_client_held_back_total`, labelled `layer`,
 /// `reason` ([`HoldReason::as_str`]) and `outcome` (`failed`, or `waited` for a call sent
@@ -45,21 +47,22 @@ use crate::store::clock::Clock;
 ///
 /// The two compose: put this layer outside the
 /// [`AdaptiveThrottleLayer`](crate::client::AdaptiveThrottleLayer), so that calls held back here
-/// (never sent) do not count as requests the backend refused. The error is then
-/// `HoldBackError<ThrottleError<E>>`.
+/// (never sent) do not count as requests the backend refused. Both fail with tower's boxed
+/// error: a call held back downcasts to [`HeldBack`](super::HeldBack), one throttled to
+/// [`Throttled`](crate::client::Throttled), and anything else is the inner service's.
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use std::time::Duration;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, HoldBackError, HoldBackLayer, ThrottleError};
+/// use tollgate::client::{AdaptiveThrottleLayer, HeldBack, HoldBackLayer};
 /// use tollgate::store::ManualClock;
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let clock = ManualClock::new(1_800_000_000_000);
-/// let hold = HoldBackLayer::builder().name("orders").clock(clock.clone()).build();
-/// let throttle = AdaptiveThrottleLayer::builder().name("orders").clock(clock.clone()).build();
+/// let hold = HoldBackLayer::new().name("orders").clock(clock.clone());
+/// let throttle = AdaptiveThrottleLayer::new().name("orders").clock(clock.clone());
 /// // A server whose last unit was just spent: it answers, and says none is left for 2 s.
 /// let client = ServiceBuilder::new()
 ///     .layer(hold.clone())
@@ -76,14 +79,13 @@ use crate::store::clock::Clock;
 /// assert_eq!(client.clone().oneshot(call()).await.unwrap().status(), 200);
 /// // Not sent: the server said to wait.
 /// let error = client.clone().oneshot(call()).await.unwrap_err();
-/// assert!(error.is_held_back());
+/// assert!(error.is::<HeldBack>());
 /// assert_eq!(hold.held_for("orders.internal"), Some(Duration::from_secs(2)));
 /// // The throttle saw one request, accepted.
 /// assert_eq!((throttle.stats().requests(), throttle.stats().accepts()), (1, 1));
 ///
 /// clock.advance(Duration::from_secs(2));
 /// assert!(client.oneshot(call()).await.is_ok());
-/// # let _ = |e: HoldBackError<ThrottleError<Infallible>>| e;
 /// # }
 /// ```
 #[derive(Clone)]
@@ -97,23 +99,24 @@ impl HoldBackLayer {
     ///
     /// ```
     /// let layer = tollgate::client::HoldBackLayer::new();
-    /// assert_eq!(layer.name(), "default");
+    /// assert_eq!(layer.held_for("api.example.com"), None);
     /// ```
     pub fn new() -> Self {
-        Self::builder().build()
+        Self::from_config(Config::default())
     }
 
-    /// Configures a layer.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let layer = tollgate::client::HoldBackLayer::builder()
-    ///     .max_wait(Duration::from_millis(250))
-    ///     .build();
-    /// # drop(layer);
-    /// ```
-    pub fn builder() -> HoldBackBuilder {
-        HoldBackBuilder::default()
+    /// A layer with no partition held, from `config`.
+    fn from_config(config: Config) -> Self {
+        Self {
+            shared: Arc::new(Shared::new(config)),
+        }
+    }
+
+    /// The same settings with `change` made, and no partition held.
+    fn configure(self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.shared.config.clone();
+        change(&mut config);
+        Self::from_config(config)
     }
 
     /// How long calls to `partition` stay held from now, and why; `None` when they are sent.
@@ -134,15 +137,6 @@ impl HoldBackLayer {
     /// ```
     pub fn hold_reason(&self, partition: &str) -> Option<HoldReason> {
         self.shared.held_for(partition).map(|(_, reason)| reason)
-    }
-
-    /// The layer's name, used in metric labels and logs.
-    ///
-    /// ```
-    /// assert_eq!(tollgate::client::HoldBackLayer::new().name(), "default");
-    /// ```
-    pub fn name(&self) -> &str {
-        &self.shared.config.name
     }
 }
 
@@ -168,46 +162,33 @@ impl<S> Layer<S> for HoldBackLayer {
     }
 }
 
-/// Configures a [`HoldBackLayer`].
+/// Configuration, tower-http style: each method takes the layer and returns it with the
+/// setting changed, and with no partition held (configure a layer before cloning it or
+/// wrapping services with it).
 ///
 /// ```
 /// use std::time::Duration;
 /// use tollgate::client::HoldBackLayer;
 /// use tollgate::store::ManualClock;
 ///
-/// let layer = HoldBackLayer::builder()
+/// let layer = HoldBackLayer::new()
 ///     .name("github")
 ///     .max_wait(Duration::from_secs(2))
 ///     .max_hold(Duration::from_secs(600))
-///     .clock(ManualClock::new(0))
-///     .build();
-/// assert_eq!(layer.name(), "github");
+///     .clock(ManualClock::new(0));
+/// assert!(format!("{layer:?}").contains(r#"name: "github""#));
 /// ```
-#[derive(Clone)]
-pub struct HoldBackBuilder {
-    config: Config,
-}
-
-impl Default for HoldBackBuilder {
-    /// Partitioned by authority, failing held calls at once, holds of at most an hour, the
-    /// system clock.
-    fn default() -> Self {
-        Self {
-            config: Config::default(),
-        }
-    }
-}
-
-impl HoldBackBuilder {
+impl HoldBackLayer {
     /// Names the layer in metric labels and logs (default `"default"`).
     ///
     /// ```
     /// use tollgate::client::HoldBackLayer;
-    /// assert_eq!(HoldBackLayer::builder().name("stripe").build().name(), "stripe");
+    /// let layer = HoldBackLayer::new().name("stripe");
+    /// assert!(format!("{layer:?}").contains(r#"name: "stripe""#));
     /// ```
-    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
-        self.config.name = name.into();
-        self
+    pub fn name(self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.configure(|config| config.name = name)
     }
 
     /// Chooses the partition of each request from its parts (method, URI, headers,
@@ -222,23 +203,18 @@ impl HoldBackBuilder {
     /// use sha2::{Digest, Sha256};
     /// use tollgate::client::HoldBackLayer;
     ///
-    /// let layer = HoldBackLayer::builder()
+    /// let layer = HoldBackLayer::new()
     ///     .partition(|parts| {
     ///         let host = parts.uri.authority().map_or("", |a| a.as_str());
     ///         let key = parts.headers.get("authorization").map_or(&b""[..], |v| v.as_bytes());
     ///         let digest = Sha256::digest(key);
     ///         let short: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     ///         format!("{host}#{short}")
-    ///     })
-    ///     .build();
+    ///     });
     /// # drop(layer);
     /// ```
-    pub fn partition(
-        mut self,
-        partition: impl Fn(&Parts) -> String + Send + Sync + 'static,
-    ) -> Self {
-        self.config.partition = Arc::new(partition);
-        self
+    pub fn partition(self, partition: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.configure(|config| config.partition = Arc::new(partition))
     }
 
     /// How long a call to a held partition may wait for the hold to end before it is sent
@@ -251,12 +227,11 @@ impl HoldBackBuilder {
     /// use std::time::Duration;
     /// use tollgate::client::HoldBackLayer;
     /// // Interactive callers wait up to half a second, no more.
-    /// let layer = HoldBackLayer::builder().max_wait(Duration::from_millis(500)).build();
+    /// let layer = HoldBackLayer::new().max_wait(Duration::from_millis(500));
     /// # drop(layer);
     /// ```
-    pub fn max_wait(mut self, max_wait: Duration) -> Self {
-        self.config.max_wait = max_wait;
-        self
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.configure(|config| config.max_wait = max_wait)
     }
 
     /// The longest a partition is held, whatever the server asks (default an hour): a
@@ -266,12 +241,11 @@ impl HoldBackBuilder {
     /// ```
     /// use std::time::Duration;
     /// use tollgate::client::HoldBackLayer;
-    /// let layer = HoldBackLayer::builder().max_hold(Duration::from_secs(60)).build();
+    /// let layer = HoldBackLayer::new().max_hold(Duration::from_secs(60));
     /// # drop(layer);
     /// ```
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.config.max_hold = max_hold;
-        self
+    pub fn max_hold(self, max_hold: Duration) -> Self {
+        self.configure(|config| config.max_hold = max_hold)
     }
 
     /// Reads time from `clock` (default [`SystemClock`](crate::store::SystemClock)), such as a
@@ -281,32 +255,10 @@ impl HoldBackBuilder {
     /// ```
     /// use tollgate::client::HoldBackLayer;
     /// use tollgate::store::ManualClock;
-    /// let layer = HoldBackLayer::builder().clock(ManualClock::new(0)).build();
+    /// let layer = HoldBackLayer::new().clock(ManualClock::new(0));
     /// # drop(layer);
     /// ```
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.config.clock = Arc::new(clock);
-        self
-    }
-
-    /// Builds the layer, with no partition held.
-    ///
-    /// ```
-    /// use tollgate::client::HoldBackLayer;
-    /// let layer = HoldBackLayer::builder().build();
-    /// assert_eq!(layer.held_for("api.example.com"), None);
-    /// ```
-    pub fn build(self) -> HoldBackLayer {
-        HoldBackLayer {
-            shared: Arc::new(Shared::new(self.config)),
-        }
-    }
-}
-
-impl fmt::Debug for HoldBackBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HoldBackBuilder")
-            .field("config", &self.config)
-            .finish()
+    pub fn clock(self, clock: impl Clock) -> Self {
+        self.configure(|config| config.clock = Arc::new(clock))
     }
 }

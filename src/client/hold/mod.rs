@@ -12,8 +12,8 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use error::{HeldBack, HoldBackError};
+pub use error::HeldBack;
 pub use future::HoldBackFuture;
-pub use layer::{HoldBackBuilder, HoldBackLayer};
+pub use layer::HoldBackLayer;
 pub use service::HoldBack;
 pub use signals::HoldReason;

@@ -7,9 +7,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::error::{HeldBack, HoldBackError};
+use super::error::HeldBack;
 use super::future::HoldBackFuture;
 use super::state::Shared;
+use crate::client::error::BoxError;
 
 /// A service whose calls a [`HoldBackLayer`](super::HoldBackLayer) holds back while their
 /// partition's server has said to wait. Clones share the layer's holds.
@@ -91,13 +92,14 @@ impl<S: fmt::Debug> fmt::Debug for HoldBack<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HoldBack<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S::Error: Into<BoxError>,
 {
     type Response = Response<ResBody>;
-    type Error = HoldBackError<S::Error>;
+    type Error = BoxError;
     type Future = HoldBackFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(HoldBackError::Inner)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {

@@ -10,6 +10,22 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
 use super::*;
+use crate::client::error::BoxError;
+
+/// What the tests ask of the service's boxed error.
+trait Held {
+    fn held_back(&self) -> Option<&HeldBack>;
+
+    fn is_held_back(&self) -> bool {
+        self.held_back().is_some()
+    }
+}
+
+impl Held for BoxError {
+    fn held_back(&self) -> Option<&HeldBack> {
+        self.downcast_ref()
+    }
+}
 use crate::store::ManualClock;
 use crate::store::clock::Clock;
 
@@ -64,10 +80,7 @@ fn to(host: &str) -> Request<()> {
         .unwrap()
 }
 
-async fn send(
-    client: &HoldBack<Backend>,
-    host: &str,
-) -> Result<StatusCode, HoldBackError<Infallible>> {
+async fn send(client: &HoldBack<Backend>, host: &str) -> Result<StatusCode, BoxError> {
     client.clone().oneshot(to(host)).await.map(|r| r.status())
 }
 
@@ -75,7 +88,7 @@ async fn send(
 async fn retry_after_holds_the_authority_until_it_has_passed() {
     let clock = ManualClock::new(1_000_000);
     let backend = Backend::new(429, &[("retry-after", "2")]);
-    let layer = HoldBackLayer::builder().clock(clock.clone()).build();
+    let layer = HoldBackLayer::new().clock(clock.clone());
     let client = layer.layer(backend.clone());
 
     assert_eq!(send(&client, "a.example").await.unwrap(), 429);
@@ -112,7 +125,7 @@ async fn an_exhausted_ratelimit_policy_holds_even_an_allowed_response() {
         200,
         &[("ratelimit", r#""per-second";r=0;t=1, "day";r=5;t=900"#)],
     );
-    let layer = HoldBackLayer::builder().clock(clock.clone()).build();
+    let layer = HoldBackLayer::new().clock(clock.clone());
     let client = layer.layer(backend.clone());
     assert_eq!(send(&client, "a.example").await.unwrap(), 200);
     assert_eq!(
@@ -131,7 +144,7 @@ async fn grpc_pushback_holds_for_its_milliseconds() {
         200,
         &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "750")],
     );
-    let layer = HoldBackLayer::builder().clock(clock.clone()).build();
+    let layer = HoldBackLayer::new().clock(clock.clone());
     let client = layer.layer(backend.clone());
     assert_eq!(send(&client, "grpc.example").await.unwrap(), 200);
     assert_eq!(
@@ -148,10 +161,9 @@ async fn grpc_pushback_holds_for_its_milliseconds() {
 async fn holds_are_capped_and_never_shortened() {
     let clock = ManualClock::new(0);
     let long = Backend::new(503, &[("retry-after", "999999999")]);
-    let layer = HoldBackLayer::builder()
+    let layer = HoldBackLayer::new()
         .clock(clock.clone())
-        .max_hold(Duration::from_secs(60))
-        .build();
+        .max_hold(Duration::from_secs(60));
     assert_eq!(send(&layer.layer(long), "a").await.unwrap(), 503);
     assert_eq!(layer.held_for("a"), Some(Duration::from_secs(60)));
     // A response of a call that was in flight says less: the hold stays.
@@ -166,7 +178,7 @@ async fn holds_are_capped_and_never_shortened() {
 async fn the_partition_closure_separates_api_keys() {
     let clock = ManualClock::new(0);
     let backend = Backend::new(429, &[("retry-after", "5")]);
-    let layer = HoldBackLayer::builder()
+    let layer = HoldBackLayer::new()
         .clock(clock.clone())
         .partition(|parts| {
             let key = parts
@@ -174,8 +186,7 @@ async fn the_partition_closure_separates_api_keys() {
                 .get("x-api-key")
                 .map_or("", |v| v.to_str().unwrap_or(""));
             format!("{}#{key}", super::config::authority(parts))
-        })
-        .build();
+        });
     let client = layer.layer(backend.clone());
     let with_key = |key: &str| {
         Request::get("http://api.example/v1")
@@ -241,10 +252,9 @@ impl Clock for TokioClock {
 #[tokio::test(start_paused = true)]
 async fn a_call_waits_for_a_hold_that_ends_within_max_wait() {
     let backend = Backend::new(429, &[("retry-after", "1")]);
-    let layer = HoldBackLayer::builder()
+    let layer = HoldBackLayer::new()
         .clock(TokioClock(tokio::time::Instant::now()))
-        .max_wait(Duration::from_secs(2))
-        .build();
+        .max_wait(Duration::from_secs(2));
     let client = layer.layer(backend.clone());
     let started = tokio::time::Instant::now();
     assert_eq!(send(&client, "a").await.unwrap(), 429);
@@ -257,10 +267,9 @@ async fn a_call_waits_for_a_hold_that_ends_within_max_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_longer_than_max_wait_fails_at_once() {
     let backend = Backend::new(503, &[("retry-after", "10")]);
-    let layer = HoldBackLayer::builder()
+    let layer = HoldBackLayer::new()
         .clock(TokioClock(tokio::time::Instant::now()))
-        .max_wait(Duration::from_secs(2))
-        .build();
+        .max_wait(Duration::from_secs(2));
     let client = layer.layer(backend.clone());
     assert_eq!(send(&client, "a").await.unwrap(), 503);
     let started = tokio::time::Instant::now();
@@ -272,10 +281,9 @@ async fn a_hold_longer_than_max_wait_fails_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_hold_lengthened_past_the_deadline_while_waiting_fails_the_wait() {
     let backend = Backend::new(429, &[("retry-after", "1")]);
-    let layer = HoldBackLayer::builder()
+    let layer = HoldBackLayer::new()
         .clock(TokioClock(tokio::time::Instant::now()))
-        .max_wait(Duration::from_secs(2))
-        .build();
+        .max_wait(Duration::from_secs(2));
     let client = layer.layer(backend.clone());
     assert_eq!(send(&client, "a").await.unwrap(), 429);
     let waiting = tokio::spawn({
@@ -309,10 +317,9 @@ fn held_calls_are_counted_by_reason_and_outcome() {
             .unwrap();
         runtime.block_on(async {
             let backend = Backend::new(429, &[("retry-after", "1")]);
-            let layer = HoldBackLayer::builder()
+            let layer = HoldBackLayer::new()
                 .name("orders")
-                .clock(TokioClock(tokio::time::Instant::now()))
-                .build();
+                .clock(TokioClock(tokio::time::Instant::now()));
             let client = layer.layer(backend);
             let _ = send(&client, "a").await;
             assert!(send(&client, "a").await.is_err());

@@ -341,24 +341,9 @@ impl Algorithm {
     ///
     /// The returned [`Evaluation`] says whether this policy alone admits the request, the
     /// state to store if the request is admitted by every policy, and what to report. The
-    /// request costs one unit; [`evaluate_cost`](Self::evaluate_cost) takes any cost.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::store::Algorithm;
-    ///
-    /// let per_second = Algorithm::sliding_window(2, Duration::from_secs(1));
-    /// let first = per_second.evaluate(None, 1_000);
-    /// assert!(first.admitted);
-    /// assert_eq!(first.outcome.remaining, 1);
-    /// let second = per_second.evaluate(Some(first.admitted_state), 1_000);
-    /// let third = per_second.evaluate(Some(second.admitted_state), 1_000);
-    /// assert!(!third.admitted);
-    /// // The next window starts at 2 s with both requests weighing fully; half of that
-    /// // window must pass before one fits again.
-    /// assert_eq!(third.outcome.reset_ms, 1_500);
-    /// ```
-    pub fn evaluate(&self, state: Option<PolicyState>, now_ms: u64) -> Evaluation {
+    /// request costs one unit; `evaluate_cost` takes any cost.
+    #[cfg(test)]
+    pub(crate) fn evaluate(&self, state: Option<PolicyState>, now_ms: u64) -> Evaluation {
         self.evaluate_cost(state, now_ms, 1)
     }
 
@@ -367,22 +352,12 @@ impl Algorithm {
     /// A refused request reports how long until `cost` units fit (0 when the cost exceeds
     /// the [`quota`](Self::quota): no wait ever admits it). A cost of 0 consumes nothing
     /// and is admitted unless the caller is already over the limit (a peek).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::store::Algorithm;
-    ///
-    /// let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
-    /// let batch = per_second.evaluate_cost(None, 1_000, 30);
-    /// assert!(batch.admitted);
-    /// assert_eq!(batch.outcome.remaining, 20);
-    /// let too_big = per_second.evaluate_cost(Some(batch.admitted_state), 1_000, 21);
-    /// assert!(!too_big.admitted);
-    /// // 21 units fit once the next window has begun and enough of this one's 30 have
-    /// // slid out (30 x 966/1000 + 21 <= 50): 1,034 ms from now.
-    /// assert_eq!(too_big.outcome.reset_ms, 1_034);
-    /// ```
-    pub fn evaluate_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> Evaluation {
+    pub(crate) fn evaluate_cost(
+        &self,
+        state: Option<PolicyState>,
+        now_ms: u64,
+        cost: u64,
+    ) -> Evaluation {
         let current = self.normalize(state, now_ms);
         match self.consume(current, now_ms, cost) {
             Ok(next) => Evaluation {
@@ -457,26 +432,20 @@ impl Algorithm {
 
     /// What this policy reports for `state` without consuming anything: used for the
     /// policies that would have admitted a request that another policy refused.
-    pub fn peek(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyOutcome {
+    #[cfg(test)]
+    pub(crate) fn peek(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyOutcome {
         self.peek_cost(state, now_ms, 1)
     }
 
-    /// [`peek`](Self::peek) for a request of `cost` units: whether they would fit, what
-    /// remains, and for a cost that does not fit, how long until it does.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate::store::Algorithm;
-    ///
-    /// let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 20);
-    /// let state = bucket.evaluate_cost(None, 0, 15).admitted_state;
-    /// let ten_more = bucket.peek_cost(Some(state), 0, 10);
-    /// assert!(!ten_more.admitted);
-    /// assert_eq!(ten_more.remaining, 5);
-    /// // 5 more tokens at 10 a second.
-    /// assert_eq!(ten_more.reset_ms, 500);
-    /// ```
-    pub fn peek_cost(&self, state: Option<PolicyState>, now_ms: u64, cost: u64) -> PolicyOutcome {
+    /// What this policy reports for a request of `cost` units without consuming anything:
+    /// whether they would fit, what remains, and for a cost that does not fit, how long
+    /// until it does.
+    pub(crate) fn peek_cost(
+        &self,
+        state: Option<PolicyState>,
+        now_ms: u64,
+        cost: u64,
+    ) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
         let admits = match *self {
             // Decided without the copy that admitting makes.
@@ -500,22 +469,30 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::Algorithm;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, PolicyState, evaluate};
     ///
     /// let per_minute = Algorithm::sliding_window(5, Duration::from_secs(60));
-    /// let counted = per_minute.evaluate(None, 1_000);
-    /// assert_eq!(counted.outcome.remaining, 4);
-    /// let refunded = per_minute.refund(Some(counted.admitted_state), 1_000, 1, 2_000).unwrap();
-    /// assert_eq!(per_minute.peek(Some(refunded), 2_000).remaining, 5);
+    /// let policies = [Policy::new("per-minute", per_minute)];
+    /// // One request counted at 1 s, as a store decides it.
+    /// let (outcome, admitted) = evaluate(&policies, |_| None, 1_000, 1);
+    /// assert_eq!(outcome.limits()[0].remaining, 4);
+    /// let counted = admitted.unwrap().remove(0);
+    /// let refunded = per_minute.refund(Some(counted), 1_000, 1, 2_000).unwrap();
+    /// // A cost of 0 consumes nothing: it reports what remains.
+    /// let (outcome, _) = evaluate(&policies, |_| Some(refunded.clone()), 2_000, 0);
+    /// assert_eq!(outcome.limits()[0].remaining, 5);
     ///
     /// // Burst 2, one token a second: R1 at 0, then R2 and R3 at 1.2 s, when the bucket
     /// // was full again. Had R1 never counted it would have been full all the same, so
     /// // giving R1 back at 1.234 s puts nothing back.
-    /// let bucket = Algorithm::token_bucket(1, Duration::from_secs(1), 2);
-    /// let r1 = bucket.evaluate(None, 0).admitted_state;
-    /// let r2 = bucket.evaluate(Some(r1), 1_200).admitted_state;
-    /// let r3 = bucket.evaluate(Some(r2), 1_200).admitted_state;
-    /// assert_eq!(bucket.refund(Some(r3), 0, 1, 1_234), None);
+    /// let bucket = [Policy::new("bucket", Algorithm::token_bucket(1, Duration::from_secs(1), 2))];
+    /// let count = |state: Option<PolicyState>, now| {
+    ///     evaluate(&bucket, |_| state.clone(), now, 1).1.unwrap().remove(0)
+    /// };
+    /// let r3 = count(Some(count(Some(count(None, 0)), 1_200)), 1_200);
+    /// let algorithm = bucket[0].algorithm();
+    /// assert_eq!(algorithm.refund(Some(r3), 0, 1, 1_234), None);
     /// ```
     pub fn refund(
         &self,
@@ -557,7 +534,21 @@ impl Algorithm {
     }
 
     /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be
-    /// forgotten without changing any decision).
+    /// forgotten without changing any decision): what a backend may evict.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, evaluate};
+    ///
+    /// let per_second = Algorithm::sliding_window(5, Duration::from_secs(1));
+    /// let policies = [Policy::new("per-second", per_second)];
+    /// let (_, admitted) = evaluate(&policies, |_| None, 1_000, 1);
+    /// let state = admitted.unwrap().remove(0);
+    /// // Counted in the window from 1 s: it still weighs in the next one, not after.
+    /// assert!(!per_second.is_idle(state.clone(), 2_500));
+    /// assert!(per_second.is_idle(state, 3_000));
+    /// ```
     pub fn is_idle(&self, state: PolicyState, now_ms: u64) -> bool {
         let state = self.normalize(Some(state), now_ms);
         match *self {
@@ -708,13 +699,13 @@ pub(crate) struct NumbersEvaluation {
 
 /// One policy's verdict on one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Evaluation {
+pub(crate) struct Evaluation {
     /// Whether this policy alone admits the request.
-    pub admitted: bool,
+    pub(crate) admitted: bool,
     /// The state to store when every policy admits (the unchanged state otherwise).
-    pub admitted_state: PolicyState,
+    pub(crate) admitted_state: PolicyState,
     /// What to report for this policy.
-    pub outcome: PolicyOutcome,
+    pub(crate) outcome: PolicyOutcome,
 }
 
 impl PolicyOutcome {
@@ -743,8 +734,49 @@ pub struct PolicyOutcome {
 }
 
 #[cfg(test)]
+mod model_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_third_of_two_waits_for_half_the_next_window() {
+        let per_second = Algorithm::sliding_window(2, Duration::from_secs(1));
+        let first = per_second.evaluate(None, 1_000);
+        assert!(first.admitted);
+        assert_eq!(first.outcome.remaining, 1);
+        let second = per_second.evaluate(Some(first.admitted_state), 1_000);
+        let third = per_second.evaluate(Some(second.admitted_state), 1_000);
+        assert!(!third.admitted);
+        // The next window starts at 2 s with both requests weighing fully; half of that
+        // window must pass before one fits again.
+        assert_eq!(third.outcome.reset_ms, 1_500);
+    }
+
+    #[test]
+    fn a_cost_is_consumed_whole_or_not_at_all() {
+        let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
+        let batch = per_second.evaluate_cost(None, 1_000, 30);
+        assert!(batch.admitted);
+        assert_eq!(batch.outcome.remaining, 20);
+        let too_big = per_second.evaluate_cost(Some(batch.admitted_state), 1_000, 21);
+        assert!(!too_big.admitted);
+        // 21 units fit once the next window has begun and enough of this one's 30 have
+        // slid out (30 x 966/1000 + 21 <= 50): 1,034 ms from now.
+        assert_eq!(too_big.outcome.reset_ms, 1_034);
+    }
+
+    #[test]
+    fn a_peek_says_how_long_until_a_cost_fits() {
+        let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 20);
+        let state = bucket.evaluate_cost(None, 0, 15).admitted_state;
+        let ten_more = bucket.peek_cost(Some(state), 0, 10);
+        assert!(!ten_more.admitted);
+        assert_eq!(ten_more.remaining, 5);
+        // 5 more tokens at 10 a second.
+        assert_eq!(ten_more.reset_ms, 500);
+    }
 
     fn window(limit: u64, secs: u64) -> Algorithm {
         Algorithm::sliding_window(limit, Duration::from_secs(secs))

@@ -18,11 +18,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::decision::{PolicyReport, RateLimitInfo};
+use crate::store::{Algorithm, Backend, CallerKey, ManualClock, PolicyOutcome, PolicyState};
+use crate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use tollgate::decision::{PolicyReport, RateLimitInfo};
-use tollgate::store::{Algorithm, Backend, CallerKey, ManualClock, PolicyOutcome, PolicyState};
-use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 
 // ---------------------------------------------------------------------------------------
 // Reference models
