@@ -9,11 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+#[cfg(feature = "redis")]
 use tollgate::Caller;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
-#[cfg(feature = "redis")]
 use tollgate::response::DecisionExtension;
 use tollgate::response::{COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, ResponseBody};
 use tollgate::store::ManualClock;

@@ -14,10 +14,10 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{Response, StatusCode};
+#[cfg(feature = "redis")]
 use tollgate::FailurePolicy;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
-#[cfg(feature = "redis")]
 use tollgate::response::DecisionExtension;
 const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
