@@ -413,3 +413,96 @@ fn racing_threads_never_admit_past_the_limit() {
         assert_eq!(outcome.limits()[1].remaining, 500, "{key}");
     }
 }
+
+/// A caller of one sliding window or one token bucket is decided by a compare-and-swap on
+/// one word, with no lock of its own: four threads racing on the same callers, time
+/// frozen, get exactly the limit each, never one more, and the first requests race the
+/// insert.
+#[test]
+fn racing_threads_on_one_policy_admit_exactly_the_limit() {
+    const THREADS: usize = 4;
+    const PER_THREAD: usize = 2_000;
+    const CALLERS: usize = 3;
+    for policy in [
+        Policy::new(
+            "per-second",
+            Algorithm::sliding_window(500, Duration::from_secs(1)),
+        ),
+        Policy::new(
+            "per-minute",
+            Algorithm::token_bucket(1_000, Duration::from_secs(60), 500),
+        ),
+    ] {
+        let clock = ManualClock::new(START_MS);
+        let backend = InMemoryBackend::builder()
+            .shards(2)
+            .clock(clock.clone())
+            .build();
+        let limits: Arc<[Policy]> = vec![policy.clone()].into();
+        let keys: Vec<CallerKey> = (0..CALLERS)
+            .map(|i| CallerKey::new(format!("racer-{i}")))
+            .collect();
+        let admitted: Vec<AtomicUsize> = (0..CALLERS).map(|_| AtomicUsize::new(0)).collect();
+        let start = Barrier::new(THREADS);
+        std::thread::scope(|scope| {
+            for thread in 0..THREADS {
+                let (backend, limits, keys, admitted, start) =
+                    (&backend, &limits, &keys, &admitted, &start);
+                scope.spawn(move || {
+                    start.wait();
+                    for n in 0..PER_THREAD {
+                        let caller = (n + thread) % CALLERS;
+                        if check(backend, &keys[caller], limits).admitted() {
+                            admitted[caller].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        for (key, admitted) in keys.iter().zip(&admitted) {
+            assert_eq!(
+                admitted.load(Ordering::Relaxed),
+                500,
+                "{key} under {policy:?}"
+            );
+            let outcome = check(&backend, key, &limits);
+            assert!(!outcome.admitted());
+            assert_eq!(outcome.limits()[0].remaining, 0, "{key}");
+        }
+    }
+}
+
+/// A caller's state stays exact when it stops fitting its packed word: a token bucket
+/// packed in units of its rate and period decides on after its rate changes under the same
+/// counter (a reload), exactly as the arithmetic on its states does, step by step.
+#[test]
+fn a_state_that_stops_fitting_its_word_decides_on_exactly() {
+    let clock = ManualClock::new(START_MS);
+    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let acme = CallerKey::new("acme");
+    let before: Arc<[Policy]> = vec![Policy::new(
+        "bucket",
+        Algorithm::token_bucket(50, Duration::from_secs(1), 20),
+    )]
+    .into();
+    // The same counter (name and period), a rate whose refill is no multiple of the first.
+    let after: Arc<[Policy]> = vec![Policy::new(
+        "bucket",
+        Algorithm::token_bucket(7, Duration::from_secs(1), 20),
+    )]
+    .into();
+    assert_eq!(before[0].counter(), after[0].counter());
+    let mut stored = None;
+    for step in 0..200u64 {
+        let limits = if step < 60 { &before } else { &after };
+        let now = START_MS + step * 37;
+        clock.set(now);
+        let (expected, states) = tollgate::store::evaluate(limits, |_| stored.clone(), now, 1);
+        let outcome = check(&backend, &acme, limits);
+        assert_eq!(outcome.admitted(), expected.admitted(), "step {step}");
+        assert_eq!(outcome.limits(), expected.limits(), "step {step}");
+        if let Some(states) = states {
+            stored = states.into_iter().next();
+        }
+    }
+}
