@@ -698,15 +698,19 @@ fn a_real_redis_behind_the_fault_proxy() {
             "{customer}"
         );
     }
-    // Over a 5 s outage, the cold local counters' first window (a whole window's quota per
-    // instance, at once) is not amortized: allow it on top of the share's rate.
+    // Over a 5 s outage, the local counters' first window (a whole window's quota per
+    // instance, at once) is not amortized: allow it on top of the share's rate. Nor is its
+    // start: each share starts from what the store last said acme had used, all of it at
+    // 120/s, so acme's first outage second can admit nothing (measured here: 37.6 to 45.4
+    // a second over 5 s, in real time on two cores).
     let per_second = Algorithm::sliding_window(50, Duration::from_secs(1));
     let share = 4.0 * share_per_sec(per_second, 4);
     let burst = 4.0 * per_second.divided_by(4).quota() as f64 / 5.0;
+    let started = share * 4.0 / 5.0;
     let acme = admitted(&report, "local-share", "outage", "acme");
     assert!(
-        (share * 0.8..=(share + burst) * 1.1).contains(&acme),
-        "local-share, outage: acme {acme}/s, expected {share}/s plus at most {burst}/s"
+        (started * 0.9..=(share + burst) * 1.1).contains(&acme),
+        "local-share, outage: acme {acme}/s, expected {started}/s to {share}/s plus at most {burst}/s"
     );
     assert_near(&report, "local-share", "outage", "globex", 20.0);
     assert_near(&report, "local-share", "outage", "initech", 5.0);

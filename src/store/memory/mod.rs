@@ -200,8 +200,10 @@ impl InMemoryBackend {
         if now.saturating_sub(shard.last_sweep_ms.load(Relaxed)) >= self.shared.sweep_interval_ms {
             return None;
         }
-        let (admitted, outcome) = decide_packed_alone(&shard, hash, caller, limit, now, cost)?;
-        Some((admitted, outcome, now))
+        match decide_packed_alone(&shard, hash, caller, limit, now, cost) {
+            PackedDecision::Decided(admitted, outcome) => Some((admitted, outcome, now)),
+            PackedDecision::NotPacked | PackedDecision::DoesNotFit => None,
+        }
     }
 
     /// Decides for a caller this backend tracks with a state for each of `limits`; `None`
@@ -275,16 +277,10 @@ impl InMemoryBackend {
         {
             let shard = read(lock);
             let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
-            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms {
-                if let [limit] = limits
-                    && let Some((_, outcome)) =
-                        decide_packed_alone(&shard, hash, caller, limit, now, cost)
-                {
-                    return CheckOutcome::one(outcome).counted_at(now);
-                }
-                if let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost) {
-                    return outcome;
-                }
+            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms
+                && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
+            {
+                return outcome;
             }
         }
         let mut guard = write(lock);
@@ -351,8 +347,10 @@ impl InMemoryBackend {
 
 /// Decides for a caller the shard tracks with one packed counter, the one of `limit` (a
 /// policy without a lockout): one compare-and-swap under the shard's read lock, no lock of
-/// the caller's. `None` when that is not the case, or when the state to write does not fit
-/// its packing (the general path decides, and unpacks it under the write lock).
+/// the caller's. [`NotPacked`](PackedDecision::NotPacked) when that is not the case (or the
+/// caller is not tracked); [`DoesNotFit`](PackedDecision::DoesNotFit) when the state to
+/// write does not fit its packing, which only the write lock may then decide (it unpacks
+/// the slot): never the caller's own lock, beside compare-and-swaps on the same word.
 fn decide_packed_alone(
     shard: &Shard,
     hash: u64,
@@ -360,28 +358,32 @@ fn decide_packed_alone(
     limit: &Policy,
     now: u64,
     cost: u64,
-) -> Option<(bool, PolicyOutcome)> {
+) -> PackedDecision {
     if limit.lockout_ms().is_some() {
-        return None;
+        return PackedDecision::NotPacked;
     }
-    let entry = &shard.entries[shard.find(hash, caller.encoded())?];
-    let counter = shard.counter(limit.counter_arc())?;
-    let PackedDecision::Decided(admitted, outcome) =
-        entry.decide_packed(counter, limit.algorithm(), now, cost)
-    else {
-        return None;
+    let (Some(position), Some(counter)) = (
+        shard.find(hash, caller.encoded()),
+        shard.counter(limit.counter_arc()),
+    ) else {
+        return PackedDecision::NotPacked;
     };
-    // A refused caller is as active as an admitted one.
-    entry.mark_referenced();
-    if admitted {
-        entry.keep_until(now.saturating_add(limit.retention_ms()));
+    let entry = &shard.entries[position];
+    let decided = entry.decide_packed(counter, limit.algorithm(), now, cost);
+    if let PackedDecision::Decided(admitted, _) = decided {
+        // A refused caller is as active as an admitted one.
+        entry.mark_referenced();
+        if admitted {
+            entry.keep_until(now.saturating_add(limit.retention_ms()));
+        }
     }
-    Some((admitted, outcome))
+    decided
 }
 
 /// Decides for a caller the shard already tracks with a state for each of `limits`, under
-/// the shard's read lock and the caller's own lock. `None` when the caller or one of its
-/// counters is new: that needs the write lock.
+/// the shard's read lock: by compare-and-swap for one packed policy, otherwise under the
+/// caller's own lock. `None` when the caller or one of its counters is new, or a packed
+/// state stops fitting: that needs the write lock.
 fn decide_tracked(
     shard: &Shard,
     hash: u64,
@@ -392,6 +394,15 @@ fn decide_tracked(
 ) -> Option<CheckOutcome> {
     if limits.len() > INLINE_POLICIES {
         return None;
+    }
+    if let [limit] = limits {
+        match decide_packed_alone(shard, hash, caller, limit, now, cost) {
+            PackedDecision::Decided(_, outcome) => {
+                return Some(CheckOutcome::one(outcome).counted_at(now));
+            }
+            PackedDecision::DoesNotFit => return None,
+            PackedDecision::NotPacked => {}
+        }
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
     let mut counters = [0u32; INLINE_POLICIES];
