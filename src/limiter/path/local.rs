@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
-use crate::limiter::path::{answered, answered_one, decision};
+use crate::limiter::path::{answered, answered_as, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::FallbackCounters;
@@ -100,7 +100,7 @@ impl LocalPath {
         {
             return Some(decision(
                 admitted,
-                answered_one(set, admitted, outcome, now, cost),
+                answered_as(set, admitted, &[outcome], now, cost),
             ));
         }
         let outcome = memory.decide(caller.key(), &set.limits, cost);

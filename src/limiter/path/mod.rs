@@ -130,24 +130,21 @@ impl Path {
 /// A store's answer as what the decision reports: each policy's outcome, and for an
 /// admission, the receipt a refund needs.
 fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo {
-    let receipt = outcome.admitted().then(|| Receipt {
-        counted_at_ms: outcome.counted_at_ms(),
-        set_id: set.id,
-    });
-    RateLimitInfo::of_store(
-        set.reported.clone(),
+    answered_as(
+        set,
+        outcome.admitted(),
         outcome.limits(),
-        DecisionSource::Store,
+        outcome.counted_at_ms(),
         cost,
-        receipt,
     )
 }
 
-/// [`answered`] for the answer of a set of one policy, given as that policy's outcome.
-fn answered_one(
+/// [`answered`] for an answer given as its parts: whether it admitted, each policy's
+/// outcome, and when it was counted.
+fn answered_as(
     set: &PolicySet,
     admitted: bool,
-    outcome: PolicyOutcome,
+    outcomes: &[PolicyOutcome],
     counted_at_ms: u64,
     cost: u64,
 ) -> RateLimitInfo {
@@ -157,7 +154,7 @@ fn answered_one(
     });
     RateLimitInfo::of_store(
         set.reported.clone(),
-        &[outcome],
+        outcomes,
         DecisionSource::Store,
         cost,
         receipt,
