@@ -104,7 +104,7 @@ use tollgate::store::SlotStore;
 use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
-    key::{ClientIp, KeyExtractor, MissingKey, TrustedProxies},
+    key::{ClientIp, KeyExtractor, MissingKey},
     reload::{Limits, LimitsHandle},
 };
 
@@ -517,7 +517,9 @@ async fn app(
         .on_store_failure(FailurePolicy::closed())
         .try_build()
         .map_err(|e| e.to_string())?;
-    let trusted = TrustedProxies::parse(&options.trusted_proxies).map_err(|e| e.to_string())?;
+    let client_ip = ClientIp::new()
+        .trusted_proxies(&options.trusted_proxies)
+        .map_err(|e| e.to_string())?;
     let where_ = match (
         &options.redis,
         &options.redis_cluster,
@@ -549,15 +551,13 @@ async fn app(
         )
         .route(
             "/login",
-            post(|| async { "welcome" }).layer(
-                RateLimitLayer::new(login).key(ClientIp::new().trusted_proxies(trusted.clone())),
-            ),
+            post(|| async { "welcome" }).layer(RateLimitLayer::new(login).key(client_ip.clone())),
         )
         .route(
             "/otp/verify",
             post(verify_otp).layer(
                 RateLimitLayer::new(otp)
-                    .key(ClientIp::new().trusted_proxies(trusted))
+                    .key(client_ip)
                     .count_only(|response| response.status == StatusCode::UNAUTHORIZED),
             ),
         )

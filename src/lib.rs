@@ -184,8 +184,7 @@ pub mod key {
 
     pub use crate::http::key::{
         AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
-        ForwardedHeader, GlobalKey, HeaderKey, InvalidCidr, KeyExtractor, KeyRejection, MissingKey,
-        TrustedProxies,
+        ForwardedHeader, GlobalKey, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
     };
 }
 
@@ -194,11 +193,8 @@ pub mod response {
     //! the body type the layer answers with.
 
     pub use crate::http::body::ResponseBody;
-    pub use crate::http::config::DecisionExtension;
     pub use crate::http::headers::HeaderMode;
-    pub use crate::http::response::{
-        COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, TEMPORARY_REDUCED_CAPACITY,
-    };
+    pub use crate::http::problem_type::ProblemType;
 }
 
 pub mod headers {

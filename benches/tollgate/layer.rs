@@ -6,11 +6,7 @@ use std::convert::Infallible;
 use axum::body::Body;
 use criterion::{Criterion, Throughput};
 use http::{Request, Response};
-use tollgate::{
-    InMemoryBackend, Limiter, RateLimitLayer,
-    key::HeaderKey,
-    response::{DecisionExtension, HeaderMode},
-};
+use tollgate::{InMemoryBackend, Limiter, RateLimitLayer, key::HeaderKey, response::HeaderMode};
 use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -41,7 +37,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     let orders = tower::service_fn(|_request: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Body::from("[]")))
     });
-    let tollgate = |mode: HeaderMode, extension: DecisionExtension| {
+    let tollgate = |mode: HeaderMode, decision_on_every_response: bool| {
         let limiter = Limiter::builder()
             .name("layer")
             .backend(InMemoryBackend::new())
@@ -52,7 +48,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                 RateLimitLayer::new(limiter)
                     .key(HeaderKey::new("x-customer-id"))
                     .headers(mode)
-                    .decision_extension(extension),
+                    .decision_on_every_response(decision_on_every_response),
             )
             .service(orders)
     };
@@ -70,18 +66,18 @@ pub(crate) fn bench(c: &mut Criterion) {
         drive(b, &runtime, &orders, &customers)
     });
     // The default: the decision in the extensions of refusals only.
-    let service = tollgate(HeaderMode::Always, DecisionExtension::OnRefusal);
+    let service = tollgate(HeaderMode::Always, false);
     group.bench_function("tollgate_headers", |b| {
         ran(GROUP, "tollgate_headers");
         drive(b, &runtime, &service, &customers)
     });
     // Like tower_governor without headers, nothing added to an admitted response.
-    let service = tollgate(HeaderMode::Never, DecisionExtension::OnRefusal);
+    let service = tollgate(HeaderMode::Never, false);
     group.bench_function("tollgate_no_headers", |b| {
         ran(GROUP, "tollgate_no_headers");
         drive(b, &runtime, &service, &customers)
     });
-    let service = tollgate(HeaderMode::Never, DecisionExtension::Always);
+    let service = tollgate(HeaderMode::Never, true);
     group.bench_function("tollgate_extension", |b| {
         ran(GROUP, "tollgate_extension");
         drive(b, &runtime, &service, &customers)
@@ -175,7 +171,7 @@ pub(crate) fn bench(c: &mut Criterion) {
         rows.push((
             "layer/extension",
             Row::new(
-                "Layer, no headers, the `Decision` in every response's extensions (`DecisionExtension::Always`)",
+                "Layer, no headers, the `Decision` in every response's extensions (`decision_on_every_response(true)`)",
                 format!("{}/request", ns(ours)),
             )
             .peer(format!("on refusals only (the default): {}/request", ns(without)))

@@ -12,7 +12,7 @@ use criterion::{Criterion, Throughput};
 use http::{Request, Response};
 use tollgate::in_flight::InFlightLayer;
 use tollgate::key::HeaderKey;
-use tollgate::response::{DecisionExtension, HeaderMode};
+use tollgate::response::HeaderMode;
 use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::{InMemoryBackend, Limiter, Policy, RateLimitLayer};
 use tower::ServiceBuilder;
@@ -63,7 +63,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             RateLimitLayer::new(limiter(big_window()))
                 .key(key.clone())
                 .headers(HeaderMode::Always)
-                .decision_extension(DecisionExtension::OnRefusal),
+                .decision_on_every_response(false),
         )
         .service(reports);
     group.bench_function("layer_sliding_window", |b| {

@@ -25,7 +25,6 @@ use tollgate::RateLimit;
 use tollgate::RateLimitLayer;
 use tollgate::decision::BreakerState;
 use tollgate::key::HeaderKey;
-use tollgate::response::DecisionExtension;
 use tollgate::store::Backend;
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
@@ -381,7 +380,7 @@ impl Scenario {
                         // The trace reads each admitted request's decision too.
                         RateLimitLayer::new(limiter)
                             .key(HeaderKey::new(CUSTOMER_HEADER))
-                            .decision_extension(DecisionExtension::Always)
+                            .decision_on_every_response(true)
                             .layer(Orders)
                     })
                     .collect(),

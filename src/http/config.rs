@@ -13,35 +13,14 @@ use crate::http::key::MissingKey;
 use crate::limiter::Limiter;
 use crate::limiter::decision::Decision;
 
-/// Which responses carry the [`Decision`](crate::Decision) in their extensions.
-///
-/// Inserting it allocates (a response's extensions are a map created on first use), which
-/// on a fast in-process path is a fair share of the layer's cost: by default only refusals
-/// carry it, and a service whose outer middleware or handler-side logging reads the
-/// decision of admitted requests too asks for [`Always`](Self::Always).
-///
-/// ```
-/// use tollgate::response::DecisionExtension;
-/// assert_eq!(DecisionExtension::default(), DecisionExtension::OnRefusal);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum DecisionExtension {
-    /// On every response the layer decided or let through (skipped requests, requests
-    /// without a key, allowed ones) and on every refusal.
-    Always,
-    /// On refusals only: 429, 503 and the rejections of requests without a valid key.
-    #[default]
-    OnRefusal,
-}
-
 #[derive(Debug)]
 pub(crate) struct Config<K> {
     pub(crate) limiter: Limiter,
     pub(crate) key: K,
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
-    pub(crate) decision_extension: DecisionExtension,
+    /// Whether admitted responses carry the decision too (refusals always do).
+    pub(crate) decision_on_every_response: bool,
     /// The status of a fail-closed refusal: a 4xx or 5xx other than 500.
     pub(crate) unavailable_status: StatusCode,
     pub(crate) policy_fields: PolicyFieldCache,

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::http::body::ResponseBody;
-use crate::http::config::{Config, DecisionExtension};
+use crate::http::config::Config;
 use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
@@ -432,7 +432,7 @@ where
             &decision,
             fields(config, pk),
         );
-        if inner_decision.is_none() && config.decision_extension == DecisionExtension::Always {
+        if inner_decision.is_none() && config.decision_on_every_response {
             response.extensions_mut().insert(decision);
         }
     }

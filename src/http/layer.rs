@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::http::config::{Config, CostFn, CountOnly, DecisionExtension, RefusalHook, Skip};
+use crate::http::config::{Config, CostFn, CountOnly, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
@@ -119,7 +119,7 @@ impl RateLimitLayer<ClientIp> {
                 key: ClientIp::new(),
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
-                decision_extension: DecisionExtension::default(),
+                decision_on_every_response: false,
                 unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: RemainingCap::default(),
@@ -143,7 +143,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
                 key,
                 missing_key: config.missing_key,
                 header_mode: config.header_mode,
-                decision_extension: config.decision_extension,
+                decision_on_every_response: config.decision_on_every_response,
                 unavailable_status: config.unavailable_status,
                 policy_fields: PolicyFieldCache::default(),
                 remaining_cap: config.remaining_cap,
@@ -177,13 +177,15 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         }
     }
 
-    /// Which responses carry the [`Decision`] in their extensions, for outer middleware
-    /// and logs (default: refusals only, [`DecisionExtension::OnRefusal`], which saves
-    /// every admitted response the allocation of its extensions map). Refusals always
-    /// carry it.
+    /// Whether admitted responses carry the [`Decision`] in their extensions too, for outer
+    /// middleware and logs; refusals always do. Off by default: inserting it allocates (a
+    /// response's extensions are a map created on first use), which on a fast in-process
+    /// path is a fair share of the layer's cost. With it on, every response the layer
+    /// decided or let through (skipped requests, requests without a key, allowed ones)
+    /// carries it.
     ///
     /// ```
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, response::DecisionExtension, key::GlobalKey};
+    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     ///
     /// // An outer middleware logs what every request had left: put it on admitted ones too.
     /// let layer = RateLimitLayer::new(
@@ -192,12 +194,12 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///         .build(),
     /// )
     /// .key(GlobalKey)
-    /// .decision_extension(DecisionExtension::Always);
+    /// .decision_on_every_response(true);
     /// # drop(layer);
     /// ```
-    pub fn decision_extension(self, which: DecisionExtension) -> Self {
+    pub fn decision_on_every_response(self, every: bool) -> Self {
         let mut config = self.into_config();
-        config.decision_extension = which;
+        config.decision_on_every_response = every;
         Self {
             config: Arc::new(config),
         }
@@ -343,14 +345,15 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// the predicate cheap: it runs on every request before anything else.
     ///
     /// Each skipped request is counted in `tollgate_decisions_total` with outcome
-    /// `skipped`, and with [`DecisionExtension::Always`] its response's extensions hold
+    /// `skipped`, and with [`decision_on_every_response`](Self::decision_on_every_response)
+    /// on, its response's extensions hold
     /// `Decision::Unlimited(UnlimitedReason::Skipped)`. The counter is registered with the
     /// metrics recorder installed when `skip` is called. A later `skip` replaces an
     /// earlier one.
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{Decision, decision::UnlimitedReason, response::DecisionExtension};
+    /// use tollgate::{Decision, decision::UnlimitedReason};
     /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
@@ -360,7 +363,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
     ///     .key(GlobalKey)
-    ///     .decision_extension(DecisionExtension::Always)
+    ///     .decision_on_every_response(true)
     ///     .skip(|request| request.uri.path() == "/healthz");
     /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
     ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
@@ -461,7 +464,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// The cost is checked against every policy at once, all or nothing. A request that
     /// costs more than a policy's quota is never admitted, however long it waits: it is
     /// refused with 429 and the
-    /// [`COST_EXCEEDS_QUOTA`](crate::response::COST_EXCEEDS_QUOTA) problem naming the
+    /// [`ProblemType::CostExceedsQuota`](crate::response::ProblemType::CostExceedsQuota) problem naming the
     /// policy, the cost and the quota, without Retry-After and without asking the store.
     /// A cost of 0 consumes nothing and is admitted unless the caller is already over a
     /// limit. Compute the cost from what the handler will actually do (the batch it will
@@ -588,7 +591,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
             key: shared.key.clone(),
             missing_key: shared.missing_key,
             header_mode: shared.header_mode,
-            decision_extension: shared.decision_extension,
+            decision_on_every_response: shared.decision_on_every_response,
             unavailable_status: shared.unavailable_status,
             policy_fields: PolicyFieldCache::default(),
             remaining_cap: shared.remaining_cap,

@@ -13,6 +13,7 @@ pub(crate) mod grpc;
 pub(crate) mod headers;
 pub(crate) mod key;
 pub(crate) mod layer;
+pub(crate) mod problem_type;
 pub(crate) mod refusal;
 pub(crate) mod render;
 pub(crate) mod response;

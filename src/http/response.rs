@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use crate::http::body::ResponseBody;
 use crate::http::headers::{HeaderMode, PolicyFieldCache, RemainingCap, state_field};
 use crate::http::key::KeyRejection;
+use crate::http::problem_type::ProblemType;
 use crate::http::refusal::Refusal;
 use crate::limiter::decision::{Decision, PolicyReport, RateLimitInfo};
 use crate::store::policy::Policy;
@@ -19,18 +20,6 @@ use crate::store::policy::Policy;
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The `RateLimit` field name.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-/// The problem type of a 429, as the IETF RateLimit draft registers it.
-pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
-/// The problem type of a fail-closed refusal.
-pub const TEMPORARY_REDUCED_CAPACITY: &str =
-    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
-
-/// The problem type of a request whose cost exceeds a policy's quota: no wait would ever
-/// admit it, so the 429 that carries it has no Retry-After. Its members: `policy` (the
-/// first such policy), `cost`, `quota` and `violated-policies`.
-pub const COST_EXCEEDS_QUOTA: &str =
-    "https://docs.rs/tollgate/latest/tollgate/response/constant.COST_EXCEEDS_QUOTA.html";
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
@@ -72,7 +61,7 @@ pub(crate) fn problem_of(refusal: &Refusal<'_>) -> Response<Bytes> {
 fn limited(info: &RateLimitInfo, retry_after: Option<u64>) -> (StatusCode, String) {
     let status = StatusCode::TOO_MANY_REQUESTS;
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
-    let mut body = problem_start(QUOTA_EXCEEDED, "Quota exceeded", status);
+    let mut body = problem_start(ProblemType::QuotaExceeded.uri(), "Quota exceeded", status);
     if let Some(first) = violated.first() {
         body.push_str(",\"policy\":");
         json_string(&mut body, first);
@@ -86,7 +75,11 @@ fn limited(info: &RateLimitInfo, retry_after: Option<u64>) -> (StatusCode, Strin
 fn cost_exceeds_quota(info: &RateLimitInfo, policy: &PolicyReport<'_>) -> (StatusCode, String) {
     let status = StatusCode::TOO_MANY_REQUESTS;
     let violated: Vec<&str> = info.violated().map(|p| p.name()).collect();
-    let mut body = problem_start(COST_EXCEEDS_QUOTA, "Cost exceeds quota", status);
+    let mut body = problem_start(
+        ProblemType::CostExceedsQuota.uri(),
+        "Cost exceeds quota",
+        status,
+    );
     body.push_str(",\"detail\":");
     json_string(
         &mut body,
@@ -119,7 +112,7 @@ fn unavailable(
 ) -> (StatusCode, String) {
     let names: Vec<&str> = policies.iter().map(Policy::name).collect();
     let mut body = problem_start(
-        TEMPORARY_REDUCED_CAPACITY,
+        ProblemType::TemporaryReducedCapacity.uri(),
         "Temporary reduced capacity",
         status,
     );
@@ -144,7 +137,7 @@ pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> 
     let retry_after = retry_after_secs.max(1);
     let status = StatusCode::SERVICE_UNAVAILABLE;
     let mut body = problem_start(
-        TEMPORARY_REDUCED_CAPACITY,
+        ProblemType::TemporaryReducedCapacity.uri(),
         "Temporary reduced capacity",
         status,
     );
@@ -160,7 +153,7 @@ pub(crate) fn overloaded<B>(retry_after_secs: u64) -> Response<ResponseBody<B>> 
 /// are taken: 429, the quota-exceeded problem naming it, and Retry-After.
 pub(crate) fn slots_taken<B>(policy: &str, retry_after_secs: u64) -> Response<ResponseBody<B>> {
     let status = StatusCode::TOO_MANY_REQUESTS;
-    let mut body = problem_start(QUOTA_EXCEEDED, "Quota exceeded", status);
+    let mut body = problem_start(ProblemType::QuotaExceeded.uri(), "Quota exceeded", status);
     body.push_str(",\"policy\":");
     json_string(&mut body, policy);
     violated_and_retry(&mut body, &[policy], Some(retry_after_secs));

@@ -32,6 +32,14 @@ pub enum BuildError {
     ///
     /// [`LimiterBuilder::backend`]: crate::LimiterBuilder::backend
     Unnamed,
+    /// A trusted proxy's network ([`ClientIp::trusted_proxies`]) is not a CIDR block
+    /// nor an address.
+    ///
+    /// [`ClientIp::trusted_proxies`]: crate::key::ClientIp::trusted_proxies
+    InvalidCidr {
+        /// The block as given.
+        block: String,
+    },
 }
 
 impl fmt::Display for BuildError {
@@ -57,6 +65,7 @@ impl fmt::Display for BuildError {
                  every instance) or a counter_scope: unnamed limiters on one store would \
                  share their counters",
             ),
+            BuildError::InvalidCidr { block } => write!(f, "invalid CIDR block {block:?}"),
         }
     }
 }

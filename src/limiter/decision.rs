@@ -10,7 +10,7 @@ use crate::store::policy::Policy;
 
 /// The outcome of one request, put in the response's extensions for outer middleware and
 /// logs: a refusal's always, an admitted request's when the layer asks for it
-/// ([`DecisionExtension::Always`](crate::response::DecisionExtension::Always)).
+/// ([`RateLimitLayer::decision_on_every_response`](crate::RateLimitLayer::decision_on_every_response)).
 ///
 /// ```
 /// use tollgate::Decision;

@@ -18,7 +18,7 @@ use super::slot::{Ceilings, Classifiers, Counts, MAX_COUNTED, Shared};
 /// higher [priority class](#priority-classes)) is not queued and does not reach the inner
 /// service: it gets, at once, `503 Service Unavailable`, `Retry-After` (whole seconds,
 /// 1 by default) and an RFC 9457 problem+json body of type
-/// [`TEMPORARY_REDUCED_CAPACITY`](crate::response::TEMPORARY_REDUCED_CAPACITY). Errors of the inner
+/// [`ProblemType::TemporaryReducedCapacity`](crate::response::ProblemType::TemporaryReducedCapacity). Errors of the inner
 /// service pass through unchanged; nothing this layer does answers 500.
 ///
 /// # What is in flight

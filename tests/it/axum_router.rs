@@ -13,7 +13,6 @@ use tollgate::store::ManualClock;
 use tollgate::{
     Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
     key::{ClientIp, HeaderKey, MissingKey},
-    response::DecisionExtension,
 };
 use tollgate_testkit::http::{Reply, exchange, get as get_request, parse_response, send};
 
@@ -41,7 +40,7 @@ fn per_second(limit: u64) -> Policy {
 /// Per `x-customer-id`; no header is 401.
 fn per_customer(limiter: Limiter) -> RateLimitLayer<HeaderKey> {
     RateLimitLayer::new(limiter)
-        .decision_extension(DecisionExtension::Always)
+        .decision_on_every_response(true)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
 }
@@ -162,9 +161,7 @@ async fn route_layer_leaves_unmatched_routes_to_the_404_fallback() {
 async fn decisions_can_be_left_off_admitted_responses_but_never_off_refusals() {
     let mut app = Router::new()
         .route("/orders", get(|| async { "orders" }))
-        .route_layer(
-            per_customer(limiter([per_second(1)])).decision_extension(DecisionExtension::OnRefusal),
-        );
+        .route_layer(per_customer(limiter([per_second(1)])).decision_on_every_response(false));
 
     let reply = send(&mut app, customer("/orders", "acme")).await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -205,7 +202,7 @@ async fn router_layer_by_contrast_also_covers_the_fallback() {
 fn orders_and_login() -> Router {
     let login = limiter([Policy::sliding_window("login", Quota::per_minute(3))]);
     let router_wide = RateLimitLayer::new(limiter([per_second(10)]))
-        .decision_extension(DecisionExtension::Always)
+        .decision_on_every_response(true)
         .key(HeaderKey::new("x-customer-id"))
         .on_missing_key(MissingKey::Pass);
     Router::new()
@@ -213,7 +210,7 @@ fn orders_and_login() -> Router {
         .route(
             "/login",
             post(|| async { "welcome" })
-                .layer(RateLimitLayer::new(login).decision_extension(DecisionExtension::Always)),
+                .layer(RateLimitLayer::new(login).decision_on_every_response(true)),
         )
         .layer(router_wide)
 }
@@ -605,7 +602,7 @@ async fn client_ip_without_connect_info_has_no_key() {
         .route("/login", post(|| async { "welcome" }))
         .layer(
             RateLimitLayer::new(limiter([per_second(5)]))
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(ClientIp::new())
                 .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
         );

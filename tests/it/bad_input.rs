@@ -17,7 +17,7 @@ use tollgate::store::CallerKey;
 const MAX_KEY_BYTES: usize = CallerKey::MAX_KEY_BYTES;
 use tollgate::{
     Limiter, Policy, Quota, RateLimitLayer,
-    key::{ClientIp, HeaderKey, KeyExtractor, MissingKey, TrustedProxies},
+    key::{ClientIp, HeaderKey, KeyExtractor, MissingKey},
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;
@@ -79,7 +79,8 @@ fn proxied(name: &str, values: &[&[u8]]) -> Request<Full<Bytes>> {
 
 fn behind_proxy(header: ForwardedHeader) -> ClientIp {
     ClientIp::new()
-        .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8", "fd00::/8"]).unwrap())
+        .trusted_proxies(["10.0.0.0/8", "fd00::/8"])
+        .unwrap()
         .forwarded_header(header)
 }
 

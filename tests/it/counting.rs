@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::DecisionSource;
-use tollgate::response::DecisionExtension;
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
     RateLimitLayer, key::GlobalKey,
@@ -71,7 +70,7 @@ fn on_redis(server: &RedisServer) -> Limiter {
 /// that reached the handler.
 fn login(limiter: Limiter, calls: Arc<AtomicUsize>) -> Login {
     let layer = RateLimitLayer::new(limiter)
-        .decision_extension(DecisionExtension::Always)
+        .decision_on_every_response(true)
         .key(GlobalKey)
         .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
     let handler = service_fn(move |request: Request<Full<Bytes>>| {
@@ -267,7 +266,7 @@ fn a_failed_refund_is_counted_never_an_error() {
             .build();
         let down = store.clone();
         let layer = RateLimitLayer::new(limiter.clone())
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey)
             .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
         // The store goes down while the handler runs: after the check, before the refund.

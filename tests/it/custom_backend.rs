@@ -13,8 +13,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::{BreakerState, UnlimitedReason};
 use tollgate::future::StoreFuture;
-use tollgate::response::DecisionExtension;
-use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
+use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::{
     Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
     StoreErrorKind, evaluate,
@@ -252,7 +251,7 @@ fn layered<K: KeyExtractor>(limiter: Limiter, key: K) -> Svc {
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(limiter)
-                    .decision_extension(DecisionExtension::Always)
+                    .decision_on_every_response(true)
                     .key(key)
                     .on_missing_key(MissingKey::Pass),
             )
@@ -528,7 +527,7 @@ async fn a_failing_store_with_fail_closed_answers_503() {
                 body["type"],
                 "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
             );
-            assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
+            assert_eq!(body["type"], ProblemType::TemporaryReducedCapacity.uri());
             assert_eq!(body["status"], 503);
             match decision(&reply) {
                 Decision::Unavailable {
@@ -551,7 +550,7 @@ async fn a_failing_store_with_fail_closed_answers_503() {
             ServiceBuilder::new()
                 .layer(
                     RateLimitLayer::new(limiter)
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(HeaderKey::new("x-customer-id"))
                         .unavailable_status(status),
                 )
@@ -705,7 +704,7 @@ async fn an_async_store_behind_an_axum_router() {
         .route("/orders", route_get(|| async { "orders" }))
         .route_layer(
             RateLimitLayer::new(slow_limiter(&map, 1))
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(HeaderKey::new("x-customer-id"))
                 .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
         )

@@ -6,8 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::response::DecisionExtension;
-use tollgate::response::{QUOTA_EXCEEDED, ResponseBody, TEMPORARY_REDUCED_CAPACITY};
+use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{
     Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
@@ -47,7 +46,7 @@ fn service(
     ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(limiter)
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(GlobalKey)
                 .headers(mode)
                 .uncapped_remaining(),
@@ -139,7 +138,7 @@ fn check_refusal(reply: &Reply, violated: &[&str]) -> u64 {
     }
 
     let body = reply.json();
-    assert_eq!(body["type"], QUOTA_EXCEEDED);
+    assert_eq!(body["type"], ProblemType::QuotaExceeded.uri());
     assert_eq!(
         body["type"],
         "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -314,7 +313,7 @@ async fn never_mode_omits_the_fields_but_keeps_retry_after() {
     let retry_after = reply.retry_after().expect("Retry-After even in Never mode");
     assert!(retry_after >= 1);
     let body = reply.json();
-    assert_eq!(body["type"], QUOTA_EXCEEDED);
+    assert_eq!(body["type"], ProblemType::QuotaExceeded.uri());
     assert_eq!(body["status"], 429);
     assert_eq!(body["violated-policies"], serde_json::json!(["per-second"]));
     assert_eq!(body["retry-after-seconds"], retry_after);
@@ -630,7 +629,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // quota fits in a minute) is reported as it is, its t=2 beside w=1.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     )
     .await;
@@ -654,7 +653,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // A zero horizon: r / t is at most q / w exactly, ceil(1e6 / 86400) = 12.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey)
             .remaining_horizon(Duration::ZERO),
     )
@@ -666,7 +665,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // Ten minutes: 6,945.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey)
             .remaining_horizon(Duration::from_secs(600)),
     )
@@ -676,7 +675,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     // Uncapped: what the store computed.
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey)
             .uncapped_remaining(),
     )
@@ -694,7 +693,7 @@ async fn a_sliding_daily_window_keeps_r_over_t_at_the_daily_average() {
     let clock = ManualClock::new(START_MS);
     let mut svc = serve(
         RateLimitLayer::new(limiter_at(&clock, [per_day(1_000_000)]))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     );
     let mut last = None;
@@ -715,7 +714,7 @@ async fn the_cap_never_hides_the_last_request_nor_raises_r() {
     let clock = ManualClock::new(START_MS);
     let mut svc = serve(
         RateLimitLayer::new(limiter_at(&clock, [daily_bucket(3)]))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     );
     let mut seen = Vec::new();
@@ -739,7 +738,7 @@ fn redirect_service(
 > + Clone {
     let clock = ManualClock::new(START_MS);
     let layer = RateLimitLayer::new(limiter_at(&clock, [per_second(1)]))
-        .decision_extension(DecisionExtension::Always)
+        .decision_on_every_response(true)
         .key(GlobalKey);
     let layer = match mode {
         Some(mode) => layer.headers(mode),
@@ -798,7 +797,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     );
     let mut svc = serve(
         RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     );
     let reply = send(&mut svc, get("/", &[])).await;
@@ -828,7 +827,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     assert_eq!(state.len(), 2);
 
     let body = reply.json();
-    assert_eq!(body["type"], TEMPORARY_REDUCED_CAPACITY);
+    assert_eq!(body["type"], ProblemType::TemporaryReducedCapacity.uri());
     assert_eq!(
         body["type"],
         "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
@@ -846,7 +845,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(50)]);
     let mut svc = serve(
         RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey)
             .headers(HeaderMode::Never),
     );
@@ -855,7 +854,10 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     assert!(reply.headers.get("ratelimit-policy").is_none());
     assert!(reply.headers.get("ratelimit").is_none());
     assert!(reply.retry_after().is_some());
-    assert_eq!(reply.json()["type"], TEMPORARY_REDUCED_CAPACITY);
+    assert_eq!(
+        reply.json()["type"],
+        ProblemType::TemporaryReducedCapacity.uri()
+    );
 }
 
 #[tokio::test]
@@ -868,7 +870,7 @@ async fn a_local_share_advertises_the_share_on_allowed_and_refused_responses() {
     );
     let mut svc = serve(
         RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     );
     let mut admitted = 0;
@@ -914,7 +916,7 @@ async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
         .build();
     let mut svc = serve(
         RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(GlobalKey),
     );
     for _ in 0..3 {
@@ -935,7 +937,7 @@ async fn a_partition_key_is_a_keyed_digest_of_the_caller_never_the_key() {
     let clock = ManualClock::new(START_MS);
     let layer = |secret: &[u8]| {
         RateLimitLayer::new(limiter_at(&clock, [per_second(2), per_day(1_000_000)]))
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(HeaderKey::new("x-api-key"))
             .partition_key(secret)
     };
@@ -991,7 +993,7 @@ async fn a_partition_key_is_a_keyed_digest_of_the_caller_never_the_key() {
     let limiter = down_limiter(&clock, FailurePolicy::closed(), [per_second(2)]);
     let mut down = serve(
         RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(HeaderKey::new("x-api-key"))
             .partition_key(b"secret one"),
     );

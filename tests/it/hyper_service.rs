@@ -10,7 +10,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tollgate::response::DecisionExtension;
 use tollgate::response::ResponseBody;
 use tollgate::store::ManualClock;
 use tollgate::{
@@ -72,7 +71,7 @@ async fn serve(limit: u64) -> SocketAddr {
     let limited = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(login_limiter(limit))
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(ClientIp::new()),
         )
         .service(service_fn(app::<Incoming>));
@@ -209,7 +208,7 @@ async fn the_inner_error_passes_through_unchanged() {
     let service = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(login_limiter(5))
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(ClientIp::new()),
         )
         .service(service_fn(app::<Full<Bytes>>));
@@ -264,7 +263,7 @@ async fn without_a_peer_address_the_request_is_refused_with_a_4xx() {
     let mut service = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(login_limiter(5))
-                .decision_extension(DecisionExtension::Always)
+                .decision_on_every_response(true)
                 .key(ClientIp::new())
                 .on_missing_key(MissingKey::Reject(StatusCode::FORBIDDEN)),
         )

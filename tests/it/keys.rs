@@ -15,14 +15,12 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::UnlimitedReason;
 use tollgate::key::{AsyncKeyExtractor, Extracted, ForwardedHeader, KeyRejection};
-use tollgate::response::DecisionExtension;
 use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
     Caller, Decision, Limiter, Policy, Quota, RateLimitLayer,
     key::{
         AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
-        TrustedProxies,
     },
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
@@ -43,7 +41,7 @@ fn layered<K: AsyncKeyExtractor>(limiter: Limiter, key: K, missing: MissingKey) 
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(limiter)
-                    .decision_extension(DecisionExtension::Always)
+                    .decision_on_every_response(true)
                     .key(key)
                     .on_missing_key(missing),
             )
@@ -565,9 +563,10 @@ async fn spoofed_forwarding_headers_from_an_untrusted_peer_are_ignored() {
     // Without trusted proxies, and with proxies that do not include this peer.
     for ip in [
         ClientIp::new(),
-        ClientIp::new().trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap()),
+        ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap(),
         ClientIp::new()
-            .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap())
+            .trusted_proxies(["10.0.0.0/8"])
+            .unwrap()
             .forwarded_header(ForwardedHeader::Forwarded),
     ] {
         let spoofed = |forged: &str| {
@@ -605,9 +604,9 @@ async fn spoofed_forwarding_headers_from_an_untrusted_peer_are_ignored() {
 // ClientIp: trusted proxies
 
 fn behind_proxies() -> ClientIp {
-    ClientIp::new().trusted_proxies(
-        TrustedProxies::parse(["10.0.0.0/8", "192.168.0.0/16", "fd00::/8", "172.16.5.4"]).unwrap(),
-    )
+    ClientIp::new()
+        .trusted_proxies(["10.0.0.0/8", "192.168.0.0/16", "fd00::/8", "172.16.5.4"])
+        .unwrap()
 }
 
 #[tokio::test]
@@ -833,13 +832,17 @@ async fn ipv4_mapped_ipv6_counts_as_ipv4() {
 
 #[test]
 fn ipv4_mapped_cidr_blocks_are_accepted() {
-    let mapped = TrustedProxies::parse(["::ffff:10.0.0.0/104"]).expect("a valid CIDR block");
-    assert!(mapped.contains("10.1.2.3".parse().unwrap()));
-    assert!(mapped.contains("::ffff:10.1.2.3".parse().unwrap()));
-    assert!(!mapped.contains("11.0.0.1".parse().unwrap()));
-    let all_mapped = TrustedProxies::parse(["::ffff:0:0/96"]).expect("a valid CIDR block");
-    assert!(all_mapped.contains("203.0.113.7".parse().unwrap()));
-    assert!(!all_mapped.contains("2001:db8::1".parse().unwrap()));
+    let mapped = ClientIp::new()
+        .trusted_proxies(["::ffff:10.0.0.0/104"])
+        .expect("a valid CIDR block");
+    assert!(mapped.trusts("10.1.2.3".parse().unwrap()));
+    assert!(mapped.trusts("::ffff:10.1.2.3".parse().unwrap()));
+    assert!(!mapped.trusts("11.0.0.1".parse().unwrap()));
+    let all_mapped = ClientIp::new()
+        .trusted_proxies(["::ffff:0:0/96"])
+        .expect("a valid CIDR block");
+    assert!(all_mapped.trusts("203.0.113.7".parse().unwrap()));
+    assert!(!all_mapped.trusts("2001:db8::1".parse().unwrap()));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -885,7 +888,7 @@ async fn missing_key_reject_answers_a_problem() {
         ServiceBuilder::new()
             .layer(
                 RateLimitLayer::new(one_per_hour())
-                    .decision_extension(DecisionExtension::Always)
+                    .decision_on_every_response(true)
                     .key(HeaderKey::new("x-customer-id")),
             )
             .service(service_fn(ok_handler)),

@@ -15,7 +15,6 @@ use axum::Router;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use tollgate::decision::DecisionSource;
-use tollgate::response::DecisionExtension;
 use tollgate::{
     BreakerConfig, Decision, FailurePolicy, InstanceCount, Limiter, Policy, Quota, RateLimitLayer,
     RedisBackend, key::HeaderKey,
@@ -134,7 +133,7 @@ fn group(policy: PolicyKind, url: &str) -> Group {
                 .route("/orders", get(|| async { "[]" }))
                 .layer(
                     RateLimitLayer::new(limiter)
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(HeaderKey::new("x-customer-id")),
                 ),
         );

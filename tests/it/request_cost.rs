@@ -14,8 +14,7 @@ use tollgate::Caller;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
-use tollgate::response::DecisionExtension;
-use tollgate::response::{COST_EXCEEDS_QUOTA, QUOTA_EXCEEDED, ResponseBody};
+use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
@@ -41,7 +40,7 @@ fn items() -> Policy {
 /// The batch endpoint: `?items=N` costs N units.
 fn batch(limiter: Limiter) -> Batch {
     let layer = RateLimitLayer::new(limiter)
-        .decision_extension(DecisionExtension::Always)
+        .decision_on_every_response(true)
         .key(GlobalKey)
         .cost(|request| {
             request
@@ -79,7 +78,7 @@ fn assert_never_admitted(reply: &Reply) {
     assert_eq!(reply.retry_after(), None, "waiting never helps");
     assert!(reply.headers.get("ratelimit").is_none(), "r is not known");
     let problem = reply.json();
-    assert_eq!(problem["type"], COST_EXCEEDS_QUOTA);
+    assert_eq!(problem["type"], ProblemType::CostExceedsQuota.uri());
     assert_eq!(problem["status"], 429);
     assert_eq!(problem["policy"], "items");
     assert_eq!(problem["cost"], 60);
@@ -119,7 +118,7 @@ async fn a_batch_consumes_its_cost_in_process() {
     // until 21 units fit.
     let twenty_one = send(&mut service, get("/batch?items=21", &[])).await;
     assert_eq!(twenty_one.status, 429);
-    assert_eq!(twenty_one.json()["type"], QUOTA_EXCEEDED);
+    assert_eq!(twenty_one.json()["type"], ProblemType::QuotaExceeded.uri());
     assert!(twenty_one.retry_after().is_some_and(|secs| secs >= 1));
 
     // Neither refusal consumed anything: exactly 20 are left.

@@ -22,7 +22,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
+use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::shed::ShedFuture;
 use tollgate::shed::{ConcurrencyShed, ConcurrencyShedLayer};
 use tollgate_testkit::http::{Reply, get as get_request, parse_response, send};
@@ -163,7 +163,7 @@ fn assert_shed(reply: &Reply, retry_after: u64) {
         "application/problem+json"
     );
     let problem = reply.json();
-    assert_eq!(problem["type"], TEMPORARY_REDUCED_CAPACITY);
+    assert_eq!(problem["type"], ProblemType::TemporaryReducedCapacity.uri());
     assert_eq!(problem["status"], 503);
     assert_eq!(problem["retry-after-seconds"], retry_after);
     assert!(problem["title"].is_string(), "{problem}");

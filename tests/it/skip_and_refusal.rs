@@ -18,7 +18,6 @@ use http::{Response, StatusCode};
 use tollgate::FailurePolicy;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
-use tollgate::response::DecisionExtension;
 const RATELIMIT: http::HeaderName = http::HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: http::HeaderName = http::HeaderName::from_static("ratelimit-policy");
 use tollgate::store::ManualClock;
@@ -87,7 +86,7 @@ fn a_skipped_path_passes_uncounted_while_another_is_limited() {
     let ((), snapshot) = with_recorder(|_| async {
         let (limiter, store_calls) = counted_limiter("api", 5);
         let layer = RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(HeaderKey::new("x-customer-id"))
             .skip(|request: &Parts| request.uri.path() == "/healthz");
         let mut app: Router = Router::new()
@@ -164,7 +163,7 @@ fn skip_by_peer_network_and_by_an_allow_list_of_keys() {
                 .is_some_and(|key| key == "monitoring" || key == "billing-batch")
         };
         let layer = RateLimitLayer::new(limiter)
-            .decision_extension(DecisionExtension::Always)
+            .decision_on_every_response(true)
             .key(HeaderKey::new("x-api-key"))
             .skip(move |parts| internal(parts) || allow_listed(parts));
         let mut app: Router = Router::new()
@@ -258,7 +257,7 @@ fn a_custom_429_keeps_the_fields_unless_the_hook_removes_them() {
                 "/kept",
                 get(|| async { "kept" }).layer(
                     RateLimitLayer::new(kept)
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(key.clone())
                         .on_refusal(json_error),
                 ),
@@ -267,7 +266,7 @@ fn a_custom_429_keeps_the_fields_unless_the_hook_removes_them() {
                 "/stripped",
                 get(|| async { "stripped" }).layer(
                     RateLimitLayer::new(stripped)
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(key)
                         .on_refusal(json_error_without_fields),
                 ),
@@ -337,7 +336,7 @@ fn a_custom_fail_closed_503_keeps_the_fields_unless_the_hook_removes_them() {
                 "/kept",
                 get(|| async { "kept" }).layer(
                     RateLimitLayer::new(closed_limiter("login-kept", &url))
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(key.clone())
                         .on_refusal(json_error),
                 ),
@@ -346,7 +345,7 @@ fn a_custom_fail_closed_503_keeps_the_fields_unless_the_hook_removes_them() {
                 "/stripped",
                 get(|| async { "stripped" }).layer(
                     RateLimitLayer::new(closed_limiter("login-stripped", &url))
-                        .decision_extension(DecisionExtension::Always)
+                        .decision_on_every_response(true)
                         .key(key)
                         .on_refusal(json_error_without_fields),
                 ),

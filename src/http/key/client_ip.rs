@@ -1,4 +1,3 @@
-use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,6 +7,7 @@ use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
 
 use super::{Extracted, KeyExtractor, KeyRejection};
+use crate::limiter::build_error::BuildError;
 use crate::store::caller::Caller;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -36,13 +36,13 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// ```
-/// use tollgate::key::{ClientIp, TrustedProxies};
-/// use tollgate::key::ForwardedHeader;
+/// use tollgate::key::{ClientIp, ForwardedHeader};
 ///
 /// let behind_lb = ClientIp::new()
-///     .trusted_proxies(TrustedProxies::parse(["10.0.0.0/8", "fd00::/8"]).unwrap())
+///     .trusted_proxies(["10.0.0.0/8", "fd00::/8"])?
 ///     .forwarded_header(ForwardedHeader::XForwardedFor);
-/// # drop(behind_lb);
+/// assert!(behind_lb.trusts("10.1.2.3".parse().unwrap()));
+/// # Ok::<(), tollgate::BuildError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ClientIp {
@@ -75,10 +75,35 @@ impl ClientIp {
         }
     }
 
-    /// Trusts the forwarding headers of peers in these networks.
-    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
-        self.trusted = trusted;
-        self
+    /// Trusts the forwarding headers of peers in these networks, given as CIDR blocks
+    /// (`10.0.0.0/8`, `fd00::/8`; a bare address is a single host), in place of any
+    /// trusted before. A block that does not parse is an error naming it, so an address
+    /// list read from configuration fails at start-up rather than trusting less than meant.
+    ///
+    /// ```
+    /// use tollgate::{BuildError, key::ClientIp};
+    ///
+    /// let ip = ClientIp::new().trusted_proxies(["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"])?;
+    /// assert!(ip.trusts("10.1.2.3".parse().unwrap()));
+    /// assert!(!ip.trusts("11.0.0.1".parse().unwrap()));
+    /// assert_eq!(
+    ///     ClientIp::new().trusted_proxies(["10.0.0.0/33"]).unwrap_err(),
+    ///     BuildError::InvalidCidr { block: "10.0.0.0/33".into() },
+    /// );
+    /// # Ok::<(), BuildError>(())
+    /// ```
+    pub fn trusted_proxies<I, S>(mut self, blocks: I) -> Result<Self, BuildError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.trusted = TrustedProxies::parse(blocks)?;
+        Ok(self)
+    }
+
+    /// Whether `addr` lies in one of the trusted proxies' networks.
+    pub fn trusts(&self, addr: IpAddr) -> bool {
+        self.trusted.contains(addr)
     }
 
     /// Chooses the forwarding header that the trusted proxies write.
@@ -116,7 +141,7 @@ impl ClientIp {
     ///
     /// ```
     /// # #[cfg(feature = "tonic")] {
-    /// use tollgate::key::{ClientIp, TrustedProxies};
+    /// use tollgate::key::ClientIp;
     /// use tonic::transport::server::TcpConnectInfo;
     ///
     /// let mut request = http::Request::new(());
@@ -125,7 +150,7 @@ impl ClientIp {
     ///     remote_addr: Some("10.0.0.9:41000".parse().unwrap()),
     /// });
     /// request.headers_mut().insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
-    /// let behind_lb = ClientIp::new().trusted_proxies(TrustedProxies::parse(["10.0.0.0/8"]).unwrap());
+    /// let behind_lb = ClientIp::new().trusted_proxies(["10.0.0.0/8"]).unwrap();
     /// assert_eq!(behind_lb.client_addr(&request), Ok(Some("198.51.100.1".parse().unwrap())));
     /// # }
     /// ```
@@ -303,24 +328,14 @@ fn parse_forwarded_element(element: &[u8]) -> Hop {
     }
 }
 
-/// Networks whose forwarding headers are believed, as CIDR blocks.
-///
-/// ```
-/// use tollgate::key::TrustedProxies;
-///
-/// let trusted = TrustedProxies::parse(["10.0.0.0/8", "2001:db8::/32", "192.0.2.1"]).unwrap();
-/// assert!(trusted.contains("10.1.2.3".parse().unwrap()));
-/// assert!(!trusted.contains("11.0.0.1".parse().unwrap()));
-/// assert!(TrustedProxies::parse(["10.0.0.0/33"]).is_err());
-/// ```
+/// Networks whose forwarding headers are believed.
 #[derive(Clone, Debug, Default)]
-pub struct TrustedProxies {
+struct TrustedProxies {
     networks: Arc<[Cidr]>,
 }
 
 impl TrustedProxies {
-    /// Parses CIDR blocks (`10.0.0.0/8`, `fd00::/8`); a bare address is a single host.
-    pub fn parse<I, S>(blocks: I) -> Result<Self, InvalidCidr>
+    fn parse<I, S>(blocks: I) -> Result<Self, BuildError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -334,31 +349,11 @@ impl TrustedProxies {
         })
     }
 
-    /// Whether `addr` lies in one of the trusted networks.
-    pub fn contains(&self, addr: IpAddr) -> bool {
+    fn contains(&self, addr: IpAddr) -> bool {
         let addr = canonical(addr);
         self.networks.iter().any(|network| network.contains(addr))
     }
 }
-
-/// A CIDR block that did not parse.
-///
-/// ```
-/// let error = tollgate::key::TrustedProxies::parse(["nonsense"]).unwrap_err();
-/// assert!(error.to_string().contains("nonsense"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidCidr {
-    block: String,
-}
-
-impl fmt::Display for InvalidCidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid CIDR block {:?}", self.block)
-    }
-}
-
-impl std::error::Error for InvalidCidr {}
 
 #[derive(Clone, Copy, Debug)]
 struct Cidr {
@@ -367,8 +362,8 @@ struct Cidr {
 }
 
 impl Cidr {
-    fn parse(block: &str) -> Result<Self, InvalidCidr> {
-        let invalid = || InvalidCidr {
+    fn parse(block: &str) -> Result<Self, BuildError> {
+        let invalid = || BuildError::InvalidCidr {
             block: block.to_owned(),
         };
         let (addr, prefix) = match block.trim().split_once('/') {

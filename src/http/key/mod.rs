@@ -19,7 +19,7 @@ use http::{Request, StatusCode};
 
 use crate::store::caller::{Caller, CallerKey};
 
-pub use client_ip::{ClientIp, ForwardedHeader, InvalidCidr, TrustedProxies};
+pub use client_ip::{ClientIp, ForwardedHeader};
 pub use configured::ConfiguredKey;
 pub use extension::ExtensionKey;
 pub use header::HeaderKey;
