@@ -184,7 +184,7 @@ pub mod key {
 
     pub use crate::http::key::{
         AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
-        ForwardedHeader, GlobalKey, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
+        ForwardedHeader, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
     };
 }
 

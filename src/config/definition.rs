@@ -9,13 +9,14 @@ use serde::Deserialize;
 
 use crate::config::duration;
 use crate::config::error::DefinitionError;
-use crate::http::key::{ClientIp, ConfiguredKey, GlobalKey, HeaderKey};
+use crate::http::key::{ClientIp, ConfiguredKey, HeaderKey};
 use crate::limiter::Limiter;
 use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
 use crate::limiter::limits::Limits;
 use crate::store::algorithm::Algorithm;
+use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 
 /// One limiter as written in a configuration file; see the [module docs](super) for the
@@ -299,7 +300,7 @@ impl KeyDefinition {
                 .map(|header| ConfiguredKey::Header(HeaderKey::from_name(header)))
                 .map_err(|_| DefinitionError::HeaderName(name.clone()))?,
             KeyDefinition::ClientIp => ConfiguredKey::ClientIp(ClientIp::new()),
-            KeyDefinition::Global => ConfiguredKey::Global(GlobalKey),
+            KeyDefinition::Global => ConfiguredKey::Global(Caller::new("*")),
         })
     }
 }

@@ -54,7 +54,7 @@ use crate::limiter::telemetry;
 ///
 /// ```
 /// use std::convert::Infallible;
-/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+/// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -62,7 +62,7 @@ use crate::limiter::telemetry;
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
 ///     .build();
 /// let service = ServiceBuilder::new()
-///     .layer(RateLimitLayer::new(limiter).key(GlobalKey))
+///     .layer(RateLimitLayer::new(limiter).key(Caller::new("*")))
 ///     .service_fn(|_req: http::Request<()>| async {
 ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
 ///     });
@@ -185,7 +185,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// carries it.
     ///
     /// ```
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     ///
     /// // An outer middleware logs what every request had left: put it on admitted ones too.
     /// let layer = RateLimitLayer::new(
@@ -193,7 +193,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
     ///         .build(),
     /// )
-    /// .key(GlobalKey)
+    /// .key(Caller::new("*"))
     /// .decision_on_every_response(true);
     /// # drop(layer);
     /// ```
@@ -220,7 +220,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// ```
     /// use std::convert::Infallible;
     /// use std::time::Duration;
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -230,7 +230,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .build();
     /// // r never exceeds ten minutes' worth of the daily average while t < 600 s.
     /// let layer = RateLimitLayer::new(limiter)
-    ///     .key(GlobalKey)
+    ///     .key(Caller::new("*"))
     ///     .remaining_horizon(Duration::from_secs(600));
     /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
     ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
@@ -354,7 +354,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// ```
     /// use std::convert::Infallible;
     /// use tollgate::{Decision, decision::UnlimitedReason};
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -362,7 +362,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
-    ///     .key(GlobalKey)
+    ///     .key(Caller::new("*"))
     ///     .decision_on_every_response(true)
     ///     .skip(|request| request.uri.path() == "/healthz");
     /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
@@ -416,7 +416,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// use bytes::Bytes;
     /// use http::header::CONTENT_TYPE;
     /// use tollgate::Decision;
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -424,7 +424,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
-    ///     .key(GlobalKey)
+    ///     .key(Caller::new("*"))
     ///     .on_refusal(|decision: &Decision, default: http::Response<Bytes>| {
     ///         let code = match decision {
     ///             Decision::Limited(_) => "rate_limited",
@@ -472,7 +472,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -480,7 +480,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .policy(Policy::sliding_window("items", Quota::per_second(50)))
     ///     .build();
     /// // `?items=30` costs 30 units; no query, one.
-    /// let layer = RateLimitLayer::new(limiter).key(GlobalKey).cost(|request| {
+    /// let layer = RateLimitLayer::new(limiter).key(Caller::new("*")).cost(|request| {
     ///     request
     ///         .uri
     ///         .query()
@@ -538,7 +538,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// ```
     /// use std::convert::Infallible;
     /// use http::StatusCode;
-    /// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
     /// use tower::{ServiceBuilder, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -546,7 +546,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     ///     .policy(Policy::sliding_window("attempts", Quota::per_minute(2)))
     ///     .build();
     /// let layer = RateLimitLayer::new(limiter)
-    ///     .key(GlobalKey)
+    ///     .key(Caller::new("*"))
     ///     .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
     /// let login = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<()>| async move {
     ///     let status = if req.uri().query() == Some("password=right") { 200 } else { 401 };

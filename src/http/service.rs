@@ -18,7 +18,7 @@ use crate::http::key::AsyncKeyExtractor;
 /// use std::convert::Infallible;
 /// use bytes::Bytes;
 /// use http_body_util::Full;
-/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+/// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -26,7 +26,7 @@ use crate::http::key::AsyncKeyExtractor;
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
 ///     .build();
 /// let service = ServiceBuilder::new()
-///     .layer(RateLimitLayer::new(limiter).key(GlobalKey))
+///     .layer(RateLimitLayer::new(limiter).key(Caller::new("*")))
 ///     .service_fn(|_req: http::Request<()>| async {
 ///         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("hello"))))
 ///     });

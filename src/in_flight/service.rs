@@ -29,11 +29,11 @@ const POLICY: &str = "in-flight";
 /// use std::convert::Infallible;
 /// use tollgate::InMemoryBackend;
 /// use tollgate::in_flight::InFlightLayer;
-/// use tollgate::key::GlobalKey;
+/// use tollgate::Caller;
 /// use tower::{Layer, Service, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let layer = InFlightLayer::new("reports", 1, InMemoryBackend::new()).key(GlobalKey);
+/// let layer = InFlightLayer::new("reports", 1, InMemoryBackend::new()).key(Caller::new("*"));
 /// let mut service = layer.layer(service_fn(|_req: http::Request<()>| async {
 ///     Ok::<_, Infallible>(http::Response::new(String::from("report")))
 /// }));

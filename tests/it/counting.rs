@@ -14,7 +14,7 @@ use http_body_util::Full;
 use tollgate::decision::DecisionSource;
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
-    RateLimitLayer, key::GlobalKey,
+    RateLimitLayer,
 };
 #[cfg(feature = "redis")]
 use tollgate::{
@@ -71,7 +71,7 @@ fn on_redis(server: &RedisServer) -> Limiter {
 fn login(limiter: Limiter, calls: Arc<AtomicUsize>) -> Login {
     let layer = RateLimitLayer::new(limiter)
         .decision_on_every_response(true)
-        .key(GlobalKey)
+        .key(Caller::new("*"))
         .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
     let handler = service_fn(move |request: Request<Full<Bytes>>| {
         let calls = calls.clone();
@@ -267,7 +267,7 @@ fn a_failed_refund_is_counted_never_an_error() {
         let down = store.clone();
         let layer = RateLimitLayer::new(limiter.clone())
             .decision_on_every_response(true)
-            .key(GlobalKey)
+            .key(Caller::new("*"))
             .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
         // The store goes down while the handler runs: after the check, before the refund.
         let handler = service_fn(move |_request: Request<Full<Bytes>>| {

@@ -9,9 +9,9 @@ use http_body_util::Full;
 use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{
-    Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
+    Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
     RateLimitLayer,
-    key::{GlobalKey, HeaderKey},
+    key::HeaderKey,
     reload::{Mode, ModeSwitch},
     response::HeaderMode,
 };
@@ -47,7 +47,7 @@ fn service(
         .layer(
             RateLimitLayer::new(limiter)
                 .decision_on_every_response(true)
-                .key(GlobalKey)
+                .key(Caller::new("*"))
                 .headers(mode)
                 .uncapped_remaining(),
         )
@@ -618,7 +618,7 @@ fn daily_bucket(limit: u64) -> Policy {
 async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let clock = ManualClock::new(START_MS);
     let policies = || [per_second(50), daily_bucket(1_000_000)];
-    let fresh = |layer: RateLimitLayer<GlobalKey>| {
+    let fresh = |layer: RateLimitLayer<Caller>| {
         let mut svc = serve(layer);
         async move { send(&mut svc, get("/", &[])).await }
     };
@@ -630,7 +630,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -654,7 +654,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
             .decision_on_every_response(true)
-            .key(GlobalKey)
+            .key(Caller::new("*"))
             .remaining_horizon(Duration::ZERO),
     )
     .await;
@@ -666,7 +666,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
             .decision_on_every_response(true)
-            .key(GlobalKey)
+            .key(Caller::new("*"))
             .remaining_horizon(Duration::from_secs(600)),
     )
     .await;
@@ -676,7 +676,7 @@ async fn r_is_capped_against_t_by_default_for_windows_longer_than_a_minute() {
     let reply = fresh(
         RateLimitLayer::new(limiter_at(&clock, policies()))
             .decision_on_every_response(true)
-            .key(GlobalKey)
+            .key(Caller::new("*"))
             .uncapped_remaining(),
     )
     .await;
@@ -694,7 +694,7 @@ async fn a_sliding_daily_window_keeps_r_over_t_at_the_daily_average() {
     let mut svc = serve(
         RateLimitLayer::new(limiter_at(&clock, [per_day(1_000_000)]))
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     );
     let mut last = None;
     for _ in 0..2 {
@@ -715,7 +715,7 @@ async fn the_cap_never_hides_the_last_request_nor_raises_r() {
     let mut svc = serve(
         RateLimitLayer::new(limiter_at(&clock, [daily_bucket(3)]))
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     );
     let mut seen = Vec::new();
     for _ in 0..3 {
@@ -739,7 +739,7 @@ fn redirect_service(
     let clock = ManualClock::new(START_MS);
     let layer = RateLimitLayer::new(limiter_at(&clock, [per_second(1)]))
         .decision_on_every_response(true)
-        .key(GlobalKey);
+        .key(Caller::new("*"));
     let layer = match mode {
         Some(mode) => layer.headers(mode),
         None => layer,
@@ -798,7 +798,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     let mut svc = serve(
         RateLimitLayer::new(limiter)
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     );
     let reply = send(&mut svc, get("/", &[])).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -846,7 +846,7 @@ async fn a_fail_closed_refusal_is_temporary_reduced_capacity_with_a_zero_quota()
     let mut svc = serve(
         RateLimitLayer::new(limiter)
             .decision_on_every_response(true)
-            .key(GlobalKey)
+            .key(Caller::new("*"))
             .headers(HeaderMode::Never),
     );
     let reply = send(&mut svc, get("/", &[])).await;
@@ -871,7 +871,7 @@ async fn a_local_share_advertises_the_share_on_allowed_and_refused_responses() {
     let mut svc = serve(
         RateLimitLayer::new(limiter)
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     );
     let mut admitted = 0;
     loop {
@@ -917,7 +917,7 @@ async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
     let mut svc = serve(
         RateLimitLayer::new(limiter)
             .decision_on_every_response(true)
-            .key(GlobalKey),
+            .key(Caller::new("*")),
     );
     for _ in 0..3 {
         let reply = send(&mut svc, get("/", &[])).await;

@@ -19,9 +19,7 @@ use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
     Caller, Decision, Limiter, Policy, Quota, RateLimitLayer,
-    key::{
-        AsyncFnKey, ClientIp, ExtensionKey, FnKey, GlobalKey, HeaderKey, KeyExtractor, MissingKey,
-    },
+    key::{AsyncFnKey, ClientIp, ExtensionKey, FnKey, HeaderKey, KeyExtractor, MissingKey},
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tower::util::BoxCloneService;
@@ -303,19 +301,19 @@ async fn extension_key_without_the_extension_has_no_key() {
 }
 
 // ---------------------------------------------------------------------------------------
-// GlobalKey, FnKey, AsyncFnKey
+// A fixed Caller, FnKey, AsyncFnKey
 
 #[tokio::test]
-async fn global_key_puts_everybody_in_one_bucket() {
+async fn a_fixed_caller_puts_everybody_in_one_bucket() {
     assert!(
         same_bucket(
-            GlobalKey,
+            Caller::new("*"),
             from_peer("203.0.113.7:1000", &[("x-customer-id", "acme")]),
             from_peer("198.51.100.1:2000", &[("x-customer-id", "globex")]),
         )
         .await
     );
-    assert!(same_bucket(GlobalKey, get("/a", &[]), get("/b", &[])).await);
+    assert!(same_bucket(Caller::new("*"), get("/a", &[]), get("/b", &[])).await);
 }
 
 #[tokio::test]

@@ -11,10 +11,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
-use tollgate::key::GlobalKey;
+use tollgate::Caller;
 use tollgate::reload::Limits;
 use tollgate::store::{Backend, CallerKey, ManualClock, Refund};
-use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
 use tower::util::BoxCloneService;
@@ -38,7 +38,7 @@ fn wrong_codes(lockout: Duration) -> Policy {
 /// A one-time-code route: `?code=right` is 200, anything else 401, and only 401s count.
 fn otp(limiter: &Limiter) -> Otp {
     let layer = RateLimitLayer::new(limiter.clone())
-        .key(GlobalKey)
+        .key(Caller::new("*"))
         .count_only(|response| response.status == StatusCode::UNAUTHORIZED);
     let handler = service_fn(|request: Request<Full<Bytes>>| async move {
         let mut response = Response::new(Full::new(Bytes::new()));

@@ -10,8 +10,7 @@ use std::time::Duration;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::{
-    Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey,
-    reload::Limits,
+    Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, reload::Limits,
 };
 use tollgate_testkit::http::{get, ok_handler, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
@@ -188,7 +187,7 @@ async fn the_ratelimit_policy_field_follows_the_swap() {
     let limiter = Limiter::builder().policy(per_day(50)).build();
     let handle = limiter.limits_handle();
     let mut service = ServiceBuilder::new()
-        .layer(RateLimitLayer::new(limiter).key(GlobalKey))
+        .layer(RateLimitLayer::new(limiter).key(Caller::new("*")))
         .service(service_fn(ok_handler));
     let q = |reply: &tollgate_testkit::http::Reply| reply.policy_params("RateLimit-Policy");
     let before = send(&mut service, get("/", &[])).await;

@@ -16,7 +16,7 @@ use tollgate::RedisBackend;
 use tollgate::decision::DecisionSource;
 use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::ManualClock;
-use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
@@ -41,7 +41,7 @@ fn items() -> Policy {
 fn batch(limiter: Limiter) -> Batch {
     let layer = RateLimitLayer::new(limiter)
         .decision_on_every_response(true)
-        .key(GlobalKey)
+        .key(Caller::new("*"))
         .cost(|request| {
             request
                 .uri

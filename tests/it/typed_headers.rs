@@ -7,7 +7,7 @@ use std::time::Duration;
 use headers::HeaderMapExt;
 use tollgate::headers::{RateLimitHeader, RateLimitPolicyHeader, RetryAfter};
 use tollgate::store::ManualClock;
-use tollgate::{InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
 use tollgate_testkit::http::{get, ok_handler, send};
 use tower::{ServiceBuilder, service_fn};
 
@@ -25,7 +25,7 @@ async fn an_allowed_response_and_a_refusal_decode_to_what_the_limiter_decided() 
     let mut service = ServiceBuilder::new()
         .layer(
             RateLimitLayer::new(limiter)
-                .key(GlobalKey)
+                .key(Caller::new("*"))
                 .partition_key("a secret of at least sixteen bytes"),
         )
         .service(service_fn(ok_handler));

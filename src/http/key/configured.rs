@@ -5,7 +5,8 @@ use http::Request;
 
 use crate::http::key::client_ip::ClientIp;
 use crate::http::key::header::HeaderKey;
-use crate::http::key::{Extracted, GlobalKey, KeyExtractor};
+use crate::http::key::{Extracted, KeyExtractor};
+use crate::store::caller::Caller;
 
 /// A header, the client IP, or one key for everybody, picked at run time: the layer has
 /// one type whichever it is.
@@ -28,8 +29,8 @@ pub enum ConfiguredKey {
     Header(HeaderKey),
     /// By the client's address: [`ClientIp`].
     ClientIp(ClientIp),
-    /// Every request together: [`GlobalKey`].
-    Global(GlobalKey),
+    /// Every request together, as this one caller.
+    Global(Caller),
 }
 
 impl KeyExtractor for ConfiguredKey {

@@ -3,7 +3,7 @@
 //! A [`KeyExtractor`] reads a request and names its [`Caller`]. The built-ins cover the
 //! usual sources: a request header ([`HeaderKey`]), a request extension set by earlier
 //! authentication middleware ([`ExtensionKey`]), the client IP behind trusted proxies
-//! ([`ClientIp`]), one key for everybody ([`GlobalKey`]) and a closure ([`FnKey`]);
+//! ([`ClientIp`]), one key for everybody (a fixed [`Caller`]) and a closure ([`FnKey`]);
 //! [`ConfiguredKey`] is one of the first kinds chosen at run time.
 
 mod client_ip;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use http::{Request, StatusCode};
 
-use crate::store::caller::{Caller, CallerKey};
+use crate::store::caller::Caller;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use configured::ConfiguredKey;
@@ -243,24 +243,22 @@ impl Default for MissingKey {
     }
 }
 
-/// One key for every request: a limit on the whole route rather than per caller.
+/// A fixed caller counts every request as itself: one key for every request, a limit on
+/// the whole route rather than per caller.
 ///
 /// ```
-/// use tollgate::{Limiter, Policy, Quota, RateLimitLayer, key::GlobalKey};
+/// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
 ///
 /// // At most 1,000 requests a second to this route, whoever sends them.
 /// let limiter = Limiter::builder()
 ///     .policy(Policy::sliding_window("route", Quota::per_second(1_000)))
 ///     .build();
-/// let layer = RateLimitLayer::new(limiter).key(GlobalKey);
+/// let layer = RateLimitLayer::new(limiter).key(Caller::new("*"));
 /// # drop(layer);
 /// ```
-#[derive(Clone, Copy, Debug, Default)]
-pub struct GlobalKey;
-
-impl KeyExtractor for GlobalKey {
+impl KeyExtractor for Caller {
     fn extract<B>(&self, _request: &Request<B>) -> Extracted {
-        Extracted::Caller(Caller::new(CallerKey::new("*")))
+        Extracted::Caller(self.clone())
     }
 }
 
