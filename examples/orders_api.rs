@@ -105,7 +105,7 @@ use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
     key::{ClientIp, KeyExtractor, MissingKey},
-    reload::{Limits, LimitsHandle},
+    reload::Limits,
 };
 
 /// An orders API rate-limited per customer, a login form that fails closed, optional load
@@ -414,7 +414,8 @@ impl KeyExtractor for CustomerKey {
 /// The router, and what a reload of `--config` changes under it.
 struct App {
     router: Router,
-    orders_limits: LimitsHandle,
+    /// The /orders limiter (a clone of the one its layer holds), whose limits a reload swaps.
+    orders: Limiter,
     plans: Arc<ArcSwap<Plans>>,
 }
 
@@ -538,7 +539,7 @@ async fn app(
         "/orders: {described} per customer, counters in {where_}, on store failure: {}{leasing}",
         options.on_store_failure
     );
-    let handle = orders.limits_handle();
+    let reloadable = orders.clone();
 
     let router = Router::new()
         .route("/orders", get(|| async { "[]" }))
@@ -587,7 +588,7 @@ async fn app(
     };
     Ok(App {
         router,
-        orders_limits: handle,
+        orders: reloadable,
         plans,
     })
 }
@@ -600,12 +601,14 @@ fn reload_on_hangup(path: PathBuf, app: &App) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
     let mut hangups = signal(SignalKind::hangup())?;
-    let (limits, plans) = (app.orders_limits.clone(), app.plans.clone());
+    let (limits, plans) = (app.orders.clone(), app.plans.clone());
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             let reloaded = load(&path).and_then(|loaded| {
                 let described = describe(&loaded.limits);
-                limits.set(loaded.limits).map_err(|e| e.to_string())?;
+                limits
+                    .set_limits(loaded.limits)
+                    .map_err(|e| e.to_string())?;
                 plans.store(Arc::new(loaded.plans));
                 Ok(described)
             });

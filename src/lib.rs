@@ -239,10 +239,10 @@ pub mod future {
 }
 
 pub mod reload {
-    //! Changing a running limiter: its limits ([`LimitsHandle`], from
-    //! [`Limiter::limits_handle`](crate::Limiter::limits_handle)) and its mode
+    //! Changing a running limiter: its limits ([`Limits`], swapped by
+    //! [`Limiter::set_limits`](crate::Limiter::set_limits)) and its mode
     //! ([`ModeSwitch`]), without rebuilding the router.
 
-    pub use crate::limiter::limits::{Limits, LimitsHandle};
+    pub use crate::limiter::limits::Limits;
     pub use crate::limiter::mode::{Mode, ModeSwitch};
 }

@@ -120,7 +120,7 @@ enum KeyDefinition {
 impl LimiterDefinition {
     /// The default policies and tiers, checked as
     /// [`LimiterBuilder::try_build`] checks them: ready for
-    /// [`LimitsHandle::set`](crate::reload::LimitsHandle::set) or [`LimiterBuilder::limits`].
+    /// [`Limiter::set_limits`](crate::Limiter::set_limits) or [`LimiterBuilder::limits`].
     pub fn limits(&self) -> Result<Limits, DefinitionError> {
         let mut limits = Limits::new();
         for policy in &self.policies {

@@ -62,12 +62,12 @@
 //!
 //! // Later, the file changed: new limits for the running limiter.
 //! let changed: LimiterDefinition = toml::from_str(&text.replace("limit = 50", "limit = 100")).unwrap();
-//! limiter.limits_handle().set(changed.limits().unwrap()).unwrap();
+//! limiter.set_limits(changed.limits().unwrap()).unwrap();
 //! assert_eq!(limiter.policies()[0].quota(), 100);
 //! ```
 //!
 //! A counter keeps its count across such a change when its policy keeps its name,
-//! algorithm and unit (see [`LimitsHandle`](crate::reload::LimitsHandle)).
+//! algorithm and unit (see [`Limiter::set_limits`](crate::Limiter::set_limits)).
 
 mod definition;
 mod duration;

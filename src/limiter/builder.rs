@@ -163,7 +163,7 @@ impl LimiterBuilder {
     }
 
     /// Replaces the default policies and tiers given so far with `limits` (from a
-    /// configuration file, say). [`Limiter::limits_handle`] swaps them while the limiter
+    /// configuration file, say). [`Limiter::set_limits`] swaps them while the limiter
     /// runs.
     ///
     /// ```

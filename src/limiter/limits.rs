@@ -19,7 +19,7 @@ use crate::store::policy::Policy;
 
 /// The policies of a limiter: the defaults, and each plan tier's. What
 /// [`LimiterBuilder::limits`](crate::LimiterBuilder::limits) starts a limiter with and
-/// [`LimitsHandle::set`] swaps in while it runs.
+/// [`Limiter::set_limits`](crate::Limiter::set_limits) swaps in while it runs.
 ///
 /// ```
 /// use tollgate::{Policy, Quota, reload::Limits};
@@ -98,8 +98,8 @@ impl Limits {
 pub(crate) struct ActiveLimits {
     default: PolicySet,
     tiers: HashMap<Arc<str>, PolicySet>,
-    /// As given, for [`LimitsHandle::get`].
-    source: Limits,
+    /// As given, for [`Limiter::limits`](crate::Limiter::limits).
+    pub(super) source: Limits,
 }
 
 impl ActiveLimits {
@@ -172,7 +172,7 @@ impl InForce {
     }
 
     /// Checks `limits` and swaps them in, or says why they cannot work.
-    fn replace(&self, limits: Limits) -> Result<(), BuildError> {
+    pub(super) fn replace(&self, limits: Limits) -> Result<(), BuildError> {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let active = ActiveLimits::new(limits, &self.scope, generation)?;
         // Counters first, so that a refusal by a newly named policy is counted.
@@ -186,85 +186,6 @@ impl InForce {
 impl fmt::Debug for InForce {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&**self.active.load(), f)
-    }
-}
-
-/// Replaces the policies of a running limiter (and of its clones, and of every layer built
-/// on it) without rebuilding the router; from [`Limiter::limits_handle`](crate::Limiter::limits_handle).
-///
-/// A new set is checked as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
-/// checks one and swapped in whole, atomically: a decision is made entirely under the old
-/// limits or entirely under the new ones. An invalid set is refused with a [`BuildError`]
-/// and the limits in force stay as they were. Like a clone of the limiter, a handle keeps
-/// the limiter's shared state alive.
-///
-/// # What happens to a caller's count
-///
-/// A count belongs to a policy's [`counter`](Policy::counter): the limiter's scope, the
-/// policy's name and the unit it counts in (the sliding window's length, or the token
-/// bucket's refill period). A policy that keeps its name, algorithm and unit keeps every
-/// caller's count, and the new quota applies to it: raising `per-second` from 50 to 100
-/// lets a caller that already used 50 this second take 50 more, not 100; lowering it to
-/// 30 refuses that caller until its count falls below 30. A policy with a new name, or
-/// another window, period or algorithm, is a new counter: callers start it from zero.
-/// Refusals the limiter remembered (its denial cache) are forgotten at the swap, so none
-/// made under the old limits outlives them.
-///
-/// ```
-/// use tollgate::{Caller, Limiter, Policy, Quota, reload::Limits};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let limiter = Limiter::builder()
-///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
-///     .build();
-/// let handle = limiter.limits_handle();
-/// let acme = Caller::new("acme");
-/// assert!(limiter.check(&acme).await.is_allowed());
-/// assert!(limiter.check(&acme).await.is_allowed());
-/// assert!(!limiter.check(&acme).await.is_allowed());
-///
-/// // Same name, same window: acme keeps the 2 it used and gets 1 more.
-/// handle
-///     .set(Limits::new().policy(Policy::sliding_window("per-minute", Quota::per_minute(3))))
-///     .unwrap();
-/// assert!(limiter.check(&acme).await.is_allowed());
-/// assert!(!limiter.check(&acme).await.is_allowed());
-/// assert_eq!(limiter.policies()[0].quota(), 3);
-///
-/// // A set that cannot work is refused, and the limits in force stay.
-/// assert!(handle.set(Limits::new()).is_err());
-/// assert_eq!(handle.get().policies()[0].quota(), 3);
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct LimitsHandle {
-    limits: Arc<InForce>,
-}
-
-impl LimitsHandle {
-    pub(super) fn new(limits: Arc<InForce>) -> Self {
-        Self { limits }
-    }
-
-    /// Swaps `limits` in, or says why they cannot work and leaves the limits in force.
-    /// Takes effect on the next decision; decisions already past reading the limits finish
-    /// under the old ones.
-    pub fn set(&self, limits: Limits) -> Result<(), BuildError> {
-        self.limits.replace(limits)
-    }
-
-    /// The limits in force, as they were given.
-    pub fn get(&self) -> Limits {
-        self.limits.load().source.clone()
-    }
-}
-
-impl fmt::Debug for LimitsHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LimitsHandle")
-            .field("limiter", &self.limits.name)
-            .field("limits", &self.limits)
-            .finish()
     }
 }
 
@@ -299,8 +220,7 @@ mod tests {
         assert_eq!(admitted(&limiter, &gold, 5).await, 3);
         // Gold now gets 5 of the same counter; silver is new and counts from zero.
         limiter
-            .limits_handle()
-            .set(
+            .set_limits(
                 Limits::new()
                     .policy(per_minute(1))
                     .tier("gold", [per_minute(5)])
@@ -316,8 +236,7 @@ mod tests {
         // A tier dropped from the limits falls back to the defaults, whose count acme
         // shares with every set that has this policy.
         limiter
-            .limits_handle()
-            .set(Limits::new().policy(per_minute(10)))
+            .set_limits(Limits::new().policy(per_minute(10)))
             .unwrap();
         assert_eq!(admitted(&limiter, &gold, 10).await, 5);
     }
@@ -325,11 +244,10 @@ mod tests {
     #[test]
     fn a_refused_set_leaves_the_limits_in_force() {
         let limiter = Limiter::builder().policy(per_minute(1)).build();
-        let handle = limiter.limits_handle();
-        let before = handle.get();
+        let before = limiter.limits();
         let duplicate = Limits::new().policy(per_minute(1)).policy(per_minute(2));
         assert_eq!(
-            handle.set(duplicate),
+            limiter.set_limits(duplicate),
             Err(BuildError::DuplicatePolicy {
                 tier: None,
                 name: "per-minute".into()
@@ -337,12 +255,12 @@ mod tests {
         );
         let empty_tier = Limits::new().policy(per_minute(1)).tier("gold", []);
         assert_eq!(
-            handle.set(empty_tier),
+            limiter.set_limits(empty_tier),
             Err(BuildError::NoPolicies {
                 tier: Some("gold".into())
             })
         );
-        assert_eq!(handle.get(), before);
+        assert_eq!(limiter.limits(), before);
         assert_eq!(limiter.policies()[0].quota(), 1);
     }
 

@@ -2,7 +2,7 @@
 //! or Redis type.
 //!
 //! A [`Limiter`] owns its parts: the [`limits`] in force (checked into [`policy_set`]s,
-//! swapped by a [`limits::LimitsHandle`]), its [`mode`], its [`telemetry`], and the
+//! swapped by [`Limiter::set_limits`]), its [`mode`], its [`telemetry`], and the
 //! [`path`] its decisions take, chosen when the [`builder`] assembles it: straight to an
 //! in-process store, or through the [`denial_cache`], a hot caller's [`lease`], the
 //! [`breaker`] of the caller's part of the store from [`domains`], and the
@@ -36,9 +36,10 @@ use std::sync::Arc;
 use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::BreakerState;
+use crate::limiter::build_error::BuildError;
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
-use crate::limiter::limits::{InForce, LimitsHandle};
+use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
 use crate::limiter::telemetry::LimiterMetrics;
@@ -72,7 +73,7 @@ pub struct Limiter {
 struct Inner {
     name: Arc<str>,
     mode: ModeSwitch,
-    /// The policies in force, shared with the limiter's [`LimitsHandle`]s.
+    /// The policies in force, swapped by [`Limiter::set_limits`].
     limits: Arc<InForce>,
     metrics: Arc<LimiterMetrics>,
     path: Path,
@@ -237,9 +238,62 @@ impl Limiter {
         &self.inner.mode
     }
 
-    /// The handle that replaces this limiter's policies and tiers while it runs.
-    pub fn limits_handle(&self) -> LimitsHandle {
-        LimitsHandle::new(self.inner.limits.clone())
+    /// Swaps `limits` in, or says why they cannot work and leaves the limits in force: the
+    /// policies of this limiter, of its clones and of every layer built on it change without
+    /// rebuilding the router. Keep a clone of the limiter (an admin endpoint's, a reload
+    /// task's) to call it. Takes effect on the next decision; decisions already past reading
+    /// the limits finish under the old ones.
+    ///
+    /// A new set is checked as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
+    /// checks one and swapped in whole, atomically: a decision is made entirely under the old
+    /// limits or entirely under the new ones. An invalid set is refused with a [`BuildError`]
+    /// and the limits in force stay as they were.
+    ///
+    /// # What happens to a caller's count
+    ///
+    /// A count belongs to a policy's [`counter`](crate::Policy::counter): the limiter's scope, the
+    /// policy's name and the unit it counts in (the sliding window's length, or the token
+    /// bucket's refill period). A policy that keeps its name, algorithm and unit keeps every
+    /// caller's count, and the new quota applies to it: raising `per-second` from 50 to 100
+    /// lets a caller that already used 50 this second take 50 more, not 100; lowering it to
+    /// 30 refuses that caller until its count falls below 30. A policy with a new name, or
+    /// another window, period or algorithm, is a new counter: callers start it from zero.
+    /// Refusals the limiter remembered (its denial cache) are forgotten at the swap, so none
+    /// made under the old limits outlives them.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota, reload::Limits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
+    ///     .build();
+    /// let acme = Caller::new("acme");
+    /// assert!(limiter.check(&acme).await.is_allowed());
+    /// assert!(limiter.check(&acme).await.is_allowed());
+    /// assert!(!limiter.check(&acme).await.is_allowed());
+    ///
+    /// // Same name, same window: acme keeps the 2 it used and gets 1 more.
+    /// limiter
+    ///     .set_limits(Limits::new().policy(Policy::sliding_window("per-minute", Quota::per_minute(3))))
+    ///     .unwrap();
+    /// assert!(limiter.check(&acme).await.is_allowed());
+    /// assert!(!limiter.check(&acme).await.is_allowed());
+    /// assert_eq!(limiter.policies()[0].quota(), 3);
+    ///
+    /// // A set that cannot work is refused, and the limits in force stay.
+    /// assert!(limiter.set_limits(Limits::new()).is_err());
+    /// assert_eq!(limiter.limits().policies()[0].quota(), 3);
+    /// # }
+    /// ```
+    pub fn set_limits(&self, limits: Limits) -> Result<(), BuildError> {
+        self.inner.limits.replace(limits)
+    }
+
+    /// The limits in force, as they were given (to the builder or to
+    /// [`set_limits`](Self::set_limits)).
+    pub fn limits(&self) -> Limits {
+        self.inner.limits.load().source.clone()
     }
 
     /// The policies in force for callers without a tier, in order, counted under this

@@ -113,8 +113,7 @@ async fn lock_out(a: &Limiter, b: &Limiter, lockout: Duration, retry_after: (u64
         "a wrong code on a",
     );
     // The same limits swapped in: the block is kept under the policy's name.
-    a.limits_handle()
-        .set(Limits::new().policy(wrong_codes(lockout)))
+    a.set_limits(Limits::new().policy(wrong_codes(lockout)))
         .unwrap();
     assert_locked_out(
         &attempt(&mut on_a, true).await,
@@ -122,14 +121,12 @@ async fn lock_out(a: &Limiter, b: &Limiter, lockout: Duration, retry_after: (u64
         "after the swap",
     );
     // A wider quota under the same name keeps it too.
-    b.limits_handle()
-        .set(Limits::new().policy(
-            Policy::sliding_window("wrong-codes", Quota::per_minutes(50, 10)).lock_out_for(lockout),
-        ))
-        .unwrap();
+    b.set_limits(Limits::new().policy(
+        Policy::sliding_window("wrong-codes", Quota::per_minutes(50, 10)).lock_out_for(lockout),
+    ))
+    .unwrap();
     assert_locked_out(&attempt(&mut on_b, true).await, range, "a wider quota");
-    b.limits_handle()
-        .set(Limits::new().policy(wrong_codes(lockout)))
+    b.set_limits(Limits::new().policy(wrong_codes(lockout)))
         .unwrap();
 }
 

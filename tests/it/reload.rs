@@ -1,5 +1,5 @@
 //! Limits swapped while a limiter runs: under concurrent traffic, in process and on Redis,
-//! the count carried over as `LimitsHandle` documents, the denial cache, the
+//! the count carried over as `Limiter::set_limits` documents, the denial cache, the
 //! RateLimit-Policy field and the refusal counters following the swap.
 
 use std::collections::BTreeMap;
@@ -107,7 +107,7 @@ async fn swap_under_traffic(
         })
         .collect();
     wait_for(|| traffic.decided.load(Ordering::SeqCst) >= before_swap).await;
-    limiter.limits_handle().set(new).unwrap();
+    limiter.set_limits(new).unwrap();
     swapped.store(true, Ordering::SeqCst);
     wait_for(|| traffic.after.load(Ordering::SeqCst) >= after_swap).await;
     stop.store(true, Ordering::SeqCst);
@@ -143,16 +143,16 @@ async fn limits_change_under_traffic(limiter: Limiter) {
     assert_eq!(limiter.policies()[0].quota(), 100);
 
     // Lowered below what acme used: refused until its count falls below 30.
-    limiter.limits_handle().set(limits(per_day(30))).unwrap();
+    limiter.set_limits(limits(per_day(30))).unwrap();
     assert_eq!(burst(&limiter, &acme, 10).await, 0);
 
     // Another window under the same name is another counter: a fresh count of 30.
     let half_day = Policy::sliding_window("per-day", Quota::new(30, Duration::from_secs(43_200)));
-    limiter.limits_handle().set(limits(half_day)).unwrap();
+    limiter.set_limits(limits(half_day)).unwrap();
     assert_eq!(burst(&limiter, &acme, 20).await, 30);
     // So is another algorithm: a bucket of 10.
     let bucket = Policy::token_bucket("per-day", Quota::per_day(10), 10);
-    limiter.limits_handle().set(limits(bucket)).unwrap();
+    limiter.set_limits(limits(bucket)).unwrap();
     assert_eq!(burst(&limiter, &acme, 10).await, 10);
 }
 
@@ -185,17 +185,17 @@ async fn limits_change_under_traffic_on_redis() {
 #[tokio::test]
 async fn the_ratelimit_policy_field_follows_the_swap() {
     let limiter = Limiter::builder().policy(per_day(50)).build();
-    let handle = limiter.limits_handle();
+    let handle = limiter.clone();
     let mut service = ServiceBuilder::new()
         .layer(RateLimitLayer::new(limiter).key(Caller::new("*")))
         .service(service_fn(ok_handler));
     let q = |reply: &tollgate_testkit::http::Reply| reply.policy_params("RateLimit-Policy");
     let before = send(&mut service, get("/", &[])).await;
     assert_eq!(q(&before)[0].1[0], ("q".to_owned(), 50));
-    handle.set(limits(per_day(100))).unwrap();
+    handle.set_limits(limits(per_day(100))).unwrap();
     let after = send(&mut service, get("/", &[])).await;
     assert_eq!(q(&after)[0].1[0], ("q".to_owned(), 100));
-    handle.set(limits(per_day(50))).unwrap();
+    handle.set_limits(limits(per_day(50))).unwrap();
     let again = send(&mut service, get("/", &[])).await;
     assert_eq!(q(&again)[0].1[0], ("q".to_owned(), 50));
 }
@@ -211,7 +211,7 @@ fn refusals_by_a_policy_swapped_in_are_counted_under_its_name() {
         assert!(limiter.check(&acme).await.is_allowed());
         assert!(!limiter.check(&acme).await.is_allowed());
         let per_hour = Policy::sliding_window("per-hour", Quota::per_hour(1));
-        limiter.limits_handle().set(limits(per_hour)).unwrap();
+        limiter.set_limits(limits(per_hour)).unwrap();
         assert!(limiter.check(&acme).await.is_allowed());
         assert!(!limiter.check(&acme).await.is_allowed());
         assert!(!limiter.check(&acme).await.is_allowed());
