@@ -22,10 +22,11 @@
 //! nothing and reports each policy's `remaining`; the smallest of them, up to the units
 //! wanted, is the grant, which it then counts as one request of that cost. A backend that keeps states
 //! out of process stores the [`PolicyState`]s field by field (the sliding log's as its
-//! [`AdmissionLog`]). The builders, [`InvalidPolicy`], [`LiveInstances`] and (with
-//! `redis`) `RegistryError` belong to the crate's own stores and policies.
+//! [`AdmissionLog`]). The builders and [`LiveInstances`] belong to the crate's own stores.
 //!
-//! This floor knows nothing above it: no limiter, no HTTP type.
+//! This floor knows nothing above it: no limiter, no HTTP type. The one exception is
+//! [`BuildError`](crate::BuildError), the crate's one configuration error, which the
+//! policy and registry constructors here return as the limiter's builder does.
 
 pub(crate) mod algorithm;
 pub(crate) mod backend;
@@ -37,7 +38,6 @@ pub(crate) mod evaluate;
 pub(crate) mod future;
 pub(crate) mod inline_bytes;
 pub(crate) mod instances;
-pub(crate) mod invalid_policy;
 pub(crate) mod lease;
 pub(crate) mod lockout;
 pub(crate) mod memory;
@@ -54,10 +54,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use domain::FailureDomain;
 pub use evaluate::evaluate;
 pub use instances::LiveInstances;
-pub use invalid_policy::InvalidPolicy;
 pub use memory::InMemoryBackendBuilder;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
 #[cfg(feature = "redis")]
-pub use redis::registry::{InstanceRegistryBuilder, RegistryError};
+pub use redis::registry::InstanceRegistryBuilder;
 pub use slots::SlotStore;

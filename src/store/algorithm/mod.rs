@@ -14,7 +14,7 @@ pub use sliding_log::AdmissionLog;
 
 use std::time::Duration;
 
-use crate::store::invalid_policy::InvalidPolicy;
+use crate::limiter::build_error::BuildError;
 
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
@@ -122,23 +122,24 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_sliding_window(50, Duration::from_secs(1)).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_sliding_window(u64::MAX, Duration::from_secs(1)),
-    ///     Err(InvalidPolicy::Inexact)
+    ///     Err(BuildError::Inexact)
     /// );
     /// ```
-    pub fn try_sliding_window(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
+    pub fn try_sliding_window(limit: u64, window: Duration) -> Result<Self, BuildError> {
         let window_ms = millis(window);
         if limit == 0 {
-            return Err(InvalidPolicy::ZeroLimit);
+            return Err(BuildError::ZeroLimit);
         }
         if window_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::SlidingWindow { limit, window_ms })
     }
@@ -170,37 +171,38 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_sliding_log(5, Duration::from_secs(60)).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(20_000, Duration::from_secs(60)),
-    ///     Err(InvalidPolicy::LogTooLarge { limit: 20_000, max: Algorithm::MAX_LOG_LIMIT })
+    ///     Err(BuildError::LogTooLarge { limit: 20_000, max: Algorithm::MAX_LOG_LIMIT })
     /// );
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(5, Duration::from_micros(500)),
-    ///     Err(InvalidPolicy::ShortPeriod)
+    ///     Err(BuildError::ShortPeriod)
     /// );
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(0, Duration::from_secs(1)),
-    ///     Err(InvalidPolicy::ZeroLimit)
+    ///     Err(BuildError::ZeroLimit)
     /// );
     /// ```
-    pub fn try_sliding_log(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
+    pub fn try_sliding_log(limit: u64, window: Duration) -> Result<Self, BuildError> {
         let window_ms = millis(window);
         if limit == 0 {
-            return Err(InvalidPolicy::ZeroLimit);
+            return Err(BuildError::ZeroLimit);
         }
         if window_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if limit > Self::MAX_LOG_LIMIT {
-            return Err(InvalidPolicy::LogTooLarge {
+            return Err(BuildError::LogTooLarge {
                 limit,
                 max: Self::MAX_LOG_LIMIT,
             });
         }
         if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::SlidingLog { limit, window_ms })
     }
@@ -220,32 +222,29 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_token_bucket(10, Duration::from_secs(1), 20).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_token_bucket(10, Duration::from_secs(1), 0),
-    ///     Err(InvalidPolicy::ZeroBurst)
+    ///     Err(BuildError::ZeroBurst)
     /// );
     /// ```
-    pub fn try_token_bucket(
-        rate: u64,
-        period: Duration,
-        burst: u64,
-    ) -> Result<Self, InvalidPolicy> {
+    pub fn try_token_bucket(rate: u64, period: Duration, burst: u64) -> Result<Self, BuildError> {
         let period_ms = millis(period);
         if rate == 0 {
-            return Err(InvalidPolicy::ZeroRate);
+            return Err(BuildError::ZeroRate);
         }
         if burst == 0 {
-            return Err(InvalidPolicy::ZeroBurst);
+            return Err(BuildError::ZeroBurst);
         }
         if period_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if u128::from(burst) * u128::from(period_ms) >= MAX_EXACT
             || u128::from(rate) * u128::from(period_ms) >= MAX_EXACT
         {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::TokenBucket {
             rate,
