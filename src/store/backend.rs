@@ -30,12 +30,18 @@ use crate::store::policy::Policy;
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
+/// use std::time::{SystemTime, UNIX_EPOCH};
 /// use tollgate::Policy;
 /// use tollgate::store::{
-///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, Refund, StoreError, SystemClock,
-///     evaluate,
+///     Backend, CallerKey, CheckOutcome, PolicyState, Refund, StoreError, evaluate,
 /// };
 /// use tollgate::future::StoreFuture;
+///
+/// /// The store's time, in milliseconds since the Unix epoch.
+/// fn now_ms() -> u64 {
+///     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+///     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+/// }
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
@@ -48,7 +54,7 @@ use crate::store::policy::Policy;
 ///         limits: &Arc<[Policy]>,
 ///         cost: u64,
 ///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
-///         let now = SystemClock.now_millis();
+///         let now = now_ms();
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         // All or nothing: the states to store only when every limit admits.
@@ -65,7 +71,7 @@ use crate::store::policy::Policy;
 ///         limits: &Arc<[Policy]>,
 ///         refund: Refund,
 ///     ) -> StoreFuture<Result<(), StoreError>> {
-///         let now = SystemClock.now_millis();
+///         let now = now_ms();
 ///         let mut map = self.0.lock().unwrap();
 ///         for limit in limits.iter() {
 ///             let key = (caller.clone(), limit.counter().to_owned());

@@ -22,11 +22,16 @@ use crate::store::policy::Policy;
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
-/// use tollgate::store::{
-///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, StoreError, SystemClock, evaluate,
-/// };
+/// use std::time::{SystemTime, UNIX_EPOCH};
+/// use tollgate::store::{Backend, CallerKey, CheckOutcome, PolicyState, StoreError, evaluate};
 /// use tollgate::future::StoreFuture;
 /// use tollgate::Policy;
+///
+/// /// The store's time, in milliseconds since the Unix epoch.
+/// fn now_ms() -> u64 {
+///     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+///     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+/// }
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
@@ -42,7 +47,7 @@ use crate::store::policy::Policy;
 ///         let mut map = self.0.lock().unwrap();
 ///         // Keyed on the counter, never on the name alone.
 ///         let key = |p: &Policy| (caller.clone(), p.counter().to_owned());
-///         let now = SystemClock.now_millis();
+///         let now = now_ms();
 ///         let (outcome, admitted) = evaluate(policies, |p| map.get(&key(p)).cloned(), now, cost);
 ///         for (policy, state) in policies.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(policy), state);

@@ -16,7 +16,7 @@
 //! - what it is asked: the [`CallerKey`], the [`Policy`](crate::Policy)s, a [`Refund`];
 //! - the arithmetic, so that it decides as the crate's stores do: [`evaluate`] over the
 //!   [`PolicyState`]s it keeps, and [`Algorithm::refund`] to give units back; the time from
-//!   a [`Clock`] ([`SystemClock`], or a [`ManualClock`] in tests).
+//!   a [`Clock`] (the system's, or a [`ManualClock`] in tests).
 //!
 //! A backend that leases finds the grant with [`evaluate`] too: a cost of 0 consumes
 //! nothing and reports each policy's `remaining`; the smallest of them, up to the units
@@ -50,7 +50,7 @@ pub(crate) mod slots;
 pub use algorithm::{AdmissionLog, Algorithm, PolicyOutcome, PolicyState};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 pub use caller::CallerKey;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 pub use evaluate::evaluate;
 pub use instances::LiveInstances;
