@@ -22,7 +22,7 @@
 //! nothing and reports each policy's `remaining`; the smallest of them, up to the units
 //! wanted, is the grant, which it then counts as one request of that cost. A backend that keeps states
 //! out of process stores the [`PolicyState`]s field by field (the sliding log's as its
-//! [`AdmissionLog`]). The builders and [`LiveInstances`] belong to the crate's own stores.
+//! [`AdmissionLog`]). The builders belong to the crate's own stores.
 //!
 //! This floor knows nothing above it: no limiter, no HTTP type. The one exception is
 //! [`BuildError`](crate::BuildError), the crate's one configuration error, which the
@@ -37,7 +37,6 @@ pub(crate) mod domain;
 pub(crate) mod evaluate;
 pub(crate) mod future;
 pub(crate) mod inline_bytes;
-pub(crate) mod instances;
 pub(crate) mod lease;
 pub(crate) mod lockout;
 pub(crate) mod memory;
@@ -53,7 +52,6 @@ pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 pub use evaluate::evaluate;
-pub use instances::LiveInstances;
 pub use memory::InMemoryBackendBuilder;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;

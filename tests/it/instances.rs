@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::store::{InstanceRegistryBuilder, LiveInstances};
+use tollgate::store::InstanceRegistryBuilder;
 use tollgate::{BuildError, InstanceRegistry, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::redis::RedisServer;
@@ -307,7 +307,9 @@ async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
                     "per-second",
                     Quota::per_second(LIMIT),
                 ))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::live(registry)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(
+                    registry,
+                )))
                 .build()
         })
         .collect();

@@ -10,7 +10,6 @@ use redis::Script;
 
 use super::backend::RedisBackend;
 use crate::limiter::build_error::BuildError;
-use crate::store::instances::LiveInstances;
 
 /// The gauge of live instances, labelled `registry` (the registry's key).
 const LIVE_INSTANCES: &str = "tollgate_live_instances";
@@ -58,7 +57,7 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
 ///     // While Redis is down, each instance enforces 50 / (live instances).
-///     .on_store_failure(FailurePolicy::local_share(InstanceCount::live(registry)))
+///     .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(registry)))
 ///     .build();
 /// # drop(limiter); }
 /// ```
@@ -103,14 +102,19 @@ impl InstanceRegistry {
     pub fn key(&self) -> &str {
         &self.shared.key
     }
-}
 
-impl LiveInstances for InstanceRegistry {
-    fn live_instances(&self) -> u64 {
+    /// The live instances, at least 1: the initial count until the first heartbeat
+    /// answers, then the count the latest one read (kept through an outage). Answers at
+    /// once, from memory.
+    pub fn live_instances(&self) -> u64 {
         self.shared.count.load(Ordering::Relaxed).max(1)
     }
 
-    fn place(&self) -> Option<u64> {
+    /// This instance's place (from 0) among the live instances, in the count
+    /// [`live_instances`](Self::live_instances) answers; `None` until a heartbeat answers. Every instance sees a
+    /// different one below the count: a local share uses it to spread a quota's remainder
+    /// and to take turns with a quota below the count.
+    pub fn place(&self) -> Option<u64> {
         let place = self.shared.place.load(Ordering::Relaxed);
         (place != u64::MAX).then_some(place)
     }
