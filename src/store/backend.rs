@@ -14,27 +14,26 @@ use crate::store::policy::Policy;
 /// One call decides every policy of one request atomically: the request is admitted only
 /// if every limit admits it, consuming the request's cost (in units) from each, and a
 /// refused request consumes nothing from any limit.
-/// [`evaluate`](crate::store::evaluate) carries the arithmetic (a backend that leases
-/// finds its grant with it too, see the [module docs](crate::store)), so a backend only
-/// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
-/// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
+/// [`PolicyState::evaluate`](crate::store::PolicyState::evaluate) carries the arithmetic
+/// (a backend that leases finds its grant with it too, see the [module docs](crate::store)),
+/// so a backend only has to store [`PolicyState`](crate::store::PolicyState)s and apply
+/// them under one lock or transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
 /// A policy may lock out ([`Policy::lock_out_for`]): the in-process and Redis stores keep
 /// the block beside the counters, under [`Policy::lockout_counter`], refuse the caller while
 /// it stands, start it on the admission that leaves the policy with nothing remaining
 /// (reporting the lockout as that policy's `reset_ms`), and lift it on a refund of a
-/// request counted no later than it began. [`evaluate`](crate::store::evaluate) applies no
-/// lockout: a store built on it alone ignores it.
+/// request counted no later than it began.
+/// [`PolicyState::evaluate`](crate::store::PolicyState::evaluate) applies no lockout: a
+/// store built on it alone ignores it.
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
 /// use std::time::{SystemTime, UNIX_EPOCH};
 /// use tollgate::Policy;
-/// use tollgate::store::{
-///     Backend, CallerKey, CheckOutcome, PolicyState, Refund, StoreError, evaluate,
-/// };
+/// use tollgate::store::{Backend, CallerKey, CheckOutcome, PolicyState, Refund, StoreError};
 /// use tollgate::future::StoreFuture;
 ///
 /// /// The store's time, in milliseconds since the Unix epoch.
@@ -58,7 +57,8 @@ use crate::store::policy::Policy;
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         // All or nothing: the states to store only when every limit admits.
-///         let (outcome, admitted) = evaluate(limits, |l| map.get(&key(l)).cloned(), now, cost);
+///         let (outcome, admitted) =
+///             PolicyState::evaluate(limits, |l| map.get(&key(l)).cloned(), now, cost);
 ///         for (limit, state) in limits.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(limit), state);
 ///         }

@@ -17,7 +17,7 @@ use tollgate::response::DecisionExtension;
 use tollgate::response::{ResponseBody, TEMPORARY_REDUCED_CAPACITY};
 use tollgate::store::{
     Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
-    StoreErrorKind, evaluate,
+    StoreErrorKind,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, LimiterBuilder, Policy, Quota,
@@ -66,7 +66,7 @@ impl LockedMap {
         let mut states = self.states.lock().unwrap();
         // Keyed on the counter, never on the name alone.
         let key = |policy: &Policy| (caller.clone(), policy.counter().to_owned());
-        let (outcome, admitted) = evaluate(
+        let (outcome, admitted) = PolicyState::evaluate(
             policies,
             |policy| states.get(&key(policy)).cloned(),
             now,
