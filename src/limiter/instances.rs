@@ -77,8 +77,8 @@ impl InstanceCount {
     /// the quota exactly, and a quota below the instance count is taken in turns that never
     /// meet (see [`FailurePolicy::local_share`](crate::FailurePolicy::local_share)). Each
     /// instance must be given a different place below the count; a place at or beyond it
-    /// wraps around. A count from the Redis instance registry
-    /// ([`registry`](Self::registry)) knows the places and needs none.
+    /// wraps around. A count from the Redis instance registry (`InstanceCount::registry`,
+    /// the `redis` feature) knows the places and needs none.
     ///
     /// ```
     /// use tollgate::InstanceCount;
