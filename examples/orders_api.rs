@@ -305,7 +305,7 @@ fn describe(limits: &Limits) -> String {
 fn instance_count(options: &Options, registry: Option<InstanceRegistry>) -> InstanceCount {
     match (options.instances, registry) {
         (Some(count), _) => InstanceCount::fixed(count),
-        (None, Some(registry)) => InstanceCount::live(registry),
+        (None, Some(registry)) => InstanceCount::registry(registry),
         (None, None) => InstanceCount::fixed(1),
     }
 }

@@ -54,9 +54,10 @@
 //! - Store (`src/store/`, public as [`store`] for backend authors): the
 //!   [`Backend`](store::Backend) trait, [`Policy`] and [`Quota`], the
 //!   [`Algorithm`](store::Algorithm) arithmetic and the all-or-nothing
-//!   [`evaluate`](store::evaluate), [`InMemoryBackend`], `RedisBackend` with its Lua and
-//!   `InstanceRegistry`, the [`CallerKey`](store::CallerKey) and the
-//!   [`Clock`](store::Clock).
+//!   [`evaluate`](store::PolicyState::evaluate) over the [`PolicyState`](store::PolicyState)s,
+//!   [`InMemoryBackend`], `RedisBackend` with its Lua and `InstanceRegistry`, the
+//!   [`CallerKey`](store::CallerKey) and the [`Clock`](store::Clock). Its one import from
+//!   above is [`BuildError`], the crate's one configuration error.
 //!
 //! Two middlewares of their own need no store: [`shed`] (load shedding by concurrency) and
 //! [`client`] (adaptive throttling of outgoing calls).

@@ -3,8 +3,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
@@ -14,8 +15,8 @@ use tollgate::LimiterBuilder;
 use tollgate::Policy;
 use tollgate::future::StoreFuture;
 use tollgate::store::CallerKey;
+use tollgate::store::Clock;
 use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
-use tollgate::store::{Clock, SystemClock};
 
 /// How the store fails during the outage.
 ///
@@ -76,7 +77,8 @@ pub(crate) const VIRTUAL_EPOCH_MS: u64 = 1_767_225_600_000;
 
 /// The clock of a run: on virtual time, milliseconds since the Unix epoch on tokio's
 /// (paused) clock, so the limiters, the breakers and the store all read the simulated
-/// time; in real time, the [`SystemClock`].
+/// time; in real time, Unix time read once and advanced by a monotonic clock, as
+/// tollgate's own default clock is.
 ///
 /// ```
 /// use tollgate_simulator::SimClock;
@@ -115,7 +117,20 @@ impl Clock for SimClock {
                 let elapsed = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
                 epoch_ms.saturating_add(elapsed)
             }
-            None => SystemClock.now_millis(),
+            None => {
+                // A wall-clock step (NTP) must not move a window backwards: the `Clock`
+                // contract is that time never runs back.
+                static ORIGIN: LazyLock<(u64, std::time::Instant)> = LazyLock::new(|| {
+                    let unix = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap_or(Duration::ZERO);
+                    let unix_ms = u64::try_from(unix.as_millis()).unwrap_or(u64::MAX);
+                    (unix_ms, std::time::Instant::now())
+                });
+                let (unix_ms, origin) = *ORIGIN;
+                let elapsed = u64::try_from(origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+                unix_ms.saturating_add(elapsed)
+            }
         }
     }
 }

@@ -80,7 +80,7 @@ pub struct AdaptiveThrottleLayer {
 
 impl AdaptiveThrottleLayer {
     /// A layer with the defaults: K = 2, two minutes in 120 buckets, 429 and 503 count as
-    /// rejections, the [`SystemClock`](crate::store::SystemClock), a per-layer
+    /// rejections, the system clock, a per-layer
     /// random source.
     ///
     /// ```
@@ -229,7 +229,7 @@ impl AdaptiveThrottleLayer {
         self.configure(|config| config.rejection_statuses = statuses.into())
     }
 
-    /// Reads time from `clock` (default [`SystemClock`](crate::store::SystemClock)), such as a
+    /// Reads time from `clock` (default the system clock), such as a
     /// [`ManualClock`](crate::store::ManualClock) in tests.
     ///
     /// ```

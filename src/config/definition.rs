@@ -8,9 +8,9 @@ use http::HeaderName;
 use serde::Deserialize;
 
 use crate::config::duration;
-use crate::config::error::DefinitionError;
 use crate::http::key::{ClientIp, ConfiguredKey, HeaderKey};
 use crate::limiter::Limiter;
+use crate::limiter::build_error::BuildError;
 use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
@@ -121,7 +121,26 @@ impl LimiterDefinition {
     /// The default policies and tiers, checked as
     /// [`LimiterBuilder::try_build`] checks them: ready for
     /// [`Limiter::set_limits`](crate::Limiter::set_limits) or [`LimiterBuilder::limits`].
-    pub fn limits(&self) -> Result<Limits, DefinitionError> {
+    ///
+    /// A policy whose values cannot work is refused with
+    /// [`BuildError::PolicyInDefinition`], which names its set and its name, so the entry of
+    /// the file is easy to find:
+    ///
+    /// ```
+    /// use tollgate::BuildError;
+    /// use tollgate::config::LimiterDefinition;
+    ///
+    /// let definition: LimiterDefinition = serde_json::from_str(
+    ///     r#"{ "policies": [{ "name": "per-second", "algorithm": "sliding_window", "limit": 0, "window": "1s" }] }"#,
+    /// ).unwrap();
+    /// let error = definition.limits().unwrap_err();
+    /// assert!(matches!(error, BuildError::PolicyInDefinition { .. }));
+    /// assert_eq!(
+    ///     error.to_string(),
+    ///     "policy \"per-second\" of the default policies: a sliding window or log needs a limit of at least 1"
+    /// );
+    /// ```
+    pub fn limits(&self) -> Result<Limits, BuildError> {
         let mut limits = Limits::new();
         for policy in &self.policies {
             limits = limits.policy(policy.to_policy(None)?);
@@ -140,7 +159,7 @@ impl LimiterDefinition {
     /// A builder with the definition's name, limits, failure policy and store timeout (the
     /// builder's defaults for those left out); add the backend and anything else, then
     /// build. A store timeout under 1 ms is refused.
-    pub fn builder(&self) -> Result<LimiterBuilder, DefinitionError> {
+    pub fn builder(&self) -> Result<LimiterBuilder, BuildError> {
         let mut builder = Limiter::builder().limits(self.limits()?);
         if let Some(name) = &self.name {
             builder = builder.name(name.as_str());
@@ -150,7 +169,7 @@ impl LimiterDefinition {
         }
         if let Some(timeout) = self.store_timeout {
             if timeout < MIN_STORE_TIMEOUT {
-                return Err(DefinitionError::StoreTimeoutTooShort(timeout));
+                return Err(BuildError::StoreTimeoutTooShort { timeout });
             }
             builder = builder.store_timeout(timeout);
         }
@@ -170,7 +189,7 @@ impl LimiterDefinition {
     /// let bad: LimiterDefinition = toml::from_str(r#"key = { header = "x id" }"#).unwrap();
     /// assert!(bad.key().is_err());
     /// ```
-    pub fn key(&self) -> Result<Option<ConfiguredKey>, DefinitionError> {
+    pub fn key(&self) -> Result<Option<ConfiguredKey>, BuildError> {
         self.key.as_ref().map(KeyDefinition::to_key).transpose()
     }
 
@@ -189,7 +208,7 @@ impl LimiterDefinition {
     ///     toml::from_str("on_store_failure = { local_share = { instances = 0 } }").unwrap();
     /// assert!(zero.on_store_failure().is_err());
     /// ```
-    pub fn on_store_failure(&self) -> Result<Option<FailurePolicy>, DefinitionError> {
+    pub fn on_store_failure(&self) -> Result<Option<FailurePolicy>, BuildError> {
         self.on_store_failure
             .as_ref()
             .map(FailureDefinition::to_policy)
@@ -224,8 +243,8 @@ impl LimiterDefinition {
 }
 
 impl PolicyDefinition {
-    fn to_policy(&self, tier: Option<&String>) -> Result<Policy, DefinitionError> {
-        let field = |field: &'static str, missing: bool| DefinitionError::Field {
+    fn to_policy(&self, tier: Option<&String>) -> Result<Policy, BuildError> {
+        let field = |field: &'static str, missing: bool| BuildError::PolicyField {
             tier: tier.cloned(),
             name: self.name.clone(),
             field,
@@ -269,22 +288,22 @@ impl PolicyDefinition {
                 Some(lockout) => policy.lock_out_for(lockout),
                 None => policy,
             })
-            .map_err(|error| DefinitionError::Policy {
+            .map_err(|error| BuildError::PolicyInDefinition {
                 tier: tier.cloned(),
                 name: self.name.clone(),
-                error,
+                error: Box::new(error),
             })
     }
 }
 
 impl FailureDefinition {
-    fn to_policy(&self) -> Result<FailurePolicy, DefinitionError> {
+    fn to_policy(&self) -> Result<FailurePolicy, BuildError> {
         Ok(match self {
             FailureDefinition::Open => FailurePolicy::open(),
             FailureDefinition::Closed => FailurePolicy::closed(),
             FailureDefinition::Static => FailurePolicy::fail_static(),
             FailureDefinition::LocalShare { instances: 0 } => {
-                return Err(DefinitionError::ZeroInstances);
+                return Err(BuildError::ZeroInstances);
             }
             FailureDefinition::LocalShare { instances } => {
                 FailurePolicy::local_share(InstanceCount::fixed(*instances))
@@ -294,11 +313,11 @@ impl FailureDefinition {
 }
 
 impl KeyDefinition {
-    fn to_key(&self) -> Result<ConfiguredKey, DefinitionError> {
+    fn to_key(&self) -> Result<ConfiguredKey, BuildError> {
         Ok(match self {
             KeyDefinition::Header(name) => HeaderName::try_from(name.as_str())
                 .map(|header| ConfiguredKey::Header(HeaderKey::from_name(header)))
-                .map_err(|_| DefinitionError::HeaderName(name.clone()))?,
+                .map_err(|_| BuildError::InvalidHeaderName(name.clone()))?,
             KeyDefinition::ClientIp => ConfiguredKey::ClientIp(ClientIp::new()),
             KeyDefinition::Global => ConfiguredKey::Global(Caller::new("*")),
         })
@@ -308,8 +327,6 @@ impl KeyDefinition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::build_error::BuildError;
-    use crate::store::invalid_policy::InvalidPolicy;
 
     fn read(text: &str) -> LimiterDefinition {
         toml::from_str(text).expect("parses")
@@ -361,10 +378,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             error,
-            DefinitionError::Policy {
+            BuildError::PolicyInDefinition {
                 tier: None,
                 name: "per-second".into(),
-                error: InvalidPolicy::ZeroLimit,
+                error: Box::new(BuildError::ZeroLimit),
             }
         );
         let error = read(&WINDOW.replace("limit = 50", "limit = 9007199254740992"))
@@ -372,30 +389,21 @@ mod tests {
             .unwrap_err();
         assert!(matches!(
             error,
-            DefinitionError::Policy {
-                error: InvalidPolicy::Inexact,
-                ..
-            }
+            BuildError::PolicyInDefinition { error, .. } if matches!(*error, BuildError::Inexact)
         ));
         let error = read(&WINDOW.replace("\"per-second\"", "\"\""))
             .limits()
             .unwrap_err();
         assert!(matches!(
             error,
-            DefinitionError::Policy {
-                error: InvalidPolicy::Name(_),
-                ..
-            }
+            BuildError::PolicyInDefinition { error, .. } if matches!(*error, BuildError::InvalidPolicyName(_))
         ));
         let error = read(&WINDOW.replace("\"1s\"", "\"0ms\""))
             .limits()
             .unwrap_err();
         assert!(matches!(
             error,
-            DefinitionError::Policy {
-                error: InvalidPolicy::ShortPeriod,
-                ..
-            }
+            BuildError::PolicyInDefinition { error, .. } if matches!(*error, BuildError::ShortPeriod)
         ));
     }
 
@@ -404,16 +412,13 @@ mod tests {
         let twice = read(&format!("{WINDOW}{WINDOW}")).limits().unwrap_err();
         assert_eq!(
             twice,
-            DefinitionError::Limits(BuildError::DuplicatePolicy {
+            BuildError::DuplicatePolicy {
                 tier: None,
                 name: "per-second".into()
-            })
+            }
         );
         let empty = read("").limits().unwrap_err();
-        assert_eq!(
-            empty,
-            DefinitionError::Limits(BuildError::NoPolicies { tier: None })
-        );
+        assert_eq!(empty, BuildError::NoPolicies { tier: None });
     }
 
     #[test]
@@ -430,7 +435,7 @@ mod tests {
             .unwrap_err();
         assert!(matches!(
             foreign,
-            DefinitionError::Field {
+            BuildError::PolicyField {
                 field: "burst",
                 missing: false,
                 ..
@@ -441,7 +446,7 @@ mod tests {
         );
         assert!(matches!(
             bucket.limits().unwrap_err(),
-            DefinitionError::Field {
+            BuildError::PolicyField {
                 field: "burst",
                 missing: true,
                 ..
@@ -478,7 +483,7 @@ mod tests {
         );
         assert!(matches!(
             foreign.limits().unwrap_err(),
-            DefinitionError::Field {
+            BuildError::PolicyField {
                 field: "rate",
                 missing: false,
                 ..
@@ -542,12 +547,12 @@ mod tests {
         let bad_header = read(&format!("key = {{ header = \"x customer\" }}\n{WINDOW}"));
         assert_eq!(
             bad_header.key().unwrap_err(),
-            DefinitionError::HeaderName("x customer".into())
+            BuildError::InvalidHeaderName("x customer".into())
         );
         let zero = read(&format!(
             "on_store_failure = {{ local_share = {{ instances = 0 }} }}\n{WINDOW}"
         ));
-        assert_eq!(zero.builder().unwrap_err(), DefinitionError::ZeroInstances);
+        assert_eq!(zero.builder().unwrap_err(), BuildError::ZeroInstances);
         assert!(matches!(
             read(&format!("key = \"global\"\n{WINDOW}")).key(),
             Ok(Some(ConfiguredKey::Global(_)))

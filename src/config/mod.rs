@@ -3,8 +3,8 @@
 //!
 //! A [`LimiterDefinition`] is read whole from the file; [`limits`](LimiterDefinition::limits),
 //! [`builder`](LimiterDefinition::builder) and [`key`](LimiterDefinition::key) turn it into
-//! the crate's types, and refuse what cannot work with a [`DefinitionError`], never a
-//! panic. Durations are strings of a whole number and a unit: `"500ms"`, `"1s"`, `"1m"`,
+//! the crate's types, and refuse what cannot work with a [`BuildError`](crate::BuildError),
+//! never a panic. Durations are strings of a whole number and a unit: `"500ms"`, `"1s"`, `"1m"`,
 //! `"1h"`, `"1d"`.
 //!
 //! A complete definition in TOML (any field may be left out, except one default policy):
@@ -71,7 +71,5 @@
 
 mod definition;
 mod duration;
-mod error;
 
 pub use definition::LimiterDefinition;
-pub use error::DefinitionError;

@@ -3,10 +3,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::store::instances::LiveInstances;
+#[cfg(feature = "redis")]
+use crate::store::redis::registry::InstanceRegistry;
 
-/// The divisor of a local share: fixed, from a closure, or from a [`LiveInstances`] source
-/// (such as the Redis instance registry). Never below 1.
+/// The divisor of a local share: fixed, from a closure, or (with the `redis` feature) from
+/// the Redis instance registry. Never below 1.
 ///
 /// ```
 /// use tollgate::InstanceCount;
@@ -29,7 +30,8 @@ pub struct InstanceCount {
 enum Source {
     Fixed(u64),
     Fn(Arc<dyn Fn() -> u64 + Send + Sync>),
-    Live(Arc<dyn LiveInstances>),
+    #[cfg(feature = "redis")]
+    Registry(InstanceRegistry),
 }
 
 impl InstanceCount {
@@ -49,10 +51,23 @@ impl InstanceCount {
         }
     }
 
-    /// Reads a live source, such as the Redis instance registry.
-    pub fn live(source: impl LiveInstances) -> Self {
+    /// The live instances `registry` counts, read each time a share is computed (the
+    /// registry refreshes its count in the background), and this instance's place among
+    /// them once a heartbeat has told it. The same as `InstanceCount::from(registry)`.
+    ///
+    /// ```no_run
+    /// use tollgate::{FailurePolicy, InstanceCount, InstanceRegistry, RedisBackend};
+    ///
+    /// # #[tokio::main] async fn main() {
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").prefix("orders").build().unwrap();
+    /// let registry = InstanceRegistry::builder(&store).initial_count(4).start().unwrap();
+    /// let failure = FailurePolicy::local_share(InstanceCount::registry(registry));
+    /// # drop(failure); }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn registry(registry: InstanceRegistry) -> Self {
         Self {
-            source: Source::Live(Arc::new(source)),
+            source: Source::Registry(registry),
             place: None,
         }
     }
@@ -62,8 +77,8 @@ impl InstanceCount {
     /// the quota exactly, and a quota below the instance count is taken in turns that never
     /// meet (see [`FailurePolicy::local_share`](crate::FailurePolicy::local_share)). Each
     /// instance must be given a different place below the count; a place at or beyond it
-    /// wraps around. A live source that knows the places (the Redis instance registry)
-    /// needs none.
+    /// wraps around. A count from the Redis instance registry (`InstanceCount::registry`,
+    /// the `redis` feature) knows the places and needs none.
     ///
     /// ```
     /// use tollgate::InstanceCount;
@@ -76,11 +91,12 @@ impl InstanceCount {
         self
     }
 
-    /// This instance's place among the instances, if known: given, or from a live source.
+    /// This instance's place among the instances, if known: given, or from the registry.
     pub(crate) fn place(&self) -> Option<u64> {
         match &self.source {
             _ if self.place.is_some() => self.place,
-            Source::Live(source) => source.place(),
+            #[cfg(feature = "redis")]
+            Source::Registry(registry) => registry.place(),
             _ => None,
         }
     }
@@ -90,8 +106,17 @@ impl InstanceCount {
         match &self.source {
             Source::Fixed(count) => *count,
             Source::Fn(count) => count().max(1),
-            Source::Live(source) => source.live_instances().max(1),
+            #[cfg(feature = "redis")]
+            Source::Registry(registry) => registry.live_instances(),
         }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<InstanceRegistry> for InstanceCount {
+    /// [`InstanceCount::registry`].
+    fn from(registry: InstanceRegistry) -> Self {
+        Self::registry(registry)
     }
 }
 
@@ -100,7 +125,11 @@ impl fmt::Debug for InstanceCount {
         match &self.source {
             Source::Fixed(count) => f.debug_tuple("InstanceCount::fixed").field(count).finish(),
             Source::Fn(_) => f.write_str("InstanceCount::from_fn(..)"),
-            Source::Live(source) => f.debug_tuple("InstanceCount::live").field(source).finish(),
+            #[cfg(feature = "redis")]
+            Source::Registry(registry) => f
+                .debug_tuple("InstanceCount::registry")
+                .field(registry)
+                .finish(),
         }?;
         match self.place {
             Some(place) => write!(f, ".at_place({place})"),

@@ -14,28 +14,33 @@ use crate::store::policy::Policy;
 /// One call decides every policy of one request atomically: the request is admitted only
 /// if every limit admits it, consuming the request's cost (in units) from each, and a
 /// refused request consumes nothing from any limit.
-/// [`evaluate`](crate::store::evaluate) carries the arithmetic (a backend that leases
-/// finds its grant with it too, see the [module docs](crate::store)), so a backend only
-/// has to store [`PolicyState`](crate::store::PolicyState)s and apply them under one lock or
-/// transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
+/// [`PolicyState::evaluate`](crate::store::PolicyState::evaluate) carries the arithmetic
+/// (a backend that leases finds its grant with it too, see the [module docs](crate::store)),
+/// so a backend only has to store [`PolicyState`](crate::store::PolicyState)s and apply
+/// them under one lock or transaction. Key each state on the caller and [`Policy::counter`], never on the policy's
 /// name alone: the counter identity keeps limiters and units apart.
 ///
 /// A policy may lock out ([`Policy::lock_out_for`]): the in-process and Redis stores keep
 /// the block beside the counters, under [`Policy::lockout_counter`], refuse the caller while
 /// it stands, start it on the admission that leaves the policy with nothing remaining
 /// (reporting the lockout as that policy's `reset_ms`), and lift it on a refund of a
-/// request counted no later than it began. [`evaluate`](crate::store::evaluate) applies no
-/// lockout: a store built on it alone ignores it.
+/// request counted no later than it began.
+/// [`PolicyState::evaluate`](crate::store::PolicyState::evaluate) applies no lockout: a
+/// store built on it alone ignores it.
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::sync::{Arc, Mutex};
+/// use std::time::{SystemTime, UNIX_EPOCH};
 /// use tollgate::Policy;
-/// use tollgate::store::{
-///     Backend, CallerKey, CheckOutcome, Clock, PolicyState, Refund, StoreError, SystemClock,
-///     evaluate,
-/// };
+/// use tollgate::store::{Backend, CallerKey, CheckOutcome, PolicyState, Refund, StoreError};
 /// use tollgate::future::StoreFuture;
+///
+/// /// The store's time, in milliseconds since the Unix epoch.
+/// fn now_ms() -> u64 {
+///     let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+///     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+/// }
 ///
 /// /// One global lock around a map: simple, correct, and slow under contention.
 /// #[derive(Debug, Default)]
@@ -48,11 +53,12 @@ use crate::store::policy::Policy;
 ///         limits: &Arc<[Policy]>,
 ///         cost: u64,
 ///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
-///         let now = SystemClock.now_millis();
+///         let now = now_ms();
 ///         let mut map = self.0.lock().unwrap();
 ///         let key = |l: &Policy| (caller.clone(), l.counter().to_owned());
 ///         // All or nothing: the states to store only when every limit admits.
-///         let (outcome, admitted) = evaluate(limits, |l| map.get(&key(l)).cloned(), now, cost);
+///         let (outcome, admitted) =
+///             PolicyState::evaluate(limits, |l| map.get(&key(l)).cloned(), now, cost);
 ///         for (limit, state) in limits.iter().zip(admitted.into_iter().flatten()) {
 ///             map.insert(key(limit), state);
 ///         }
@@ -65,7 +71,7 @@ use crate::store::policy::Policy;
 ///         limits: &Arc<[Policy]>,
 ///         refund: Refund,
 ///     ) -> StoreFuture<Result<(), StoreError>> {
-///         let now = SystemClock.now_millis();
+///         let now = now_ms();
 ///         let mut map = self.0.lock().unwrap();
 ///         for limit in limits.iter() {
 ///             let key = (caller.clone(), limit.counter().to_owned());

@@ -9,22 +9,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// A source of the current time in milliseconds since the Unix epoch.
 ///
 /// The in-process backend and (in later layers) the circuit breaker read time only through
-/// this trait, so tests drive them with a [`ManualClock`] instead of sleeping.
+/// this trait, so tests drive them with a [`ManualClock`] instead of sleeping. Unless given
+/// one, they read the real clock: Unix time read once, then advanced by a monotonic clock,
+/// so a wall-clock step (NTP, a VM resume) never moves a window backwards.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch; never goes backwards.
     fn now_millis(&self) -> u64;
 }
 
-/// The real clock: Unix time read once, then advanced by a monotonic clock, so a wall-clock
-/// step (NTP, a VM resume) never moves a window backwards.
-///
-/// ```
-/// use tollgate::store::{Clock, SystemClock};
-/// let now = SystemClock.now_millis();
-/// assert!(now > 1_700_000_000_000);
-/// ```
+/// The real clock, the default of everything that reads time: Unix time read once, then
+/// advanced by a monotonic clock, so a wall-clock step (NTP, a VM resume) never moves a
+/// window backwards.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
+pub(crate) struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_millis(&self) -> u64 {
@@ -95,5 +92,17 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_millis(&self) -> u64 {
         self.millis.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_system_clock_reads_unix_time_and_never_runs_back() {
+        let first = SystemClock.now_millis();
+        assert!(first > 1_700_000_000_000);
+        assert!(SystemClock.now_millis() >= first);
     }
 }

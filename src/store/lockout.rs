@@ -3,7 +3,7 @@
 //! counters say, the admission that uses a locking policy's quota up starts one, and a
 //! block that has ended leaves the caller's counter fresh.
 
-use crate::store::algorithm::PolicyState;
+use crate::store::algorithm::State;
 use crate::store::backend::CheckOutcome;
 use crate::store::policy::Policy;
 
@@ -15,7 +15,7 @@ pub(crate) fn refusal(
     now_ms: u64,
     cost: u64,
     until_ms: impl Fn(usize) -> u64,
-    mut state: impl FnMut(usize) -> Option<PolicyState>,
+    mut state: impl FnMut(usize) -> Option<State>,
 ) -> Option<CheckOutcome> {
     if !(0..limits.len()).any(|i| until_ms(i) > now_ms) {
         return None;
@@ -61,7 +61,7 @@ pub(crate) fn start_blocks(
 }
 
 /// The state a counter starts afresh with at `now_ms`, once a block ends.
-pub(crate) fn fresh(limit: &Policy, now_ms: u64) -> PolicyState {
+pub(crate) fn fresh(limit: &Policy, now_ms: u64) -> State {
     limit
         .algorithm()
         .evaluate_cost(None, now_ms, 0)

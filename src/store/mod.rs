@@ -1,9 +1,9 @@
 //! For backend authors: where counters live and how they count.
 //!
 //! A store decides one request against all of a caller's policies at once through the
-//! [`Backend`] trait. [`evaluate`] runs the all-or-nothing decision over the per-policy
-//! arithmetic of [`Algorithm`], so a backend only keeps [`PolicyState`]s under one lock or
-//! transaction, keyed by the caller's [`CallerKey`] and each policy's
+//! [`Backend`] trait. [`PolicyState::evaluate`] runs the all-or-nothing decision over the
+//! per-policy arithmetic of [`Algorithm`], so a backend only keeps [`PolicyState`]s under
+//! one lock or transaction, keyed by the caller's [`CallerKey`] and each policy's
 //! [`counter`](crate::Policy::counter). The in-process [`InMemoryBackend`](crate::InMemoryBackend) and, with the
 //! `redis` feature, `RedisBackend` (with its Lua and its `InstanceRegistry`) are built
 //! this way.
@@ -14,18 +14,20 @@
 //!   [`LeaseGrant`], [`StoreError`] of a [`StoreErrorKind`], [`FailureDomain`], and the
 //!   [`StoreFuture`](crate::future::StoreFuture) that carries them;
 //! - what it is asked: the [`CallerKey`], the [`Policy`](crate::Policy)s, a [`Refund`];
-//! - the arithmetic, so that it decides as the crate's stores do: [`evaluate`] over the
-//!   [`PolicyState`]s it keeps, and [`Algorithm::refund`] to give units back; the time from
-//!   a [`Clock`] ([`SystemClock`], or a [`ManualClock`] in tests).
+//! - the arithmetic, so that it decides as the crate's stores do:
+//!   [`PolicyState::evaluate`] over the [`PolicyState`]s it keeps, and
+//!   [`Algorithm::refund`] to give units back; the time from a [`Clock`] (the system's, or
+//!   a [`ManualClock`] in tests).
 //!
-//! A backend that leases finds the grant with [`evaluate`] too: a cost of 0 consumes
-//! nothing and reports each policy's `remaining`; the smallest of them, up to the units
-//! wanted, is the grant, which it then counts as one request of that cost. A backend that keeps states
-//! out of process stores the [`PolicyState`]s field by field (the sliding log's as its
-//! [`AdmissionLog`]). The builders, [`InvalidPolicy`], [`LiveInstances`] and (with
-//! `redis`) `RegistryError` belong to the crate's own stores and policies.
+//! A backend that leases finds the grant with [`PolicyState::evaluate`] too: a cost of 0
+//! consumes nothing and reports each policy's `remaining`; the smallest of them, up to the
+//! units wanted, is the grant, which it then counts as one request of that cost. A backend
+//! that keeps states out of process stores each [`PolicyState`] as its
+//! [`to_bytes`](PolicyState::to_bytes). The builders belong to the crate's own stores.
 //!
-//! This floor knows nothing above it: no limiter, no HTTP type.
+//! This floor knows nothing above it: no limiter, no HTTP type. The one exception is
+//! [`BuildError`](crate::BuildError), the crate's one configuration error, which the
+//! policy and registry constructors here return as the limiter's builder does.
 
 pub(crate) mod algorithm;
 pub(crate) mod backend;
@@ -36,8 +38,6 @@ pub(crate) mod domain;
 pub(crate) mod evaluate;
 pub(crate) mod future;
 pub(crate) mod inline_bytes;
-pub(crate) mod instances;
-pub(crate) mod invalid_policy;
 pub(crate) mod lease;
 pub(crate) mod lockout;
 pub(crate) mod memory;
@@ -46,18 +46,17 @@ pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod slots;
+pub(crate) mod state;
 
-pub use algorithm::{AdmissionLog, Algorithm, PolicyOutcome, PolicyState};
+pub use algorithm::{Algorithm, PolicyOutcome};
 pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
 pub use caller::CallerKey;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
-pub use evaluate::evaluate;
-pub use instances::LiveInstances;
-pub use invalid_policy::InvalidPolicy;
 pub use memory::InMemoryBackendBuilder;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
 #[cfg(feature = "redis")]
-pub use redis::registry::{InstanceRegistryBuilder, RegistryError};
+pub use redis::registry::InstanceRegistryBuilder;
 pub use slots::SlotStore;
+pub use state::PolicyState;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::limiter::build_error::BuildError;
 use crate::store::algorithm::Algorithm;
-use crate::store::invalid_policy::InvalidPolicy;
 
 /// A number of requests over a span of time, read the way people say it:
 /// `Quota::per_second(50)` is 50 requests in one second.
@@ -349,16 +349,16 @@ impl Policy {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::Policy;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::store::Algorithm;
+    /// use tollgate::{BuildError, Policy};
     /// let window = Algorithm::try_sliding_window(50, Duration::from_secs(1)).unwrap();
     /// assert!(Policy::try_new("per-second", window).is_ok());
-    /// assert!(matches!(Policy::try_new("", window), Err(InvalidPolicy::Name(_))));
+    /// assert!(matches!(Policy::try_new("", window), Err(BuildError::InvalidPolicyName(_))));
     /// ```
-    pub fn try_new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Result<Self, InvalidPolicy> {
+    pub fn try_new(name: impl Into<Arc<str>>, algorithm: Algorithm) -> Result<Self, BuildError> {
         let name = name.into();
         if !is_valid_name(&name) {
-            return Err(InvalidPolicy::Name(name.to_string()));
+            return Err(BuildError::InvalidPolicyName(name.to_string()));
         }
         Ok(Self::assemble(name, algorithm, None, None))
     }

@@ -16,7 +16,7 @@ use tollgate::future::StoreFuture;
 use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::{
     Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
-    StoreErrorKind, evaluate,
+    StoreErrorKind,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, LimiterBuilder, Policy, Quota,
@@ -65,7 +65,7 @@ impl LockedMap {
         let mut states = self.states.lock().unwrap();
         // Keyed on the counter, never on the name alone.
         let key = |policy: &Policy| (caller.clone(), policy.counter().to_owned());
-        let (outcome, admitted) = evaluate(
+        let (outcome, admitted) = PolicyState::evaluate(
             policies,
             |policy| states.get(&key(policy)).cloned(),
             now,

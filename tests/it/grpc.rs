@@ -18,7 +18,6 @@ use tokio::net::TcpListener;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
 use tollgate::key::KeyRejection;
-use tollgate::store::{Clock, SystemClock};
 #[cfg(feature = "redis")]
 use tollgate::{BreakerConfig, FailurePolicy};
 use tollgate::{
@@ -28,6 +27,7 @@ use tollgate::{
 use tollgate_testkit::http::{Reply, exchange, parse_response};
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::rates::unix_millis;
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tonic::service::Routes;
@@ -135,13 +135,13 @@ fn pushback_ms(status: &Status) -> u64 {
         .expect("grpc-retry-pushback-ms is whole milliseconds")
 }
 
-/// Sleeps until a whole second of the store's clock has just begun: the per-second
-/// window starts on whole seconds, so a burst sent now is counted in one window unless it
-/// takes the better part of a second.
+/// Sleeps until a whole second of Unix time (which the store's clock follows) has just
+/// begun: the per-second window starts on whole seconds, so a burst sent now is counted
+/// in one window unless it takes the better part of a second.
 async fn start_of_a_second() -> u64 {
-    let now = SystemClock.now_millis();
+    let now = unix_millis();
     tokio::time::sleep(Duration::from_millis(1_000 - now % 1_000 + 5)).await;
-    SystemClock.now_millis() / 1_000
+    unix_millis() / 1_000
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +161,7 @@ async fn the_fifty_first_call_in_a_second_is_resource_exhausted() {
             assert!(reply.is_ok(), "call {call} of 50 refused: {reply:?}");
         }
         let refused = check(&mut client, Some(&customer)).await;
-        if SystemClock.now_millis() / 1_000 != second {
+        if unix_millis() / 1_000 != second {
             continue;
         }
         let status = refused.expect_err("the 51st call in a second was admitted");

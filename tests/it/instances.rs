@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::store::{InstanceRegistryBuilder, LiveInstances, RegistryError};
-use tollgate::{InstanceRegistry, RedisBackend};
+use tollgate::store::InstanceRegistryBuilder;
+use tollgate::{BuildError, InstanceRegistry, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::redis::RedisServer;
 
@@ -213,7 +213,7 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
         .unwrap_err();
     assert_eq!(
         error,
-        RegistryError::HeartbeatNotShorterThanWindow {
+        BuildError::HeartbeatNotShorterThanWindow {
             heartbeat_every: Duration::from_secs(5),
             live_within: Duration::from_secs(3),
         }
@@ -226,13 +226,13 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
         .start();
     assert!(matches!(
         equal,
-        Err(RegistryError::HeartbeatNotShorterThanWindow { .. })
+        Err(BuildError::HeartbeatNotShorterThanWindow { .. })
     ));
     let invalid = InstanceRegistry::builder(&store)
         .initial_count(1)
         .instance_id("")
         .start();
-    assert!(matches!(invalid, Err(RegistryError::InvalidInstanceId(_))));
+    assert!(matches!(invalid, Err(BuildError::InvalidInstanceId(_))));
 
     // A longer window makes the same interval fine.
     let registry = InstanceRegistry::builder(&store)
@@ -255,7 +255,7 @@ fn starting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
         .unwrap();
     let store = runtime.block_on(async { store("redis://127.0.0.1:1/") });
     let outside = InstanceRegistry::builder(&store).initial_count(1).start();
-    assert_eq!(outside.unwrap_err(), RegistryError::NoRuntime);
+    assert_eq!(outside.unwrap_err(), BuildError::NoRuntime);
     drop(runtime);
 }
 
@@ -307,7 +307,9 @@ async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
                     "per-second",
                     Quota::per_second(LIMIT),
                 ))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::live(registry)))
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(
+                    registry,
+                )))
                 .build()
         })
         .collect();

@@ -1,6 +1,6 @@
 //! The Lua that Redis runs and the Rust that the in-process backend runs are the same
 //! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
-//! explicit timestamps through a test-only harness, agrees with `store::evaluate`
+//! explicit timestamps through a test-only harness, agrees with `PolicyState::evaluate`
 //! and `Algorithm::refund` on every step of random sequences of requests of random costs
 //! (above the quota included), leases and refunds, for the sliding window, the token bucket
 //! and the sliding log; and after every step the key expires no earlier than its state
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use tollgate::Policy;
-use tollgate::store::{Algorithm, PolicyOutcome, PolicyState, evaluate};
+use tollgate::store::{Algorithm, PolicyOutcome, PolicyState};
 use tollgate_testkit::redis::RedisServer;
 
 /// The shipped lua/policies.lua, run at `now` given as an argument instead of Redis's TIME,
@@ -368,7 +368,7 @@ fn regression_a_lua_token_bucket_refund_never_adds_tokens_the_bucket_refilled() 
 }
 
 /// One request of `cost` units against one policy, as a store decides it through
-/// [`evaluate`]: whether it is admitted, the state to keep when it is, and the report.
+/// [`PolicyState::evaluate`]: whether it is admitted, the state to keep when it is, and the report.
 #[derive(Debug)]
 struct Decided {
     admitted: bool,
@@ -378,7 +378,7 @@ struct Decided {
 
 fn decide(algorithm: &Algorithm, state: Option<PolicyState>, now: u64, cost: u64) -> Decided {
     let policies = [Policy::new("lua", *algorithm)];
-    let (outcome, admitted) = evaluate(&policies, |_| state.clone(), now, cost);
+    let (outcome, admitted) = PolicyState::evaluate(&policies, |_| state.clone(), now, cost);
     Decided {
         admitted: outcome.admitted(),
         admitted_state: admitted.map(|mut states| states.remove(0)),

@@ -497,7 +497,8 @@ fn a_state_that_stops_fitting_its_word_decides_on_exactly() {
         let limits = if step < 60 { &before } else { &after };
         let now = START_MS + step * 37;
         clock.set(now);
-        let (expected, states) = tollgate::store::evaluate(limits, |_| stored.clone(), now, 1);
+        let (expected, states) =
+            tollgate::store::PolicyState::evaluate(limits, |_| stored.clone(), now, 1);
         let outcome = check(&backend, &acme, limits);
         assert_eq!(outcome.admitted(), expected.admitted(), "step {step}");
         assert_eq!(outcome.limits(), expected.limits(), "step {step}");

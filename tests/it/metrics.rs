@@ -12,7 +12,6 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tollgate::client::{AdaptiveThrottleLayer, HoldBackLayer};
 use tollgate::decision::BreakerState;
 use tollgate::shed::ConcurrencyShedLayer;
-use tollgate::store::LiveInstances;
 use tollgate::{
     BreakerConfig, Caller, FailurePolicy, InstanceCount, InstanceRegistry, Limiter, Policy, Quota,
     RedisBackend,
@@ -46,7 +45,7 @@ fn a_scripted_run_shows_every_documented_metric() {
             .backend(store)
             .store_timeout(Duration::from_millis(200))
             .policy(Policy::sliding_window("per-minute", Quota::per_minute(3)))
-            .on_store_failure(FailurePolicy::local_share(InstanceCount::live(
+            .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(
                 registry.clone(),
             )))
             .breaker(
@@ -210,7 +209,7 @@ fn scripted_scrape() -> String {
                 .backend(store)
                 .store_timeout(Duration::from_millis(200))
                 .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
-                .on_store_failure(FailurePolicy::local_share(InstanceCount::live(
+                .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(
                     registry.clone(),
                 )))
                 .breaker(BreakerConfig::default().failure_threshold(1))

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tollgate::decision::DecisionSource;
-use tollgate::store::{CallerKey, LiveInstances};
+use tollgate::store::CallerKey;
 use tollgate::{
     Caller, Decision, FailurePolicy, InstanceRegistry, Limiter, Policy, Quota, RedisBackend,
 };
@@ -369,7 +369,7 @@ fn the_instance_registry_beats_on_through_a_sentinel_failover() {
     let counts = |registries: &[InstanceRegistry]| {
         registries
             .iter()
-            .map(LiveInstances::live_instances)
+            .map(InstanceRegistry::live_instances)
             .collect::<Vec<_>>()
     };
     deployment.wait_until("every registry counts three instances", |_| {

@@ -248,7 +248,7 @@ impl HoldBackLayer {
         self.configure(|config| config.max_hold = max_hold)
     }
 
-    /// Reads time from `clock` (default [`SystemClock`](crate::store::SystemClock)), such as a
+    /// Reads time from `clock` (default the system clock), such as a
     /// [`ManualClock`](crate::store::ManualClock) in tests. Waits (with
     /// [`max_wait`](Self::max_wait)) sleep on tokio's timer and then read this clock again.
     ///

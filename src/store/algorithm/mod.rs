@@ -10,11 +10,12 @@ mod sliding_window;
 mod token_bucket;
 
 pub(crate) use share::Share;
-pub use sliding_log::AdmissionLog;
+pub(crate) use sliding_log::AdmissionLog;
 
 use std::time::Duration;
 
-use crate::store::invalid_policy::InvalidPolicy;
+use crate::limiter::build_error::BuildError;
+use crate::store::state::PolicyState;
 
 /// Products such as `limit * window_ms` must stay exact in a Lua double.
 const MAX_EXACT: u128 = 1 << 53;
@@ -122,23 +123,24 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_sliding_window(50, Duration::from_secs(1)).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_sliding_window(u64::MAX, Duration::from_secs(1)),
-    ///     Err(InvalidPolicy::Inexact)
+    ///     Err(BuildError::Inexact)
     /// );
     /// ```
-    pub fn try_sliding_window(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
+    pub fn try_sliding_window(limit: u64, window: Duration) -> Result<Self, BuildError> {
         let window_ms = millis(window);
         if limit == 0 {
-            return Err(InvalidPolicy::ZeroLimit);
+            return Err(BuildError::ZeroLimit);
         }
         if window_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::SlidingWindow { limit, window_ms })
     }
@@ -170,37 +172,38 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_sliding_log(5, Duration::from_secs(60)).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(20_000, Duration::from_secs(60)),
-    ///     Err(InvalidPolicy::LogTooLarge { limit: 20_000, max: Algorithm::MAX_LOG_LIMIT })
+    ///     Err(BuildError::LogTooLarge { limit: 20_000, max: Algorithm::MAX_LOG_LIMIT })
     /// );
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(5, Duration::from_micros(500)),
-    ///     Err(InvalidPolicy::ShortPeriod)
+    ///     Err(BuildError::ShortPeriod)
     /// );
     /// assert_eq!(
     ///     Algorithm::try_sliding_log(0, Duration::from_secs(1)),
-    ///     Err(InvalidPolicy::ZeroLimit)
+    ///     Err(BuildError::ZeroLimit)
     /// );
     /// ```
-    pub fn try_sliding_log(limit: u64, window: Duration) -> Result<Self, InvalidPolicy> {
+    pub fn try_sliding_log(limit: u64, window: Duration) -> Result<Self, BuildError> {
         let window_ms = millis(window);
         if limit == 0 {
-            return Err(InvalidPolicy::ZeroLimit);
+            return Err(BuildError::ZeroLimit);
         }
         if window_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if limit > Self::MAX_LOG_LIMIT {
-            return Err(InvalidPolicy::LogTooLarge {
+            return Err(BuildError::LogTooLarge {
                 limit,
                 max: Self::MAX_LOG_LIMIT,
             });
         }
         if u128::from(limit) * u128::from(window_ms) >= MAX_EXACT {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::SlidingLog { limit, window_ms })
     }
@@ -220,32 +223,29 @@ impl Algorithm {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate::store::{Algorithm, InvalidPolicy};
+    /// use tollgate::BuildError;
+    /// use tollgate::store::Algorithm;
     /// assert!(Algorithm::try_token_bucket(10, Duration::from_secs(1), 20).is_ok());
     /// assert_eq!(
     ///     Algorithm::try_token_bucket(10, Duration::from_secs(1), 0),
-    ///     Err(InvalidPolicy::ZeroBurst)
+    ///     Err(BuildError::ZeroBurst)
     /// );
     /// ```
-    pub fn try_token_bucket(
-        rate: u64,
-        period: Duration,
-        burst: u64,
-    ) -> Result<Self, InvalidPolicy> {
+    pub fn try_token_bucket(rate: u64, period: Duration, burst: u64) -> Result<Self, BuildError> {
         let period_ms = millis(period);
         if rate == 0 {
-            return Err(InvalidPolicy::ZeroRate);
+            return Err(BuildError::ZeroRate);
         }
         if burst == 0 {
-            return Err(InvalidPolicy::ZeroBurst);
+            return Err(BuildError::ZeroBurst);
         }
         if period_ms == 0 {
-            return Err(InvalidPolicy::ShortPeriod);
+            return Err(BuildError::ShortPeriod);
         }
         if u128::from(burst) * u128::from(period_ms) >= MAX_EXACT
             || u128::from(rate) * u128::from(period_ms) >= MAX_EXACT
         {
-            return Err(InvalidPolicy::Inexact);
+            return Err(BuildError::Inexact);
         }
         Ok(Algorithm::TokenBucket {
             rate,
@@ -343,7 +343,7 @@ impl Algorithm {
     /// state to store if the request is admitted by every policy, and what to report. The
     /// request costs one unit; `evaluate_cost` takes any cost.
     #[cfg(test)]
-    pub(crate) fn evaluate(&self, state: Option<PolicyState>, now_ms: u64) -> Evaluation {
+    pub(crate) fn evaluate(&self, state: Option<State>, now_ms: u64) -> Evaluation {
         self.evaluate_cost(state, now_ms, 1)
     }
 
@@ -352,12 +352,7 @@ impl Algorithm {
     /// A refused request reports how long until `cost` units fit (0 when the cost exceeds
     /// the [`quota`](Self::quota): no wait ever admits it). A cost of 0 consumes nothing
     /// and is admitted unless the caller is already over the limit (a peek).
-    pub(crate) fn evaluate_cost(
-        &self,
-        state: Option<PolicyState>,
-        now_ms: u64,
-        cost: u64,
-    ) -> Evaluation {
+    pub(crate) fn evaluate_cost(&self, state: Option<State>, now_ms: u64, cost: u64) -> Evaluation {
         let current = self.normalize(state, now_ms);
         match self.consume(current, now_ms, cost) {
             Ok(next) => Evaluation {
@@ -375,7 +370,7 @@ impl Algorithm {
 
     /// [`evaluate_cost`](Self::evaluate_cost) for a sliding window's or a token bucket's
     /// stored state given as numbers (see [`Numbers`]; `window` says which): the same
-    /// arithmetic, without building a [`PolicyState`]. `None` when the algorithm is not
+    /// arithmetic, without building a [`State`]. `None` when the algorithm is not
     /// of that kind.
     pub(crate) fn evaluate_numbers(
         &self,
@@ -433,19 +428,14 @@ impl Algorithm {
     /// What this policy reports for `state` without consuming anything: used for the
     /// policies that would have admitted a request that another policy refused.
     #[cfg(test)]
-    pub(crate) fn peek(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyOutcome {
+    pub(crate) fn peek(&self, state: Option<State>, now_ms: u64) -> PolicyOutcome {
         self.peek_cost(state, now_ms, 1)
     }
 
     /// What this policy reports for a request of `cost` units without consuming anything:
     /// whether they would fit, what remains, and for a cost that does not fit, how long
     /// until it does.
-    pub(crate) fn peek_cost(
-        &self,
-        state: Option<PolicyState>,
-        now_ms: u64,
-        cost: u64,
-    ) -> PolicyOutcome {
+    pub(crate) fn peek_cost(&self, state: Option<State>, now_ms: u64, cost: u64) -> PolicyOutcome {
         let current = self.normalize(state, now_ms);
         let admits = match *self {
             // Decided without the copy that admitting makes.
@@ -470,17 +460,17 @@ impl Algorithm {
     /// ```
     /// use std::time::Duration;
     /// use tollgate::Policy;
-    /// use tollgate::store::{Algorithm, PolicyState, evaluate};
+    /// use tollgate::store::{Algorithm, PolicyState};
     ///
     /// let per_minute = Algorithm::sliding_window(5, Duration::from_secs(60));
     /// let policies = [Policy::new("per-minute", per_minute)];
     /// // One request counted at 1 s, as a store decides it.
-    /// let (outcome, admitted) = evaluate(&policies, |_| None, 1_000, 1);
+    /// let (outcome, admitted) = PolicyState::evaluate(&policies, |_| None, 1_000, 1);
     /// assert_eq!(outcome.limits()[0].remaining, 4);
     /// let counted = admitted.unwrap().remove(0);
     /// let refunded = per_minute.refund(Some(counted), 1_000, 1, 2_000).unwrap();
     /// // A cost of 0 consumes nothing: it reports what remains.
-    /// let (outcome, _) = evaluate(&policies, |_| Some(refunded.clone()), 2_000, 0);
+    /// let (outcome, _) = PolicyState::evaluate(&policies, |_| Some(refunded.clone()), 2_000, 0);
     /// assert_eq!(outcome.limits()[0].remaining, 5);
     ///
     /// // Burst 2, one token a second: R1 at 0, then R2 and R3 at 1.2 s, when the bucket
@@ -488,7 +478,7 @@ impl Algorithm {
     /// // giving R1 back at 1.234 s puts nothing back.
     /// let bucket = [Policy::new("bucket", Algorithm::token_bucket(1, Duration::from_secs(1), 2))];
     /// let count = |state: Option<PolicyState>, now| {
-    ///     evaluate(&bucket, |_| state.clone(), now, 1).1.unwrap().remove(0)
+    ///     PolicyState::evaluate(&bucket, |_| state.clone(), now, 1).1.unwrap().remove(0)
     /// };
     /// let r3 = count(Some(count(Some(count(None, 0)), 1_200)), 1_200);
     /// let algorithm = bucket[0].algorithm();
@@ -501,10 +491,27 @@ impl Algorithm {
         cost: u64,
         now_ms: u64,
     ) -> Option<PolicyState> {
+        self.refund_state(
+            state.map(PolicyState::into_state),
+            counted_at_ms,
+            cost,
+            now_ms,
+        )
+        .map(PolicyState::from_state)
+    }
+
+    /// [`refund`](Self::refund) on the crate's own state.
+    pub(crate) fn refund_state(
+        &self,
+        state: Option<State>,
+        counted_at_ms: u64,
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<State> {
         // A caller with no state has nothing to give back (it expired: the units no longer
         // weigh).
         let stored_ms = match state.as_ref()? {
-            PolicyState::TokenBucket { updated_ms, .. } => Some(*updated_ms),
+            State::TokenBucket { updated_ms, .. } => Some(*updated_ms),
             _ => None,
         };
         let current = self.normalize(state, now_ms);
@@ -539,17 +546,22 @@ impl Algorithm {
     /// ```
     /// use std::time::Duration;
     /// use tollgate::Policy;
-    /// use tollgate::store::{Algorithm, evaluate};
+    /// use tollgate::store::{Algorithm, PolicyState};
     ///
     /// let per_second = Algorithm::sliding_window(5, Duration::from_secs(1));
     /// let policies = [Policy::new("per-second", per_second)];
-    /// let (_, admitted) = evaluate(&policies, |_| None, 1_000, 1);
+    /// let (_, admitted) = PolicyState::evaluate(&policies, |_| None, 1_000, 1);
     /// let state = admitted.unwrap().remove(0);
     /// // Counted in the window from 1 s: it still weighs in the next one, not after.
     /// assert!(!per_second.is_idle(state.clone(), 2_500));
     /// assert!(per_second.is_idle(state, 3_000));
     /// ```
     pub fn is_idle(&self, state: PolicyState, now_ms: u64) -> bool {
+        self.is_idle_state(state.into_state(), now_ms)
+    }
+
+    /// [`is_idle`](Self::is_idle) on the crate's own state.
+    pub(crate) fn is_idle_state(&self, state: State, now_ms: u64) -> bool {
         let state = self.normalize(Some(state), now_ms);
         match *self {
             Algorithm::SlidingWindow { .. } => sliding_window::is_idle(state),
@@ -562,7 +574,7 @@ impl Algorithm {
 
     /// Brings a stored state to `now_ms`: rolls the windows, refills the bucket. A state of
     /// another algorithm (a policy whose algorithm changed) starts afresh.
-    fn normalize(&self, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
+    fn normalize(&self, state: Option<State>, now_ms: u64) -> State {
         match *self {
             Algorithm::SlidingWindow { window_ms, .. } => {
                 sliding_window::normalize(window_ms, state, now_ms)
@@ -580,12 +592,7 @@ impl Algorithm {
 
     /// The state after consuming `cost` units, or (`Err`) the state unchanged when they do
     /// not fit.
-    fn consume(
-        &self,
-        state: PolicyState,
-        now_ms: u64,
-        cost: u64,
-    ) -> Result<PolicyState, PolicyState> {
+    fn consume(&self, state: State, now_ms: u64, cost: u64) -> Result<State, State> {
         // Checked first, so the products below stay within the bounds the constructors set.
         if cost > self.quota() {
             return Err(state);
@@ -603,7 +610,7 @@ impl Algorithm {
 
     /// What to report for `state`; `admitted` says whether `cost` units fit (a refusal
     /// reports the wait until they do).
-    fn report(&self, state: &PolicyState, now_ms: u64, admitted: bool, cost: u64) -> PolicyOutcome {
+    fn report(&self, state: &State, now_ms: u64, admitted: bool, cost: u64) -> PolicyOutcome {
         match *self {
             Algorithm::SlidingWindow { limit, window_ms } => {
                 sliding_window::report(limit, window_ms, state, now_ms, admitted, cost)
@@ -659,10 +666,10 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A caller's stored state for one policy.
+/// A caller's stored state for one policy, as the arithmetic reads it; public as the
+/// opaque [`PolicyState`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PolicyState {
+pub(crate) enum State {
     /// Counts of the current and the previous fixed window.
     SlidingWindow {
         /// Start of the current fixed window, ms since the epoch.
@@ -703,7 +710,7 @@ pub(crate) struct Evaluation {
     /// Whether this policy alone admits the request.
     pub(crate) admitted: bool,
     /// The state to store when every policy admits (the unchanged state otherwise).
-    pub(crate) admitted_state: PolicyState,
+    pub(crate) admitted_state: State,
     /// What to report for this policy.
     pub(crate) outcome: PolicyOutcome,
 }
@@ -815,33 +822,29 @@ mod tests {
         let counted = a.evaluate_cost(None, 12_000, 3).admitted_state;
         // Still the current window: its count goes down, never below 0.
         let back = a
-            .refund(Some(counted.clone()), 12_000, 2, 15_000)
+            .refund_state(Some(counted.clone()), 12_000, 2, 15_000)
             .expect("given back");
-        assert!(matches!(
-            back,
-            PolicyState::SlidingWindow { current: 1, .. }
-        ));
-        let back = a.refund(Some(back), 12_000, 2, 15_000).expect("given back");
-        assert!(matches!(
-            back,
-            PolicyState::SlidingWindow { current: 0, .. }
-        ));
-        assert_eq!(a.refund(Some(back), 12_000, 2, 15_000), None);
+        assert!(matches!(back, State::SlidingWindow { current: 1, .. }));
+        let back = a
+            .refund_state(Some(back), 12_000, 2, 15_000)
+            .expect("given back");
+        assert!(matches!(back, State::SlidingWindow { current: 0, .. }));
+        assert_eq!(a.refund_state(Some(back), 12_000, 2, 15_000), None);
         // In the next window the units still weigh as the previous window's count.
         let back = a
-            .refund(Some(counted.clone()), 12_000, 3, 21_000)
+            .refund_state(Some(counted.clone()), 12_000, 3, 21_000)
             .expect("given back");
         assert!(matches!(
             back,
-            PolicyState::SlidingWindow {
+            State::SlidingWindow {
                 previous: 0,
                 current: 0,
                 ..
             }
         ));
         // Two windows on they weigh nothing: nothing to give back.
-        assert_eq!(a.refund(Some(counted), 12_000, 3, 31_000), None);
-        assert_eq!(a.refund(None, 12_000, 3, 12_000), None);
+        assert_eq!(a.refund_state(Some(counted), 12_000, 3, 31_000), None);
+        assert_eq!(a.refund_state(None, 12_000, 3, 12_000), None);
     }
 
     #[test]
@@ -849,9 +852,11 @@ mod tests {
         let a = Algorithm::token_bucket(1, Duration::from_secs(1), 4);
         let counted = a.evaluate_cost(None, 0, 3).admitted_state;
         // One token refilled since: giving back 3 would make 5; the bucket holds 4.
-        let back = a.refund(Some(counted), 0, 3, 1_000).expect("given back");
+        let back = a
+            .refund_state(Some(counted), 0, 3, 1_000)
+            .expect("given back");
         assert_eq!(a.peek(Some(back.clone()), 1_000).remaining, 4);
-        assert_eq!(a.refund(Some(back), 0, 1, 1_000), None);
+        assert_eq!(a.refund_state(Some(back), 0, 1, 1_000), None);
     }
 
     /// Burst 2, one token a second: R1 admitted at 0; R2 and R3 admitted 1.2 s later
@@ -866,7 +871,7 @@ mod tests {
         let r3 = a.evaluate(Some(r2.admitted_state), 1_200);
         assert!(r1.admitted && r2.admitted && r3.admitted);
         let state = a
-            .refund(Some(r3.admitted_state.clone()), 0, 1, 1_234)
+            .refund_state(Some(r3.admitted_state.clone()), 0, 1, 1_234)
             .unwrap_or(r3.admitted_state);
         let r4 = a.evaluate(Some(state), 1_234);
         let never_counted = a.evaluate(
@@ -948,17 +953,17 @@ mod tests {
         assert_eq!(later.outcome.remaining, 0);
         // A refund takes out the units of its own decision, not later ones.
         let back = a
-            .refund(Some(second.admitted_state.clone()), 1_000, 5, 5_000)
+            .refund_state(Some(second.admitted_state.clone()), 1_000, 5, 5_000)
             .expect("given back");
         assert_eq!(a.peek(Some(back.clone()), 5_000).remaining, 2);
-        assert_eq!(a.refund(Some(back), 1_000, 1, 5_000), None);
+        assert_eq!(a.refund_state(Some(back), 1_000, 1, 5_000), None);
         assert_eq!(
-            a.refund(Some(second.admitted_state.clone()), 2_000, 1, 5_000),
+            a.refund_state(Some(second.admitted_state.clone()), 2_000, 1, 5_000),
             None
         );
         // Once out of the window, nothing to give back.
         assert_eq!(
-            a.refund(Some(second.admitted_state), 1_000, 1, 11_000),
+            a.refund_state(Some(second.admitted_state), 1_000, 1, 11_000),
             None
         );
         // A cost above the limit never fits and reports no wait.
@@ -972,20 +977,20 @@ mod tests {
         let a = Algorithm::sliding_log(2, Duration::from_secs(1));
         let late = a.evaluate(None, 5_000).admitted_state;
         let early = a.evaluate(Some(late), 4_000).admitted_state;
-        let PolicyState::SlidingLog(log) = &early else {
+        let State::SlidingLog(log) = &early else {
             panic!("a log: {early:?}");
         };
         assert_eq!(log.times().collect::<Vec<_>>(), [5_000, 5_000]);
         assert!(!a.evaluate(Some(early.clone()), 5_999).admitted);
-        assert!(a.is_idle(early, 6_000));
+        assert!(a.is_idle_state(early, 6_000));
     }
 
     #[test]
     fn idle_after_retention() {
         let a = window(5, 1);
         let e = a.evaluate(None, 10_500);
-        assert!(!a.is_idle(e.admitted_state.clone(), 11_999));
-        assert!(a.is_idle(e.admitted_state, 12_000));
+        assert!(!a.is_idle_state(e.admitted_state.clone(), 11_999));
+        assert!(a.is_idle_state(e.admitted_state, 12_000));
     }
 
     fn fixed_algorithms() -> impl proptest::strategy::Strategy<Value = Algorithm> {
@@ -1009,10 +1014,10 @@ mod tests {
             steps in proptest::collection::vec((0u64..3_000, 0u64..4, proptest::bool::ANY), 1..60),
         ) {
             let window = matches!(algorithm, Algorithm::SlidingWindow { .. });
-            let numbers = |state: &PolicyState| match *state {
-                PolicyState::SlidingWindow { window_start, previous, current } => [window_start, previous, current],
-                PolicyState::TokenBucket { level, updated_ms } => [level, updated_ms, 0],
-                PolicyState::SlidingLog(_) => unreachable!("no log here"),
+            let numbers = |state: &State| match *state {
+                State::SlidingWindow { window_start, previous, current } => [window_start, previous, current],
+                State::TokenBucket { level, updated_ms } => [level, updated_ms, 0],
+                State::SlidingLog(_) => unreachable!("no log here"),
             };
             let first = algorithm.evaluate_cost(None, 1_000_000, 1).admitted_state;
             let mut state = first;

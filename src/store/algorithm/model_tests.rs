@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::decision::{PolicyReport, RateLimitInfo};
-use crate::store::{Algorithm, Backend, CallerKey, ManualClock, PolicyOutcome, PolicyState};
+use crate::store::algorithm::State;
+use crate::store::{Algorithm, Backend, CallerKey, ManualClock, PolicyOutcome};
 use crate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -291,7 +292,7 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
     let mut now = start;
-    let mut state: Option<PolicyState> = None;
+    let mut state: Option<State> = None;
     for (i, step) in steps.iter().enumerate() {
         now += step.advance(scale);
         for j in 0..step.requests {
@@ -324,7 +325,7 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
 
             // A state the algorithm calls idle decides exactly like no state at all.
             if let Some(s) = state.clone()
-                && algorithm.is_idle(s.clone(), now)
+                && algorithm.is_idle_state(s.clone(), now)
             {
                 prop_assert_eq!(
                     algorithm.evaluate(Some(s), now).outcome,
@@ -346,12 +347,12 @@ struct CallerModels {
 }
 
 /// A token bucket's level at `now`, in its units (one token is `period_ms` of them).
-fn bucket_level(algorithm: &Algorithm, state: Option<PolicyState>, now: u64) -> u128 {
+fn bucket_level(algorithm: &Algorithm, state: Option<State>, now: u64) -> u128 {
     match algorithm
         .evaluate_cost(state.clone(), now, 0)
         .admitted_state
     {
-        PolicyState::TokenBucket { level, .. } => u128::from(level),
+        State::TokenBucket { level, .. } => u128::from(level),
         other => panic!("not a token bucket's state: {other:?}"),
     }
 }
@@ -374,7 +375,7 @@ proptest! {
     ) {
         let algorithm = Algorithm::token_bucket(rate, Duration::from_millis(period_ms), burst);
         let capacity = u128::from(burst) * u128::from(period_ms);
-        let mut state: Option<PolicyState> = None;
+        let mut state: Option<State> = None;
         // The bucket that never counted what is given back: its level and when.
         let (mut never, mut never_at) = (capacity, start);
         // Admitted requests to give back: (at step, cost, counted at).
@@ -385,7 +386,7 @@ proptest! {
             never = (never + u128::from(now - never_at) * u128::from(rate)).min(capacity);
             never_at = now;
             for &(_, cost, counted_at) in pending.iter().filter(|p| p.0 == i) {
-                if let Some(given_back) = algorithm.refund(state.clone(), counted_at, cost, now) {
+                if let Some(given_back) = algorithm.refund_state(state.clone(), counted_at, cost, now) {
                     state = Some(given_back);
                 }
             }

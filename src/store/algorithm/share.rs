@@ -1,7 +1,7 @@
 //! One instance's part of a limit that the live instances share while the store cannot
 //! decide, and the state such a part starts from.
 
-use super::{AdmissionLog, Algorithm, PolicyState, ceil_div};
+use super::{AdmissionLog, Algorithm, State, ceil_div};
 
 /// What one of the instances sharing a policy enforces with its own counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,13 +111,13 @@ impl Share {
     /// `policy`'s quota when the store last answered for it, at `at_ms`: the same fraction
     /// of this part, rounded up (rounded down for what is left in a bucket), a log's units
     /// placed at `at_ms`. `None`: it starts as a caller never seen.
-    pub(crate) fn seed(&self, policy: &Algorithm, used: u64, at_ms: u64) -> Option<PolicyState> {
+    pub(crate) fn seed(&self, policy: &Algorithm, used: u64, at_ms: u64) -> Option<State> {
         let quota = policy.quota().max(1);
         let used = used.min(quota);
         match self.algorithm {
             Algorithm::SlidingWindow { limit, window_ms } => {
                 let used = ceil_div(u128::from(used) * u128::from(limit), u128::from(quota));
-                (used > 0).then_some(PolicyState::SlidingWindow {
+                (used > 0).then_some(State::SlidingWindow {
                     window_start: at_ms - at_ms % window_ms,
                     previous: 0,
                     current: used.min(limit),
@@ -126,7 +126,7 @@ impl Share {
             Algorithm::SlidingLog { limit, .. } => {
                 let used = ceil_div(u128::from(used) * u128::from(limit), u128::from(quota));
                 (used > 0).then(|| {
-                    PolicyState::SlidingLog(AdmissionLog::from_times(std::iter::repeat_n(
+                    State::SlidingLog(AdmissionLog::from_times(std::iter::repeat_n(
                         at_ms,
                         used.min(limit) as usize,
                     )))
@@ -137,7 +137,7 @@ impl Share {
             } => {
                 let left = u128::from(quota - used) * u128::from(burst) / u128::from(quota);
                 let tokens = u64::try_from(left).unwrap_or(burst).min(burst);
-                (tokens < burst).then_some(PolicyState::TokenBucket {
+                (tokens < burst).then_some(State::TokenBucket {
                     level: tokens * period_ms,
                     updated_ms: at_ms,
                 })
@@ -222,7 +222,7 @@ mod tests {
         let seeded = share.seed(&per_second(50), 50, 10_400).expect("seeded");
         assert_eq!(
             seeded,
-            PolicyState::SlidingWindow {
+            State::SlidingWindow {
                 window_start: 10_000,
                 previous: 0,
                 current: 12
@@ -237,7 +237,7 @@ mod tests {
         // 10 of 50: 2.4, rounded up.
         assert!(matches!(
             share.seed(&per_second(50), 10, 0),
-            Some(PolicyState::SlidingWindow { current: 3, .. })
+            Some(State::SlidingWindow { current: 3, .. })
         ));
         assert_eq!(share.seed(&per_second(50), 0, 0), None);
 

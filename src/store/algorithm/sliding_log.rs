@@ -5,33 +5,21 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::{PolicyOutcome, PolicyState};
+use super::{PolicyOutcome, State};
 
 /// The times (ms since the epoch) of a caller's admitted units, oldest first, one per
 /// unit: the state of a [sliding log](super::Algorithm::SlidingLog).
 ///
 /// Cheap to clone (the times are shared); a decision that admits copies them once when
-/// they are shared. Backends store it as they store any [`PolicyState`].
-///
-/// ```
-/// use tollgate::store::AdmissionLog;
-/// let log = AdmissionLog::from_times([1_000, 1_000, 1_250]);
-/// assert_eq!(log.len(), 3);
-/// assert_eq!(log.times().collect::<Vec<_>>(), [1_000, 1_000, 1_250]);
-/// ```
+/// they are shared.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AdmissionLog {
+pub(crate) struct AdmissionLog {
     times: Arc<VecDeque<u64>>,
 }
 
 impl AdmissionLog {
     /// A log of these times (sorted here, oldest first).
-    ///
-    /// ```
-    /// use tollgate::store::AdmissionLog;
-    /// assert_eq!(AdmissionLog::from_times([5, 1]).times().next(), Some(1));
-    /// ```
-    pub fn from_times(times: impl IntoIterator<Item = u64>) -> Self {
+    pub(crate) fn from_times(times: impl IntoIterator<Item = u64>) -> Self {
         let mut times: Vec<u64> = times.into_iter().collect();
         times.sort_unstable();
         Self {
@@ -40,33 +28,17 @@ impl AdmissionLog {
     }
 
     /// The admitted units it holds.
-    ///
-    /// ```
-    /// use tollgate::store::AdmissionLog;
-    /// assert_eq!(AdmissionLog::default().len(), 0);
-    /// ```
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.times.len()
     }
 
     /// Whether it holds no admission.
-    ///
-    /// ```
-    /// use tollgate::store::AdmissionLog;
-    /// assert!(AdmissionLog::default().is_empty());
-    /// ```
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.times.is_empty()
     }
 
     /// The admission times, oldest first.
-    ///
-    /// ```
-    /// use tollgate::store::AdmissionLog;
-    /// let log = AdmissionLog::from_times([7]);
-    /// assert_eq!(log.times().last(), Some(7));
-    /// ```
-    pub fn times(&self) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn times(&self) -> impl Iterator<Item = u64> + '_ {
         self.times.iter().copied()
     }
 
@@ -78,9 +50,9 @@ impl AdmissionLog {
 /// The state brought to `now_ms`: the units older than one window dropped (an entry at
 /// `t` counts while `t > now - window`), or an empty log. A state of another algorithm
 /// starts afresh.
-pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
+pub(super) fn normalize(window_ms: u64, state: Option<State>, now_ms: u64) -> State {
     let mut log = match state {
-        Some(PolicyState::SlidingLog(log)) => log,
+        Some(State::SlidingLog(log)) => log,
         _ => AdmissionLog::default(),
     };
     let expired = |t: &u64| t.saturating_add(window_ms) <= now_ms;
@@ -90,12 +62,12 @@ pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64)
             times.pop_front();
         }
     }
-    PolicyState::SlidingLog(log)
+    State::SlidingLog(log)
 }
 
 /// Whether `cost` more units fit beside the units in a normalized log.
-pub(super) fn fits(limit: u64, state: &PolicyState, cost: u64) -> bool {
-    let PolicyState::SlidingLog(log) = state else {
+pub(super) fn fits(limit: u64, state: &State, cost: u64) -> bool {
+    let State::SlidingLog(log) = state else {
         return false;
     };
     log.len() as u64 + cost <= limit
@@ -104,16 +76,11 @@ pub(super) fn fits(limit: u64, state: &PolicyState, cost: u64) -> bool {
 /// The state after admitting `cost` units at `now_ms` (`Err` with the state unchanged when
 /// they do not fit). The log stays sorted: after a clock that moved back, the units are
 /// counted at the newest time already there (later, so only stricter).
-pub(super) fn consume(
-    limit: u64,
-    state: PolicyState,
-    now_ms: u64,
-    cost: u64,
-) -> Result<PolicyState, PolicyState> {
+pub(super) fn consume(limit: u64, state: State, now_ms: u64, cost: u64) -> Result<State, State> {
     if !fits(limit, &state, cost) {
         return Err(state);
     }
-    let PolicyState::SlidingLog(mut log) = state else {
+    let State::SlidingLog(mut log) = state else {
         return Err(state);
     };
     if cost > 0 {
@@ -121,14 +88,14 @@ pub(super) fn consume(
         let times = Arc::make_mut(&mut log.times);
         times.extend(std::iter::repeat_n(at, cost as usize));
     }
-    Ok(PolicyState::SlidingLog(log))
+    Ok(State::SlidingLog(log))
 }
 
 /// The state with up to `cost` of the units admitted at `counted_at_ms` taken out (the
 /// ones that admission added: any other unit left out would make the log less strict than
 /// never counting the request), if it still holds any.
-pub(super) fn refund(state: PolicyState, counted_at_ms: u64, cost: u64) -> Option<PolicyState> {
-    let PolicyState::SlidingLog(mut log) = state else {
+pub(super) fn refund(state: State, counted_at_ms: u64, cost: u64) -> Option<State> {
+    let State::SlidingLog(mut log) = state else {
         return None;
     };
     let first = log.times.partition_point(|&t| t < counted_at_ms);
@@ -138,7 +105,7 @@ pub(super) fn refund(state: PolicyState, counted_at_ms: u64, cost: u64) -> Optio
         return None;
     }
     Arc::make_mut(&mut log.times).drain(last - taken..last);
-    Some(PolicyState::SlidingLog(log))
+    Some(State::SlidingLog(log))
 }
 
 /// What remains, and how long until one more unit fits (for a refusal, until `cost` do):
@@ -146,12 +113,12 @@ pub(super) fn refund(state: PolicyState, counted_at_ms: u64, cost: u64) -> Optio
 pub(super) fn report(
     limit: u64,
     window_ms: u64,
-    state: &PolicyState,
+    state: &State,
     now_ms: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let PolicyState::SlidingLog(log) = state else {
+    let State::SlidingLog(log) = state else {
         return PolicyOutcome::nothing(admitted);
     };
     let count = log.len() as u64;
@@ -178,9 +145,22 @@ pub(super) fn report(
 }
 
 /// Whether a normalized log no longer affects any decision.
-pub(super) fn is_idle(state: &PolicyState) -> bool {
+pub(super) fn is_idle(state: &State) -> bool {
     match state {
-        PolicyState::SlidingLog(log) => log.is_empty(),
+        State::SlidingLog(log) => log.is_empty(),
         _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_keeps_its_times_oldest_first() {
+        let log = AdmissionLog::from_times([1_250, 1_000, 1_000]);
+        assert_eq!(log.len(), 3);
+        assert_eq!(log.times().collect::<Vec<_>>(), [1_000, 1_000, 1_250]);
+        assert!(AdmissionLog::default().is_empty());
     }
 }

@@ -2,13 +2,13 @@
 //! it still overlaps the sliding window, plus the current window's count. lua/policies.lua
 //! is its transcription for Redis.
 
-use super::{PolicyOutcome, PolicyState, floor_div};
+use super::{PolicyOutcome, State, floor_div};
 
 /// The state brought to `now_ms`: the window rolled forward, or a fresh one. A state of
 /// another algorithm starts afresh.
-pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64) -> PolicyState {
+pub(super) fn normalize(window_ms: u64, state: Option<State>, now_ms: u64) -> State {
     let counts = match state {
-        Some(PolicyState::SlidingWindow {
+        Some(State::SlidingWindow {
             window_start,
             previous,
             current,
@@ -16,7 +16,7 @@ pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64)
         _ => [0, 0, 0],
     };
     let [window_start, previous, current] = roll(window_ms, counts, now_ms);
-    PolicyState::SlidingWindow {
+    State::SlidingWindow {
         window_start,
         previous,
         current,
@@ -25,7 +25,7 @@ pub(super) fn normalize(window_ms: u64, state: Option<PolicyState>, now_ms: u64)
 
 /// [`normalize`] on the numbers of a window's state, `[window_start, previous, current]`
 /// (`[0, 0, 0]` for none): the arithmetic itself, which the in-process store's packed
-/// states use without building a [`PolicyState`].
+/// states use without building a [`State`].
 pub(super) fn roll(
     window_ms: u64,
     [window_start, previous, current]: [u64; 3],
@@ -49,11 +49,11 @@ pub(super) fn roll(
 pub(super) fn consume(
     limit: u64,
     window_ms: u64,
-    state: &PolicyState,
+    state: &State,
     now_ms: u64,
     cost: u64,
-) -> Option<PolicyState> {
-    let PolicyState::SlidingWindow {
+) -> Option<State> {
+    let State::SlidingWindow {
         window_start,
         previous,
         current,
@@ -68,7 +68,7 @@ pub(super) fn consume(
         now_ms,
         cost,
     )?;
-    Some(PolicyState::SlidingWindow {
+    Some(State::SlidingWindow {
         window_start,
         previous,
         current,
@@ -90,13 +90,8 @@ pub(super) fn take(
 
 /// The state with `cost` units taken off the window they were counted in (at
 /// `counted_at_ms`), if that window still weighs: the current one or the previous one.
-pub(super) fn refund(
-    window_ms: u64,
-    state: PolicyState,
-    counted_at_ms: u64,
-    cost: u64,
-) -> Option<PolicyState> {
-    let PolicyState::SlidingWindow {
+pub(super) fn refund(window_ms: u64, state: State, counted_at_ms: u64, cost: u64) -> Option<State> {
+    let State::SlidingWindow {
         window_start,
         previous,
         current,
@@ -106,13 +101,13 @@ pub(super) fn refund(
     };
     let counted_in = counted_at_ms - counted_at_ms % window_ms;
     if counted_in == window_start {
-        (current > 0).then(|| PolicyState::SlidingWindow {
+        (current > 0).then(|| State::SlidingWindow {
             window_start,
             previous,
             current: current.saturating_sub(cost),
         })
     } else if counted_in.checked_add(window_ms) == Some(window_start) {
-        (previous > 0).then(|| PolicyState::SlidingWindow {
+        (previous > 0).then(|| State::SlidingWindow {
             window_start,
             previous: previous.saturating_sub(cost),
             current,
@@ -126,12 +121,12 @@ pub(super) fn refund(
 pub(super) fn report(
     limit: u64,
     window_ms: u64,
-    state: &PolicyState,
+    state: &State,
     now_ms: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let PolicyState::SlidingWindow {
+    let State::SlidingWindow {
         window_start,
         previous,
         current,
@@ -177,10 +172,10 @@ pub(super) fn report_counts(
 }
 
 /// Whether a normalized state no longer affects any decision.
-pub(super) fn is_idle(state: PolicyState) -> bool {
+pub(super) fn is_idle(state: State) -> bool {
     matches!(
         state,
-        PolicyState::SlidingWindow {
+        State::SlidingWindow {
             previous: 0,
             current: 0,
             ..

@@ -3,7 +3,7 @@
 //! units and `rate` units flow in per millisecond, so refill stays in integers.
 //! lua/policies.lua is its transcription for Redis.
 
-use super::{PolicyOutcome, PolicyState, ceil_div};
+use super::{PolicyOutcome, State, ceil_div};
 
 /// The state brought to `now_ms`: the bucket refilled, or a full one. A state of another
 /// algorithm starts afresh.
@@ -15,20 +15,20 @@ pub(super) fn normalize(
     rate: u64,
     period_ms: u64,
     burst: u64,
-    state: Option<PolicyState>,
+    state: Option<State>,
     now_ms: u64,
-) -> PolicyState {
+) -> State {
     let stored = match state {
-        Some(PolicyState::TokenBucket { level, updated_ms }) => Some([level, updated_ms]),
+        Some(State::TokenBucket { level, updated_ms }) => Some([level, updated_ms]),
         _ => None,
     };
     let [level, updated_ms] = refill(rate, period_ms, burst, stored, now_ms);
-    PolicyState::TokenBucket { level, updated_ms }
+    State::TokenBucket { level, updated_ms }
 }
 
 /// [`normalize`] on the numbers of a bucket's state, `[level, updated_ms]`: the arithmetic
 /// itself, which the in-process store's packed states use without building a
-/// [`PolicyState`].
+/// [`State`].
 pub(super) fn refill(
     rate: u64,
     period_ms: u64,
@@ -67,12 +67,12 @@ fn updated_ms_of(stored: Option<[u64; 2]>, now_ms: u64) -> u64 {
 }
 
 /// The state after taking `cost` tokens (at most the burst), if there are that many.
-pub(super) fn consume(period_ms: u64, state: &PolicyState, cost: u64) -> Option<PolicyState> {
-    let PolicyState::TokenBucket { level, updated_ms } = *state else {
+pub(super) fn consume(period_ms: u64, state: &State, cost: u64) -> Option<State> {
+    let State::TokenBucket { level, updated_ms } = *state else {
         return None;
     };
     let [level, updated_ms] = take(period_ms, [level, updated_ms], cost)?;
-    Some(PolicyState::TokenBucket { level, updated_ms })
+    Some(State::TokenBucket { level, updated_ms })
 }
 
 /// [`consume`] on the numbers of a refilled bucket's state.
@@ -95,11 +95,11 @@ pub(super) fn refund(
     period_ms: u64,
     burst: u64,
     stored_ms: u64,
-    current: PolicyState,
+    current: State,
     counted_at_ms: u64,
     cost: u64,
-) -> Option<PolicyState> {
-    let PolicyState::TokenBucket { level, updated_ms } = current else {
+) -> Option<State> {
+    let State::TokenBucket { level, updated_ms } = current else {
         return None;
     };
     let since = stored_ms.checked_sub(counted_at_ms)?;
@@ -107,7 +107,7 @@ pub(super) fn refund(
     let owed = u128::from(cost.min(burst)) * u128::from(period_ms);
     let back = owed.saturating_sub(u128::from(since) * u128::from(rate));
     let refilled = (u128::from(level) + back).min(capacity);
-    (refilled > u128::from(level)).then_some(PolicyState::TokenBucket {
+    (refilled > u128::from(level)).then_some(State::TokenBucket {
         level: refilled as u64,
         updated_ms,
     })
@@ -119,11 +119,11 @@ pub(super) fn report(
     rate: u64,
     period_ms: u64,
     burst: u64,
-    state: &PolicyState,
+    state: &State,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let PolicyState::TokenBucket { level, .. } = *state else {
+    let State::TokenBucket { level, .. } = *state else {
         return PolicyOutcome::nothing(admitted);
     };
     report_level(rate, period_ms, burst, level, admitted, cost)
@@ -154,9 +154,9 @@ pub(super) fn report_level(
 }
 
 /// Whether a normalized state is a full bucket, which affects no decision.
-pub(super) fn is_idle(period_ms: u64, burst: u64, state: PolicyState) -> bool {
+pub(super) fn is_idle(period_ms: u64, burst: u64, state: State) -> bool {
     match state {
-        PolicyState::TokenBucket { level, .. } => {
+        State::TokenBucket { level, .. } => {
             u128::from(level) >= u128::from(burst) * u128::from(period_ms)
         }
         _ => true,

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use super::packed::Packing;
-use crate::store::algorithm::{AdmissionLog, Algorithm, PolicyOutcome, PolicyState};
+use crate::store::algorithm::{AdmissionLog, Algorithm, PolicyOutcome, State};
 use crate::store::inline_bytes::InlineBytes;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
@@ -40,7 +40,7 @@ const PACKED_WINDOW: u8 = 4;
 const PACKED_BUCKET: u8 = 5;
 
 impl SharedState {
-    fn new(state: PolicyState) -> Self {
+    fn new(state: State) -> Self {
         let shared = Self {
             kind: AtomicU8::new(0),
             a: AtomicU64::new(0),
@@ -52,7 +52,7 @@ impl SharedState {
     }
 
     /// A state packed as `packing` says, if it fits; unpacked otherwise.
-    fn packed(state: PolicyState, packing: Option<Packing>) -> Self {
+    fn packed(state: State, packing: Option<Packing>) -> Self {
         let Some((packing, word)) =
             packing.and_then(|packing| Some((packing, packing.encode(&state)?)))
         else {
@@ -107,17 +107,17 @@ impl SharedState {
         self.b.store(block.until_ms, Relaxed);
     }
 
-    fn load(&self) -> PolicyState {
+    fn load(&self) -> State {
         if let Some(packing) = self.packing() {
             return packing.decode(self.a.load(Relaxed));
         }
         let (a, b) = (self.a.load(Relaxed), self.b.load(Relaxed));
         match self.kind.load(Relaxed) {
-            TOKEN_BUCKET => PolicyState::TokenBucket {
+            TOKEN_BUCKET => State::TokenBucket {
                 level: a,
                 updated_ms: b,
             },
-            _ => PolicyState::SlidingWindow {
+            _ => State::SlidingWindow {
                 window_start: a,
                 previous: b,
                 current: self.c.load(Relaxed),
@@ -128,7 +128,7 @@ impl SharedState {
     /// Writes `state`: packed if the slot is and it fits, otherwise unpacked (the slot then
     /// stays so). Under the entry's lock, where no compare-and-swap runs beside it (see
     /// [`Entry::decide_packed`]).
-    fn store(&self, state: PolicyState) {
+    fn store(&self, state: State) {
         if let Some(packing) = self.packing()
             && let Some(word) = packing.encode(&state)
         {
@@ -136,7 +136,7 @@ impl SharedState {
             return;
         }
         match state {
-            PolicyState::SlidingWindow {
+            State::SlidingWindow {
                 window_start,
                 previous,
                 current,
@@ -146,13 +146,13 @@ impl SharedState {
                 self.b.store(previous, Relaxed);
                 self.c.store(current, Relaxed);
             }
-            PolicyState::TokenBucket { level, updated_ms } => {
+            State::TokenBucket { level, updated_ms } => {
                 self.kind.store(TOKEN_BUCKET, Relaxed);
                 self.a.store(level, Relaxed);
                 self.b.store(updated_ms, Relaxed);
             }
             // Never here: a log's counter has a log slot (its counter id names its unit).
-            PolicyState::SlidingLog(_) => {}
+            State::SlidingLog(_) => {}
         }
     }
 }
@@ -179,9 +179,9 @@ enum SlotState {
 }
 
 impl SlotState {
-    fn new(state: PolicyState) -> Self {
+    fn new(state: State) -> Self {
         match state {
-            PolicyState::SlidingLog(log) => SlotState::Log(Mutex::new(log)),
+            State::SlidingLog(log) => SlotState::Log(Mutex::new(log)),
             fixed => SlotState::Fixed(SharedState::new(fixed)),
         }
     }
@@ -201,16 +201,16 @@ enum StateRef<'a> {
 }
 
 impl StateRef<'_> {
-    fn load(self) -> PolicyState {
+    fn load(self) -> State {
         match self {
             StateRef::Fixed(shared) => shared.load(),
-            StateRef::Log(log) => PolicyState::SlidingLog(lock_log(log).clone()),
+            StateRef::Log(log) => State::SlidingLog(lock_log(log).clone()),
         }
     }
 
-    fn store(self, state: PolicyState) {
+    fn store(self, state: State) {
         match (self, state) {
-            (StateRef::Log(log), PolicyState::SlidingLog(next)) => *lock_log(log) = next,
+            (StateRef::Log(log), State::SlidingLog(next)) => *lock_log(log) = next,
             (StateRef::Fixed(shared), state) => shared.store(state),
             // Never: a counter keeps its kind (its id names its unit).
             (StateRef::Log(_), _) => {}
@@ -278,16 +278,11 @@ impl Drop for EntryGuard<'_> {
 impl Entry {
     /// A caller's first entry, holding one counter's state, packed as `packing` says when
     /// it fits.
-    pub(super) fn new(
-        key: &[u8],
-        counter: u32,
-        state: PolicyState,
-        packing: Option<Packing>,
-    ) -> Self {
+    pub(super) fn new(key: &[u8], counter: u32, state: State, packing: Option<Packing>) -> Self {
         let (first_counter, first_state, more) = match state {
-            PolicyState::SlidingLog(_) => (
+            State::SlidingLog(_) => (
                 NO_COUNTER,
-                SharedState::new(PolicyState::TokenBucket {
+                SharedState::new(State::TokenBucket {
                     level: 0,
                     updated_ms: 0,
                 }),
@@ -389,21 +384,21 @@ impl Entry {
         self.slot(counter).is_some()
     }
 
-    pub(super) fn state(&self, counter: u32) -> Option<PolicyState> {
+    pub(super) fn state(&self, counter: u32) -> Option<State> {
         self.slot(counter).map(StateRef::load)
     }
 
     /// Writes the state of a counter the entry holds (see [`has`](Self::has)); under the
     /// entry's lock.
-    pub(super) fn update(&self, counter: u32, state: PolicyState) {
+    pub(super) fn update(&self, counter: u32, state: State) {
         if let Some(slot) = self.slot(counter) {
             slot.store(state);
         }
     }
 
     /// Writes a counter's state, adding the counter if the entry does not hold it yet.
-    pub(super) fn store(&mut self, counter: u32, state: PolicyState) {
-        let log = matches!(state, PolicyState::SlidingLog(_));
+    pub(super) fn store(&mut self, counter: u32, state: State) {
+        let log = matches!(state, State::SlidingLog(_));
         if self.first_counter == counter {
             if !log {
                 self.first_state.store(state);
@@ -417,8 +412,8 @@ impl Entry {
             .and_then(|more| more.iter_mut().find(|slot| slot.counter == counter))
         {
             match (&slot.state, state) {
-                (SlotState::Fixed(shared), fixed @ PolicyState::SlidingWindow { .. })
-                | (SlotState::Fixed(shared), fixed @ PolicyState::TokenBucket { .. }) => {
+                (SlotState::Fixed(shared), fixed @ State::SlidingWindow { .. })
+                | (SlotState::Fixed(shared), fixed @ State::TokenBucket { .. }) => {
                     shared.store(fixed);
                 }
                 (_, state) => slot.state = SlotState::new(state),
@@ -497,7 +492,7 @@ mod tests {
 
     #[test]
     fn counters_are_kept_apart() {
-        let window = |current| PolicyState::SlidingWindow {
+        let window = |current| State::SlidingWindow {
             window_start: 0,
             previous: 0,
             current,
@@ -509,7 +504,7 @@ mod tests {
         entry.store(3, window(2));
         assert_eq!(entry.state(0), Some(window(7)));
         assert_eq!(entry.state(3), Some(window(2)));
-        let bucket = PolicyState::TokenBucket {
+        let bucket = State::TokenBucket {
             level: u64::MAX - 1,
             updated_ms: 1_700_000_000_000,
         };
@@ -523,10 +518,9 @@ mod tests {
 
     #[test]
     fn a_log_sits_beside_the_fixed_states() {
-        let log = |times: &[u64]| {
-            PolicyState::SlidingLog(AdmissionLog::from_times(times.iter().copied()))
-        };
-        let window = PolicyState::SlidingWindow {
+        let log =
+            |times: &[u64]| State::SlidingLog(AdmissionLog::from_times(times.iter().copied()));
+        let window = State::SlidingWindow {
             window_start: 0,
             previous: 0,
             current: 4,
@@ -562,7 +556,7 @@ mod tests {
         let entry = Entry::new(
             b"=acme",
             0,
-            PolicyState::TokenBucket {
+            State::TokenBucket {
                 level: 0,
                 updated_ms: 0,
             },
@@ -573,13 +567,12 @@ mod tests {
                 scope.spawn(|| {
                     for _ in 0..10_000 {
                         let _held = entry.lock();
-                        let Some(PolicyState::TokenBucket { level, updated_ms }) = entry.state(0)
-                        else {
+                        let Some(State::TokenBucket { level, updated_ms }) = entry.state(0) else {
                             unreachable!("a token bucket was stored");
                         };
                         entry.update(
                             0,
-                            PolicyState::TokenBucket {
+                            State::TokenBucket {
                                 level: level + 1,
                                 updated_ms,
                             },
@@ -590,7 +583,7 @@ mod tests {
         });
         assert_eq!(
             entry.state(0),
-            Some(PolicyState::TokenBucket {
+            Some(State::TokenBucket {
                 level: 40_000,
                 updated_ms: 0
             })

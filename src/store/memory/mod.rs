@@ -14,7 +14,7 @@ use self::packed::Packing;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
-use crate::store::algorithm::{PolicyOutcome, PolicyState};
+use crate::store::algorithm::{PolicyOutcome, State};
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::future::StoreFuture;
@@ -145,7 +145,7 @@ impl InMemoryBackend {
             };
             let block = limit.lockout_arc().and_then(|id| shard.counter(id));
             let entry = &mut shard.entries[position];
-            let given_back = limit.algorithm().refund(
+            let given_back = limit.algorithm().refund_state(
                 entry.state(counter),
                 refund.counted_at_ms(),
                 refund.cost(),
@@ -271,7 +271,7 @@ impl InMemoryBackend {
         limits: &[Policy],
         cost: u64,
         now: u64,
-        mut seed: impl FnMut(usize) -> Option<PolicyState>,
+        mut seed: impl FnMut(usize) -> Option<State>,
     ) -> CheckOutcome {
         let (hash, lock) = self.shard(caller);
         {
@@ -543,7 +543,7 @@ impl Decision<'_> {
         }
     }
 
-    fn admit(&mut self, limit: &Policy, state: PolicyState) {
+    fn admit(&mut self, limit: &Policy, state: State) {
         let counter = intern_counter(self.counters, limit.counter_arc());
         match (&mut self.entry, &mut self.fresh) {
             (Some(entry), _) => entry.store(counter, state),

@@ -14,7 +14,7 @@
 //! the slot goes back to the unpacked form, under the shard's write lock. Decoding is
 //! exact, so both forms decide alike.
 
-use crate::store::algorithm::{Algorithm, Numbers, PolicyState};
+use crate::store::algorithm::{Algorithm, Numbers, State};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -127,17 +127,17 @@ impl Packing {
     }
 
     /// `state` in one word, if it fits.
-    pub(super) fn encode(self, state: &PolicyState) -> Option<u64> {
+    pub(super) fn encode(self, state: &State) -> Option<u64> {
         match (self, state) {
             (
                 Packing::Window { .. },
-                &PolicyState::SlidingWindow {
+                &State::SlidingWindow {
                     window_start,
                     previous,
                     current,
                 },
             ) => self.encode_numbers([window_start, previous, current]),
-            (Packing::Bucket { .. }, &PolicyState::TokenBucket { level, updated_ms }) => {
+            (Packing::Bucket { .. }, &State::TokenBucket { level, updated_ms }) => {
                 self.encode_numbers([level, updated_ms, 0])
             }
             _ => None,
@@ -177,14 +177,14 @@ impl Packing {
     }
 
     /// The state a word holds.
-    pub(super) fn decode(self, word: u64) -> PolicyState {
+    pub(super) fn decode(self, word: u64) -> State {
         match self.decode_numbers(word) {
-            [window_start, previous, current] if self.is_window() => PolicyState::SlidingWindow {
+            [window_start, previous, current] if self.is_window() => State::SlidingWindow {
                 window_start,
                 previous,
                 current,
             },
-            [level, updated_ms, _] => PolicyState::TokenBucket { level, updated_ms },
+            [level, updated_ms, _] => State::TokenBucket { level, updated_ms },
         }
     }
 
@@ -261,19 +261,19 @@ mod tests {
     fn a_state_that_does_not_fit_is_not_packed() {
         let window = Algorithm::sliding_window(50, Duration::from_secs(1));
         let packing = Packing::of(&window, NOW).expect("packs");
-        let early = PolicyState::SlidingWindow {
+        let early = State::SlidingWindow {
             window_start: 0,
             previous: 0,
             current: 1,
         };
         assert_eq!(packing.encode(&early), None);
-        let unaligned = PolicyState::SlidingWindow {
+        let unaligned = State::SlidingWindow {
             window_start: NOW + 1,
             previous: 0,
             current: 1,
         };
         assert_eq!(packing.encode(&unaligned), None);
-        let bucket = PolicyState::TokenBucket {
+        let bucket = State::TokenBucket {
             level: 0,
             updated_ms: NOW,
         };

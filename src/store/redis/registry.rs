@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::backend::RedisBackend;
-use crate::store::instances::LiveInstances;
+use crate::limiter::build_error::BuildError;
 
 /// The gauge of live instances, labelled `registry` (the registry's key).
 const LIVE_INSTANCES: &str = "tollgate_live_instances";
@@ -57,7 +57,7 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 ///     .backend(store)
 ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
 ///     // While Redis is down, each instance enforces 50 / (live instances).
-///     .on_store_failure(FailurePolicy::local_share(InstanceCount::live(registry)))
+///     .on_store_failure(FailurePolicy::local_share(InstanceCount::registry(registry)))
 ///     .build();
 /// # drop(limiter); }
 /// ```
@@ -102,14 +102,19 @@ impl InstanceRegistry {
     pub fn key(&self) -> &str {
         &self.shared.key
     }
-}
 
-impl LiveInstances for InstanceRegistry {
-    fn live_instances(&self) -> u64 {
+    /// The live instances, at least 1: the initial count until the first heartbeat
+    /// answers, then the count the latest one read (kept through an outage). Answers at
+    /// once, from memory.
+    pub fn live_instances(&self) -> u64 {
         self.shared.count.load(Ordering::Relaxed).max(1)
     }
 
-    fn place(&self) -> Option<u64> {
+    /// This instance's place (from 0) among the live instances, in the count
+    /// [`live_instances`](Self::live_instances) answers; `None` until a heartbeat answers. Every instance sees a
+    /// different one below the count: a local share uses it to spread a quota's remainder
+    /// and to take turns with a quota below the count.
+    pub fn place(&self) -> Option<u64> {
         let place = self.shared.place.load(Ordering::Relaxed);
         (place != u64::MAX).then_some(place)
     }
@@ -197,39 +202,37 @@ impl InstanceRegistryBuilder {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// use std::time::Duration;
-    /// use tollgate::{InstanceRegistry, RedisBackend};
-    /// use tollgate::store::RegistryError;
+    /// use tollgate::{BuildError, InstanceRegistry, RedisBackend};
     ///
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
     /// let slow = InstanceRegistry::builder(&store)
     ///     .initial_count(4)
     ///     .heartbeat_every(Duration::from_secs(5))
     ///     .start();
-    /// assert!(matches!(slow, Err(RegistryError::HeartbeatNotShorterThanWindow { .. })));
+    /// assert!(matches!(slow, Err(BuildError::HeartbeatNotShorterThanWindow { .. })));
     /// let uncounted = InstanceRegistry::builder(&store).start();
-    /// assert!(matches!(uncounted, Err(RegistryError::NoInitialCount)));
+    /// assert!(matches!(uncounted, Err(BuildError::NoInitialCount)));
     /// # }
     /// ```
-    pub fn start(self) -> Result<InstanceRegistry, RegistryError> {
+    pub fn start(self) -> Result<InstanceRegistry, BuildError> {
         if self.every >= self.live_within {
-            return Err(RegistryError::HeartbeatNotShorterThanWindow {
+            return Err(BuildError::HeartbeatNotShorterThanWindow {
                 heartbeat_every: self.every,
                 live_within: self.live_within,
             });
         }
         let id = match self.id {
             Some(id) if id.is_empty() || id.chars().any(char::is_control) => {
-                return Err(RegistryError::InvalidInstanceId(id));
+                return Err(BuildError::InvalidInstanceId(id));
             }
             Some(id) => id,
             None => PROCESS_INSTANCE_ID.clone(),
         };
         let initial = match self.initial {
             Some(count) if count >= 1 => count,
-            _ => return Err(RegistryError::NoInitialCount),
+            _ => return Err(BuildError::NoInitialCount),
         };
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|_| RegistryError::NoRuntime)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let key = format!("{}:instances", self.store.prefix());
         // Described at each start, so a recorder installed after an earlier registry gets it.
         metrics::describe_gauge!(
@@ -259,69 +262,6 @@ impl InstanceRegistryBuilder {
         })
     }
 }
-
-/// Why an [`InstanceRegistry`] could not start.
-///
-/// ```
-/// use std::time::Duration;
-/// use tollgate::store::RegistryError;
-///
-/// let error = RegistryError::HeartbeatNotShorterThanWindow {
-///     heartbeat_every: Duration::from_secs(5),
-///     live_within: Duration::from_secs(3),
-/// };
-/// assert!(error.to_string().contains("shorter than the liveness window"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RegistryError {
-    /// The heartbeat interval is not shorter than the liveness window: instances would drop
-    /// out of each other's counts between beats, each counting only itself.
-    HeartbeatNotShorterThanWindow {
-        /// The heartbeat interval asked for.
-        heartbeat_every: Duration,
-        /// The liveness window asked for.
-        live_within: Duration,
-    },
-    /// The instance id is empty or holds a control character.
-    InvalidInstanceId(String),
-    /// No [`InstanceRegistryBuilder::initial_count`] (or 0) was given: an instance started
-    /// while Redis is unreachable would divide by 1 until its first heartbeat answers.
-    NoInitialCount,
-    /// [`InstanceRegistryBuilder::start`] was called outside a Tokio runtime, where its
-    /// background task cannot run.
-    NoRuntime,
-}
-
-impl fmt::Display for RegistryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::HeartbeatNotShorterThanWindow {
-                heartbeat_every,
-                live_within,
-            } => write!(
-                f,
-                "the heartbeat interval ({heartbeat_every:?}) must be shorter than the liveness \
-                 window ({live_within:?}), or each instance counts only itself"
-            ),
-            Self::InvalidInstanceId(id) => write!(
-                f,
-                "the instance id {id:?} is empty or holds a control character"
-            ),
-            Self::NoInitialCount => f.write_str(
-                "the instance registry needs the deployment's instance count (initial_count), \
-                 used until the first heartbeat answers: an instance started while Redis is \
-                 unreachable would otherwise divide by 1",
-            ),
-            Self::NoRuntime => f.write_str(
-                "the instance registry must be started inside a Tokio runtime, which runs its \
-                 heartbeat",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RegistryError {}
 
 async fn beat(
     store: RedisBackend,
