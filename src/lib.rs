@@ -56,8 +56,8 @@
 //!   [`Algorithm`](store::Algorithm) arithmetic and the all-or-nothing
 //!   [`evaluate`](store::PolicyState::evaluate) over the [`PolicyState`](store::PolicyState)s,
 //!   [`InMemoryBackend`], `RedisBackend` with its Lua and `InstanceRegistry`, the
-//!   [`CallerKey`](store::CallerKey) and the [`Clock`](store::Clock). Its one import from
-//!   above is [`BuildError`], the crate's one configuration error.
+//!   [`CallerKey`](store::CallerKey), the [`Clock`](store::Clock) and [`BuildError`], the
+//!   crate's one configuration error.
 //!
 //! Two middlewares of their own need no store: [`shed`] (load shedding by concurrency) and
 //! [`client`] (adaptive throttling of outgoing calls).
@@ -156,12 +156,12 @@ pub use http::layer::RateLimitLayer;
 pub use http::service::RateLimit;
 pub use limiter::Limiter;
 pub use limiter::breaker::BreakerConfig;
-pub use limiter::build_error::BuildError;
 pub use limiter::builder::LimiterBuilder;
 pub use limiter::decision::Decision;
 pub use limiter::failure::FailurePolicy;
 pub use limiter::instances::InstanceCount;
 pub use limiter::lease::config::Leases;
+pub use store::build_error::BuildError;
 pub use store::caller::Caller;
 pub use store::memory::InMemoryBackend;
 pub use store::policy::{Policy, Quota};

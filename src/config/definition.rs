@@ -10,12 +10,12 @@ use serde::Deserialize;
 use crate::config::duration;
 use crate::http::key::{ClientIp, ConfiguredKey, HeaderKey};
 use crate::limiter::Limiter;
-use crate::limiter::build_error::BuildError;
 use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
 use crate::limiter::limits::Limits;
 use crate::store::algorithm::Algorithm;
+use crate::store::build_error::BuildError;
 use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 

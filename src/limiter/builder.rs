@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::limiter::Limiter;
 use crate::limiter::breaker::{BreakerConfig, Jitter};
-use crate::limiter::build_error::BuildError;
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::Domains;
 use crate::limiter::failure::{FailurePolicy, Fallback};
@@ -21,6 +20,7 @@ use crate::limiter::path::remote::{RemoteParts, RemotePath};
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::backend::Backend;
+use crate::store::build_error::BuildError;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;

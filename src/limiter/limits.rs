@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::limiter::build_error::BuildError;
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::LimiterMetrics;
+use crate::store::build_error::BuildError;
 use crate::store::caller::Caller;
 use crate::store::policy::Policy;
 

@@ -12,7 +12,6 @@
 //! once: shadowed, counted and recorded.
 
 pub(crate) mod breaker;
-pub(crate) mod build_error;
 pub(crate) mod builder;
 pub(crate) mod cost;
 pub(crate) mod decision;
@@ -36,7 +35,6 @@ use std::sync::Arc;
 use tracing::{Instrument, Span};
 
 use crate::limiter::breaker::BreakerState;
-use crate::limiter::build_error::BuildError;
 use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
@@ -44,6 +42,7 @@ use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
 use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::backend::{Refund, StoreError};
+use crate::store::build_error::BuildError;
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;

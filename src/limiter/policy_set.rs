@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::limiter::build_error::BuildError;
 use crate::limiter::reported_set::ReportedSet;
+use crate::store::build_error::BuildError;
 use crate::store::policy::Policy;
 
 /// One set of policies a caller is decided against (the defaults, or a tier's), with an

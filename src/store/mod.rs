@@ -25,12 +25,14 @@
 //! that keeps states out of process stores each [`PolicyState`] as its
 //! [`to_bytes`](PolicyState::to_bytes). The builders belong to the crate's own stores.
 //!
-//! This floor knows nothing above it: no limiter, no HTTP type. The one exception is
-//! [`BuildError`](crate::BuildError), the crate's one configuration error, which the
-//! policy and registry constructors here return as the limiter's builder does.
+//! This floor knows nothing above it: no limiter, no HTTP type. It holds
+//! [`BuildError`](crate::BuildError), the crate's one configuration error, which the policy
+//! and registry constructors here return and the floors above return too.
 
 pub(crate) mod algorithm;
+
 pub(crate) mod backend;
+pub(crate) mod build_error;
 pub(crate) mod caller;
 pub(crate) mod clock;
 pub(crate) mod digest;

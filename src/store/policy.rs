@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::build_error::BuildError;
 use crate::store::algorithm::Algorithm;
+use crate::store::build_error::BuildError;
 
 /// A number of requests over a span of time, read the way people say it:
 /// `Quota::per_second(50)` is 50 requests in one second.

@@ -7,7 +7,7 @@ use http::header::{FORWARDED, HeaderName};
 use http::{Request, StatusCode};
 
 use super::{Extracted, KeyExtractor, KeyRejection};
-use crate::limiter::build_error::BuildError;
+use crate::store::build_error::BuildError;
 use crate::store::caller::Caller;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

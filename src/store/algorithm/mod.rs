@@ -14,7 +14,7 @@ pub(crate) use sliding_log::AdmissionLog;
 
 use std::time::Duration;
 
-use crate::limiter::build_error::BuildError;
+use crate::store::build_error::BuildError;
 use crate::store::state::PolicyState;
 
 /// Products such as `limit * window_ms` must stay exact in a Lua double.

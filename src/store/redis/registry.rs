@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::backend::RedisBackend;
-use crate::limiter::build_error::BuildError;
+use crate::store::build_error::BuildError;
 
 /// The gauge of live instances, labelled `registry` (the registry's key).
 const LIVE_INSTANCES: &str = "tollgate_live_instances";

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// of the crate's configuration.
 ///
 /// - [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build) and
-///   [`LimitsHandle::set`](crate::reload::LimitsHandle::set): the policy sets, the store
+///   [`Limiter::set_limits`](crate::Limiter::set_limits): the policy sets, the store
 ///   timeout, the limiter's name;
 /// - [`Policy::try_new`](crate::Policy::try_new) and the
 ///   [`Algorithm`](crate::store::Algorithm) `try_` constructors: a policy's name and
