@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::error::{BoxError, Throttled};
+use super::error::{BoxError, NotSent};
 use super::rejection::Shared;
 
 pin_project! {
@@ -47,7 +47,7 @@ pin_project! {
             shared: Arc<Shared>,
         },
         Throttled {
-            throttled: Throttled,
+            not_sent: Option<NotSent>,
         },
     }
 }
@@ -61,9 +61,11 @@ impl<F> AdaptiveThrottleFuture<F> {
     }
 
     /// A request rejected locally.
-    pub(super) fn throttled(throttled: Throttled) -> Self {
+    pub(super) fn throttled(not_sent: NotSent) -> Self {
         Self {
-            kind: Kind::Throttled { throttled },
+            kind: Kind::Throttled {
+                not_sent: Some(not_sent),
+            },
         }
     }
 }
@@ -98,7 +100,10 @@ where
                 }
                 Poll::Ready(result.map_err(Into::into))
             }
-            KindProj::Throttled { throttled } => Poll::Ready(Err(Box::new(*throttled))),
+            KindProj::Throttled { not_sent } => {
+                let not_sent = not_sent.take().expect("polled after completion");
+                Poll::Ready(Err(Box::new(not_sent)))
+            }
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::store::clock::Clock;
 /// 120 one-second buckets by default) it counts the requests this client attempted and
 /// those the backend accepted, and before each call rejects locally with probability
 /// `max(0, (requests - K * accepts) / (requests + 1))`, K = 2 by default. A local rejection
-/// fails with a boxed [`Throttled`](super::Throttled) (the service's error is tower's
+/// fails with a boxed [`NotSent`](super::NotSent) (the service's error is tower's
 /// `Box<dyn Error + Send + Sync>`, as with tower's `Timeout` and `LoadShed`); the request
 /// never reaches the inner service.
 ///
@@ -41,7 +41,7 @@ use crate::store::clock::Clock;
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, Throttled};
+/// use tollgate::client::{AdaptiveThrottleLayer, NotSent};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -63,7 +63,7 @@ use crate::store::clock::Clock;
 ///             assert_eq!(response.status(), 503);
 ///             sent += 1;
 ///         }
-///         Err(error) if error.is::<Throttled>() => throttled += 1,
+///         Err(error) if error.is::<NotSent>() => throttled += 1,
 ///         Err(error) => panic!("the backend never fails: {error}"),
 ///     }
 /// }

@@ -16,7 +16,7 @@ use super::stats::ThrottleStats;
 /// throttles.
 ///
 /// Its error is tower's boxed error (`Box<dyn Error + Send + Sync>`): a request rejected
-/// locally downcasts to [`Throttled`](super::Throttled); any other error is the wrapped
+/// locally downcasts to [`NotSent`](super::NotSent); any other error is the wrapped
 /// service's own (readiness errors included), boxed. Clones share the layer's window.
 ///
 /// ```

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use tollgate::client::{AdaptiveThrottleLayer, Throttled};
+use tollgate::client::{AdaptiveThrottleLayer, HoldReason, NotSent};
 use tollgate::store::ManualClock;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
@@ -173,7 +173,7 @@ where
         let ready = client.ready().await.expect("the backend is always ready");
         match ready.call(Request::new(())).await {
             Ok(_) => {}
-            Err(error) if error.is::<Throttled>() => tally.throttled += 1,
+            Err(error) if error.is::<NotSent>() => tally.throttled += 1,
             Err(error) => panic!("the backend never fails: {error}"),
         }
         clock.advance(gap);
@@ -392,11 +392,15 @@ async fn the_probability_follows_the_formula() {
     // A draw below the probability rejects, and the rejected request counts in requests.
     dial.set(0.36);
     let rejected = send(&mut client, 1).await.remove(0).unwrap_err();
-    let throttled = *rejected.downcast_ref::<Throttled>().unwrap();
-    assert_eq!(throttled.probability(), 4.0 / 11.0);
-    assert_eq!(
-        (throttled.stats().requests(), throttled.stats().accepts()),
-        (10, 3)
+    let throttled = rejected.downcast_ref::<NotSent>().unwrap();
+    assert_eq!(throttled.reason(), HoldReason::Throttled);
+    assert_eq!(throttled.rejection_probability(), Some(4.0 / 11.0));
+    // The window as the request found it.
+    assert!(
+        throttled
+            .to_string()
+            .contains("accepted 3 of the 10 requests"),
+        "{throttled}"
     );
     assert_eq!(
         backend.reached(),
@@ -507,7 +511,7 @@ async fn the_error_tells_a_local_rejection_from_an_inner_error() {
 
     backend.queue(Err("connection reset"), 1);
     let inner = send(&mut client, 1).await.remove(0).unwrap_err();
-    assert!(!inner.is::<Throttled>());
+    assert!(!inner.is::<NotSent>());
     assert_eq!(inner.to_string(), "connection reset");
     // The inner error, boxed as it boxes itself.
     let io = inner.downcast_ref::<std::io::Error>().unwrap();
@@ -518,8 +522,11 @@ async fn the_error_tells_a_local_rejection_from_an_inner_error() {
     // One request, none accepted: the next is rejected with probability 1/2 (the draw is 0).
     let throttled = send(&mut client, 1).await.remove(0).unwrap_err();
     assert_eq!(
-        throttled.downcast_ref::<Throttled>().unwrap().probability(),
-        0.5
+        throttled
+            .downcast_ref::<NotSent>()
+            .unwrap()
+            .rejection_probability(),
+        Some(0.5)
     );
     assert!(
         throttled.to_string().contains("rejected locally"),
@@ -544,7 +551,7 @@ async fn an_error_already_boxed_stays_as_it_is() {
         .await
         .unwrap_err();
     assert!(error.downcast_ref::<std::io::Error>().is_some());
-    assert!(!error.is::<Throttled>());
+    assert!(!error.is::<NotSent>());
 }
 
 #[tokio::test]

@@ -13,9 +13,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::error::HeldBack;
 use super::state::{Hold, Shared};
-use crate::client::error::BoxError;
+use crate::client::error::{BoxError, NotSent};
 
 pin_project! {
     /// The future of [`HoldBack`](super::HoldBack)'s responses.
@@ -64,7 +63,7 @@ pin_project! {
             deadline_ms: u64,
         },
         HeldBack {
-            held: Option<HeldBack>,
+            held: Option<NotSent>,
         },
     }
 }
@@ -83,7 +82,7 @@ where
         }
     }
 
-    pub(super) fn held_back(held: HeldBack) -> Self {
+    pub(super) fn held_back(held: NotSent) -> Self {
         Self {
             kind: Kind::HeldBack { held: Some(held) },
         }
@@ -181,11 +180,11 @@ where
                         Some(longer) => {
                             shared.count(longer.reason, "failed");
                             Kind::HeldBack {
-                                held: Some(HeldBack {
-                                    partition: partition.clone(),
-                                    reason: longer.reason,
-                                    retry_after: Duration::from_millis(longer.until_ms - now),
-                                }),
+                                held: Some(NotSent::held(
+                                    partition.clone(),
+                                    longer.reason,
+                                    Duration::from_millis(longer.until_ms - now),
+                                )),
                             }
                         }
                         None => {

@@ -2,7 +2,6 @@
 //! response, that keep calls local until the server's wait is over.
 
 mod config;
-mod error;
 mod future;
 mod layer;
 mod service;
@@ -12,8 +11,6 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use error::HeldBack;
 pub use future::HoldBackFuture;
 pub use layer::HoldBackLayer;
 pub use service::HoldBack;
-pub use signals::HoldReason;

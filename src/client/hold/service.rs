@@ -7,10 +7,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::error::HeldBack;
 use super::future::HoldBackFuture;
 use super::state::Shared;
-use crate::client::error::BoxError;
+use crate::client::error::{BoxError, NotSent};
 
 /// A service whose calls a [`HoldBackLayer`](super::HoldBackLayer) holds back while their
 /// partition's server has said to wait. Clones share the layer's holds.
@@ -117,11 +116,11 @@ where
             // A rejected call leaves the inner service ready (any capacity it reserved in
             // `poll_ready` serves the next call), as tower allows.
             self.shared.count(hold.reason, "failed");
-            return HoldBackFuture::held_back(HeldBack {
+            return HoldBackFuture::held_back(NotSent::held(
                 partition,
-                reason: hold.reason,
-                retry_after: std::time::Duration::from_millis(remaining),
-            });
+                hold.reason,
+                std::time::Duration::from_millis(remaining),
+            ));
         }
         // The ready service goes with the waiting call, which calls it once the hold is
         // over; this service continues with a clone, made ready again by its caller.

@@ -9,7 +9,8 @@ use http::{HeaderMap, StatusCode};
 use metrics::SharedString;
 
 use super::config::Config;
-use super::signals::{HoldReason, advertised_wait};
+use super::signals::advertised_wait;
+use crate::client::error::HoldReason;
 
 /// The counter of calls held back, labelled `layer`, `reason` and `outcome`.
 pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
