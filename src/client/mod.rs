@@ -39,4 +39,3 @@ pub use future::AdaptiveThrottleFuture;
 pub use hold::{HoldBack, HoldBackFuture, HoldBackLayer};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;
-pub use stats::ThrottleStats;

@@ -10,7 +10,6 @@ use tower_service::Service;
 use super::error::BoxError;
 use super::future::AdaptiveThrottleFuture;
 use super::rejection::Shared;
-use super::stats::ThrottleStats;
 
 /// A service whose outgoing calls an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
 /// throttles.
@@ -32,7 +31,7 @@ use super::stats::ThrottleStats;
 /// let client = AdaptiveThrottleLayer::new().layer(backend);
 /// let response = client.clone().oneshot(Request::new(())).await.unwrap();
 /// assert_eq!(response.into_body(), "ok");
-/// assert_eq!((client.stats().requests(), client.stats().accepts()), (1, 1));
+/// assert_eq!((client.requests(), client.accepts()), (1, 1));
 /// # }
 /// ```
 pub struct AdaptiveThrottle<S> {
@@ -45,16 +44,40 @@ impl<S> AdaptiveThrottle<S> {
         Self { inner, shared }
     }
 
-    /// The counts in the window now, and the probability the next request is rejected.
+    /// Requests attempted in the layer's window now, locally rejected ones included (as
+    /// [`AdaptiveThrottleLayer::requests`](super::AdaptiveThrottleLayer::requests)).
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).requests(), 0);
+    /// ```
+    pub fn requests(&self) -> u64 {
+        self.shared.stats().requests
+    }
+
+    /// Requests in the layer's window now that the backend accepted.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).accepts(), 0);
+    /// ```
+    pub fn accepts(&self) -> u64 {
+        self.shared.stats().accepts
+    }
+
+    /// The probability that the next request is rejected locally, over the layer's window
+    /// now.
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// let client = AdaptiveThrottleLayer::new().layer(());
-    /// assert_eq!(client.stats().rejection_probability(), 0.0);
+    /// assert_eq!(client.rejection_probability(), 0.0);
     /// ```
-    pub fn stats(&self) -> ThrottleStats {
-        self.shared.stats()
+    pub fn rejection_probability(&self) -> f64 {
+        self.shared.stats().probability
     }
 
     /// The wrapped service.

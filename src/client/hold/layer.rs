@@ -83,7 +83,7 @@ use crate::store::clock::Clock;
 /// assert_eq!(error.downcast_ref::<NotSent>().unwrap().reason(), HoldReason::RateLimitHeader);
 /// assert_eq!(hold.held_for("orders.internal"), Some(Duration::from_secs(2)));
 /// // The throttle saw one request, accepted.
-/// assert_eq!((throttle.stats().requests(), throttle.stats().accepts()), (1, 1));
+/// assert_eq!((throttle.requests(), throttle.accepts()), (1, 1));
 ///
 /// clock.advance(Duration::from_secs(2));
 /// assert!(client.oneshot(call()).await.is_ok());
