@@ -35,7 +35,7 @@ mod stats;
 mod window;
 
 pub use error::{HoldReason, NotSent};
-pub use future::AdaptiveThrottleFuture;
-pub use hold::{HoldBack, HoldBackFuture, HoldBackLayer};
+pub use future::ClientFuture;
+pub use hold::{HoldBack, HoldBackLayer};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;

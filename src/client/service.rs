@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::error::BoxError;
-use super::future::AdaptiveThrottleFuture;
+use super::future::ClientFuture;
 use super::rejection::Shared;
 
 /// A service whose outgoing calls an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
@@ -141,7 +141,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = BoxError;
-    type Future = AdaptiveThrottleFuture<S::Future>;
+    type Future = ClientFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -151,8 +151,8 @@ where
         // A rejected request leaves the inner service ready (any capacity it reserved in
         // `poll_ready` serves the next call), as tower allows.
         match self.shared.admit() {
-            Ok(()) => AdaptiveThrottleFuture::called(self.inner.call(request), self.shared.clone()),
-            Err(throttled) => AdaptiveThrottleFuture::throttled(throttled),
+            Ok(()) => ClientFuture::counted(self.inner.call(request), self.shared.clone()),
+            Err(not_sent) => ClientFuture::not_sent(not_sent),
         }
     }
 }
