@@ -207,7 +207,10 @@ pub mod headers {
     //! Each implements [`headers::Header`] (the `headers` crate, 0.4), so
     //! `headers::HeaderMapExt::typed_get` and axum-extra's `TypedHeader<RateLimit>` decode
     //! them. They are written by the same code that writes the layer's responses, and read
-    //! by a parser that accepts exactly the Structured Field lists RFC 9651 defines.
+    //! by a parser that accepts exactly the Structured Field lists RFC 9651 defines. A field
+    //! that does not decode is the `headers` crate's [`headers::Error`] wherever it is read
+    //! (`decode`, or each type's `parse`); for the two RateLimit fields, what was wrong with
+    //! it goes to a debug-level `tracing` event.
     //!
     //! ```
     //! use headers::HeaderMapExt;
@@ -226,7 +229,6 @@ pub mod headers {
     //! assert_eq!(state.exhausted_for(), after.delay());
     //! ```
 
-    pub use crate::http::typed_headers::error::InvalidField;
     pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicyHeader};
     pub use crate::http::typed_headers::retry_after::RetryAfter;
     pub use crate::http::typed_headers::state::{QuotaState, RateLimitHeader};

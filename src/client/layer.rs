@@ -11,7 +11,6 @@ use tower_layer::Layer;
 use super::config::Config;
 use super::rejection::Shared;
 use super::service::AdaptiveThrottle;
-use super::stats::ThrottleStats;
 use crate::store::clock::Clock;
 
 /// Throttles outgoing HTTP calls on the client side: the Google SRE adaptive throttle.
@@ -21,7 +20,7 @@ use crate::store::clock::Clock;
 /// 120 one-second buckets by default) it counts the requests this client attempted and
 /// those the backend accepted, and before each call rejects locally with probability
 /// `max(0, (requests - K * accepts) / (requests + 1))`, K = 2 by default. A local rejection
-/// fails with a boxed [`Throttled`](super::Throttled) (the service's error is tower's
+/// fails with a boxed [`NotSent`](super::NotSent) (the service's error is tower's
 /// `Box<dyn Error + Send + Sync>`, as with tower's `Timeout` and `LoadShed`); the request
 /// never reaches the inner service.
 ///
@@ -41,7 +40,7 @@ use crate::store::clock::Clock;
 /// ```
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, Throttled};
+/// use tollgate::client::{AdaptiveThrottleLayer, NotSent};
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -63,14 +62,14 @@ use crate::store::clock::Clock;
 ///             assert_eq!(response.status(), 503);
 ///             sent += 1;
 ///         }
-///         Err(error) if error.is::<Throttled>() => throttled += 1,
+///         Err(error) if error.is::<NotSent>() => throttled += 1,
 ///         Err(error) => panic!("the backend never fails: {error}"),
 ///     }
 /// }
 /// // With nothing accepted, almost every request after the first few stays local.
 /// assert!(sent < 50, "{sent} sent");
 /// assert_eq!(sent + throttled, 1_000);
-/// assert_eq!(throttle.stats().requests(), 1_000);
+/// assert_eq!(throttle.requests(), 1_000);
 /// # }
 /// ```
 #[derive(Clone)]
@@ -87,7 +86,7 @@ impl AdaptiveThrottleLayer {
     /// use tollgate::client::AdaptiveThrottleLayer;
     ///
     /// let layer = AdaptiveThrottleLayer::new();
-    /// assert_eq!(layer.stats().rejection_probability(), 0.0);
+    /// assert_eq!(layer.rejection_probability(), 0.0);
     /// ```
     pub fn new() -> Self {
         Self::from_config(Config::default())
@@ -107,16 +106,40 @@ impl AdaptiveThrottleLayer {
         Self::from_config(config)
     }
 
-    /// The counts in the window now, and the probability the next request is rejected.
+    /// Requests attempted in the window now, locally rejected ones included.
+    ///
+    /// Each reading looks at the window as it is when called: under concurrent calls,
+    /// [`requests`](Self::requests), [`accepts`](Self::accepts) and
+    /// [`rejection_probability`](Self::rejection_probability) read one after another may
+    /// see different windows.
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;
-    ///
-    /// let stats = AdaptiveThrottleLayer::new().stats();
-    /// assert_eq!((stats.requests(), stats.accepts()), (0, 0));
+    /// assert_eq!(AdaptiveThrottleLayer::new().requests(), 0);
     /// ```
-    pub fn stats(&self) -> ThrottleStats {
-        self.shared.stats()
+    pub fn requests(&self) -> u64 {
+        self.shared.stats().requests
+    }
+
+    /// Requests in the window now that the backend accepted.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().accepts(), 0);
+    /// ```
+    pub fn accepts(&self) -> u64 {
+        self.shared.stats().accepts
+    }
+
+    /// `max(0, (requests - K * accepts) / (requests + 1))` over the window now: the
+    /// probability that the next request is rejected locally.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().rejection_probability(), 0.0);
+    /// ```
+    pub fn rejection_probability(&self) -> f64 {
+        self.shared.stats().probability
     }
 }
 

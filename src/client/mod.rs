@@ -20,6 +20,9 @@
 //! `Retry-After`, a `RateLimit` policy with nothing left, or gRPC's
 //! `grpc-retry-pushback-ms`, calls to that server (or partition of it) stay local until the
 //! advertised time. Put it outside the adaptive throttle; see its docs.
+//!
+//! A call either layer does not send fails with tower's boxed error holding a [`NotSent`],
+//! whose [`reason`](NotSent::reason) says which layer kept it and why.
 
 mod config;
 mod error;
@@ -31,9 +34,8 @@ mod service;
 mod stats;
 mod window;
 
-pub use error::Throttled;
-pub use future::AdaptiveThrottleFuture;
-pub use hold::{HeldBack, HoldBack, HoldBackFuture, HoldBackLayer, HoldReason};
+pub use error::{HoldReason, NotSent};
+pub use future::ClientFuture;
+pub use hold::{HoldBack, HoldBackLayer};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;
-pub use stats::ThrottleStats;

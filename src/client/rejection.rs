@@ -7,7 +7,7 @@ use http::StatusCode;
 use metrics::SharedString;
 
 use super::config::{Config, Random};
-use super::error::Throttled;
+use super::error::NotSent;
 use super::stats::ThrottleStats;
 use super::window::{Counts, Window};
 use crate::store::random::RandomSource;
@@ -48,7 +48,7 @@ impl Shared {
     }
 
     /// Counts one attempted request and decides whether it goes out.
-    pub(super) fn admit(&self) -> Result<(), Throttled> {
+    pub(super) fn admit(&self) -> Result<(), NotSent> {
         let now = self.config.clock.now_millis();
         let stats = {
             let mut window = self.lock();
@@ -75,7 +75,7 @@ impl Shared {
             accepts = stats.accepts,
             "client throttle: request rejected locally"
         );
-        Err(Throttled { stats })
+        Err(NotSent::throttled(stats))
     }
 
     pub(super) fn is_accepted(&self, status: StatusCode) -> bool {

@@ -8,15 +8,14 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::error::BoxError;
-use super::future::AdaptiveThrottleFuture;
+use super::future::ClientFuture;
 use super::rejection::Shared;
-use super::stats::ThrottleStats;
 
 /// A service whose outgoing calls an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer)
 /// throttles.
 ///
 /// Its error is tower's boxed error (`Box<dyn Error + Send + Sync>`): a request rejected
-/// locally downcasts to [`Throttled`](super::Throttled); any other error is the wrapped
+/// locally downcasts to [`NotSent`](super::NotSent); any other error is the wrapped
 /// service's own (readiness errors included), boxed. Clones share the layer's window.
 ///
 /// ```
@@ -32,7 +31,7 @@ use super::stats::ThrottleStats;
 /// let client = AdaptiveThrottleLayer::new().layer(backend);
 /// let response = client.clone().oneshot(Request::new(())).await.unwrap();
 /// assert_eq!(response.into_body(), "ok");
-/// assert_eq!((client.stats().requests(), client.stats().accepts()), (1, 1));
+/// assert_eq!((client.requests(), client.accepts()), (1, 1));
 /// # }
 /// ```
 pub struct AdaptiveThrottle<S> {
@@ -45,16 +44,40 @@ impl<S> AdaptiveThrottle<S> {
         Self { inner, shared }
     }
 
-    /// The counts in the window now, and the probability the next request is rejected.
+    /// Requests attempted in the layer's window now, locally rejected ones included (as
+    /// [`AdaptiveThrottleLayer::requests`](super::AdaptiveThrottleLayer::requests)).
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).requests(), 0);
+    /// ```
+    pub fn requests(&self) -> u64 {
+        self.shared.stats().requests
+    }
+
+    /// Requests in the layer's window now that the backend accepted.
+    ///
+    /// ```
+    /// use tollgate::client::AdaptiveThrottleLayer;
+    /// use tower::Layer;
+    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).accepts(), 0);
+    /// ```
+    pub fn accepts(&self) -> u64 {
+        self.shared.stats().accepts
+    }
+
+    /// The probability that the next request is rejected locally, over the layer's window
+    /// now.
     ///
     /// ```
     /// use tollgate::client::AdaptiveThrottleLayer;
     /// use tower::Layer;
     /// let client = AdaptiveThrottleLayer::new().layer(());
-    /// assert_eq!(client.stats().rejection_probability(), 0.0);
+    /// assert_eq!(client.rejection_probability(), 0.0);
     /// ```
-    pub fn stats(&self) -> ThrottleStats {
-        self.shared.stats()
+    pub fn rejection_probability(&self) -> f64 {
+        self.shared.stats().probability
     }
 
     /// The wrapped service.
@@ -118,7 +141,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = BoxError;
-    type Future = AdaptiveThrottleFuture<S::Future>;
+    type Future = ClientFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -128,8 +151,8 @@ where
         // A rejected request leaves the inner service ready (any capacity it reserved in
         // `poll_ready` serves the next call), as tower allows.
         match self.shared.admit() {
-            Ok(()) => AdaptiveThrottleFuture::called(self.inner.call(request), self.shared.clone()),
-            Err(throttled) => AdaptiveThrottleFuture::throttled(throttled),
+            Ok(()) => ClientFuture::counted(self.inner.call(request), self.shared.clone()),
+            Err(not_sent) => ClientFuture::not_sent(not_sent),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use headers::HeaderMapExt;
 use http::HeaderMap;
-use tollgate::client::{HeldBack, HoldBackLayer};
+use tollgate::client::{HoldBackLayer, NotSent};
 use tollgate::headers::{RateLimitHeader, RetryAfter};
 use tower::{Layer, Service, ServiceExt};
 
@@ -218,7 +218,7 @@ mod http_orders {
                                     allowed += 1;
                                 }
                             }
-                            Err(e) if e.is::<HeldBack>() => {
+                            Err(e) if e.is::<NotSent>() => {
                                 held += 1;
                                 // A caller that retries at once, a few hundred times a second.
                                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -277,7 +277,7 @@ mod http_orders {
         for _ in 0..LIMIT * 3 {
             match client.clone().oneshot(get(&server.addr, "acme")).await {
                 Ok(_) => {}
-                Err(e) => match e.downcast::<HeldBack>() {
+                Err(e) => match e.downcast::<NotSent>() {
                     Ok(h) => {
                         held = Some(*h);
                         break;
@@ -287,7 +287,7 @@ mod http_orders {
             }
         }
         let held = held.expect("acme was never held back");
-        assert_eq!(held.partition(), format!("{authority}#acme"));
+        assert_eq!(held.partition(), Some(format!("{authority}#acme").as_str()));
         assert!(layer.held_for(&format!("{authority}#acme")).is_some());
         let response = client
             .clone()
@@ -357,7 +357,7 @@ mod grpc_health {
                             }
                             Err(status) => {
                                 let held_back = std::error::Error::source(&status)
-                                    .is_some_and(|e| e.is::<HeldBack>());
+                                    .is_some_and(|e| e.is::<NotSent>());
                                 assert!(held_back, "{status:?}");
                                 held += 1;
                                 tokio::time::sleep(Duration::from_millis(2)).await;

@@ -10,8 +10,8 @@ use tower_layer::Layer;
 
 use super::config::Config;
 use super::service::HoldBack;
-use super::signals::HoldReason;
 use super::state::Shared;
+use crate::client::error::HoldReason;
 use crate::store::clock::Clock;
 
 /// Honours what servers say about their limits, on the client side: after a response that
@@ -30,7 +30,7 @@ use crate::store::clock::Clock;
 ///
 /// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it
-/// fails at once with a boxed [`HeldBack`](super::HeldBack) (the service's error is tower's
+/// fails at once with a boxed [`NotSent`](crate::client::NotSent) (the service's error is tower's
 /// `Box<dyn Error + Send + Sync>`), or,
 /// with [`max_wait`](Self::max_wait), waits for the hold to end if it ends
 /// within that time and is sent then. Calls already in flight when a hold starts are not
@@ -48,14 +48,15 @@ use crate::store::clock::Clock;
 /// The two compose: put this layer outside the
 /// [`AdaptiveThrottleLayer`](crate::client::AdaptiveThrottleLayer), so that calls held back here
 /// (never sent) do not count as requests the backend refused. Both fail with tower's boxed
-/// error: a call held back downcasts to [`HeldBack`](super::HeldBack), one throttled to
-/// [`Throttled`](crate::client::Throttled), and anything else is the inner service's.
+/// error, and a call either did not send downcasts to the one
+/// [`NotSent`](crate::client::NotSent) (its [`reason`](crate::client::NotSent::reason)
+/// tells them apart); anything else is the inner service's.
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use std::time::Duration;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate::client::{AdaptiveThrottleLayer, HeldBack, HoldBackLayer};
+/// use tollgate::client::{AdaptiveThrottleLayer, HoldBackLayer, HoldReason, NotSent};
 /// use tollgate::store::ManualClock;
 /// use tower::{ServiceBuilder, ServiceExt};
 ///
@@ -79,10 +80,10 @@ use crate::store::clock::Clock;
 /// assert_eq!(client.clone().oneshot(call()).await.unwrap().status(), 200);
 /// // Not sent: the server said to wait.
 /// let error = client.clone().oneshot(call()).await.unwrap_err();
-/// assert!(error.is::<HeldBack>());
+/// assert_eq!(error.downcast_ref::<NotSent>().unwrap().reason(), HoldReason::RateLimitHeader);
 /// assert_eq!(hold.held_for("orders.internal"), Some(Duration::from_secs(2)));
 /// // The throttle saw one request, accepted.
-/// assert_eq!((throttle.stats().requests(), throttle.stats().accepts()), (1, 1));
+/// assert_eq!((throttle.requests(), throttle.accepts()), (1, 1));
 ///
 /// clock.advance(Duration::from_secs(2));
 /// assert!(client.oneshot(call()).await.is_ok());
@@ -218,7 +219,7 @@ impl HoldBackLayer {
     }
 
     /// How long a call to a held partition may wait for the hold to end before it is sent
-    /// (default zero: it fails at once with [`HeldBack`](super::HeldBack)). A call whose
+    /// (default zero: it fails at once with [`NotSent`](crate::client::NotSent)). A call whose
     /// partition stays held longer than this from when it was made fails at once, without
     /// waiting for a wait that cannot end in time; a hold that grows while it waits (a
     /// response of a call in flight says to wait longer) fails it then.

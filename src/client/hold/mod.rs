@@ -2,18 +2,16 @@
 //! response, that keep calls local until the server's wait is over.
 
 mod config;
-mod error;
-mod future;
 mod layer;
 mod service;
 mod signals;
 mod state;
+mod wait;
 
 #[cfg(test)]
 mod tests;
 
-pub use error::HeldBack;
-pub use future::HoldBackFuture;
 pub use layer::HoldBackLayer;
 pub use service::HoldBack;
-pub use signals::HoldReason;
+pub(super) use state::Shared as Holds;
+pub(super) use wait::Wait;

@@ -7,10 +7,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::error::HeldBack;
-use super::future::HoldBackFuture;
 use super::state::Shared;
-use crate::client::error::BoxError;
+use super::wait::Wait;
+use crate::client::error::{BoxError, NotSent};
+use crate::client::future::ClientFuture;
 
 /// A service whose calls a [`HoldBackLayer`](super::HoldBackLayer) holds back while their
 /// partition's server has said to wait. Clones share the layer's holds.
@@ -96,7 +96,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = BoxError;
-    type Future = HoldBackFuture<S, ReqBody>;
+    type Future = ClientFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -109,7 +109,7 @@ where
         let now = self.shared.now_ms();
         let Some(hold) = self.shared.hold(&partition, now) else {
             let future = self.inner.call(request);
-            return HoldBackFuture::called(future, self.shared.clone(), partition);
+            return ClientFuture::observed(future, self.shared.clone(), partition);
         };
         let remaining = hold.until_ms - now;
         let max_wait = u64::try_from(self.shared.config.max_wait.as_millis()).unwrap_or(u64::MAX);
@@ -117,23 +117,23 @@ where
             // A rejected call leaves the inner service ready (any capacity it reserved in
             // `poll_ready` serves the next call), as tower allows.
             self.shared.count(hold.reason, "failed");
-            return HoldBackFuture::held_back(HeldBack {
+            return ClientFuture::not_sent(NotSent::held(
                 partition,
-                reason: hold.reason,
-                retry_after: std::time::Duration::from_millis(remaining),
-            });
+                hold.reason,
+                std::time::Duration::from_millis(remaining),
+            ));
         }
         // The ready service goes with the waiting call, which calls it once the hold is
         // over; this service continues with a clone, made ready again by its caller.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        HoldBackFuture::waiting(
+        ClientFuture::waiting(Wait::new(
             ready,
             request,
             self.shared.clone(),
             partition,
             hold,
             now.saturating_add(max_wait),
-        )
+        ))
     }
 }

@@ -6,45 +6,12 @@ use std::time::{Duration, UNIX_EPOCH};
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, StatusCode};
 
+use crate::client::error::HoldReason;
 use crate::http::response::RATELIMIT;
 use crate::http::typed_headers::retry_after::RetryAfter;
 use crate::http::typed_headers::state::RateLimitHeader;
 
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-
-/// Why calls to a partition are held back: what the server said.
-///
-/// ```
-/// use tollgate::client::HoldReason;
-/// assert_eq!(HoldReason::RetryAfter.as_str(), "retry_after");
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum HoldReason {
-    /// A 429 or 503 with `Retry-After`.
-    RetryAfter,
-    /// A `RateLimit` field with a policy at `r=0`, held for its `t`.
-    RateLimitHeader,
-    /// gRPC's `grpc-retry-pushback-ms` (a non-negative value; a negative one asks not to
-    /// retry at all, which is the caller's retry policy's business, not a wait).
-    GrpcPushback,
-}
-
-impl HoldReason {
-    /// The reason as the metrics label it: `retry_after`, `ratelimit`, `grpc_pushback`.
-    ///
-    /// ```
-    /// use tollgate::client::HoldReason;
-    /// assert_eq!(HoldReason::GrpcPushback.as_str(), "grpc_pushback");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HoldReason::RetryAfter => "retry_after",
-            HoldReason::RateLimitHeader => "ratelimit",
-            HoldReason::GrpcPushback => "grpc_pushback",
-        }
-    }
-}
 
 /// The longest wait `headers` ask for, and why, for a response that arrived at `now_ms`
 /// (Unix milliseconds, which a `Retry-After` date is measured from). A field that does not

@@ -9,7 +9,8 @@ use http::{HeaderMap, StatusCode};
 use metrics::SharedString;
 
 use super::config::Config;
-use super::signals::{HoldReason, advertised_wait};
+use super::signals::advertised_wait;
+use crate::client::error::HoldReason;
 
 /// The counter of calls held back, labelled `layer`, `reason` and `outcome`.
 pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
@@ -24,7 +25,7 @@ pub(super) struct Hold {
     pub(super) reason: HoldReason,
 }
 
-pub(super) struct Shared {
+pub(in crate::client) struct Shared {
     pub(super) config: Config,
     holds: Mutex<HashMap<Arc<str>, Hold>>,
 }
@@ -66,7 +67,12 @@ impl Shared {
     /// Reads what a response of `partition` says and holds the partition accordingly: the
     /// longest wait asked for, capped at the layer's longest hold, and never shortening a
     /// hold already running.
-    pub(super) fn observe(&self, partition: &str, status: StatusCode, headers: &HeaderMap) {
+    pub(in crate::client) fn observe(
+        &self,
+        partition: &str,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) {
         let now = self.now_ms();
         let Some((wait, reason)) = advertised_wait(status, headers, now) else {
             return;

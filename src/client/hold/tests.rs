@@ -10,11 +10,11 @@ use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
 use super::*;
-use crate::client::error::BoxError;
+use crate::client::error::{BoxError, HoldReason, NotSent};
 
 /// What the tests ask of the service's boxed error.
 trait Held {
-    fn held_back(&self) -> Option<&HeldBack>;
+    fn held_back(&self) -> Option<&NotSent>;
 
     fn is_held_back(&self) -> bool {
         self.held_back().is_some()
@@ -22,7 +22,7 @@ trait Held {
 }
 
 impl Held for BoxError {
-    fn held_back(&self) -> Option<&HeldBack> {
+    fn held_back(&self) -> Option<&NotSent> {
         self.downcast_ref()
     }
 }
@@ -95,7 +95,7 @@ async fn retry_after_holds_the_authority_until_it_has_passed() {
     let held = send(&client, "a.example").await.unwrap_err();
     let held = held.held_back().unwrap();
     assert_eq!(held.reason(), HoldReason::RetryAfter);
-    assert_eq!(held.retry_after(), Duration::from_secs(2));
+    assert_eq!(held.retry_after(), Some(Duration::from_secs(2)));
     assert_eq!(backend.calls(), 1, "the held call was not sent");
 
     // Another server is not held.
@@ -110,7 +110,7 @@ async fn retry_after_holds_the_authority_until_it_has_passed() {
             .held_back()
             .unwrap()
             .retry_after(),
-        Duration::from_millis(1)
+        Some(Duration::from_millis(1))
     );
     clock.advance(Duration::from_millis(1));
     assert_eq!(layer.held_for("a.example"), None);
@@ -300,7 +300,7 @@ async fn a_hold_lengthened_past_the_deadline_while_waiting_fails_the_wait() {
     let held = waiting.await.unwrap().unwrap_err();
     assert_eq!(
         held.held_back().unwrap().retry_after(),
-        Duration::from_millis(4_500)
+        Some(Duration::from_millis(4_500))
     );
     assert_eq!(backend.calls(), 1);
 }

@@ -1,23 +1,16 @@
-//! Why a field did not decode, or a value cannot be written.
+//! Why a field did not decode.
 
 use std::fmt;
 
-/// A field value that does not follow draft 11 (or RFC 9110, for `Retry-After`), or a value
-/// that a field cannot carry.
+/// A field value that does not follow draft 11 (or RFC 9110, for `Retry-After`), and what
+/// was wrong with it.
 ///
-/// [`headers::Header::decode`] can only answer the `headers` crate's opaque error; the
-/// `parse` functions of each type answer this one, which says what was wrong.
-///
-/// ```
-/// use tollgate::headers::RateLimitHeader;
-///
-/// let error = RateLimitHeader::parse(b"\"per-second\";t=1").unwrap_err();
-/// assert!(error.to_string().contains("`r`"), "{error}");
-/// let error = RateLimitHeader::parse(b"\"per-second\";r=1,").unwrap_err();
-/// assert!(error.to_string().contains("trailing"), "{error}");
-/// ```
+/// The public functions answer the `headers` crate's opaque [`headers::Error`], as
+/// [`headers::Header::decode`] must; the reason goes to a debug-level `tracing` event
+/// ([`into_header_error`](Self::into_header_error)), for whoever is looking into why a
+/// server's field is not read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidField {
+pub(crate) struct InvalidField {
     what: String,
 }
 
@@ -32,6 +25,12 @@ impl InvalidField {
     /// A list, or a value, of the wrong shape.
     pub(crate) fn shape(what: impl Into<String>) -> Self {
         Self { what: what.into() }
+    }
+
+    /// The error the public functions answer, once the reason is logged against `field`.
+    pub(crate) fn into_header_error(self, field: &'static str) -> headers::Error {
+        tracing::debug!(field, reason = %self, "field value did not decode");
+        headers::Error::invalid()
     }
 }
 

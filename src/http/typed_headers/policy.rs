@@ -106,8 +106,9 @@ impl RateLimitPolicyHeader {
         self.policies.iter().find(|policy| policy.name == name)
     }
 
-    /// Decodes one field value (all lines joined with `, `), saying what is wrong if it does
-    /// not follow the draft.
+    /// Decodes one field value (all lines joined with `, `), as
+    /// [`decode`](headers::Header::decode) does. A value that does not follow the draft
+    /// is an error; what was wrong with it goes to a debug-level `tracing` event.
     ///
     /// ```
     /// use tollgate::headers::RateLimitPolicyHeader;
@@ -116,7 +117,12 @@ impl RateLimitPolicyHeader {
     /// assert!(RateLimitPolicyHeader::parse(br#""burst";q=-1"#).is_err());
     /// assert!(RateLimitPolicyHeader::parse(b"burst;q=100").is_err()); // a token, not a string
     /// ```
-    pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
+    pub fn parse(value: &[u8]) -> Result<Self, headers::Error> {
+        Self::parse_with_reason(value).map_err(|error| error.into_header_error("ratelimit-policy"))
+    }
+
+    /// [`parse`](Self::parse), saying what is wrong.
+    fn parse_with_reason(value: &[u8]) -> Result<Self, InvalidField> {
         let policies = list::items(value)?
             .into_iter()
             .map(|item| QuotaPolicy::from_item(&item))
@@ -127,18 +133,17 @@ impl RateLimitPolicyHeader {
 
 impl QuotaPolicy {
     /// A policy of `quota` units; quotas above 999,999,999,999,999 (the largest Structured
-    /// Field integer) are taken as it. The name must be printable ASCII.
+    /// Field integer) are taken as it. The name must be printable ASCII (a Structured Field
+    /// string); any other is an error.
     ///
     /// ```
     /// use tollgate::headers::QuotaPolicy;
     /// assert_eq!(QuotaPolicy::new("big", u64::MAX).unwrap().quota(), 999_999_999_999_999);
     /// ```
-    pub fn new(name: impl Into<String>, quota: u64) -> Result<Self, InvalidField> {
+    pub fn new(name: impl Into<String>, quota: u64) -> Result<Self, headers::Error> {
         let name = name.into();
         if !format::is_sf_string(&name) {
-            return Err(InvalidField::shape(format!(
-                "policy name {name:?} is not printable ASCII"
-            )));
+            return Err(headers::Error::invalid());
         }
         Ok(Self {
             name,
@@ -161,18 +166,16 @@ impl QuotaPolicy {
     }
 
     /// Sets `qu`, the quota unit (`"request"`, `"content-bytes"`, `"concurrent-requests"`);
-    /// printable ASCII only.
+    /// printable ASCII only, any other is an error.
     ///
     /// ```
     /// let p = tollgate::headers::QuotaPolicy::new("a", 1).unwrap().with_unit("request").unwrap();
     /// assert_eq!(p.unit(), Some("request"));
     /// ```
-    pub fn with_unit(mut self, unit: impl Into<String>) -> Result<Self, InvalidField> {
+    pub fn with_unit(mut self, unit: impl Into<String>) -> Result<Self, headers::Error> {
         let unit = unit.into();
         if !format::is_sf_string(&unit) {
-            return Err(InvalidField::shape(format!(
-                "quota unit {unit:?} is not printable ASCII"
-            )));
+            return Err(headers::Error::invalid());
         }
         self.unit = Some(unit);
         Ok(self)
@@ -256,7 +259,7 @@ impl headers::Header for RateLimitPolicyHeader {
         I: Iterator<Item = &'i HeaderValue>,
     {
         let value = list::joined(values)?;
-        Self::parse(&value).map_err(|_| headers::Error::invalid())
+        Self::parse(&value)
     }
 
     fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {

@@ -6,8 +6,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::header::RETRY_AFTER;
 use http::{HeaderName, HeaderValue};
 
-use super::error::InvalidField;
-
 /// The `Retry-After` field (RFC 9110, section 10.2.3): a delay in whole seconds or an
 /// HTTP date.
 ///
@@ -120,8 +118,9 @@ impl RetryAfter {
         }
     }
 
-    /// Decodes a field value: whole seconds (digits only) or an HTTP date in any of the
-    /// three forms RFC 9110 lets a recipient accept.
+    /// Decodes a field value, as [`decode`](headers::Header::decode) does: whole seconds
+    /// (digits only) or an HTTP date in any of the three forms RFC 9110 lets a recipient
+    /// accept. Anything else is an error.
     ///
     /// ```
     /// use tollgate::headers::RetryAfter;
@@ -130,7 +129,7 @@ impl RetryAfter {
     /// assert!(RetryAfter::parse(b"-5").is_err());
     /// assert!(RetryAfter::parse(b"soon").is_err());
     /// ```
-    pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
+    pub fn parse(value: &[u8]) -> Result<Self, headers::Error> {
         let value = value.trim_ascii();
         if !value.is_empty() && value.iter().all(u8::is_ascii_digit) {
             // More digits than a u64 holds: as good as forever.
@@ -146,9 +145,8 @@ impl RetryAfter {
             .ok()
             .and_then(|text| httpdate::parse_http_date(text).ok())
             .map(Self::from_date)
-            .ok_or_else(|| {
-                InvalidField::shape("a Retry-After that is neither seconds nor an HTTP date")
-            })
+            // Neither seconds nor a date: no more to say than the error does.
+            .ok_or_else(headers::Error::invalid)
     }
 }
 
@@ -162,7 +160,7 @@ impl headers::Header for RetryAfter {
         I: Iterator<Item = &'i HeaderValue>,
     {
         let value = values.next().ok_or_else(headers::Error::invalid)?;
-        Self::parse(value.as_bytes()).map_err(|_| headers::Error::invalid())
+        Self::parse(value.as_bytes())
     }
 
     fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {

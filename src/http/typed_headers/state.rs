@@ -116,8 +116,9 @@ impl RateLimitHeader {
             .map(Duration::from_secs)
     }
 
-    /// Decodes one field value (all lines joined with `, `), saying what is wrong if it does
-    /// not follow the draft.
+    /// Decodes one field value (all lines joined with `, `), as
+    /// [`decode`](headers::Header::decode) does. A value that does not follow the draft
+    /// is an error; what was wrong with it goes to a debug-level `tracing` event.
     ///
     /// ```
     /// use tollgate::headers::RateLimitHeader;
@@ -125,7 +126,12 @@ impl RateLimitHeader {
     /// assert!(RateLimitHeader::parse(br#""a";r=1.5"#).is_err());
     /// assert!(RateLimitHeader::parse(b"\"a\";r=1;;").is_err());
     /// ```
-    pub fn parse(value: &[u8]) -> Result<Self, InvalidField> {
+    pub fn parse(value: &[u8]) -> Result<Self, headers::Error> {
+        Self::parse_with_reason(value).map_err(|error| error.into_header_error("ratelimit"))
+    }
+
+    /// [`parse`](Self::parse), saying what is wrong.
+    pub(crate) fn parse_with_reason(value: &[u8]) -> Result<Self, InvalidField> {
         let states = list::items(value)?
             .into_iter()
             .map(|item| QuotaState::from_item(&item))
@@ -136,17 +142,16 @@ impl RateLimitHeader {
 
 impl QuotaState {
     /// A state with `remaining` units left; values above 999,999,999,999,999 (the largest
-    /// Structured Field integer) are taken as it. The name must be printable ASCII.
+    /// Structured Field integer) are taken as it. The name must be printable ASCII (a
+    /// Structured Field string); any other is an error.
     ///
     /// ```
     /// assert!(tollgate::headers::QuotaState::new("\n", 1).is_err());
     /// ```
-    pub fn new(name: impl Into<String>, remaining: u64) -> Result<Self, InvalidField> {
+    pub fn new(name: impl Into<String>, remaining: u64) -> Result<Self, headers::Error> {
         let name = name.into();
         if !format::is_sf_string(&name) {
-            return Err(InvalidField::shape(format!(
-                "policy name {name:?} is not printable ASCII"
-            )));
+            return Err(headers::Error::invalid());
         }
         Ok(Self {
             name,
@@ -235,7 +240,7 @@ impl headers::Header for RateLimitHeader {
         I: Iterator<Item = &'i HeaderValue>,
     {
         let value = list::joined(values)?;
-        Self::parse(&value).map_err(|_| headers::Error::invalid())
+        Self::parse(&value)
     }
 
     fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {

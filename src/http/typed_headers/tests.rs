@@ -352,8 +352,9 @@ fn an_absent_field_is_an_error_and_an_empty_one_an_empty_list() {
 
 #[test]
 fn errors_say_what_is_wrong() {
-    let cases: [(&[u8], &str); 6] = [
+    let cases: [(&[u8], &str); 7] = [
         (b"\"a\";r=1,", "trailing"),
+        (b"\"a\";t=1", "no `r`"),
         (b"(\"a\");r=1", "inner list"),
         (b"a;r=1", "not a policy name"),
         (b"\"a\";r=-1", "negative"),
@@ -361,9 +362,37 @@ fn errors_say_what_is_wrong() {
         (b"\"a\";r=1;pk=1", "not a byte sequence"),
     ];
     for (input, what) in cases {
-        let error: InvalidField = RateLimitHeader::parse(input).unwrap_err();
+        let error: InvalidField = RateLimitHeader::parse_with_reason(input).unwrap_err();
         assert!(error.to_string().contains(what), "{input:?}: {error}");
     }
+}
+
+#[test]
+fn the_public_parse_logs_what_is_wrong() {
+    #[derive(Clone, Default)]
+    struct Log(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let parsed =
+        tracing::subscriber::with_default(subscriber, || RateLimitHeader::parse(b"\"a\";t=1"));
+    assert!(parsed.is_err());
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(log.contains("field=\"ratelimit\""), "{log}");
+    assert!(log.contains("no `r`"), "{log}");
 }
 
 #[test]
