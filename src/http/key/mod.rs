@@ -231,7 +231,7 @@ impl fmt::Display for KeyRejection {
 pub enum MissingKey {
     /// Answer with this 4xx status and a problem+json body (a non-4xx status is taken as 400).
     Reject(StatusCode),
-    /// Count every such request in one shared bucket, [`CallerKey::anonymous`].
+    /// Count every such request in one shared bucket, [`CallerKey::anonymous`](crate::store::CallerKey::anonymous).
     Anonymous,
     /// Let the request through without counting it.
     Pass,
