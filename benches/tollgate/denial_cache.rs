@@ -29,9 +29,7 @@ struct VirtualRun {
 impl VirtualRun {
     fn new(cache: bool) -> Self {
         let clock = ManualClock::new(EPOCH_MS);
-        let store = Counting::new(Remote::new(
-            InMemoryBackend::builder().clock(clock.clone()).build(),
-        ));
+        let store = Counting::new(Remote::new(InMemoryBackend::new().clock(clock.clone())));
         let calls = store.counter();
         let limiter = Limiter::builder()
             .name("denial-cache")

@@ -178,7 +178,7 @@ fn algorithms(
         ] {
             let id = format!("algorithm_{name}_{limit}");
             let clock = ManualClock::new(1_800_000_000_000);
-            let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+            let backend = InMemoryBackend::new().clock(clock.clone());
             let limits: Arc<[Policy]> = vec![policy].into();
             let caller = CallerKey::new("acme");
             group.bench_function(&id, |b| {

@@ -40,7 +40,7 @@ pub(crate) fn measure(which: &str) {
     let (before, after, tracked) = match which {
         "tollgate" => {
             // A cap above the key count, so that all of them stay tracked.
-            let backend = InMemoryBackend::builder().max_keys(2 * MEMORY_KEYS).build();
+            let backend = InMemoryBackend::new().max_keys(2 * MEMORY_KEYS);
             let limiter = Limiter::builder()
                 .name("memory")
                 .backend(backend.clone())

@@ -242,7 +242,7 @@ impl Scenario {
             let shared = match &counters {
                 Some((group, shared)) if *group == g => shared.clone(),
                 _ => {
-                    let shared = InMemoryBackend::builder().clock(clock).build();
+                    let shared = InMemoryBackend::new().clock(clock);
                     counters = Some((g, shared.clone()));
                     shared
                 }

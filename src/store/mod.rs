@@ -55,7 +55,6 @@ pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreEr
 pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
-pub use memory::InMemoryBackendBuilder;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
 #[cfg(feature = "redis")]

@@ -193,7 +193,7 @@ impl Policy {
     /// let clock = ManualClock::new(9_900);
     /// let limiter = Limiter::builder()
     ///     .name("login")
-    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .backend(InMemoryBackend::new().clock(clock.clone()))
     ///     .clock(clock.clone())
     ///     .policy(Policy::sliding_window("per-10s", Quota::per_seconds(5, 10)))
     ///     .build();
@@ -247,7 +247,7 @@ impl Policy {
     /// let clock = ManualClock::new(0);
     /// let limiter = Limiter::builder()
     ///     .name("login")
-    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .backend(InMemoryBackend::new().clock(clock.clone()))
     ///     .clock(clock.clone())
     ///     .policy(Policy::token_bucket("attempts", Quota::per_minutes(2, 15), 3))
     ///     .build();
@@ -295,7 +295,7 @@ impl Policy {
     /// let clock = ManualClock::new(9_900);
     /// let limiter = Limiter::builder()
     ///     .name("login")
-    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .backend(InMemoryBackend::new().clock(clock.clone()))
     ///     .clock(clock.clone())
     ///     .policy(Policy::sliding_log("per-10s", Quota::per_seconds(5, 10)))
     ///     .build();
@@ -405,7 +405,7 @@ impl Policy {
     /// let clock = ManualClock::new(0);
     /// let limiter = Limiter::builder()
     ///     .name("otp")
-    ///     .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+    ///     .backend(InMemoryBackend::new().clock(clock.clone()))
     ///     .clock(clock.clone())
     ///     .policy(
     ///         Policy::sliding_window("wrong-codes", Quota::per_minutes(5, 10))

@@ -21,9 +21,7 @@ const START_MS: u64 = 1_000_000;
 
 /// A limiter on a clock that does not move: requests in one test all land in one window.
 fn limiter(policies: impl IntoIterator<Item = Policy>) -> Limiter {
-    let backend = InMemoryBackend::builder()
-        .clock(ManualClock::new(START_MS))
-        .build();
+    let backend = InMemoryBackend::new().clock(ManualClock::new(START_MS));
     policies
         .into_iter()
         .fold(

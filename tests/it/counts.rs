@@ -33,7 +33,7 @@ const EPOCH_MS: u64 = 1_800_000_000_000;
 
 /// A remote-looking in-process store on `clock`, which the test can take down.
 fn flaky(clock: &ManualClock) -> Remote {
-    Remote::new(InMemoryBackend::builder().clock(clock.clone()).build())
+    Remote::new(InMemoryBackend::new().clock(clock.clone()))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -357,7 +357,7 @@ fn assert_same_reply(step: usize, ours: &Reply, theirs: &Reply) {
 async fn a_custom_store_decides_like_the_in_process_one() {
     let clock = ManualClock::new(START_MS);
     let reference = policies(Limiter::builder().name("custom-backend"))
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .build();
     let map = LockedMap::new(&clock);
     let local = LockedMap::new(&clock);

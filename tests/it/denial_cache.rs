@@ -20,9 +20,7 @@ mod skipped;
 /// through `instances` limiters round-robin; returns (admitted, store calls, requests).
 async fn acme_at_2_4x(instances: usize, cache: bool) -> (u64, u64, u64) {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Counting::new(Remote::new(
-        InMemoryBackend::builder().clock(clock.clone()).build(),
-    ));
+    let store = Counting::new(Remote::new(InMemoryBackend::new().clock(clock.clone())));
     let limiters: Vec<Limiter> = (0..instances)
         .map(|_| {
             Limiter::builder()
@@ -86,9 +84,7 @@ async fn four_instances_decide_the_same_with_fewer_calls() {
 #[tokio::test]
 async fn a_cached_refusal_reports_the_time_left() {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Counting::new(Remote::new(
-        InMemoryBackend::builder().clock(clock.clone()).build(),
-    ));
+    let store = Counting::new(Remote::new(InMemoryBackend::new().clock(clock.clone())));
     let limiter = Limiter::builder()
         .name("denial-cache")
         .backend(store.clone())
@@ -169,7 +165,7 @@ async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
 #[tokio::test]
 async fn regression_a_cached_refusal_never_advertises_the_wait_of_a_smaller_cost() {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let store = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     // One unit a second, 50 at most.
     let bucket = || Policy::token_bucket("credits", Quota::per_second(1), 50);
     let limiter = |cache: usize| {

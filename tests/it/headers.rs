@@ -23,7 +23,7 @@ use tower::{Service, ServiceBuilder, service_fn};
 const START_MS: u64 = 1_000_000 * 60;
 
 fn limiter_at(clock: &ManualClock, policies: impl IntoIterator<Item = Policy>) -> Limiter {
-    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let backend = InMemoryBackend::new().clock(clock.clone());
     policies
         .into_iter()
         .fold(
@@ -595,7 +595,7 @@ fn down_limiter(
     on_failure: FailurePolicy,
     policies: impl IntoIterator<Item = Policy>,
 ) -> Limiter {
-    let remote = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let remote = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     remote.set_down(true);
     policies
         .into_iter()
@@ -906,7 +906,7 @@ async fn a_local_share_advertises_the_share_on_allowed_and_refused_responses() {
 #[tokio::test]
 async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let backend = InMemoryBackend::new().clock(clock.clone());
     let limiter = Limiter::builder()
         .name("headers")
         .backend(backend)

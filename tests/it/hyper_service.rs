@@ -46,9 +46,7 @@ async fn app<B>(request: Request<B>) -> Result<Response<Full<Bytes>>, AppError> 
 }
 
 fn login_limiter(limit: u64) -> Limiter {
-    let backend = InMemoryBackend::builder()
-        .clock(ManualClock::new(1_000_000))
-        .build();
+    let backend = InMemoryBackend::new().clock(ManualClock::new(1_000_000));
     Limiter::builder()
         .name("hyper-service")
         .backend(backend)

@@ -290,7 +290,7 @@ async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
 
     const LIMIT: u64 = 50;
     let clock = ManualClock::new(1_800_000_000_000);
-    let down = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let down = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     down.set_down(true);
     let limiters: Vec<Limiter> = (0..4)
         .map(|i| {

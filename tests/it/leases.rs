@@ -142,7 +142,7 @@ proptest! {
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let clock = ManualClock::new(1_000_000);
-        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
         let limiters: Vec<Limiter> = (0..instances)
             .map(|_| {
                 let mut builder = Limiter::builder()
@@ -201,7 +201,7 @@ fn regression_hot_callers_sharing_lease_shards_each_stay_within_their_limit() {
         .unwrap();
     let start = 1_800_000_000_000;
     let clock = ManualClock::new(start);
-    let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     let limiters: Vec<Limiter> = (0..INSTANCES)
         .map(|_| {
             Limiter::builder()
@@ -272,7 +272,7 @@ fn a_hot_caller_is_served_from_leases_with_truthful_remaining() {
         .build()
         .unwrap();
     let clock = ManualClock::new(5_000);
-    let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     let limiter = Limiter::builder()
         .name("leases")
         .backend(shared.clone())
@@ -515,7 +515,7 @@ async fn in_an_outage_the_lease_held_is_spent_then_the_failure_policy_applies() 
 fn leases_taken_spent_expired_and_returned_are_counted() {
     let (served, snapshot) = with_recorder(|_| async move {
         let clock = ManualClock::new(5_000);
-        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
         let limiter = Limiter::builder()
             .name("leased")
             .backend(shared.clone())
@@ -733,7 +733,7 @@ async fn regression_a_lease_answered_after_the_timeout_on_redis_gives_its_units_
 fn regression_store_latency_records_lease_give_backs() {
     let (from_store, snapshot) = with_recorder(|_| async move {
         let clock = ManualClock::new(5_000);
-        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
         let limiter = Limiter::builder()
             .name("leased")
             .backend(shared)
@@ -791,7 +791,7 @@ fn regression_store_latency_records_lease_give_backs() {
 fn a_caller_with_a_sliding_log_is_never_leased() {
     let (admitted, snapshot) = with_recorder(|_| async move {
         let clock = ManualClock::new(5_000);
-        let shared = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+        let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
         let limiter = Limiter::builder()
             .name("leased")
             .backend(shared.clone())

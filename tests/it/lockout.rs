@@ -161,7 +161,7 @@ fn in_process(store: &InMemoryBackend, clock: &ManualClock) -> Limiter {
 #[tokio::test]
 async fn a_lockout_in_process() {
     let clock = ManualClock::new(1_000_000);
-    let store = InMemoryBackend::builder().clock(clock.clone()).build();
+    let store = InMemoryBackend::new().clock(clock.clone());
     let (a, b) = (in_process(&store, &clock), in_process(&store, &clock));
     lock_out(&a, &b, Duration::from_secs(600), (600, 600)).await;
     // Retry-After counts down with the block.
@@ -180,7 +180,7 @@ async fn a_lockout_in_process() {
 #[tokio::test]
 async fn a_refund_of_the_request_that_used_the_quota_up_lifts_its_block() {
     let clock = ManualClock::new(1_000_000);
-    let store = InMemoryBackend::builder().clock(clock.clone()).build();
+    let store = InMemoryBackend::new().clock(clock.clone());
     let limiter = in_process(&store, &clock);
     let ip = Caller::new("203.0.113.7");
     for _ in 0..4 {
@@ -234,7 +234,7 @@ async fn a_token_bucket_locks_out_in_process() {
     let clock = ManualClock::new(5_000);
     let limiter = Limiter::builder()
         .name("pin")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .clock(clock.clone())
         .policy(attempts(Duration::from_secs(60)))
         .build();
@@ -283,7 +283,7 @@ async fn a_sliding_log_locks_out_in_process() {
     let clock = ManualClock::new(5_000);
     let limiter = Limiter::builder()
         .name("pin")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .clock(clock.clone())
         .policy(logged(Duration::from_secs(60)))
         .build();
@@ -299,7 +299,7 @@ async fn a_sliding_log_locks_out_in_process() {
 fn blocks_started_are_counted() {
     let ((), snapshot) = with_recorder(|_| async {
         let clock = ManualClock::new(0);
-        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let store = InMemoryBackend::new().clock(clock.clone());
         let limiter = in_process(&store, &clock);
         let ip = Caller::new("203.0.113.7");
         for _ in 0..7 {

@@ -147,10 +147,7 @@ fn flood_a_million(
 }
 
 fn capped_at_10_000(clock: &ManualClock) -> InMemoryBackend {
-    let backend = InMemoryBackend::builder()
-        .max_keys(10_000)
-        .clock(clock.clone())
-        .build();
+    let backend = InMemoryBackend::new().max_keys(10_000).clock(clock.clone());
     // Rounded down to a multiple of the shard count, never up.
     assert!(backend.key_capacity() <= 10_000 && backend.key_capacity() > 9_900);
     backend
@@ -180,9 +177,7 @@ fn steady_callers_in_a_flood_are_still_limited() {
 
     // The same requests, on a backend that never saw the flood.
     let reference_clock = ManualClock::new(START_MS + 1);
-    let reference = InMemoryBackend::builder()
-        .clock(reference_clock.clone())
-        .build();
+    let reference = InMemoryBackend::new().clock(reference_clock.clone());
     let expected: Vec<bool> = (0..admitted[0].len())
         .map(|_| {
             let admitted = check(&reference, &steady[0], &limits).admitted();
@@ -225,10 +220,7 @@ fn steady_callers_in_a_flood_are_still_limited() {
 fn a_flood_through_the_limiter() {
     const FLOOD: usize = 100_000;
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder()
-        .max_keys(1_000)
-        .clock(clock.clone())
-        .build();
+    let backend = InMemoryBackend::new().max_keys(1_000).clock(clock.clone());
     let limiter = Limiter::builder()
         .name("memory")
         .backend(backend.clone())
@@ -252,10 +244,7 @@ fn a_flood_through_the_limiter() {
 #[test]
 fn refused_callers_are_not_evicted_by_a_flood() {
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder()
-        .max_keys(10_000)
-        .clock(clock.clone())
-        .build();
+    let backend = InMemoryBackend::new().max_keys(10_000).clock(clock.clone());
     let limits: Arc<[Policy]> = vec![Policy::new(
         "per-hour",
         Algorithm::sliding_window(5, Duration::from_secs(3_600)),
@@ -288,11 +277,10 @@ fn refused_callers_are_not_evicted_by_a_flood() {
 #[test]
 fn idle_keys_go_away_after_their_windows() {
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder()
+    let backend = InMemoryBackend::new()
         .shards(1)
         .sweep_interval(Duration::from_secs(1))
-        .clock(clock.clone())
-        .build();
+        .clock(clock.clone());
     let per_second = per_second(5);
     let per_minute: Arc<[Policy]> = vec![Policy::new(
         "per-minute",
@@ -331,10 +319,9 @@ fn idle_keys_go_away_after_their_windows() {
 #[test]
 fn idle_keys_go_away_from_every_shard_that_sees_traffic() {
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder()
+    let backend = InMemoryBackend::new()
         .sweep_interval(Duration::from_secs(1))
-        .clock(clock.clone())
-        .build();
+        .clock(clock.clone());
     let limiter = Limiter::builder()
         .name("memory")
         .backend(backend.clone())
@@ -370,10 +357,7 @@ fn racing_threads_never_admit_past_the_limit() {
     const PER_THREAD: usize = 2_000;
     const CALLERS: usize = 3;
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder()
-        .shards(2)
-        .clock(clock.clone())
-        .build();
+    let backend = InMemoryBackend::new().shards(2).clock(clock.clone());
     let limits: Arc<[Policy]> = vec![
         Policy::new(
             "per-second",
@@ -434,10 +418,7 @@ fn racing_threads_on_one_policy_admit_exactly_the_limit() {
         ),
     ] {
         let clock = ManualClock::new(START_MS);
-        let backend = InMemoryBackend::builder()
-            .shards(2)
-            .clock(clock.clone())
-            .build();
+        let backend = InMemoryBackend::new().shards(2).clock(clock.clone());
         let limits: Arc<[Policy]> = vec![policy.clone()].into();
         let keys: Vec<CallerKey> = (0..CALLERS)
             .map(|i| CallerKey::new(format!("racer-{i}")))
@@ -478,7 +459,7 @@ fn racing_threads_on_one_policy_admit_exactly_the_limit() {
 #[test]
 fn a_state_that_stops_fitting_its_word_decides_on_exactly() {
     let clock = ManualClock::new(START_MS);
-    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let backend = InMemoryBackend::new().clock(clock.clone());
     let acme = CallerKey::new("acme");
     let before: Arc<[Policy]> = vec![Policy::new(
         "bucket",

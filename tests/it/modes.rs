@@ -51,7 +51,7 @@ async fn status(app: &Router) -> (StatusCode, bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_modes_on_a_live_router_under_traffic() {
     let clock = ManualClock::new(1_800_000_000_000);
-    let store = Counting::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let store = Counting::new(InMemoryBackend::new().clock(clock.clone()));
     let calls = store.counter();
     let switch = ModeSwitch::new(Mode::Enforce);
     let app = router(
@@ -139,7 +139,7 @@ fn shadow_mode_refuses_nothing_and_counts_exactly_what_it_would_have_refused() {
         let clock = ManualClock::new(1_800_000_000_000);
         let limiter = Limiter::builder()
             .name("orders")
-            .backend(InMemoryBackend::builder().clock(clock).build())
+            .backend(InMemoryBackend::new().clock(clock))
             .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
             .mode(ModeSwitch::new(Mode::Shadow))
             .build();

@@ -86,7 +86,7 @@ async fn on_manual_clock(outage: Duration, tick: Duration) -> Recovery {
     let _serial = SERIAL.lock().await;
     let clock = ManualClock::new(1_767_225_600_000);
     let store = Arc::new(Switchable {
-        inner: InMemoryBackend::builder().clock(clock.clone()).build(),
+        inner: InMemoryBackend::new().clock(clock.clone()),
         down: AtomicBool::new(false),
     });
     let limiters: Vec<Limiter> = (0..INSTANCES)

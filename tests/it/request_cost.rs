@@ -101,7 +101,7 @@ async fn a_batch_consumes_its_cost_in_process() {
     let clock = ManualClock::new(1_800_000_000_000);
     let limiter = Limiter::builder()
         .name("request-cost")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .clock(clock.clone())
         .policy(items())
         .build();

@@ -43,11 +43,7 @@ fn counted_limiter(
     name: &str,
     limit: u64,
 ) -> (Limiter, std::sync::Arc<std::sync::atomic::AtomicU64>) {
-    let backend = Counting::new(
-        InMemoryBackend::builder()
-            .clock(ManualClock::new(1_000_000))
-            .build(),
-    );
+    let backend = Counting::new(InMemoryBackend::new().clock(ManualClock::new(1_000_000)));
     let calls = backend.counter();
     let limiter = Limiter::builder()
         .name(name)

@@ -131,7 +131,7 @@ proptest! {
         ),
     ) {
         let clock = ManualClock::new(1_800_000_000_000);
-        let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+        let backend = InMemoryBackend::new().clock(clock.clone());
         let log = Policy::sliding_log("log", Quota::new(limit, Duration::from_millis(window_ms)));
         let mut policies = vec![log];
         if with_window {
@@ -198,7 +198,7 @@ fn sliding_log_error_table() {
             Policy::sliding_log("per-second", Quota::per_second(LIMIT)),
         ] {
             let clock = ManualClock::new(0);
-            let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+            let backend = InMemoryBackend::new().clock(clock.clone());
             let policies: Arc<[Policy]> = vec![policy].into();
             let caller = CallerKey::new("acme");
             let mut admitted = Vec::new();
@@ -274,7 +274,7 @@ async fn a_local_share_of_a_log_holds_the_limit_through_an_outage() {
 
     let clock = ManualClock::new(1_800_000_000_000);
     let start = clock.now_millis();
-    let store = Remote::new(InMemoryBackend::builder().clock(clock.clone()).build());
+    let store = Remote::new(InMemoryBackend::new().clock(clock.clone()));
     let instances: Vec<Limiter> = (0..4)
         .map(|_| {
             Limiter::builder()

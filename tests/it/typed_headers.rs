@@ -15,7 +15,7 @@ use tower::{ServiceBuilder, service_fn};
 async fn an_allowed_response_and_a_refusal_decode_to_what_the_limiter_decided() {
     // The start of a minute: windows begin here.
     let clock = ManualClock::new(60_000_000);
-    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let backend = InMemoryBackend::new().clock(clock.clone());
     let limiter = Limiter::builder()
         .name("typed_headers")
         .backend(backend)

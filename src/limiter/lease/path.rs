@@ -495,7 +495,7 @@ mod tests {
     #[tokio::test]
     async fn regression_an_ended_lease_goes_back_to_its_own_caller() {
         let clock = ManualClock::new(START_MS);
-        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let store = InMemoryBackend::new().clock(clock.clone());
         let shared = Shared {
             store: store.clone(),
             late: None,
@@ -539,7 +539,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn regression_a_lease_answered_after_the_timeout_gives_its_units_back() {
         let clock = ManualClock::new(START_MS);
-        let store = InMemoryBackend::builder().clock(clock.clone()).build();
+        let store = InMemoryBackend::new().clock(clock.clone());
         let shared = Shared {
             store: store.clone(),
             late: Some(Duration::from_millis(50)),

@@ -449,11 +449,10 @@ proptest! {
         steps in steps(),
     ) {
         let clock = ManualClock::new(start);
-        let backend = InMemoryBackend::builder()
+        let backend = InMemoryBackend::new()
             .shards(1)
             .sweep_interval(Duration::from_millis(1))
-            .clock(clock.clone())
-            .build();
+            .clock(clock.clone());
         let window = Policy::new(
             "window",
             Algorithm::sliding_window(limit, Duration::from_millis(window_ms)),
@@ -572,7 +571,7 @@ async fn worked_example_through_the_limiter() {
     let clock = ManualClock::new(19_000);
     let limiter = Limiter::builder()
         .name("algorithms")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .policy(Policy::sliding_window(
             "ten-seconds",
             Quota::new(10, Duration::from_secs(10)),
@@ -635,7 +634,7 @@ const DAY_MS: u64 = 86_400_000;
 fn per_second_and_per_day(clock: &ManualClock) -> Limiter {
     Limiter::builder()
         .name("algorithms")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .policy(Policy::sliding_window("per-second", Quota::per_second(5)))
         .policy(Policy::sliding_window("per-day", Quota::per_day(7)))
         .build()
@@ -740,7 +739,7 @@ async fn tiers_choose_the_quota() {
     let clock = ManualClock::new(1_000_000);
     let limiter = Limiter::builder()
         .name("algorithms")
-        .backend(InMemoryBackend::builder().clock(clock.clone()).build())
+        .backend(InMemoryBackend::new().clock(clock.clone()))
         .policy(Policy::sliding_window("per-second", Quota::per_second(2)))
         .tier(
             "gold",
@@ -780,7 +779,7 @@ async fn tiers_choose_the_quota() {
 async fn token_bucket_burst_then_steady_rate() {
     let start = 5_000_000;
     let clock = ManualClock::new(start);
-    let backend = InMemoryBackend::builder().clock(clock.clone()).build();
+    let backend = InMemoryBackend::new().clock(clock.clone());
     let limiter = Limiter::builder()
         .name("algorithms")
         .backend(backend.clone())

@@ -35,7 +35,7 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 /// - **Sharded**: callers are spread over 64 maps by a keyed hash. A decision on a known
 ///   caller holds its map's read lock and the caller's own lock, so concurrent requests
 ///   contend only when they name the same caller; adding a caller takes the write lock.
-/// - **Bounded**: at most [`max_keys`](InMemoryBackendBuilder::max_keys) callers are tracked (default
+/// - **Bounded**: at most [`max_keys`](InMemoryBackend::max_keys) callers are tracked (default
 ///   1,000,000). A full shard first forgets idle callers; if none is idle it evicts a
 ///   caller not seen since the eviction hand last passed (the CLOCK approximation of
 ///   least-recently-used), who then starts afresh. Callers that keep sending, refused
@@ -51,10 +51,9 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 /// use tollgate::InMemoryBackend;
 /// use tollgate::store::ManualClock;
 ///
-/// let backend = InMemoryBackend::builder()
+/// let backend = InMemoryBackend::new()
 ///     .max_keys(100_000)
-///     .clock(ManualClock::new(0))
-///     .build();
+///     .clock(ManualClock::new(0));
 /// assert_eq!(backend.tracked_keys(), 0);
 /// ```
 #[derive(Clone)]
@@ -71,35 +70,81 @@ struct Shared {
     sweep_interval_ms: u64,
     /// Slots of requests in flight, by limit name and caller: only while held.
     slots: slots::Slots,
+    /// What the backend was made with, for the setters that make it anew.
+    settings: Settings,
 }
 
 impl InMemoryBackend {
-    /// A backend with the defaults: 1,000,000 callers at most, 64 shards, the system clock.
-    pub fn new() -> Self {
-        Self::builder().build()
-    }
-
-    /// Starts configuring a backend.
+    /// A backend with the defaults: 1,000,000 callers at most, 64 shards, the system clock,
+    /// idle callers swept every 10 s. The methods below change them, each returning a new,
+    /// empty backend: configure a backend before its clones go to limiters.
     ///
     /// ```
     /// use std::time::Duration;
     /// use tollgate::InMemoryBackend;
     /// use tollgate::store::ManualClock;
     ///
-    /// let backend = InMemoryBackend::builder()
+    /// let backend = InMemoryBackend::new()
     ///     .max_keys(100_000)
     ///     .shards(16)
     ///     .sweep_interval(Duration::from_secs(5))
-    ///     .clock(ManualClock::new(0))
-    ///     .build();
+    ///     .clock(ManualClock::new(0));
     /// assert_eq!(backend.key_capacity(), 100_000);
     /// ```
-    pub fn builder() -> InMemoryBackendBuilder {
-        InMemoryBackendBuilder {
+    pub fn new() -> Self {
+        Self::from_settings(Settings {
             max_keys: DEFAULT_MAX_KEYS,
             shards: DEFAULT_SHARDS,
             clock: Arc::new(SystemClock),
             sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_MS,
+        })
+    }
+
+    /// Caps the number of tracked callers (default 1,000,000; at least 1, rounded down to a
+    /// multiple of the shard count).
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        self.remade(|settings| settings.max_keys = max_keys.max(1))
+    }
+
+    /// Spreads callers over this many locks (default 64).
+    pub fn shards(self, shards: usize) -> Self {
+        self.remade(|settings| settings.shards = shards.max(1))
+    }
+
+    /// Reads time from `clock`, such as a [`ManualClock`](crate::store::ManualClock) in tests.
+    pub fn clock(self, clock: impl Clock) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(clock);
+        self.remade(|settings| settings.clock = clock)
+    }
+
+    /// How often each shard sweeps out idle callers (default 10 s).
+    pub fn sweep_interval(self, interval: Duration) -> Self {
+        let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+        self.remade(|settings| settings.sweep_interval_ms = millis)
+    }
+
+    /// A new, empty backend with this one's settings changed by `change`.
+    fn remade(self, change: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = self.shared.settings.clone();
+        change(&mut settings);
+        Self::from_settings(settings)
+    }
+
+    fn from_settings(settings: Settings) -> Self {
+        // More shards than keys would leave shards with no room at all.
+        let shards = settings.shards.min(settings.max_keys);
+        let shard_capacity = settings.max_keys / shards;
+        InMemoryBackend {
+            shared: Arc::new(Shared {
+                shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
+                hasher: KeyHasher::default(),
+                clock: settings.clock.clone(),
+                shard_capacity,
+                max_keys: shard_capacity * shards,
+                sweep_interval_ms: settings.sweep_interval_ms,
+                slots: slots::Slots::default(),
+                settings,
+            }),
         }
     }
 
@@ -556,58 +601,13 @@ impl Decision<'_> {
     }
 }
 
-/// Configures an [`InMemoryBackend`]; see [`InMemoryBackend::builder`].
+/// What an [`InMemoryBackend`] is made with.
 #[derive(Clone, Debug)]
-pub struct InMemoryBackendBuilder {
+struct Settings {
     max_keys: usize,
     shards: usize,
     clock: Arc<dyn Clock>,
     sweep_interval_ms: u64,
-}
-
-impl InMemoryBackendBuilder {
-    /// Caps the number of tracked callers (default 1,000,000; at least 1, rounded down to a
-    /// multiple of the shard count).
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = max_keys.max(1);
-        self
-    }
-
-    /// Spreads callers over this many locks (default 64).
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards.max(1);
-        self
-    }
-
-    /// Reads time from `clock`, such as a [`ManualClock`](crate::store::ManualClock) in tests.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
-    /// How often each shard sweeps out idle callers (default 10 s).
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-        self
-    }
-
-    /// Builds the backend.
-    pub fn build(self) -> InMemoryBackend {
-        // More shards than keys would leave shards with no room at all.
-        let shards = self.shards.min(self.max_keys);
-        let shard_capacity = self.max_keys / shards;
-        InMemoryBackend {
-            shared: Arc::new(Shared {
-                shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
-                hasher: KeyHasher::default(),
-                clock: self.clock,
-                shard_capacity,
-                max_keys: shard_capacity * shards,
-                sweep_interval_ms: self.sweep_interval_ms,
-                slots: slots::Slots::default(),
-            }),
-        }
-    }
 }
 
 impl Default for InMemoryBackend {
@@ -693,10 +693,9 @@ mod tests {
     #[test]
     fn idle_callers_are_swept() {
         let clock = ManualClock::new(1_000);
-        let backend = InMemoryBackend::builder()
+        let backend = InMemoryBackend::new()
             .sweep_interval(Duration::from_secs(1))
-            .clock(clock.clone())
-            .build();
+            .clock(clock.clone());
         let limits = per_second(5);
         for i in 0..100 {
             backend.decide(&CallerKey::new(format!("c{i}")), &limits, 1);
@@ -713,11 +712,10 @@ mod tests {
     #[test]
     fn the_cap_holds_and_evicts_the_least_recent() {
         let clock = ManualClock::new(0);
-        let backend = InMemoryBackend::builder()
+        let backend = InMemoryBackend::new()
             .max_keys(64)
             .shards(1)
-            .clock(clock.clone())
-            .build();
+            .clock(clock.clone());
         let limits = per_second(5);
         let acme = CallerKey::new("acme");
         for i in 0..10_000 {
