@@ -1,7 +1,7 @@
 //! A caller's stored state for one policy, as a backend keeps it: opaque, so that the
 //! arithmetic's representation (the sliding log's shared ring, say) can change freely.
 
-use crate::store::algorithm::{AdmissionLog, State};
+use crate::store::algorithm::{AdmissionLog, Algorithm, State};
 
 /// A caller's stored state for one policy: what a [`Backend`](crate::store::Backend) keeps
 /// per caller and [`counter`](crate::Policy::counter) between decisions.
@@ -93,6 +93,84 @@ impl PolicyState {
     /// The public face of a state the arithmetic made.
     pub(crate) fn from_state(state: State) -> Self {
         Self(state)
+    }
+}
+
+/// What a backend asks of an algorithm about a stored state, on the opaque form.
+impl Algorithm {
+    /// Gives back `cost` units consumed at `counted_at_ms`: the state to store at `now_ms`,
+    /// or `None` when there is nothing to give back.
+    ///
+    /// A refund never admits more than the request had not been counted at all: a sliding
+    /// window takes the units off the window they were counted in while it is the current
+    /// window or the previous one (where they still weigh), never below 0, and does nothing
+    /// once that window has slid out; a token bucket puts back the tokens less what it has
+    /// refilled between the count and its last write (a bucket that never counted the
+    /// request may have been full meanwhile, and lost that refill), capped at its capacity;
+    /// a sliding log takes out up to `cost` of the units admitted at `counted_at_ms` that are
+    /// still in its window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, PolicyState};
+    ///
+    /// let per_minute = Algorithm::sliding_window(5, Duration::from_secs(60));
+    /// let policies = [Policy::new("per-minute", per_minute)];
+    /// // One request counted at 1 s, as a store decides it.
+    /// let (outcome, admitted) = PolicyState::evaluate(&policies, |_| None, 1_000, 1);
+    /// assert_eq!(outcome.limits()[0].remaining, 4);
+    /// let counted = admitted.unwrap().remove(0);
+    /// let refunded = per_minute.refund(Some(counted), 1_000, 1, 2_000).unwrap();
+    /// // A cost of 0 consumes nothing: it reports what remains.
+    /// let (outcome, _) = PolicyState::evaluate(&policies, |_| Some(refunded.clone()), 2_000, 0);
+    /// assert_eq!(outcome.limits()[0].remaining, 5);
+    ///
+    /// // Burst 2, one token a second: R1 at 0, then R2 and R3 at 1.2 s, when the bucket
+    /// // was full again. Had R1 never counted it would have been full all the same, so
+    /// // giving R1 back at 1.234 s puts nothing back.
+    /// let bucket = [Policy::new("bucket", Algorithm::token_bucket(1, Duration::from_secs(1), 2))];
+    /// let count = |state: Option<PolicyState>, now| {
+    ///     PolicyState::evaluate(&bucket, |_| state.clone(), now, 1).1.unwrap().remove(0)
+    /// };
+    /// let r3 = count(Some(count(Some(count(None, 0)), 1_200)), 1_200);
+    /// let algorithm = bucket[0].algorithm();
+    /// assert_eq!(algorithm.refund(Some(r3), 0, 1, 1_234), None);
+    /// ```
+    pub fn refund(
+        &self,
+        state: Option<PolicyState>,
+        counted_at_ms: u64,
+        cost: u64,
+        now_ms: u64,
+    ) -> Option<PolicyState> {
+        self.refund_state(
+            state.map(PolicyState::into_state),
+            counted_at_ms,
+            cost,
+            now_ms,
+        )
+        .map(PolicyState::from_state)
+    }
+
+    /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be
+    /// forgotten without changing any decision): what a backend may evict.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, PolicyState};
+    ///
+    /// let per_second = Algorithm::sliding_window(5, Duration::from_secs(1));
+    /// let policies = [Policy::new("per-second", per_second)];
+    /// let (_, admitted) = PolicyState::evaluate(&policies, |_| None, 1_000, 1);
+    /// let state = admitted.unwrap().remove(0);
+    /// // Counted in the window from 1 s: it still weighs in the next one, not after.
+    /// assert!(!per_second.is_idle(state.clone(), 2_500));
+    /// assert!(per_second.is_idle(state, 3_000));
+    /// ```
+    pub fn is_idle(&self, state: PolicyState, now_ms: u64) -> bool {
+        self.is_idle_state(state.into_state(), now_ms)
     }
 }
 
