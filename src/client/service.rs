@@ -16,7 +16,8 @@ use super::rejection::Shared;
 ///
 /// Its error is tower's boxed error (`Box<dyn Error + Send + Sync>`): a request rejected
 /// locally downcasts to [`NotSent`](super::NotSent); any other error is the wrapped
-/// service's own (readiness errors included), boxed. Clones share the layer's window.
+/// service's own (readiness errors included), boxed. Clones share the layer's window, which
+/// the layer (keep a clone of it) reads.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -28,10 +29,11 @@ use super::rejection::Shared;
 /// let backend = tower::service_fn(|_req: Request<()>| async {
 ///     Ok::<_, Infallible>(Response::new("ok"))
 /// });
-/// let client = AdaptiveThrottleLayer::new().layer(backend);
-/// let response = client.clone().oneshot(Request::new(())).await.unwrap();
+/// let throttle = AdaptiveThrottleLayer::new();
+/// let client = throttle.layer(backend);
+/// let response = client.oneshot(Request::new(())).await.unwrap();
 /// assert_eq!(response.into_body(), "ok");
-/// assert_eq!((client.requests(), client.accepts()), (1, 1));
+/// assert_eq!((throttle.requests(), throttle.accepts()), (1, 1));
 /// # }
 /// ```
 pub struct AdaptiveThrottle<S> {
@@ -42,42 +44,6 @@ pub struct AdaptiveThrottle<S> {
 impl<S> AdaptiveThrottle<S> {
     pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
-    }
-
-    /// Requests attempted in the layer's window now, locally rejected ones included (as
-    /// [`AdaptiveThrottleLayer::requests`](super::AdaptiveThrottleLayer::requests)).
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).requests(), 0);
-    /// ```
-    pub fn requests(&self) -> u64 {
-        self.shared.stats().requests
-    }
-
-    /// Requests in the layer's window now that the backend accepted.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// assert_eq!(AdaptiveThrottleLayer::new().layer(()).accepts(), 0);
-    /// ```
-    pub fn accepts(&self) -> u64 {
-        self.shared.stats().accepts
-    }
-
-    /// The probability that the next request is rejected locally, over the layer's window
-    /// now.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// let client = AdaptiveThrottleLayer::new().layer(());
-    /// assert_eq!(client.rejection_probability(), 0.0);
-    /// ```
-    pub fn rejection_probability(&self) -> f64 {
-        self.shared.stats().probability
     }
 
     /// The wrapped service.

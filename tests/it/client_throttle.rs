@@ -655,11 +655,8 @@ async fn clones_and_every_wrapped_service_share_one_window() {
     send(&mut first, 1).await;
     send(&mut second, 2).await;
     send(&mut third, 3).await;
+    // Every service counted into the one window the layer reads.
     assert_eq!(layer.requests(), 6);
-    assert_eq!(
-        (first.requests(), first.accepts()),
-        (third.requests(), third.accepts())
-    );
     // A new layer has its own window.
     let other = AdaptiveThrottleLayer::new().clock(clock.clone());
     assert_eq!(other.requests(), 0);
