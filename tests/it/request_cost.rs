@@ -9,7 +9,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
-#[cfg(feature = "redis")]
 use tollgate::Caller;
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
