@@ -235,9 +235,13 @@ pub mod headers {
 }
 
 pub mod future {
-    //! The futures the layers and the limiter return.
+    //! The futures the layers and the limiter return: [`RateLimit`](crate::RateLimit)'s,
+    //! [`ConcurrencyShed`](crate::shed::ConcurrencyShed)'s, the [client](crate::client)
+    //! layers', and the store's.
 
+    pub use crate::client::future::ClientFuture;
     pub use crate::http::future::ResponseFuture;
+    pub use crate::shed::future::ShedFuture;
     pub use crate::store::future::StoreFuture;
 }
 

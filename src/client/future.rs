@@ -27,7 +27,8 @@ pin_project! {
     /// ```
     /// use std::convert::Infallible;
     /// use http::{Request, Response};
-    /// use tollgate::client::{AdaptiveThrottleLayer, ClientFuture, HoldBackLayer};
+    /// use tollgate::client::{AdaptiveThrottleLayer, HoldBackLayer};
+    /// use tollgate::future::ClientFuture;
     /// use tower::{Layer, Service, ServiceExt};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {

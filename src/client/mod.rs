@@ -26,7 +26,7 @@
 
 mod config;
 mod error;
-mod future;
+pub(crate) mod future;
 mod hold;
 mod layer;
 mod rejection;
@@ -35,7 +35,6 @@ mod stats;
 mod window;
 
 pub use error::{HoldReason, NotSent};
-pub use future::ClientFuture;
 pub use hold::{HoldBack, HoldBackLayer};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;

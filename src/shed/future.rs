@@ -19,7 +19,7 @@ pin_project! {
     ///
     /// ```
     /// use std::convert::Infallible;
-    /// use tollgate::shed::ShedFuture;
+    /// use tollgate::future::ShedFuture;
     /// use tollgate::shed::ConcurrencyShedLayer;
     /// use tower::{Layer, Service, service_fn};
     ///

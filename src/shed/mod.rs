@@ -7,11 +7,10 @@
 //! keeps a reserved share of the slots (see
 //! [`ConcurrencyShedLayer`'s priority classes](ConcurrencyShedLayer#priority-classes)).
 
-mod future;
+pub(crate) mod future;
 mod layer;
 mod service;
 mod slot;
 
-pub use future::ShedFuture;
 pub use layer::ConcurrencyShedLayer;
 pub use service::ConcurrencyShed;
