@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use tollgate_simulator::{AlgorithmKind, Customer, Phase, PolicyName, Scenario};
+use tollgate_simulator::{AlgorithmKind, Counts, Customer, Phase, PolicyName, Scenario};
 
 /// The largest number of `admitted` send times (sorted) in any window of `window` that
 /// starts within `[from, to)`.
@@ -35,6 +35,9 @@ struct Edges {
     back: usize,
     outage_rate: f64,
     in_outage: usize,
+    /// Every customer's name, send rate, and counts in the outage and in the recovery
+    /// (whose worst windows include those straddling the outage's start and its end).
+    customers: Vec<(String, f64, Counts, Counts)>,
 }
 
 /// Runs `scenario` for acme's trace and measures the worst window around each edge (from
@@ -48,6 +51,19 @@ fn edges(scenario: Scenario, customer: &str) -> Edges {
         .run_blocking()
         .expect("the scenario runs");
     let group = &report.groups()[0];
+    let customers = report
+        .customers()
+        .iter()
+        .enumerate()
+        .map(|(c, customer)| {
+            (
+                customer.name().to_owned(),
+                customer.rate(),
+                group.counts(c, Phase::Outage),
+                group.counts(c, Phase::Recovery),
+            )
+        })
+        .collect();
     let admitted: Vec<Duration> = group
         .trace()
         .iter()
@@ -77,6 +93,7 @@ fn edges(scenario: Scenario, customer: &str) -> Edges {
         ),
         outage_rate: steady * window.as_secs_f64(),
         in_outage: admitted.iter().filter(|t| **t >= cut && **t < back).count(),
+        customers,
     }
 }
 
@@ -120,10 +137,44 @@ fn the_running_example_holds_the_limit_at_both_edges() {
                 measured.outage_rate
             ));
         }
+        // Every caller, not only the one over its quota: none gets more than the limit in
+        // any second around either edge, and one under its share loses nothing to the
+        // outage or to the store's return.
+        for (name, rate, outage, recovery) in &measured.customers {
+            println!(
+                "  {name} at {rate}/s: worst second {} in the outage, {} in the recovery; \
+                 admitted {} of {} in the outage, {} of {} in the recovery",
+                outage.worst_window_admitted,
+                recovery.worst_window_admitted,
+                outage.admitted,
+                outage.sent,
+                recovery.admitted,
+                recovery.sent
+            );
+            let worst = outage
+                .worst_window_admitted
+                .max(recovery.worst_window_admitted);
+            // At half the quota or less, a caller stays under each instance's share (a
+            // quarter of the quota) however its requests spread over the four instances.
+            let under_share = *rate <= 50.0 / 2.0;
+            if worst > 55
+                || (under_share
+                    && (outage.admitted, recovery.admitted) != (outage.sent, recovery.sent))
+            {
+                failures.push(format!(
+                    "{} {algorithm:?}, {name}: worst second {worst}, admitted {}/{} and {}/{}",
+                    policy.name(),
+                    outage.admitted,
+                    outage.sent,
+                    recovery.admitted,
+                    recovery.sent
+                ));
+            }
+        }
     }
     assert!(
         failures.is_empty(),
-        "over 55 in a second or off 50/s by 10%: {failures:?}"
+        "over 55 in a second, off 50/s by 10%, or a caller under its share refused: {failures:?}"
     );
 }
 
