@@ -262,6 +262,12 @@ impl RateLimitInfo {
         self.receipt
     }
 
+    /// Whether a policy of the set reported on locks callers out: the rare case that
+    /// [`LimiterMetrics`](crate::limiter::telemetry::LimiterMetrics) looks further into.
+    pub(crate) fn locks_out(&self) -> bool {
+        self.set.locks_out()
+    }
+
     /// When the store counted what this admission consumed, on the store's clock (ms
     /// since the epoch): for a decision made from a lease, when the lease was taken.
     /// `None` for a decision that counted nothing (a refusal, a request let through

@@ -118,7 +118,7 @@ impl Limiter {
         // Span::none() unless a subscriber wants decision spans; entered for the part of
         // the check done here, and carried by the future for the rest.
         let span = telemetry::decision_span(&inner.name);
-        let _entered = (!span.is_disabled()).then(|| span.enter());
+        let _entered = span.as_ref().map(Span::enter);
         // Read once, so a swap never splits a decision.
         let active = inner.limits.load();
         let set = active.for_caller(caller);
@@ -135,7 +135,7 @@ impl Limiter {
                 }
             },
         };
-        StoreFuture::ready(inner.conclude(decision, mode, &span))
+        StoreFuture::ready(inner.conclude(decision, mode, span.as_ref()))
     }
 
     /// Concludes a decision the store answers later, inside its span.
@@ -143,16 +143,16 @@ impl Limiter {
         &self,
         pending: StoreFuture<Decision>,
         mode: Mode,
-        span: Span,
+        span: Option<Span>,
     ) -> StoreFuture<Decision> {
         let inner = self.inner.clone();
         let concluding = span.clone();
         StoreFuture::boxed(
             async move {
                 let decision = pending.await;
-                inner.conclude(decision, mode, &concluding)
+                inner.conclude(decision, mode, concluding.as_ref())
             }
-            .instrument(span),
+            .instrument(span.unwrap_or_else(Span::none)),
         )
     }
 
@@ -372,7 +372,7 @@ impl Limiter {
 impl Inner {
     /// Shadows the decision in shadow mode, then counts it and records it on its span:
     /// every decision of the limiter passes here, once.
-    fn conclude(&self, decision: Decision, mode: Mode, span: &Span) -> Decision {
+    fn conclude(&self, decision: Decision, mode: Mode, span: Option<&Span>) -> Decision {
         let decision = match mode {
             Mode::Shadow => Decision::Shadowed(Box::new(decision)),
             _ => decision,

@@ -22,35 +22,77 @@ const MAX_STORED_SETS: usize = 4_096;
 #[derive(Clone)]
 pub(crate) enum ReportedSet {
     /// Stored for the process: copying it touches no count.
-    Stored(&'static Arc<[Policy]>),
+    Stored(&'static StoredSet),
     /// Shared by reference count.
     Counted(Arc<[Policy]>),
+}
+
+/// A set stored for the process, with what every admission asks of it worked out once.
+pub(crate) struct StoredSet {
+    policies: Arc<[Policy]>,
+    locks_out: bool,
+}
+
+impl std::borrow::Borrow<[Policy]> for &'static StoredSet {
+    fn borrow(&self) -> &[Policy] {
+        &self.policies
+    }
+}
+
+impl PartialEq for StoredSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.policies == other.policies
+    }
+}
+
+impl Eq for StoredSet {}
+
+impl std::hash::Hash for StoredSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As the slice hashes, so that a lookup by `&[Policy]` finds it.
+        self.policies[..].hash(state);
+    }
+}
+
+fn locks_out(policies: &[Policy]) -> bool {
+    policies.iter().any(|policy| policy.lockout_ms().is_some())
 }
 
 impl ReportedSet {
     /// `set`, stored for the process if it is not yet and there is room.
     pub(crate) fn store(set: &Arc<[Policy]>) -> Self {
-        static STORED: OnceLock<Mutex<HashSet<&'static Arc<[Policy]>>>> = OnceLock::new();
+        static STORED: OnceLock<Mutex<HashSet<&'static StoredSet>>> = OnceLock::new();
         let stored = STORED.get_or_init(Default::default);
         // A panic while the set was locked left it whole (one insert): still usable.
         let mut stored = stored
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(found) = stored.get(set) {
+        if let Some(found) = stored.get(&set[..]) {
             return ReportedSet::Stored(found);
         }
         if stored.len() >= MAX_STORED_SETS {
             return ReportedSet::Counted(set.clone());
         }
-        let kept: &'static Arc<[Policy]> = Box::leak(Box::new(set.clone()));
+        let kept: &'static StoredSet = Box::leak(Box::new(StoredSet {
+            policies: set.clone(),
+            locks_out: locks_out(set),
+        }));
         stored.insert(kept);
         ReportedSet::Stored(kept)
     }
 
     pub(crate) fn get(&self) -> &Arc<[Policy]> {
         match self {
-            ReportedSet::Stored(set) => set,
+            ReportedSet::Stored(set) => &set.policies,
             ReportedSet::Counted(set) => set,
+        }
+    }
+
+    /// Whether a policy of the set locks callers out.
+    pub(crate) fn locks_out(&self) -> bool {
+        match self {
+            ReportedSet::Stored(set) => set.locks_out,
+            ReportedSet::Counted(set) => locks_out(set),
         }
     }
 }
@@ -90,10 +132,10 @@ mod tests {
         else {
             panic!("stored");
         };
-        assert!(Arc::ptr_eq(a, b));
+        assert!(Arc::ptr_eq(&a.policies, &b.policies));
         let ReportedSet::Stored(c) = ReportedSet::store(&set(8)) else {
             panic!("stored");
         };
-        assert!(!Arc::ptr_eq(a, c));
+        assert!(!Arc::ptr_eq(&a.policies, &c.policies));
     }
 }

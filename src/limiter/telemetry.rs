@@ -112,27 +112,29 @@ fn refusing_policy(decision: &Decision) -> Option<&str> {
 }
 
 /// A decision's span for limiter `layer`, its outcome and policy left to
-/// [`record_decision`]. [`Span::none`] unless a subscriber wants it; the fields are only
+/// [`record_decision`]: `None` unless a subscriber wants it (no span to make and drop per
+/// decision, which costs a fair share of an in-process one); the fields are only
 /// evaluated if one does.
-pub(crate) fn decision_span(layer: &str) -> Span {
+pub(crate) fn decision_span(layer: &str) -> Option<Span> {
     // With no subscriber at debug level, return before the span macro: it would still
     // walk the fields for the `log` crate (tracing's `log` feature, which axum enables).
     if !tracing::level_enabled!(tracing::Level::DEBUG) {
-        return Span::none();
+        return None;
     }
-    tracing::debug_span!(
+    let span = tracing::debug_span!(
         "tollgate.decision",
         layer,
         outcome = tracing::field::Empty,
         policy = tracing::field::Empty,
-    )
+    );
+    (!span.is_disabled()).then_some(span)
 }
 
 /// Records the outcome of `decision`, and the refusing policy if there is one, on `span`.
-pub(crate) fn record_decision(span: &Span, decision: &Decision) {
-    if span.is_disabled() {
+pub(crate) fn record_decision(span: Option<&Span>, decision: &Decision) {
+    let Some(span) = span else {
         return;
-    }
+    };
     span.record("outcome", outcome(decision));
     if let Some(policy) = refusing_policy(decision) {
         span.record("policy", policy);
@@ -316,7 +318,10 @@ impl LimiterMetrics {
             Decision::Shadowed(inner) => inner.as_ref(),
             other => other,
         };
-        if let Decision::Allowed(info) = admitted {
+        if let Decision::Allowed(info) = admitted
+            && info.cost() > 0
+            && info.locks_out()
+        {
             self.lockouts(info);
         }
         match decision {
@@ -337,9 +342,6 @@ impl LimiterMetrics {
     /// nothing remaining (the store starts a block exactly then). Rare, so the handle is
     /// looked up when needed rather than held for every policy.
     fn lockouts(&self, info: &RateLimitInfo) {
-        if info.cost() == 0 {
-            return;
-        }
         for policy in info.policies() {
             if policy.policy().lockout().is_some() && policy.remaining() == 0 {
                 metrics::counter!(
