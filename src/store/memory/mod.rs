@@ -64,13 +64,13 @@ pub struct InMemoryBackend {
 struct Shared {
     shards: Box<[RwLock<Shard>]>,
     hasher: KeyHasher,
-    clock: Arc<dyn Clock>,
     shard_capacity: usize,
+    /// The cap on tracked callers: `settings.max_keys` rounded down to whole shards.
     max_keys: usize,
-    sweep_interval_ms: u64,
     /// Slots of requests in flight, by limit name and caller: only while held.
     slots: slots::Slots,
-    /// What the backend was made with, for the setters that make it anew.
+    /// What the backend was made with: its clock and sweep interval, and what the
+    /// setters make it anew from.
     settings: Settings,
 }
 
@@ -138,10 +138,8 @@ impl InMemoryBackend {
             shared: Arc::new(Shared {
                 shards: (0..shards).map(|_| RwLock::new(Shard::default())).collect(),
                 hasher: KeyHasher::default(),
-                clock: settings.clock.clone(),
                 shard_capacity,
                 max_keys: shard_capacity * shards,
-                sweep_interval_ms: settings.sweep_interval_ms,
                 slots: slots::Slots::default(),
                 settings,
             }),
@@ -177,7 +175,7 @@ impl InMemoryBackend {
     /// Gives `refund` back to `caller`'s counters of `limits`; a caller no longer tracked
     /// has nothing to give back.
     fn give_back(&self, caller: &CallerKey, limits: &[Policy], refund: Refund) {
-        let now = self.shared.clock.now_millis();
+        let now = self.shared.settings.clock.now_millis();
         let (hash, shard) = self.shard(caller);
         let mut shard = write(shard);
         let Some(position) = shard.find(hash, caller.encoded()) else {
@@ -214,7 +212,12 @@ impl InMemoryBackend {
 
     /// Decides a request of `cost` units now: what [`Backend::check`] answers, unwrapped.
     pub(crate) fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
-        self.decide_at(caller, limits, cost, self.shared.clock.now_millis())
+        self.decide_at(
+            caller,
+            limits,
+            cost,
+            self.shared.settings.clock.now_millis(),
+        )
     }
 
     /// Decides at `now`, read from this backend's clock by the caller: a limiter that
@@ -239,10 +242,12 @@ impl InMemoryBackend {
         limit: &Policy,
         cost: u64,
     ) -> Option<(bool, PolicyOutcome, u64)> {
-        let now = self.shared.clock.now_millis();
+        let now = self.shared.settings.clock.now_millis();
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
-        if now.saturating_sub(shard.last_sweep_ms.load(Relaxed)) >= self.shared.sweep_interval_ms {
+        if now.saturating_sub(shard.last_sweep_ms.load(Relaxed))
+            >= self.shared.settings.sweep_interval_ms
+        {
             return None;
         }
         match decide_packed_alone(&shard, hash, caller, limit, now, cost) {
@@ -322,7 +327,7 @@ impl InMemoryBackend {
         {
             let shard = read(lock);
             let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
-            if now.saturating_sub(last_sweep_ms) < self.shared.sweep_interval_ms
+            if now.saturating_sub(last_sweep_ms) < self.shared.settings.sweep_interval_ms
                 && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
             {
                 return outcome;
@@ -330,7 +335,9 @@ impl InMemoryBackend {
         }
         let mut guard = write(lock);
         let shard = &mut *guard;
-        if now.saturating_sub(*shard.last_sweep_ms.get_mut()) >= self.shared.sweep_interval_ms {
+        if now.saturating_sub(*shard.last_sweep_ms.get_mut())
+            >= self.shared.settings.sweep_interval_ms
+        {
             shard.sweep(now, &self.shared.hasher);
         }
 
@@ -621,7 +628,7 @@ impl fmt::Debug for InMemoryBackend {
         f.debug_struct("InMemoryBackend")
             .field("shards", &self.shared.shards.len())
             .field("max_keys", &self.shared.max_keys)
-            .field("clock", &self.shared.clock)
+            .field("clock", &self.shared.settings.clock)
             .finish_non_exhaustive()
     }
 }
