@@ -247,9 +247,9 @@ pub mod future {
 
 pub mod reload {
     //! Changing a running limiter: its limits ([`Limits`], swapped by
-    //! [`Limiter::set_limits`](crate::Limiter::set_limits)) and its mode
-    //! ([`ModeSwitch`]), without rebuilding the router.
+    //! [`Limiter::set_limits`](crate::Limiter::set_limits)) and its [`Mode`] (switched by
+    //! [`Limiter::set_mode`](crate::Limiter::set_mode)), without rebuilding the router.
 
     pub use crate::limiter::limits::Limits;
-    pub use crate::limiter::mode::{Mode, ModeSwitch};
+    pub use crate::limiter::mode::Mode;
 }

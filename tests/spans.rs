@@ -11,10 +11,7 @@ use std::sync::{Arc, Mutex};
 
 #[cfg(feature = "redis")]
 use tollgate::RedisBackend;
-use tollgate::{
-    Caller, Limiter, Policy, Quota,
-    reload::{Mode, ModeSwitch},
-};
+use tollgate::{Caller, Limiter, Policy, Quota, reload::Mode};
 #[cfg(feature = "redis")]
 use tollgate_testkit::redis::RedisServer;
 use tracing::level_filters::LevelFilter;
@@ -135,16 +132,14 @@ async fn each_decision_gets_a_span_with_its_outcome_and_refusing_policy() {
     let spans = Spans::new(LevelFilter::DEBUG);
     // A current-thread runtime: every check below runs on this thread, under this subscriber.
     let _subscriber = tracing::subscriber::set_default(spans.clone());
-    let mode = ModeSwitch::new(Mode::Enforce);
     let limiter = Limiter::builder()
         .name("orders")
-        .mode(mode.clone())
         .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
         .build();
     let acme = Caller::new("acme");
     assert!(limiter.check(&acme).await.is_allowed());
     assert!(!limiter.check(&acme).await.is_allowed());
-    mode.set(Mode::Shadow);
+    limiter.set_mode(Mode::Shadow);
     assert!(limiter.check(&acme).await.is_allowed());
 
     let layer = ("layer", "orders");

@@ -13,7 +13,7 @@ use crate::limiter::failure::{FailurePolicy, Fallback};
 use crate::limiter::lease::config::Leases;
 use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::limits::{ActiveLimits, InForce, Limits};
-use crate::limiter::mode::ModeSwitch;
+use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
 use crate::limiter::path::local::LocalPath;
 use crate::limiter::path::remote::{RemoteParts, RemotePath};
@@ -232,11 +232,21 @@ impl LimiterBuilder {
         self
     }
 
-    /// Starts in the mode of `switch`, and follows it when it is switched (default: a
-    /// switch of its own, in [`Mode::Enforce`](crate::reload::Mode::Enforce)). Share one switch between limiters to
-    /// switch them together.
-    pub fn mode(mut self, switch: ModeSwitch) -> Self {
-        self.mode = switch;
+    /// Starts in `mode` (default [`Mode::Enforce`]); [`Limiter::set_mode`] switches it on
+    /// the running service.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Quota, reload::Mode};
+    ///
+    /// // Rolled out in shadow: decided and counted, nothing refused.
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .mode(Mode::Shadow)
+    ///     .build();
+    /// assert_eq!(limiter.mode(), Mode::Shadow);
+    /// ```
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = ModeSwitch::new(mode);
         self
     }
 

@@ -232,9 +232,43 @@ impl Limiter {
         )
     }
 
-    /// The switch that moves this limiter between enforce, shadow and off.
-    pub fn mode_switch(&self) -> &ModeSwitch {
-        &self.inner.mode
+    /// Switches this limiter and every clone of it between enforce, shadow and off, from
+    /// the next decision on: from an admin endpoint or a configuration reload, without
+    /// rebuilding the router. To switch several limiters together (a kill switch for a
+    /// whole service), keep a clone of each and set each one.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota, reload::Mode};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
+    ///     .build();
+    /// let admin = limiter.clone();
+    /// let acme = Caller::new("acme");
+    /// assert!(limiter.check(&acme).await.is_allowed());
+    /// assert!(!limiter.check(&acme).await.is_allowed());
+    /// admin.set_mode(Mode::Shadow);
+    /// assert!(limiter.check(&acme).await.is_allowed());
+    /// assert_eq!(limiter.mode(), Mode::Shadow);
+    /// # }
+    /// ```
+    pub fn set_mode(&self, mode: Mode) {
+        self.inner.mode.set(mode);
+    }
+
+    /// The mode this limiter decides in.
+    ///
+    /// ```
+    /// use tollgate::{Limiter, Policy, Quota, reload::Mode};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// assert_eq!(limiter.mode(), Mode::Enforce);
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.inner.mode.get()
     }
 
     /// Swaps `limits` in, or says why they cannot work and leaves the limits in force: the

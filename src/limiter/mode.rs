@@ -44,46 +44,25 @@ impl Mode {
     }
 }
 
-/// A handle that switches running limiters between [`Mode`]s without rebuilding the
-/// router. Clones control the same limiters; one switch may serve several limiters (a
-/// kill switch for all of a service's limits).
-///
-/// ```
-/// use tollgate::{Caller, Limiter, Policy, Quota, reload::{Mode, ModeSwitch}};
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let switch = ModeSwitch::new(Mode::Enforce);
-/// let limiter = Limiter::builder()
-///     .policy(Policy::sliding_window("per-second", Quota::per_second(1)))
-///     .mode(switch.clone())
-///     .build();
-/// let acme = Caller::new("acme");
-/// assert!(limiter.check(&acme).await.is_allowed());
-/// assert!(!limiter.check(&acme).await.is_allowed());
-/// switch.set(Mode::Shadow); // e.g. from an admin endpoint
-/// assert!(limiter.check(&acme).await.is_allowed());
-/// # }
-/// ```
+/// A limiter's mode, shared by its clones: switched on a running service by
+/// [`Limiter::set_mode`](crate::Limiter::set_mode), read on every decision.
 #[derive(Clone, Debug, Default)]
-pub struct ModeSwitch {
+pub(crate) struct ModeSwitch {
     mode: Arc<AtomicU8>,
 }
 
 impl ModeSwitch {
-    /// A switch set to `mode`.
-    pub fn new(mode: Mode) -> Self {
+    pub(crate) fn new(mode: Mode) -> Self {
         Self {
             mode: Arc::new(AtomicU8::new(mode.as_u8())),
         }
     }
 
-    /// The current mode.
-    pub fn get(&self) -> Mode {
+    pub(crate) fn get(&self) -> Mode {
         Mode::from_u8(self.mode.load(Ordering::Relaxed))
     }
 
-    /// Switches every limiter that shares this handle; takes effect on the next request.
-    pub fn set(&self, mode: Mode) {
+    pub(crate) fn set(&self, mode: Mode) {
         let previous = Mode::from_u8(self.mode.swap(mode.as_u8(), Ordering::Relaxed));
         if previous != mode {
             tracing::warn!(

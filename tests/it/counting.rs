@@ -17,10 +17,7 @@ use tollgate::{
     RateLimitLayer,
 };
 #[cfg(feature = "redis")]
-use tollgate::{
-    RedisBackend,
-    reload::{Mode, ModeSwitch},
-};
+use tollgate::{RedisBackend, reload::Mode};
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, histogram_len, with_recorder};
 #[cfg(feature = "redis")]
@@ -300,7 +297,6 @@ fn a_failed_refund_is_counted_never_an_error() {
 #[tokio::test]
 async fn shadow_mode_gives_back_as_enforce_mode_would() {
     let server = RedisServer::start();
-    let switch = ModeSwitch::new(Mode::Shadow);
     let limiter = Limiter::builder()
         .name("login")
         .backend(
@@ -310,14 +306,15 @@ async fn shadow_mode_gives_back_as_enforce_mode_would() {
         )
         .store_timeout(SLOW_TEST_MACHINE)
         .policy(attempts())
-        .mode(switch.clone())
+        .mode(Mode::Shadow)
         .build();
     let calls = Arc::new(AtomicUsize::new(0));
+    let switch = limiter.clone();
     let mut service = login(limiter, calls.clone());
     for _ in 0..10 {
         assert_eq!(attempt(&mut service, true).await.status, 200);
     }
-    switch.set(Mode::Enforce);
+    switch.set_mode(Mode::Enforce);
     for i in 0..5 {
         assert_eq!(
             attempt(&mut service, false).await.status,

@@ -10,10 +10,7 @@ use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::ManualClock;
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
-    RateLimitLayer,
-    key::HeaderKey,
-    reload::{Mode, ModeSwitch},
-    response::HeaderMode,
+    RateLimitLayer, key::HeaderKey, reload::Mode, response::HeaderMode,
 };
 use tollgate_testkit::http::{Reply, get, ok_handler, send};
 use tollgate_testkit::remote::Remote;
@@ -911,7 +908,7 @@ async fn shadow_mode_refuses_nothing_and_advertises_nothing() {
         .name("headers")
         .backend(backend)
         .clock(clock.clone())
-        .mode(ModeSwitch::new(Mode::Shadow))
+        .mode(Mode::Shadow)
         .policy(per_second(1))
         .build();
     let mut svc = serve(

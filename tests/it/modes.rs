@@ -1,4 +1,4 @@
-//! Enforce, shadow and off, switched on a live router through the handle while traffic
+//! Enforce, shadow and off, switched on a live router through a clone of its limiter while traffic
 //! runs; shadow mode counting would-be refusals exactly, during an outage too.
 
 use std::sync::Arc;
@@ -14,9 +14,7 @@ use tollgate::store::ManualClock;
 #[cfg(feature = "redis")]
 use tollgate::{BreakerConfig, Caller, Decision, FailurePolicy};
 use tollgate::{
-    InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer,
-    key::HeaderKey,
-    reload::{Mode, ModeSwitch},
+    InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer, key::HeaderKey, reload::Mode,
 };
 use tollgate_testkit::counting::Counting;
 #[cfg(feature = "redis")]
@@ -53,15 +51,14 @@ async fn switching_modes_on_a_live_router_under_traffic() {
     let clock = ManualClock::new(1_800_000_000_000);
     let store = Counting::new(InMemoryBackend::new().clock(clock.clone()));
     let calls = store.counter();
-    let switch = ModeSwitch::new(Mode::Enforce);
-    let app = router(
-        Limiter::builder()
-            .name("modes")
-            .backend(store)
-            .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
-            .mode(switch.clone())
-            .build(),
-    );
+    let limiter = Limiter::builder()
+        .name("modes")
+        .backend(store)
+        .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
+        .build();
+    // The admin endpoint's clone: switching it switches the router's.
+    let switch = limiter.clone();
+    let app = router(limiter);
 
     // Traffic runs throughout; each phase's answers are collected while it is in force.
     let running = Arc::new(AtomicBool::new(true));
@@ -103,13 +100,13 @@ async fn switching_modes_on_a_live_router_under_traffic() {
     let enforce = phase(seen.clone()).await;
     assert!(enforce[1] > 0, "no refusals while enforcing: {enforce:?}");
 
-    switch.set(Mode::Shadow);
+    switch.set_mode(Mode::Shadow);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let shadow = phase(seen.clone()).await;
     assert_eq!(shadow[1], 0, "shadow mode refused: {shadow:?}");
     assert!(shadow[0] > 0);
 
-    switch.set(Mode::Off);
+    switch.set_mode(Mode::Off);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let calls_before_off = calls.load(Ordering::SeqCst);
     let off = phase(seen.clone()).await;
@@ -120,7 +117,7 @@ async fn switching_modes_on_a_live_router_under_traffic() {
         "off still called the store"
     );
 
-    switch.set(Mode::Enforce);
+    switch.set_mode(Mode::Enforce);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let again = phase(seen.clone()).await;
     assert!(again[1] > 0 && again[0] == 0, "enforcing again: {again:?}");
@@ -141,7 +138,7 @@ fn shadow_mode_refuses_nothing_and_counts_exactly_what_it_would_have_refused() {
             .name("orders")
             .backend(InMemoryBackend::new().clock(clock))
             .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
-            .mode(ModeSwitch::new(Mode::Shadow))
+            .mode(Mode::Shadow)
             .build();
         let app = router(limiter);
         for _ in 0..25 {
@@ -182,7 +179,7 @@ fn shadow_mode_during_an_outage_counts_what_fail_closed_would_have_refused() {
             .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
             .on_store_failure(FailurePolicy::closed())
             .breaker(BreakerConfig::default().failure_threshold(2))
-            .mode(ModeSwitch::new(Mode::Shadow))
+            .mode(Mode::Shadow)
             .build();
         proxy.set(Fault::Refuse);
         for _ in 0..12 {
