@@ -185,7 +185,7 @@ pub mod key {
 
     pub use crate::http::key::{
         AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
-        ForwardedHeader, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
+        HeaderKey, KeyExtractor, KeyRejection, MissingKey,
     };
 }
 
