@@ -185,7 +185,7 @@ pub mod key {
 
     pub use crate::http::key::{
         AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
-        ForwardedHeader, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
+        HeaderKey, KeyExtractor, KeyRejection, MissingKey,
     };
 }
 
@@ -199,22 +199,32 @@ pub mod response {
 }
 
 pub mod headers {
-    //! The fields the layer writes, as typed values for clients and for axum's
+    //! The RateLimit fields the layer writes, as typed values for clients and for axum's
     //! `TypedHeader`: [`RateLimitPolicyHeader`] and [`RateLimitHeader`] of
-    //! [draft 11](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/),
-    //! and a readable [`RetryAfter`].
+    //! [draft 11](https://datatracker.ietf.org/doc/draft-ietf-httpapi-ratelimit-headers/11/).
     //!
     //! Each implements [`headers::Header`] (the `headers` crate, 0.4), so
     //! `headers::HeaderMapExt::typed_get` and axum-extra's `TypedHeader<RateLimit>` decode
     //! them. They are written by the same code that writes the layer's responses, and read
     //! by a parser that accepts exactly the Structured Field lists RFC 9651 defines. A field
     //! that does not decode is the `headers` crate's [`headers::Error`] wherever it is read
-    //! (`decode`, or each type's `parse`); for the two RateLimit fields, what was wrong with
-    //! it goes to a debug-level `tracing` event.
+    //! (`decode`, or each type's `parse`); what was wrong with it goes to a debug-level
+    //! `tracing` event.
+    //!
+    //! A refusal also carries `Retry-After`, in whole seconds: the longest `t` among the
+    //! policies that refused. When each of them has nothing left, as when a request of one
+    //! unit is refused or the limiter fails closed, their items all say `r=0`, so
+    //! [`RateLimitHeader::exhausted_for`] gives the same wait. Only `Retry-After` gives it
+    //! for a request of several units refused while fewer remain (its policy's item shows
+    //! `r` above 0), for a request shed by
+    //! [`ConcurrencyShedLayer`](crate::shed::ConcurrencyShedLayer) (no RateLimit field), and
+    //! under [`HeaderMode::Never`](crate::response::HeaderMode::Never).
+    //! [`HoldBackLayer`](crate::client::HoldBackLayer) reads both.
     //!
     //! ```
+    //! use std::time::Duration;
     //! use headers::HeaderMapExt;
-    //! use tollgate::headers::{RateLimitHeader, RateLimitPolicyHeader, RetryAfter};
+    //! use tollgate::headers::{RateLimitHeader, RateLimitPolicyHeader};
     //!
     //! // A refusal as a tollgate server writes it.
     //! let mut headers = http::HeaderMap::new();
@@ -224,13 +234,12 @@ pub mod headers {
     //!
     //! let policy: RateLimitPolicyHeader = headers.typed_get().unwrap();
     //! let state: RateLimitHeader = headers.typed_get().unwrap();
-    //! let after: RetryAfter = headers.typed_get().unwrap();
     //! assert_eq!(policy.get("per-second").unwrap().quota(), 5);
-    //! assert_eq!(state.exhausted_for(), after.delay());
+    //! // Retry-After's wait.
+    //! assert_eq!(state.exhausted_for(), Some(Duration::from_secs(1)));
     //! ```
 
     pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicyHeader};
-    pub use crate::http::typed_headers::retry_after::RetryAfter;
     pub use crate::http::typed_headers::state::{QuotaState, RateLimitHeader};
 }
 

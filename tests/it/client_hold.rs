@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use headers::HeaderMapExt;
 use http::HeaderMap;
 use tollgate::client::{HoldBackLayer, NotSent};
-use tollgate::headers::{RateLimitHeader, RetryAfter};
+use tollgate::headers::RateLimitHeader;
 use tower::{Layer, Service, ServiceExt};
 
 #[cfg(not(all(feature = "axum", feature = "redis", feature = "serde")))]
@@ -82,11 +82,13 @@ impl Log {
             .typed_get::<RateLimitHeader>()
             .and_then(|state| state.exhausted_for())
             .unwrap_or_default();
+        // Both servers write Retry-After in whole seconds.
         if refused
-            && let Some(after) = headers.typed_get::<RetryAfter>()
-            && let Some(delay) = after.delay()
+            && let Some(secs) = headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
         {
-            wait = wait.max(delay);
+            wait = wait.max(Duration::from_secs(secs));
         }
         if let Some(ms) = headers
             .get("grpc-retry-pushback-ms")

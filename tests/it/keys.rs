@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::header::FORWARDED;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::decision::UnlimitedReason;
-use tollgate::key::{AsyncKeyExtractor, Extracted, ForwardedHeader, KeyRejection};
+use tollgate::key::{AsyncKeyExtractor, Extracted, KeyRejection};
 use tollgate::response::ResponseBody;
 use tollgate::store::CallerKey;
 use tollgate::{
@@ -565,7 +566,7 @@ async fn spoofed_forwarding_headers_from_an_untrusted_peer_are_ignored() {
         ClientIp::new()
             .trusted_proxies(["10.0.0.0/8"])
             .unwrap()
-            .forwarded_header(ForwardedHeader::Forwarded),
+            .forwarded_header(FORWARDED),
     ] {
         let spoofed = |forged: &str| {
             from_peer(
@@ -676,8 +677,84 @@ async fn several_x_forwarded_for_lines_read_as_one_list() {
 }
 
 #[tokio::test]
+async fn a_single_address_header_of_a_trusted_proxy_names_the_client() {
+    let ip = behind_proxies().forwarded_header(HeaderName::from_static("cf-connecting-ip"));
+    let from = |peer: &str, client: &str| {
+        from_peer(
+            peer,
+            &[
+                ("cf-connecting-ip", client),
+                ("x-forwarded-for", "198.51.100.77"),
+            ],
+        )
+    };
+
+    // From a trusted proxy, the header's address is the key, IPv6 grouped as usual, and
+    // X-Forwarded-For is not read.
+    assert_eq!(
+        ip.client_addr(&from("10.0.0.1:40000", "203.0.113.50")),
+        Ok(addr("203.0.113.50"))
+    );
+    assert_eq!(
+        extract(&ip, &from("10.0.0.1:40000", "2001:db8::7")).await,
+        Some(Caller::new("2001:db8::/64"))
+    );
+    assert!(
+        same_bucket(
+            ip.clone(),
+            from("10.0.0.1:40000", "203.0.113.50"),
+            from("10.0.0.2:40000", "203.0.113.50")
+        )
+        .await
+    );
+    assert!(
+        same_bucket(
+            ip.clone(),
+            from("10.0.0.1:40000", "203.0.113.50"),
+            from_peer("203.0.113.50:1", &[])
+        )
+        .await
+    );
+    assert!(
+        !same_bucket(
+            ip.clone(),
+            from("10.0.0.1:40000", "203.0.113.50"),
+            from("10.0.0.1:40000", "203.0.113.51")
+        )
+        .await
+    );
+    // A trusted proxy that sent no such header: its own address is not used.
+    assert_eq!(
+        ip.client_addr(&from_peer(
+            "10.0.0.1:40000",
+            &[("x-forwarded-for", "203.0.113.50")]
+        )),
+        Ok(None)
+    );
+
+    // From an untrusted peer the header is ignored: the peer is the client, whatever it
+    // writes there.
+    assert_eq!(
+        ip.client_addr(&from("203.0.113.7:5000", "198.51.100.1")),
+        Ok(addr("203.0.113.7"))
+    );
+    assert_eq!(
+        ip.client_addr(&from("203.0.113.7:5000", "not-an-ip")),
+        Ok(addr("203.0.113.7"))
+    );
+    assert!(
+        same_bucket(
+            ip,
+            from("203.0.113.7:5000", "198.51.100.1"),
+            from("203.0.113.7:5000", "198.51.100.2")
+        )
+        .await
+    );
+}
+
+#[tokio::test]
 async fn rfc_7239_forwarded_with_quoted_ipv6_and_ports() {
-    let ip = behind_proxies().forwarded_header(ForwardedHeader::Forwarded);
+    let ip = behind_proxies().forwarded_header(FORWARDED);
     let via = |value: &str| from_peer("10.0.0.1:40000", &[("forwarded", value)]);
     assert_eq!(
         ip.client_addr(&via(
@@ -861,7 +938,7 @@ async fn an_all_trusted_chain_or_unknown_gives_no_key() {
     }
     // A trusted peer that sent no forwarding header at all: its own address is not used.
     assert_eq!(ip.client_addr(&from_peer("10.0.0.1:40000", &[])), Ok(None));
-    let forwarded = behind_proxies().forwarded_header(ForwardedHeader::Forwarded);
+    let forwarded = behind_proxies().forwarded_header(FORWARDED);
     assert_eq!(
         forwarded.client_addr(&from_peer("10.0.0.1:1", &[("forwarded", "for=unknown")])),
         Ok(None)

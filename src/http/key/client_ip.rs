@@ -25,43 +25,57 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 ///
 /// - A peer that is not a trusted proxy is the client; its forwarding headers are ignored,
 ///   so a client cannot spoof its address.
-/// - A trusted peer's forwarding header (X-Forwarded-For by default, or RFC 7239 Forwarded)
-///   is read from right to left, skipping trusted proxies; the first untrusted address is
-///   the client. A request whose chain holds only trusted addresses, or `unknown`, has no
-///   key (the load balancer's own address is never used); an entry that is not an address
-///   is rejected with 400. Entries are decoded one at a time and only as far as needed:
+/// - A trusted peer's forwarding header is read from right to left, skipping trusted
+///   proxies; the first untrusted address is the client. The header is X-Forwarded-For by
+///   default; [`ClientIp::forwarded_header`] chooses RFC 7239 Forwarded, or another header
+///   holding a list of addresses or just one (`X-Real-IP`, `CF-Connecting-IP`). A request
+///   whose chain holds only trusted addresses, or `unknown`, has no key (the load
+///   balancer's own address is never used); an entry that is not an address is rejected
+///   with 400. Entries are decoded one at a time and only as far as needed:
 ///   whatever lies left of the client's address (written by the client itself, any bytes at
 ///   all) is never read. Several lines of the header count as one list, in order.
 /// - IPv6 clients are grouped by their /64 network by default (one host usually owns a
 ///   whole /64); see [`ClientIp::ipv6_prefix`]. IPv4-mapped IPv6 addresses count as IPv4.
 ///
 /// ```
-/// use tollgate::key::{ClientIp, ForwardedHeader};
+/// use http::header::FORWARDED;
+/// use tollgate::key::ClientIp;
 ///
 /// let behind_lb = ClientIp::new()
 ///     .trusted_proxies(["10.0.0.0/8", "fd00::/8"])?
-///     .forwarded_header(ForwardedHeader::XForwardedFor);
+///     .forwarded_header(FORWARDED);
 /// assert!(behind_lb.trusts("10.1.2.3".parse().unwrap()));
 /// # Ok::<(), tollgate::BuildError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct ClientIp {
     trusted: TrustedProxies,
-    header: ForwardedHeader,
+    header: HeaderName,
+    grammar: Grammar,
     ipv6_prefix: u8,
     /// Set once the missing peer address has been reported; shared by clones.
     warned_no_peer: Arc<AtomicBool>,
 }
 
-/// Which forwarding header trusted proxies write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2`.
-    #[default]
-    XForwardedFor,
-    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+/// How the forwarding header's entries are written: decided once, from the header's name,
+/// so that no request compares names.
+#[derive(Clone, Copy, Debug)]
+enum Grammar {
+    /// Bare addresses, `client, proxy1, proxy2`, as X-Forwarded-For writes them (a
+    /// single-address header is a list of one).
+    AddressList,
+    /// RFC 7239 forwarded-elements, `for=client, for=proxy1;proto=https`.
     Forwarded,
+}
+
+impl Grammar {
+    fn of(name: &HeaderName) -> Self {
+        if name == FORWARDED {
+            Grammar::Forwarded
+        } else {
+            Grammar::AddressList
+        }
+    }
 }
 
 impl ClientIp {
@@ -69,7 +83,8 @@ impl ClientIp {
     pub fn new() -> Self {
         Self {
             trusted: TrustedProxies::default(),
-            header: ForwardedHeader::default(),
+            header: X_FORWARDED_FOR,
+            grammar: Grammar::AddressList,
             ipv6_prefix: 64,
             warned_no_peer: Arc::new(AtomicBool::new(false)),
         }
@@ -106,9 +121,43 @@ impl ClientIp {
         self.trusted.contains(addr)
     }
 
-    /// Chooses the forwarding header that the trusted proxies write.
-    pub fn forwarded_header(mut self, header: ForwardedHeader) -> Self {
-        self.header = header;
+    /// Chooses the header in which the trusted proxies write the client's address;
+    /// `x-forwarded-for` is the default.
+    ///
+    /// - [`FORWARDED`](http::header::FORWARDED) is read as RFC 7239 says: the `for=`
+    ///   parameter of each forwarded-element (`for="[2001:db8::1]:4711";proto=https`).
+    /// - Any other header is read as X-Forwarded-For is: a comma-separated list of addresses
+    ///   (`client, proxy1, proxy2`, ports and brackets allowed), right to left through the
+    ///   trusted proxies. A header in which a load balancer writes only the client's address
+    ///   (`cf-connecting-ip`, `x-real-ip`, `true-client-ip`) is a list of one.
+    ///
+    /// Name only a header that every trusted proxy writes (replacing the client's value, or
+    /// appending to it): one they pass through untouched holds whatever the client wrote.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use http::HeaderName;
+    /// use http::header::FORWARDED;
+    /// use tollgate::key::ClientIp;
+    ///
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert("10.0.0.9:41000".parse::<SocketAddr>().unwrap());
+    /// let headers = request.headers_mut();
+    /// headers.insert("x-forwarded-for", "198.51.100.1, 10.0.0.4".parse().unwrap());
+    /// headers.insert(FORWARDED, "for=198.51.100.2;proto=https".parse().unwrap());
+    /// headers.insert("cf-connecting-ip", "198.51.100.3".parse().unwrap());
+    ///
+    /// let behind_lb = ClientIp::new().trusted_proxies(["10.0.0.0/8"])?;
+    /// let client = |ip: &ClientIp| ip.client_addr(&request).unwrap().unwrap().to_string();
+    /// assert_eq!(client(&behind_lb), "198.51.100.1");
+    /// assert_eq!(client(&behind_lb.clone().forwarded_header(FORWARDED)), "198.51.100.2");
+    /// let cloudflare = behind_lb.forwarded_header(HeaderName::from_static("cf-connecting-ip"));
+    /// assert_eq!(client(&cloudflare), "198.51.100.3");
+    /// # Ok::<(), tollgate::BuildError>(())
+    /// ```
+    pub fn forwarded_header(mut self, name: HeaderName) -> Self {
+        self.grammar = Grammar::of(&name);
+        self.header = name;
         self
     }
 
@@ -163,26 +212,22 @@ impl ClientIp {
         if !self.trusted.contains(peer) {
             return Ok(Some(peer));
         }
-        let name = match self.header {
-            ForwardedHeader::XForwardedFor => X_FORWARDED_FOR,
-            ForwardedHeader::Forwarded => FORWARDED,
-        };
         // Header lines are read last to first, entries right to left: the rightmost entries
         // were written by the proxies closest to us, the only ones we can vouch for. Each
         // entry is decoded only when it is reached, so whatever the client wrote left of
         // its own address (any bytes at all) is never read.
-        for line in request.headers().get_all(&name).iter().rev() {
+        for line in request.headers().get_all(&self.header).iter().rev() {
             for entry in line.as_bytes().rsplit(|byte| *byte == b',') {
-                let hop = match self.header {
-                    ForwardedHeader::XForwardedFor => parse_node_bytes(entry.trim_ascii()),
-                    ForwardedHeader::Forwarded => parse_forwarded_element(entry),
+                let hop = match self.grammar {
+                    Grammar::AddressList => parse_node_bytes(entry.trim_ascii()),
+                    Grammar::Forwarded => parse_forwarded_element(entry),
                 };
                 match hop {
                     Hop::Addr(addr) if self.trusted.contains(canonical(addr)) => continue,
                     Hop::Addr(addr) => return Ok(Some(canonical(addr))),
                     Hop::Empty => continue,
                     Hop::Unknown => return Ok(None),
-                    Hop::Malformed => return Err(malformed(&name)),
+                    Hop::Malformed => return Err(malformed(&self.header)),
                 }
             }
         }

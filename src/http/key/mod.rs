@@ -19,7 +19,7 @@ use http::{Request, StatusCode};
 
 use crate::store::caller::Caller;
 
-pub use client_ip::{ClientIp, ForwardedHeader};
+pub use client_ip::ClientIp;
 pub use configured::ConfiguredKey;
 pub use extension::ExtensionKey;
 pub use header::HeaderKey;

@@ -351,6 +351,67 @@ fn an_absent_field_is_an_error_and_an_empty_one_an_empty_list() {
 }
 
 #[test]
+fn retry_after_reads_seconds_and_the_three_date_forms() {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    let mut map = http::HeaderMap::new();
+    map.insert(http::header::RETRY_AFTER, HeaderValue::from_static("120"));
+    let after: RetryAfter = headers::HeaderMapExt::typed_get(&map).unwrap();
+    assert_eq!(after.wait_from(UNIX_EPOCH), Duration::from_secs(120));
+
+    // 1994-11-06 08:49:37 UTC, as IMF-fixdate, RFC 850 and asctime write it.
+    let date = UNIX_EPOCH + Duration::from_secs(784_111_777);
+    for value in [
+        &b"Sun, 06 Nov 1994 08:49:37 GMT"[..],
+        b"Sunday, 06-Nov-94 08:49:37 GMT",
+        b"Sun Nov  6 08:49:37 1994",
+    ] {
+        let after = RetryAfter::parse(value).unwrap();
+        assert_eq!(after, RetryAfter::from_date(date), "{value:?}");
+        assert_eq!(
+            after.wait_from(date - Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+        // A date already past asks for no wait.
+        assert_eq!(
+            after.wait_from(date + Duration::from_secs(5)),
+            Duration::ZERO
+        );
+    }
+
+    for value in [&b"-5"[..], b"soon", b"1.5", b""] {
+        assert!(RetryAfter::parse(value).is_err(), "{value:?}");
+    }
+    // More seconds than a u64 holds: as good as forever, not an error.
+    assert_eq!(
+        RetryAfter::parse(b"99999999999999999999999")
+            .unwrap()
+            .wait_from(UNIX_EPOCH),
+        Duration::from_secs(u64::MAX)
+    );
+}
+
+#[test]
+fn retry_after_rounds_a_delay_up_and_a_date_down() {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    // A client told to wait never calls early.
+    assert_eq!(
+        RetryAfter::from_delay(Duration::from_millis(1_200)),
+        RetryAfter::parse(b"2").unwrap()
+    );
+    assert_eq!(
+        RetryAfter::from_delay(Duration::from_secs(3)).wait_from(UNIX_EPOCH),
+        Duration::from_secs(3)
+    );
+    // An HTTP date holds whole seconds.
+    assert_eq!(
+        RetryAfter::from_date(UNIX_EPOCH + Duration::from_millis(1_700_000_000_900)),
+        RetryAfter::from_date(UNIX_EPOCH + Duration::from_secs(1_700_000_000))
+    );
+}
+
+#[test]
 fn errors_say_what_is_wrong() {
     let cases: [(&[u8], &str); 7] = [
         (b"\"a\";r=1,", "trailing"),
