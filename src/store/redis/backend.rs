@@ -14,9 +14,7 @@ use super::link::{Endpoint, Link, LinkConfig};
 use super::sentinel::SentinelMaster;
 use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{
-    Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind,
-};
+use crate::store::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
 use crate::store::domain::FailureDomain;
@@ -97,11 +95,10 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// out; one made while a lost connection is made again falls back at once, with the same
 /// reason. While Redis refuses the connection (it was killed, or nothing listens on its
 /// port), decisions fall back at once with the reason `refused`, and [`ping`](Self::ping)
-/// answers a [`StoreErrorKind::Unavailable`] error saying the connection was refused. A
-/// lost connection is
-/// noticed when a call finds it dropped, or within [100 ms of silence and a
-/// `PING`](RedisBackendBuilder::response_timeout) when nothing is being asked, and made again
-/// at once, then after a jittered backoff of 25 ms doubling to 250 ms
+/// answers an [unavailable](StoreError::is_unavailable) error saying the connection was
+/// refused. A lost connection is noticed when a call finds it dropped, or within [100 ms of
+/// silence and a `PING`](RedisBackendBuilder::response_timeout) when nothing is being
+/// asked, and made again at once, then after a jittered backoff of 25 ms doubling to 250 ms
 /// ([`reconnect_backoff`](RedisBackendBuilder::reconnect_backoff)): a Redis that comes back
 /// (refused, blackholed, or restarted empty) is decided on again within about a second,
 /// the limiter's breaker included. Commands are never queued for later or replayed: a
@@ -301,9 +298,9 @@ impl RedisBackend {
     /// Waits until the connection made in the background is there (at most the connect
     /// timeout) and checks that Redis answers: for start-up and health checks. A Redis
     /// that refuses the connection (not started, killed, a closed port) is reported as
-    /// such: [`StoreErrorKind::Unavailable`], "refused the connection". Decisions
-    /// made before the connection is there fall back at once, so a service that pings at
-    /// start-up makes its first decisions on the store.
+    /// such: an [unavailable](StoreError::is_unavailable) error, "refused the connection".
+    /// Decisions made before the connection is there fall back at once, so a service that
+    /// pings at start-up makes its first decisions on the store.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() {
@@ -332,10 +329,7 @@ impl RedisBackend {
         if reply == 1 {
             Ok(())
         } else {
-            Err(StoreError::new(
-                StoreErrorKind::Other,
-                "unexpected answer to the ping script",
-            ))
+            Err(StoreError::other("unexpected answer to the ping script"))
         }
     }
 
@@ -432,7 +426,7 @@ impl Connection {
 
     /// Runs `script` with `keys` and `args` within `timeout`; on timeout the call is
     /// dropped, so nothing is queued or sent later. Without a connection it fails at once
-    /// ([`StoreErrorKind::NotConnected`]).
+    /// ([`StoreError::not_connected`]).
     pub(super) async fn run<T: redis::FromRedisValue>(
         self,
         script: &Script,
@@ -472,39 +466,35 @@ impl Connection {
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no answer from Redis within {timeout:?}"),
-            )),
+            Err(_) => Err(StoreError::timeout(format!(
+                "no answer from Redis within {timeout:?}"
+            ))),
         }
     }
 }
 
 fn store_error(error: &RedisError) -> StoreError {
-    let kind = if error.is_timeout() {
-        StoreErrorKind::Timeout
+    let message = error.to_string();
+    if error.is_timeout() {
+        StoreError::timeout(message)
     } else if error.is_connection_refusal()
         || error.is_connection_dropped()
         || error.is_io_error()
         // A cluster node the client has no connection to (it is down, or being reconnected).
         || error.kind() == ErrorKind::ClusterConnectionNotFound
     {
-        StoreErrorKind::Unavailable
+        StoreError::unavailable(message)
     } else {
-        StoreErrorKind::Other
-    };
-    StoreError::new(kind, error.to_string())
+        StoreError::other(message)
+    }
 }
 
 fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError> {
     if reply.len() != 2 + 3 * limits {
-        return Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!(
-                "the decision script returned {} values for {limits} policies",
-                reply.len()
-            ),
-        ));
+        return Err(StoreError::other(format!(
+            "the decision script returned {} values for {limits} policies",
+            reply.len()
+        )));
     }
     let counted_at = u64::try_from(reply[reply.len() - 1]).unwrap_or(0);
     let outcomes = reply[1..reply.len() - 1]
@@ -766,7 +756,7 @@ impl RedisBackendBuilder {
     /// called outside a Tokio runtime (the task that keeps its connection starts at once).
     /// A cluster backend built outside a runtime starts its task at its first decision.
     pub fn build(self) -> Result<RedisBackend, StoreError> {
-        let invalid = |message: String| StoreError::new(StoreErrorKind::Other, message);
+        let invalid = |message: String| StoreError::other(message);
         if self.prefix.contains(['{', '}']) {
             return Err(invalid(format!(
                 "the key prefix {:?} may not contain braces",
