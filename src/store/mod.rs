@@ -58,7 +58,5 @@ pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
-#[cfg(feature = "redis")]
-pub use redis::registry::InstanceRegistryBuilder;
 pub use slots::SlotStore;
 pub use state::PolicyState;
