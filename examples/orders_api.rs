@@ -447,12 +447,7 @@ async fn app(
                  instances this deployment runs, divided by until the live count first answers \
                  (an instance started while Redis is unreachable knows no other count)",
             )?;
-            Some(
-                InstanceRegistry::builder(store)
-                    .initial_count(expected)
-                    .start()
-                    .map_err(|e| e.to_string())?,
-            )
+            Some(InstanceRegistry::start(store, expected).map_err(|e| e.to_string())?)
         }
         _ => None,
     };

@@ -272,7 +272,7 @@ impl Scenario {
     ///     FaultKind, FaultSwitch, Phase, PolicyName, Scenario, SimulationError,
     /// };
     /// use tollgate::future::StoreFuture;
-    /// use tollgate::store::{Backend, CallerKey, CheckOutcome, StoreError, StoreErrorKind};
+    /// use tollgate::store::{Backend, CallerKey, CheckOutcome, StoreError};
     /// use tollgate::{InMemoryBackend, Policy};
     ///
     /// /// A store that fails while its switch is on.
@@ -287,7 +287,7 @@ impl Scenario {
     ///         cost: u64,
     ///     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
     ///         if self.1.load(Ordering::SeqCst) {
-    ///             let down = StoreError::new(StoreErrorKind::Unavailable, "down");
+    ///             let down = StoreError::unavailable("down");
     ///             return StoreFuture::ready(Err(down));
     ///         }
     ///         self.0.check(caller, limits, cost)

@@ -16,7 +16,7 @@ use tollgate::Policy;
 use tollgate::future::StoreFuture;
 use tollgate::store::CallerKey;
 use tollgate::store::Clock;
-use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
+use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 
 /// How the store fails during the outage.
 ///
@@ -195,7 +195,7 @@ impl FaultyStore {
 
 /// The answer to a call whose store went away before answering.
 fn store_gone() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "store gone")
+    StoreError::unavailable("store gone")
 }
 
 impl Backend for FaultyStore {
@@ -207,8 +207,7 @@ impl Backend for FaultyStore {
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         match self.fault.get() {
             None => self.counters.check(caller, limits, cost),
-            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
+            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::unavailable(
                 "connection refused (simulated)",
             ))),
             Some(FaultKind::Blackhole) => StoreFuture::boxed(std::future::pending()),
@@ -230,8 +229,7 @@ impl Backend for FaultyStore {
     ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         Some(match self.fault.get() {
             None => self.counters.lease(caller, limits, cost, units)?,
-            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
+            Some(FaultKind::Refuse) => StoreFuture::ready(Err(StoreError::unavailable(
                 "connection refused (simulated)",
             ))),
             Some(FaultKind::Blackhole) => StoreFuture::boxed(std::future::pending()),
@@ -255,10 +253,7 @@ impl Backend for FaultyStore {
     ) -> StoreFuture<Result<(), StoreError>> {
         match self.fault.get() {
             None => self.counters.refund(caller, limits, refund),
-            Some(_) => StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "store down (simulated)",
-            ))),
+            Some(_) => StoreFuture::ready(Err(StoreError::unavailable("store down (simulated)"))),
         }
     }
 

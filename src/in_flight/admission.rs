@@ -101,13 +101,10 @@ impl Shared {
             tokio::time::timeout(self.settings.timeout, asked)
                 .await
                 .unwrap_or_else(|_| {
-                    Err(StoreError::new(
-                        StoreErrorKind::Timeout,
-                        format!(
-                            "no answer from the store within {:?}",
-                            self.settings.timeout
-                        ),
-                    ))
+                    Err(StoreError::timeout(format!(
+                        "no answer from the store within {:?}",
+                        self.settings.timeout
+                    )))
                 })
         } else {
             asked.await
@@ -159,7 +156,7 @@ impl Shared {
             StoreErrorKind::Timeout => "timeout",
             StoreErrorKind::Unavailable => "refused",
             StoreErrorKind::NotConnected => "not_connected",
-            _ => "other_error",
+            StoreErrorKind::Other => "other_error",
         };
         metrics::counter!(
             FALLBACKS,

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::StoreError;
 use crate::store::clock::Clock;
 use crate::store::random::RandomSource;
 
@@ -499,7 +499,7 @@ impl Permit {
     /// interval (see [`Breaker::connected`]).
     pub(crate) fn failed(self, error: &StoreError) {
         if let Some(breaker) = &self.breaker {
-            let no_connection = error.kind() == StoreErrorKind::NotConnected;
+            let no_connection = error.is_not_connected();
             breaker
                 .shared
                 .waiting_for_connection
@@ -731,7 +731,7 @@ mod tests {
     fn without_a_connection_the_breaker_opens_and_waits_for_the_connection() {
         let clock = ManualClock::new(0);
         let b = breaker(&clock, 0.0);
-        let not_connected = StoreError::new(StoreErrorKind::NotConnected, "no connection");
+        let not_connected = StoreError::not_connected("no connection");
         // Calls that found no connection open the breaker like any failure.
         for _ in 0..5 {
             call(&b).failed(&not_connected);
@@ -755,7 +755,7 @@ mod tests {
         call(&b).success();
         assert_eq!(b.state(), BreakerState::Closed);
         // Opened by the store's own failures, the breaker keeps its interval.
-        let refused = StoreError::new(StoreErrorKind::Unavailable, "refused");
+        let refused = StoreError::unavailable("refused");
         for _ in 0..5 {
             call(&b).failed(&refused);
         }

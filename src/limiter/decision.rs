@@ -546,7 +546,7 @@ impl FallbackReason {
             StoreErrorKind::Timeout => FallbackReason::Timeout,
             StoreErrorKind::Unavailable => FallbackReason::Refused,
             StoreErrorKind::NotConnected => FallbackReason::NotConnected,
-            _ => FallbackReason::OtherError,
+            StoreErrorKind::Other => FallbackReason::OtherError,
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::limiter::breaker::{
     Admission, Breaker, BreakerConfig, BreakerState, Jitter, default_jitter,
 };
 use crate::limiter::telemetry::FallbackCounters;
-use crate::store::backend::{Backend, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, StoreError};
 use crate::store::clock::Clock;
 use crate::store::domain::FailureDomain;
 
@@ -54,10 +54,7 @@ impl Domain {
 
 /// The error of a decision whose part of the store has no connection: no call was made.
 pub(crate) fn not_connected() -> StoreError {
-    StoreError::new(
-        StoreErrorKind::NotConnected,
-        "no connection to this part of the store: it was not asked",
-    )
+    StoreError::not_connected("no connection to this part of the store: it was not asked")
 }
 
 impl Factory {

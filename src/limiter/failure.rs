@@ -20,7 +20,7 @@ use crate::limiter::policy_set::PolicySet;
 use crate::limiter::reported_set::ReportedSet;
 use crate::limiter::telemetry::FallbackCounters;
 use crate::store::algorithm::{Algorithm, PolicyOutcome, Share};
-use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::memory::InMemoryBackend;
@@ -427,7 +427,7 @@ impl Fallback {
         self.local
             .refund(caller.key(), limits, refund)
             .try_take_ready()
-            .unwrap_or_else(|| Err(StoreError::new(StoreErrorKind::Other, "pending")))
+            .unwrap_or_else(|| Err(StoreError::other("pending")))
     }
 
     /// A refusal the store made that still holds, for a request of `cost` or more.

@@ -60,7 +60,7 @@ impl InstanceCount {
     ///
     /// # #[tokio::main] async fn main() {
     /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").prefix("orders").build().unwrap();
-    /// let registry = InstanceRegistry::builder(&store).initial_count(4).start().unwrap();
+    /// let registry = InstanceRegistry::start(&store, 4).unwrap();
     /// let failure = FailurePolicy::local_share(InstanceCount::registry(registry));
     /// # drop(failure); }
     /// ```

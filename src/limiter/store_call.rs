@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{Backend, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, Refund, StoreError};
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
@@ -73,18 +73,15 @@ impl StoreCall {
     /// connection, not for the store (and the breaker waits for the connection).
     pub(super) fn timed_out(&self, caller: &CallerKey, what: &str) -> StoreError {
         if self.backend.failure_domain(caller).is_connected() {
-            StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no {what} within the store timeout of {:?}", self.timeout),
-            )
+            StoreError::timeout(format!(
+                "no {what} within the store timeout of {:?}",
+                self.timeout
+            ))
         } else {
-            StoreError::new(
-                StoreErrorKind::NotConnected,
-                format!(
-                    "no connection to the store within the store timeout of {:?}",
-                    self.timeout
-                ),
-            )
+            StoreError::not_connected(format!(
+                "no connection to the store within the store timeout of {:?}",
+                self.timeout
+            ))
         }
     }
 

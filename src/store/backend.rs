@@ -114,8 +114,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
         let _ = (caller, limits, refund);
-        StoreFuture::ready(Err(StoreError::new(
-            StoreErrorKind::Other,
+        StoreFuture::ready(Err(StoreError::other(
             "this store does not give units back",
         )))
     }
@@ -390,12 +389,19 @@ impl fmt::Debug for CheckOutcome {
     }
 }
 
-/// Why a store could not decide.
+/// Why a store could not decide: what happened, as one of four kinds (each with its
+/// constructor and, but for "other", its predicate), and a message for logs.
+///
+/// The limiter falls back on any of them; the kind only names the reason (its
+/// [`kind_name`](Self::kind_name)) and, for [`not_connected`](Self::not_connected), lets its
+/// circuit breaker probe again as soon as the store is connected.
 ///
 /// ```
-/// use tollgate::store::{StoreError, StoreErrorKind};
-/// let error = StoreError::new(StoreErrorKind::Timeout, "no answer within 20 ms");
-/// assert_eq!(error.kind(), StoreErrorKind::Timeout);
+/// use tollgate::store::StoreError;
+/// let error = StoreError::timeout("no answer within 20 ms");
+/// assert!(error.is_timeout());
+/// assert_eq!(error.kind_name(), "timeout");
+/// assert_eq!(error.to_string(), "store timeout: no answer within 20 ms");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreError {
@@ -403,58 +409,154 @@ pub struct StoreError {
     message: Arc<str>,
 }
 
-/// The kind of a [`StoreError`], used as the reason of a fallback.
+/// The kind of a [`StoreError`], matched inside the crate to name a fallback's reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StoreErrorKind {
+pub(crate) enum StoreErrorKind {
     /// The store did not answer in time.
     Timeout,
     /// The store could not be reached (connection refused or lost).
     Unavailable,
     /// The store has no connection to ask yet (it is still being made, or made again): the
-    /// call was not made. The limiter's breaker counts it as a failure, and then lets a
-    /// probe through as soon as the connection is there again, without waiting out its
-    /// interval.
+    /// call was not made.
     NotConnected,
     /// Anything else: a script error, a protocol error.
     Other,
 }
 
-impl StoreErrorKind {
-    /// A short, stable name for logs and metric labels.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            StoreErrorKind::Timeout => "timeout",
-            StoreErrorKind::Unavailable => "unavailable",
-            StoreErrorKind::NotConnected => "not_connected",
-            StoreErrorKind::Other => "other",
-        }
-    }
-}
-
 impl StoreError {
-    /// An error of `kind` with a message for logs.
-    pub fn new(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
+    fn with_kind(kind: StoreErrorKind, message: impl Into<Arc<str>>) -> Self {
         Self {
             kind,
             message: message.into(),
         }
     }
 
-    /// What went wrong, as a kind.
-    pub fn kind(&self) -> StoreErrorKind {
-        self.kind
+    /// The store did not answer in time.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let error = StoreError::timeout("no answer within 20 ms");
+    /// assert!(error.is_timeout() && !error.is_unavailable());
+    /// ```
+    pub fn timeout(message: impl Into<Arc<str>>) -> Self {
+        Self::with_kind(StoreErrorKind::Timeout, message)
+    }
+
+    /// The store could not be reached: it refused the connection, or the connection was
+    /// lost.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let error = StoreError::unavailable("connection refused");
+    /// assert!(error.is_unavailable());
+    /// assert_eq!(error.kind_name(), "unavailable");
+    /// ```
+    pub fn unavailable(message: impl Into<Arc<str>>) -> Self {
+        Self::with_kind(StoreErrorKind::Unavailable, message)
+    }
+
+    /// The store has no connection to ask yet (it is still being made, or made again), so
+    /// the call was not made. The limiter's breaker counts it as a failure, and then lets a
+    /// probe through as soon as the connection is there again, without waiting out its
+    /// interval.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let error = StoreError::not_connected("reconnecting");
+    /// assert!(error.is_not_connected());
+    /// assert_eq!(error.kind_name(), "not_connected");
+    /// ```
+    pub fn not_connected(message: impl Into<Arc<str>>) -> Self {
+        Self::with_kind(StoreErrorKind::NotConnected, message)
+    }
+
+    /// Anything else: a script error, a protocol error, an answer of the wrong shape.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let error = StoreError::other("the script returned 3 values for 2 policies");
+    /// assert!(!error.is_timeout() && !error.is_unavailable() && !error.is_not_connected());
+    /// assert_eq!(error.kind_name(), "other");
+    /// ```
+    pub fn other(message: impl Into<Arc<str>>) -> Self {
+        Self::with_kind(StoreErrorKind::Other, message)
+    }
+
+    /// Whether the store did not answer in time ([`timeout`](Self::timeout)).
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// assert!(StoreError::timeout("no answer").is_timeout());
+    /// assert!(!StoreError::other("bad reply").is_timeout());
+    /// ```
+    pub fn is_timeout(&self) -> bool {
+        self.kind == StoreErrorKind::Timeout
+    }
+
+    /// Whether the store could not be reached ([`unavailable`](Self::unavailable)).
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// assert!(StoreError::unavailable("connection refused").is_unavailable());
+    /// assert!(!StoreError::not_connected("reconnecting").is_unavailable());
+    /// ```
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == StoreErrorKind::Unavailable
+    }
+
+    /// Whether the store had no connection to make the call on
+    /// ([`not_connected`](Self::not_connected)).
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// assert!(StoreError::not_connected("reconnecting").is_not_connected());
+    /// assert!(!StoreError::unavailable("connection refused").is_not_connected());
+    /// ```
+    pub fn is_not_connected(&self) -> bool {
+        self.kind == StoreErrorKind::NotConnected
+    }
+
+    /// A short, stable name of the kind, for logs and metric labels: `"timeout"`,
+    /// `"unavailable"`, `"not_connected"` or `"other"`.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let names = [
+    ///     StoreError::timeout("").kind_name(),
+    ///     StoreError::unavailable("").kind_name(),
+    ///     StoreError::not_connected("").kind_name(),
+    ///     StoreError::other("").kind_name(),
+    /// ];
+    /// assert_eq!(names, ["timeout", "unavailable", "not_connected", "other"]);
+    /// ```
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            StoreErrorKind::Timeout => "timeout",
+            StoreErrorKind::Unavailable => "unavailable",
+            StoreErrorKind::NotConnected => "not_connected",
+            StoreErrorKind::Other => "other",
+        }
     }
 
     /// What went wrong, in words.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// assert_eq!(StoreError::unavailable("connection refused").message(), "connection refused");
+    /// ```
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What went wrong, as a kind, for the crate's exhaustive matches.
+    pub(crate) fn kind(&self) -> StoreErrorKind {
+        self.kind
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "store {}: {}", self.kind.as_str(), self.message)
+        write!(f, "store {}: {}", self.kind_name(), self.message)
     }
 }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 /// - [`Policy::try_new`](crate::Policy::try_new) and the
 ///   [`Algorithm`](crate::store::Algorithm) `try_` constructors: a policy's name and
 ///   numbers;
-/// - `InstanceRegistryBuilder::start` (the `redis` feature): the registry's heartbeat,
-///   instance id and initial count;
+/// - `InstanceRegistry::start` (the `redis` feature): the heartbeat and instance id its
+///   store was built with, and its initial count;
 /// - the definitions of `tollgate::config` (the `serde` feature): each of the above, and a
 ///   field, key or failure policy that a file names wrongly.
 ///
@@ -102,8 +102,8 @@ pub enum BuildError {
     },
     /// An instance registry's instance id is empty or holds a control character.
     InvalidInstanceId(String),
-    /// An instance registry was given no `initial_count` (or 0): an instance started while
-    /// Redis is unreachable would divide by 1 until its first heartbeat answers.
+    /// An instance registry was started with an `initial_count` of 0: an instance started
+    /// while Redis is unreachable would divide by 1 until its first heartbeat answers.
     NoInitialCount,
     /// An instance registry was started outside a Tokio runtime, where its background task
     /// cannot run.

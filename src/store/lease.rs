@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::store::backend::{Backend, CheckOutcome, LeaseGrant, StoreError, StoreErrorKind};
+use crate::store::backend::{Backend, CheckOutcome, LeaseGrant, StoreError};
 use crate::store::caller::CallerKey;
 use crate::store::policy::Policy;
 
@@ -23,8 +23,7 @@ pub(crate) fn lease_by_checks(
             .check(caller, limits, units)
             .try_take_ready()
             .unwrap_or_else(|| {
-                Err(StoreError::new(
-                    StoreErrorKind::Other,
+                Err(StoreError::other(
                     "an in-process lease needs a store that answers at once",
                 ))
             })

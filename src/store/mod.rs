@@ -11,8 +11,9 @@
 //! What a custom [`Backend`] uses (tests/it/custom_backend.rs is one):
 //!
 //! - the trait and what it answers: [`Backend`], [`CheckOutcome`] of [`PolicyOutcome`]s,
-//!   [`LeaseGrant`], [`StoreError`] of a [`StoreErrorKind`], [`FailureDomain`], and the
-//!   [`StoreFuture`](crate::future::StoreFuture) that carries them;
+//!   [`LeaseGrant`], [`StoreError`] (a timeout, an unavailable or unconnected store, or
+//!   another failure), [`FailureDomain`], and the [`StoreFuture`](crate::future::StoreFuture)
+//!   that carries them;
 //! - what it is asked: the [`CallerKey`], the [`Policy`](crate::Policy)s, a [`Refund`];
 //! - the arithmetic, so that it decides as the crate's stores do:
 //!   [`PolicyState::evaluate`] over the [`PolicyState`]s it keeps, and
@@ -51,13 +52,11 @@ pub(crate) mod slots;
 pub(crate) mod state;
 
 pub use algorithm::{Algorithm, PolicyOutcome};
-pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind};
+pub use backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 pub use caller::CallerKey;
 pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
-#[cfg(feature = "redis")]
-pub use redis::registry::InstanceRegistryBuilder;
 pub use slots::SlotStore;
 pub use state::PolicyState;

@@ -9,7 +9,7 @@ use tollgate::Policy;
 use tollgate::future::StoreFuture;
 use tollgate::{
     InMemoryBackend,
-    store::{Backend, CallerKey, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind},
+    store::{Backend, CallerKey, CheckOutcome, LeaseGrant, Refund, StoreError},
 };
 
 /// An [`InMemoryBackend`] that reports itself remote; clones share the store and the switch.
@@ -42,10 +42,7 @@ impl Backend for Remote {
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "taken down by the test",
-            )));
+            return StoreFuture::ready(Err(StoreError::unavailable("taken down by the test")));
         }
         self.store.check(caller, policies, cost)
     }
@@ -57,10 +54,7 @@ impl Backend for Remote {
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "taken down by the test",
-            )));
+            return StoreFuture::ready(Err(StoreError::unavailable("taken down by the test")));
         }
         self.store.refund(caller, policies, refund)
     }
@@ -73,8 +67,7 @@ impl Backend for Remote {
         units: u64,
     ) -> Option<StoreFuture<Result<LeaseGrant, StoreError>>> {
         if self.down.load(Ordering::SeqCst) {
-            return Some(StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
+            return Some(StoreFuture::ready(Err(StoreError::unavailable(
                 "taken down by the test",
             ))));
         }

@@ -16,7 +16,6 @@ use tollgate::future::StoreFuture;
 use tollgate::response::{ProblemType, ResponseBody};
 use tollgate::store::{
     Backend, CallerKey, CheckOutcome, Clock, ManualClock, PolicyState, Refund, StoreError,
-    StoreErrorKind,
 };
 use tollgate::{
     Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, LimiterBuilder, Policy, Quota,
@@ -209,15 +208,15 @@ impl Backend for EagerLocal {
 /// A store that is down: every call fails, at once or after a wait.
 #[derive(Debug)]
 struct Down {
-    kind: StoreErrorKind,
+    error: StoreError,
     delay: Option<Duration>,
     calls: AtomicUsize,
 }
 
 impl Down {
-    fn new(kind: StoreErrorKind, delay: Option<Duration>) -> Arc<Self> {
+    fn new(error: StoreError, delay: Option<Duration>) -> Arc<Self> {
         Arc::new(Self {
-            kind,
+            error,
             delay,
             calls: AtomicUsize::new(0),
         })
@@ -232,7 +231,7 @@ impl Backend for Down {
         _cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
-        let error = StoreError::new(self.kind, "connection refused");
+        let error = self.error.clone();
         match self.delay {
             None => StoreFuture::ready(Err(error)),
             Some(delay) => StoreFuture::boxed(async move {
@@ -464,17 +463,23 @@ async fn a_failing_store_with_fail_open_lets_requests_through() {
     let clock = ManualClock::new(START_MS);
     for (store, policy) in [
         (
-            Down::new(StoreErrorKind::Unavailable, None),
+            Down::new(StoreError::unavailable("connection refused"), None),
             Some(FailurePolicy::Open),
         ),
         (
-            Down::new(StoreErrorKind::Other, None),
+            Down::new(StoreError::other("a script error"), None),
             Some(FailurePolicy::open()),
         ),
         // Failing open is the default.
-        (Down::new(StoreErrorKind::Unavailable, None), None),
         (
-            Down::new(StoreErrorKind::Unavailable, Some(Duration::from_millis(2))),
+            Down::new(StoreError::unavailable("connection refused"), None),
+            None,
+        ),
+        (
+            Down::new(
+                StoreError::unavailable("connection refused"),
+                Some(Duration::from_millis(2)),
+            ),
             Some(FailurePolicy::Open),
         ),
     ] {
@@ -504,9 +509,12 @@ async fn a_failing_store_with_fail_open_lets_requests_through() {
 async fn a_failing_store_with_fail_closed_answers_503() {
     let clock = ManualClock::new(START_MS);
     for store in [
-        Down::new(StoreErrorKind::Unavailable, None),
-        Down::new(StoreErrorKind::Timeout, None),
-        Down::new(StoreErrorKind::Other, Some(Duration::from_millis(2))),
+        Down::new(StoreError::unavailable("connection refused"), None),
+        Down::new(StoreError::timeout("no answer"), None),
+        Down::new(
+            StoreError::other("a script error"),
+            Some(Duration::from_millis(2)),
+        ),
     ] {
         let mut svc = by_customer(down_limiter(
             store.clone(),
@@ -542,7 +550,7 @@ async fn a_failing_store_with_fail_closed_answers_503() {
     // Another status where the route asks for one; never 500, whatever is asked for.
     let with_status = |status: StatusCode| -> Svc {
         let limiter = down_limiter(
-            Down::new(StoreErrorKind::Unavailable, None),
+            Down::new(StoreError::unavailable("connection refused"), None),
             Some(FailurePolicy::closed()),
             &clock,
         );

@@ -4,28 +4,30 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate::store::InstanceRegistryBuilder;
+use tollgate::store::RedisBackendBuilder;
 use tollgate::{BuildError, InstanceRegistry, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::redis::RedisServer;
 
-fn store(url: &str) -> RedisBackend {
+fn store_builder(url: &str) -> RedisBackendBuilder {
     RedisBackend::builder(url)
         .prefix("orders")
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(200))
-        .build()
-        .unwrap()
 }
 
-/// Started expecting itself alone until the first heartbeat answers: the tests watch the
-/// count from there.
-fn start(builder: InstanceRegistryBuilder) -> InstanceRegistry {
-    builder.initial_count(1).start().unwrap()
+fn store(url: &str) -> RedisBackend {
+    store_builder(url).build().unwrap()
+}
+
+/// A registry on the store `builder` builds, started expecting itself alone until the
+/// first heartbeat answers: the tests watch the count from there.
+fn start(builder: RedisBackendBuilder) -> InstanceRegistry {
+    InstanceRegistry::start(&builder.build().unwrap(), 1).unwrap()
 }
 
 /// A registry that counts as the instance `id` (as if it ran in a process of its own).
 fn instance(url: &str, id: &str) -> InstanceRegistry {
-    start(InstanceRegistry::builder(&store(url)).instance_id(id))
+    start(store_builder(url).instance_id(id))
 }
 
 async fn until(what: &str, within: Duration, condition: impl Fn() -> bool) -> Duration {
@@ -93,8 +95,8 @@ async fn registries_in_one_process_count_as_one_instance() {
     let server = RedisServer::start();
     let every = Duration::from_millis(100);
     // Two registries with one prefix in one process (say, one per limiter): one instance.
-    let first = start(InstanceRegistry::builder(&store(&server.url())).heartbeat_every(every));
-    let second = start(InstanceRegistry::builder(&store(&server.url())).heartbeat_every(every));
+    let first = start(store_builder(&server.url()).instance_heartbeat(every));
+    let second = start(store_builder(&server.url()).instance_heartbeat(every));
     assert_eq!(first.id(), second.id());
     assert_eq!(first.key(), second.key());
     let lowest_highest = async {
@@ -118,8 +120,8 @@ async fn registries_in_one_process_count_as_one_instance() {
 
     // An instance named explicitly (another process, as far as the registry knows) counts.
     let other = start(
-        InstanceRegistry::builder(&store(&server.url()))
-            .heartbeat_every(every)
+        store_builder(&server.url())
+            .instance_heartbeat(every)
             .instance_id("other-process"),
     );
     assert_eq!(other.id(), "other-process");
@@ -145,9 +147,9 @@ async fn a_count_rebuilt_after_a_restart_never_replaces_the_trusted_one_early() 
     let url = server.url();
     let registry = |id: &str| {
         start(
-            InstanceRegistry::builder(&store(&url))
-                .heartbeat_every(every)
-                .live_within(window)
+            store_builder(&url)
+                .instance_heartbeat(every)
+                .instance_live_within(window)
                 .instance_id(id),
         )
     };
@@ -204,13 +206,13 @@ async fn a_count_rebuilt_after_a_restart_never_replaces_the_trusted_one_early() 
 #[tokio::test]
 async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
     let server = RedisServer::start();
-    let store = store(&server.url());
+    let url = server.url();
     // A beat every 5 s against a 3 s window: each instance would count only itself.
-    let error = InstanceRegistry::builder(&store)
-        .initial_count(1)
-        .heartbeat_every(Duration::from_secs(5))
-        .start()
-        .unwrap_err();
+    let slow = store_builder(&url)
+        .instance_heartbeat(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let error = InstanceRegistry::start(&slow, 1).unwrap_err();
     assert_eq!(
         error,
         BuildError::HeartbeatNotShorterThanWindow {
@@ -219,28 +221,27 @@ async fn a_heartbeat_not_shorter_than_the_window_is_refused() {
         }
     );
     assert!(error.to_string().contains("heartbeat"), "{error}");
-    let equal = InstanceRegistry::builder(&store)
-        .initial_count(1)
-        .heartbeat_every(Duration::from_secs(2))
-        .live_within(Duration::from_secs(2))
-        .start();
+    let equal = store_builder(&url)
+        .instance_heartbeat(Duration::from_secs(2))
+        .instance_live_within(Duration::from_secs(2))
+        .build()
+        .unwrap();
     assert!(matches!(
-        equal,
+        InstanceRegistry::start(&equal, 1),
         Err(BuildError::HeartbeatNotShorterThanWindow { .. })
     ));
-    let invalid = InstanceRegistry::builder(&store)
-        .initial_count(1)
-        .instance_id("")
-        .start();
-    assert!(matches!(invalid, Err(BuildError::InvalidInstanceId(_))));
+    let unnamed = store_builder(&url).instance_id("").build().unwrap();
+    assert!(matches!(
+        InstanceRegistry::start(&unnamed, 1),
+        Err(BuildError::InvalidInstanceId(_))
+    ));
 
     // A longer window makes the same interval fine.
-    let registry = InstanceRegistry::builder(&store)
-        .initial_count(1)
-        .heartbeat_every(Duration::from_secs(5))
-        .live_within(Duration::from_secs(12))
-        .start()
-        .unwrap();
+    let registry = start(
+        store_builder(&url)
+            .instance_heartbeat(Duration::from_secs(5))
+            .instance_live_within(Duration::from_secs(12)),
+    );
     until("it counts itself", Duration::from_secs(2), || {
         registry.live_instances() == 1
     })
@@ -254,13 +255,13 @@ fn starting_outside_a_tokio_runtime_is_an_error_not_a_panic() {
         .build()
         .unwrap();
     let store = runtime.block_on(async { store("redis://127.0.0.1:1/") });
-    let outside = InstanceRegistry::builder(&store).initial_count(1).start();
+    let outside = InstanceRegistry::start(&store, 1);
     assert_eq!(outside.unwrap_err(), BuildError::NoRuntime);
     drop(runtime);
 }
 
 /// Four instances restarted while Redis is unreachable have never heard from the registry:
-/// a registry started without the deployment's size is refused, and one given it divides
+/// a registry started with no deployment size (0) is refused, and one given it divides
 /// each local share by it until the first heartbeat answers. Two callers at 120/s each
 /// over the four instances, on virtual time: each held to its limit over every whole window
 /// of the share (50 a second shared by 4 is 12 a second on each instance).
@@ -273,12 +274,16 @@ async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     proxy.set(Fault::Refuse);
-    let unset = InstanceRegistry::builder(&store(&proxy.url()))
-        .instance_id("unset")
-        .start();
+    let unset = InstanceRegistry::start(
+        &store_builder(&proxy.url())
+            .instance_id("unset")
+            .build()
+            .unwrap(),
+        0,
+    );
     assert!(
         unset.is_err(),
-        "started in an outage with no count given, dividing by {:?}",
+        "started in an outage with an initial count of 0, dividing by {:?}",
         unset.as_ref().map(|registry| registry.live_instances())
     );
     assert_eq!(
@@ -294,11 +299,11 @@ async fn regression_instances_restarted_in_an_outage_never_divide_by_one() {
     down.set_down(true);
     let limiters: Vec<Limiter> = (0..4)
         .map(|i| {
-            let registry = InstanceRegistry::builder(&store(&proxy.url()))
+            let store = store_builder(&proxy.url())
                 .instance_id(format!("restarted-{i}"))
-                .initial_count(4)
-                .start()
+                .build()
                 .unwrap();
+            let registry = InstanceRegistry::start(&store, 4).unwrap();
             Limiter::builder()
                 .name("orders")
                 .backend(down.clone())

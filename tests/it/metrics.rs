@@ -32,14 +32,11 @@ fn a_scripted_run_shows_every_documented_metric() {
         let store = RedisBackend::builder(proxy.url())
             .prefix("orders")
             .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .instance_heartbeat(Duration::from_millis(100))
             .build()
             .unwrap();
         store.ping().await.unwrap();
-        let registry = InstanceRegistry::builder(&store)
-            .initial_count(1)
-            .heartbeat_every(Duration::from_millis(100))
-            .start()
-            .unwrap();
+        let registry = InstanceRegistry::start(&store, 1).unwrap();
         let limiter = Limiter::builder()
             .name("orders")
             .backend(store)
@@ -196,14 +193,11 @@ fn scripted_scrape() -> String {
             let store = RedisBackend::builder(proxy.url())
                 .prefix("orders")
                 .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
+                .instance_heartbeat(Duration::from_millis(100))
                 .build()
                 .unwrap();
             store.ping().await.unwrap();
-            let registry = InstanceRegistry::builder(&store)
-                .initial_count(1)
-                .heartbeat_every(Duration::from_millis(100))
-                .start()
-                .unwrap();
+            let registry = InstanceRegistry::start(&store, 1).unwrap();
             let limiter = Limiter::builder()
                 .name("orders")
                 .backend(store)

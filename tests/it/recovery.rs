@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tollgate::RedisBackend;
 use tollgate::decision::BreakerState;
 use tollgate::future::StoreFuture;
-use tollgate::store::{Backend, CallerKey, CheckOutcome, ManualClock, StoreError, StoreErrorKind};
+use tollgate::store::{Backend, CallerKey, CheckOutcome, ManualClock, StoreError};
 use tollgate::{Caller, Decision, FailurePolicy, InMemoryBackend, Limiter, Policy, Quota};
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
@@ -61,10 +61,7 @@ impl Backend for Switchable {
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         if self.down.load(Ordering::SeqCst) {
-            return StoreFuture::ready(Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the store is down",
-            )));
+            return StoreFuture::ready(Err(StoreError::unavailable("the store is down")));
         }
         self.inner.check(caller, limits, cost)
     }

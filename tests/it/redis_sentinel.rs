@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tollgate::decision::DecisionSource;
-use tollgate::store::CallerKey;
+use tollgate::store::{CallerKey, RedisBackendBuilder};
 use tollgate::{
     Caller, Decision, FailurePolicy, InstanceRegistry, Limiter, Policy, Quota, RedisBackend,
 };
@@ -23,9 +23,13 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(100);
 /// The capped caller's limit, per hour: reached well before the master is killed.
 const CAP: u64 = 200;
 
-fn store(deployment: &RedisSentinels) -> RedisBackend {
+fn store_builder(deployment: &RedisSentinels) -> RedisBackendBuilder {
     RedisBackend::sentinel_builder(deployment.sentinel_urls(), RedisSentinels::NAME)
         .prefix("sentinel")
+}
+
+fn store(deployment: &RedisSentinels) -> RedisBackend {
+    store_builder(deployment)
         .build()
         .expect("valid Sentinel URLs")
 }
@@ -351,20 +355,19 @@ fn the_instance_registry_beats_on_through_a_sentinel_failover() {
         .build()
         .unwrap();
     let registries: Vec<InstanceRegistry> = runtime.block_on(async {
-        let store = store(&deployment);
-        store.ping().await.expect("the master answers");
-        ["orders-a", "orders-b", "orders-c"]
-            .into_iter()
-            .map(|id| {
-                InstanceRegistry::builder(&store)
-                    .instance_id(id)
-                    .initial_count(3)
-                    .heartbeat_every(Duration::from_millis(200))
-                    .live_within(Duration::from_millis(1_000))
-                    .start()
-                    .expect("a valid registry")
-            })
-            .collect()
+        let mut registries = Vec::new();
+        // Three instances, as if each ran in a process of its own: a store each.
+        for id in ["orders-a", "orders-b", "orders-c"] {
+            let store = store_builder(&deployment)
+                .instance_id(id)
+                .instance_heartbeat(Duration::from_millis(200))
+                .instance_live_within(Duration::from_millis(1_000))
+                .build()
+                .expect("valid Sentinel URLs");
+            store.ping().await.expect("the master answers");
+            registries.push(InstanceRegistry::start(&store, 3).expect("a valid registry"));
+        }
+        registries
     });
     let counts = |registries: &[InstanceRegistry]| {
         registries

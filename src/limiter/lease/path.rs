@@ -18,7 +18,7 @@ use crate::limiter::lease::table::{Lease, Next, Step};
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{LeaseGrant, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{LeaseGrant, Refund, StoreError};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::domain::FailureDomain;
 use crate::store::future::StoreFuture;
@@ -207,10 +207,7 @@ impl Taking {
     /// guard no longer holds it.
     async fn answer(&mut self) -> Result<LeaseGrant, StoreError> {
         let Some(lease) = self.lease.as_mut() else {
-            return Err(StoreError::new(
-                StoreErrorKind::Other,
-                "the lease was answered already",
-            ));
+            return Err(StoreError::other("the lease was answered already"));
         };
         match tokio::time::timeout(self.path.store.timeout(), lease).await {
             Ok(result) => {

@@ -15,7 +15,7 @@ use crate::limiter::path::{answered, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{CheckOutcome, Refund, StoreError, StoreErrorKind};
+use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::clock::Clock;
 use crate::store::domain::FailureDomain;
@@ -190,13 +190,9 @@ impl RemotePath {
     ) -> Option<StoreError> {
         let (reach, domain) = self.domain_of(caller);
         if !reach.can_call() {
-            Some(StoreError::new(
-                StoreErrorKind::NotConnected,
-                "the store has no connection yet",
-            ))
+            Some(StoreError::not_connected("the store has no connection yet"))
         } else if domain.breaker.state() == BreakerState::Open {
-            Some(StoreError::new(
-                StoreErrorKind::Unavailable,
+            Some(StoreError::unavailable(
                 "the circuit breaker is open: the store is not asked",
             ))
         } else {

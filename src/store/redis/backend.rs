@@ -11,12 +11,11 @@ use super::cluster;
 use super::cluster_link::ClusterLink;
 use super::eval::evaluate;
 use super::link::{Endpoint, Link, LinkConfig};
+use super::registry::Membership;
 use super::sentinel::SentinelMaster;
 use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
-use crate::store::backend::{
-    Backend, CheckOutcome, LeaseGrant, Refund, StoreError, StoreErrorKind,
-};
+use crate::store::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use crate::store::caller::CallerKey;
 use crate::store::digest::KeyedDigest;
 use crate::store::domain::FailureDomain;
@@ -97,11 +96,10 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// out; one made while a lost connection is made again falls back at once, with the same
 /// reason. While Redis refuses the connection (it was killed, or nothing listens on its
 /// port), decisions fall back at once with the reason `refused`, and [`ping`](Self::ping)
-/// answers a [`StoreErrorKind::Unavailable`] error saying the connection was refused. A
-/// lost connection is
-/// noticed when a call finds it dropped, or within [100 ms of silence and a
-/// `PING`](RedisBackendBuilder::response_timeout) when nothing is being asked, and made again
-/// at once, then after a jittered backoff of 25 ms doubling to 250 ms
+/// answers an [unavailable](StoreError::is_unavailable) error saying the connection was
+/// refused. A lost connection is noticed when a call finds it dropped, or within [100 ms of
+/// silence and a `PING`](RedisBackendBuilder::response_timeout) when nothing is being
+/// asked, and made again at once, then after a jittered backoff of 25 ms doubling to 250 ms
 /// ([`reconnect_backoff`](RedisBackendBuilder::reconnect_backoff)): a Redis that comes back
 /// (refused, blackholed, or restarted empty) is decided on again within about a second,
 /// the limiter's breaker included. Commands are never queued for later or replayed: a
@@ -139,6 +137,7 @@ pub struct RedisBackend {
     connect_timeout: Duration,
     response_timeout: Duration,
     caller_digest: Option<KeyedDigest>,
+    membership: Membership,
 }
 
 /// Writes `caller` into a key name as the keyed digest of its encoded form (which keeps
@@ -301,9 +300,9 @@ impl RedisBackend {
     /// Waits until the connection made in the background is there (at most the connect
     /// timeout) and checks that Redis answers: for start-up and health checks. A Redis
     /// that refuses the connection (not started, killed, a closed port) is reported as
-    /// such: [`StoreErrorKind::Unavailable`], "refused the connection". Decisions
-    /// made before the connection is there fall back at once, so a service that pings at
-    /// start-up makes its first decisions on the store.
+    /// such: an [unavailable](StoreError::is_unavailable) error, "refused the connection".
+    /// Decisions made before the connection is there fall back at once, so a service that
+    /// pings at start-up makes its first decisions on the store.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() {
@@ -332,10 +331,7 @@ impl RedisBackend {
         if reply == 1 {
             Ok(())
         } else {
-            Err(StoreError::new(
-                StoreErrorKind::Other,
-                "unexpected answer to the ping script",
-            ))
+            Err(StoreError::other("unexpected answer to the ping script"))
         }
     }
 
@@ -345,6 +341,10 @@ impl RedisBackend {
 
     pub(super) fn response_timeout(&self) -> Duration {
         self.response_timeout
+    }
+
+    pub(super) fn membership(&self) -> &Membership {
+        &self.membership
     }
 
     /// The script's source, as loaded into Redis (for `redis-benchmark` and for operators
@@ -432,7 +432,7 @@ impl Connection {
 
     /// Runs `script` with `keys` and `args` within `timeout`; on timeout the call is
     /// dropped, so nothing is queued or sent later. Without a connection it fails at once
-    /// ([`StoreErrorKind::NotConnected`]).
+    /// ([`StoreError::not_connected`]).
     pub(super) async fn run<T: redis::FromRedisValue>(
         self,
         script: &Script,
@@ -472,39 +472,35 @@ impl Connection {
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no answer from Redis within {timeout:?}"),
-            )),
+            Err(_) => Err(StoreError::timeout(format!(
+                "no answer from Redis within {timeout:?}"
+            ))),
         }
     }
 }
 
 fn store_error(error: &RedisError) -> StoreError {
-    let kind = if error.is_timeout() {
-        StoreErrorKind::Timeout
+    let message = error.to_string();
+    if error.is_timeout() {
+        StoreError::timeout(message)
     } else if error.is_connection_refusal()
         || error.is_connection_dropped()
         || error.is_io_error()
         // A cluster node the client has no connection to (it is down, or being reconnected).
         || error.kind() == ErrorKind::ClusterConnectionNotFound
     {
-        StoreErrorKind::Unavailable
+        StoreError::unavailable(message)
     } else {
-        StoreErrorKind::Other
-    };
-    StoreError::new(kind, error.to_string())
+        StoreError::other(message)
+    }
 }
 
 fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError> {
     if reply.len() != 2 + 3 * limits {
-        return Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!(
-                "the decision script returned {} values for {limits} policies",
-                reply.len()
-            ),
-        ));
+        return Err(StoreError::other(format!(
+            "the decision script returned {} values for {limits} policies",
+            reply.len()
+        )));
     }
     let counted_at = u64::try_from(reply[reply.len() - 1]).unwrap_or(0);
     let outcomes = reply[1..reply.len() - 1]
@@ -653,6 +649,7 @@ pub struct RedisBackendBuilder {
     reconnect_min: Duration,
     reconnect_max: Duration,
     caller_secret: Option<Vec<u8>>,
+    membership: Membership,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -668,6 +665,7 @@ impl fmt::Debug for RedisBackendBuilder {
                 &(self.reconnect_min, self.reconnect_max),
             )
             .field("hash_callers", &self.caller_secret.is_some())
+            .field("membership", &self.membership)
             .finish()
     }
 }
@@ -682,6 +680,7 @@ impl RedisBackendBuilder {
             reconnect_min: DEFAULT_RECONNECT_MIN,
             reconnect_max: DEFAULT_RECONNECT_MAX,
             caller_secret: None,
+            membership: Membership::default(),
         }
     }
 
@@ -749,6 +748,80 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// How often this process beats into the store's instance registry, once one is started
+    /// on the store ([`InstanceRegistry::start`](crate::InstanceRegistry::start)); default
+    /// 1 s, at least 10 ms.
+    ///
+    /// It must be shorter than the liveness window
+    /// ([`instance_live_within`](Self::instance_live_within)), or the registry refuses to
+    /// start; a few beats per window (the default is three) keep one slow beat from dropping
+    /// an instance from the count.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{InstanceRegistry, RedisBackend};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .instance_heartbeat(Duration::from_millis(250))
+    ///     .build()
+    ///     .unwrap();
+    /// let registry = InstanceRegistry::start(&store, 4).unwrap();
+    /// # drop(registry); }
+    /// ```
+    pub fn instance_heartbeat(mut self, every: Duration) -> Self {
+        self.membership.heartbeat = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// How recent a beat must be for an instance to count as live in the store's instance
+    /// registry (default 3 s, at least 10 ms). It must be longer than the heartbeat interval
+    /// ([`instance_heartbeat`](Self::instance_heartbeat)); a longer window keeps instances
+    /// whose beats are slow in the count, and takes longer to drop one that stopped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{InstanceRegistry, RedisBackend};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .instance_heartbeat(Duration::from_secs(5))
+    ///     .instance_live_within(Duration::from_secs(15))
+    ///     .build()
+    ///     .unwrap();
+    /// let registry = InstanceRegistry::start(&store, 4).unwrap();
+    /// # drop(registry); }
+    /// ```
+    pub fn instance_live_within(mut self, window: Duration) -> Self {
+        self.membership.live_within = window.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Counts this store's instance registries as the instance `id` rather than as this
+    /// process.
+    ///
+    /// By default every registry in a process shares one random id, so a process counts
+    /// once however many registries it starts. Name the instance to use a stable id (a pod
+    /// name, say), or to run several instances in one process, as a test or a simulation
+    /// does, each with a store of its own. Registries that share an id count as one
+    /// instance. The id must not be empty or hold control characters, or the registry
+    /// refuses to start.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tollgate::{InstanceRegistry, RedisBackend};
+    ///
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .instance_id("orders-7f9c")
+    ///     .build()
+    ///     .unwrap();
+    /// let registry = InstanceRegistry::start(&store, 4).unwrap();
+    /// assert_eq!(registry.id(), "orders-7f9c");
+    /// # }
+    /// ```
+    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
+        self.membership.id = Some(id.into());
+        self
+    }
+
     /// How long one decision may wait for Redis before it is an error (default 500 ms).
     /// The limiter's own store timeout, shorter, sits on top of this one. A connection that
     /// has had no answer for 100 ms is checked with a `PING` (`ROLE` for a Sentinel
@@ -765,8 +838,10 @@ impl RedisBackendBuilder {
     /// Fails on an invalid URL or prefix, and for a single node or a Sentinel master when
     /// called outside a Tokio runtime (the task that keeps its connection starts at once).
     /// A cluster backend built outside a runtime starts its task at its first decision.
+    /// The instance registry's settings are checked when a registry starts on the store
+    /// ([`InstanceRegistry::start`](crate::InstanceRegistry::start)).
     pub fn build(self) -> Result<RedisBackend, StoreError> {
-        let invalid = |message: String| StoreError::new(StoreErrorKind::Other, message);
+        let invalid = |message: String| StoreError::other(message);
         if self.prefix.contains(['{', '}']) {
             return Err(invalid(format!(
                 "the key prefix {:?} may not contain braces",
@@ -840,6 +915,7 @@ impl RedisBackendBuilder {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             caller_digest: self.caller_secret.as_deref().map(KeyedDigest::new),
+            membership: self.membership,
         })
     }
 }

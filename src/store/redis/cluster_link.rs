@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 
 use super::link::{Backoff, LinkConfig, race};
 use super::topology::{Address, Topology, parse_slots};
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::StoreError;
 use crate::store::domain::FailureDomain;
 
 /// How often the slot map is read.
@@ -118,7 +118,7 @@ impl ClusterLink {
 
     /// The connection, once made with the slot map read; until then this waits for it (the
     /// caller bounds the wait). Outside a Tokio runtime nothing can make it: a
-    /// [`StoreErrorKind::NotConnected`] error.
+    /// [`StoreError::not_connected`] error.
     pub(super) async fn connection(&self) -> Result<ClusterConnection, StoreError> {
         loop {
             let ready = self.shared.ready.notified();
@@ -130,8 +130,7 @@ impl ClusterLink {
                 return Ok(connection.clone());
             }
             if self.task.get().is_none() {
-                return Err(StoreError::new(
-                    StoreErrorKind::NotConnected,
+                return Err(StoreError::not_connected(
                     "no Tokio runtime to connect to the Redis Cluster on",
                 ));
             }

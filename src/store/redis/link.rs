@@ -4,7 +4,7 @@
 //! A task owns the connection's life: it connects (within the connect timeout), publishes
 //! the connection, and watches it. A call made before the first connection waits for it
 //! (within its own timeout; the connection goes on being made if the call gives up). A
-//! call that finds a lost connection fails at once with [`StoreErrorKind::NotConnected`],
+//! call that finds a lost connection fails at once with [`StoreError::not_connected`],
 //! without waiting, and the limiter falls back without a call to the store. The
 //! connection is given up, and made again at once, when:
 //!
@@ -34,7 +34,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, ServerErr
 use tokio::sync::Notify;
 
 use super::sentinel::SentinelMaster;
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::StoreError;
 use crate::store::domain::FailureDomain;
 use crate::store::random::RandomSource;
 
@@ -178,8 +178,8 @@ impl Link {
 
     /// The connection, and a handle that reports how calls on it went. Until the first
     /// connection is made this waits for it (the caller bounds the wait); once one was
-    /// made and lost, a [`StoreErrorKind::NotConnected`] error comes at once, and while the
-    /// latest attempt was refused, a [`StoreErrorKind::Unavailable`] one saying so.
+    /// made and lost, a [`StoreError::not_connected`] error comes at once, and while the
+    /// latest attempt was refused, an [`unavailable`](StoreError::unavailable) one saying so.
     pub(super) async fn connection(&self) -> Result<(MultiplexedConnection, Outcome), StoreError> {
         loop {
             let first = self.state.first_connection.notified();
@@ -195,14 +195,12 @@ impl Link {
                 ));
             }
             if let Some(refused) = self.state.refused.load().as_ref() {
-                return Err(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    format!("{refused}; retrying in the background"),
-                ));
+                return Err(StoreError::unavailable(format!(
+                    "{refused}; retrying in the background"
+                )));
             }
             if self.state.ever_connected.load(Ordering::Acquire) {
-                return Err(StoreError::new(
-                    StoreErrorKind::NotConnected,
+                return Err(StoreError::not_connected(
                     "the connection to Redis was lost: it is being made again in the background",
                 ));
             }

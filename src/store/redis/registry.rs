@@ -20,22 +20,26 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 /// Counts the live instances of a service through heartbeats in Redis.
 ///
 /// Every instance beats into a sorted set, `<prefix>:instances`, once a second (Redis's
-/// clock scores the beats); an instance is live if it beat within the last 3 s. The count
-/// is refreshed by a background task, never on the request path; through an outage the
-/// last known count is kept, and it is never below 1. The task stops when the last clone of
-/// the registry is dropped, and the others stop counting that instance within the liveness
-/// window.
+/// clock scores the beats); an instance is live if it beat within the last 3 s. Both are
+/// set on the store's builder
+/// ([`instance_heartbeat`](crate::store::RedisBackendBuilder::instance_heartbeat) and
+/// [`instance_live_within`](crate::store::RedisBackendBuilder::instance_live_within)), as
+/// this process's membership in the registry. The count is refreshed by a background task,
+/// never on the request path; through an outage the last known count is kept, and it is
+/// never below 1. The task stops when the last clone of the registry is dropped, and the
+/// others stop counting that instance within the liveness window.
 ///
 /// An instance is one process: every registry a process starts beats under the same id
-/// (unless given one with [`InstanceRegistryBuilder::instance_id`]), so two registries with
+/// (unless its store was given one with
+/// [`instance_id`](crate::store::RedisBackendBuilder::instance_id)), so two registries with
 /// one prefix in one process (one per limiter, say) count that process once.
 ///
 /// Until its first heartbeat answers, a registry counts the instances it was told to expect
-/// ([`InstanceRegistryBuilder::initial_count`], which [`start`](InstanceRegistryBuilder::start)
-/// requires): an instance started, or restarted, while Redis is unreachable has never heard
-/// from the registry, and with no count given each of them would divide by 1 and admit the
-/// whole limit. Give the most instances the deployment runs (an autoscaler's maximum):
-/// a count too high only makes each share smaller until Redis answers.
+/// (the initial count that [`start`](Self::start) requires): an instance started, or
+/// restarted, while Redis is unreachable has never heard from the registry, and with no
+/// count given each of them would divide by 1 and admit the whole limit. Give the most
+/// instances the deployment runs (an autoscaler's maximum): a count too high only makes
+/// each share smaller until Redis answers.
 ///
 /// When Redis loses the registry (a restart or a failover without the data) it is rebuilt
 /// by the next beats, one instance at a time, so for up to a liveness window the count is
@@ -51,7 +55,7 @@ static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| Script::new(HEARTBEAT_SCRI
 /// # #[tokio::main] async fn main() {
 /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").prefix("orders").build().unwrap();
 /// // Four instances run: each divides by 4 until the registry answers, then by the count.
-/// let registry = InstanceRegistry::builder(&store).initial_count(4).start().unwrap();
+/// let registry = InstanceRegistry::start(&store, 4).unwrap();
 /// let limiter = Limiter::builder()
 ///     .name("orders")
 ///     .backend(store)
@@ -82,18 +86,90 @@ impl Drop for Shared {
 }
 
 impl InstanceRegistry {
-    /// Starts configuring a registry in `store`'s Redis, under its prefix.
-    pub fn builder(store: &RedisBackend) -> InstanceRegistryBuilder {
-        InstanceRegistryBuilder {
-            store: store.clone(),
-            every: Duration::from_secs(1),
-            live_within: Duration::from_secs(3),
-            initial: None,
-            id: None,
+    /// Starts counting this instance in `store`'s Redis, under its prefix, with the
+    /// membership its builder set (heartbeat, liveness window, instance id), beating in the
+    /// background on the current Tokio runtime.
+    ///
+    /// `initial_count` is the instances the deployment runs, counted until the first
+    /// heartbeat answers: required (at least 1), since an instance started while Redis is
+    /// unreachable knows no other count. Give the most the deployment runs; a count too high
+    /// only makes each share smaller until Redis answers, one too low lets the instances
+    /// together admit more than the limit.
+    ///
+    /// Fails if the store's heartbeat interval is not shorter than its liveness window (each
+    /// instance would then count only itself, and a local share would be the whole limit),
+    /// if its instance id is not usable, if `initial_count` is 0, or if called outside a
+    /// Tokio runtime.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use std::time::Duration;
+    /// use tollgate::{BuildError, InstanceRegistry, RedisBackend};
+    ///
+    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
+    /// let registry = InstanceRegistry::start(&store, 4).unwrap();
+    /// assert_eq!(registry.live_instances(), 4);
+    /// let uncounted = InstanceRegistry::start(&store, 0);
+    /// assert!(matches!(uncounted, Err(BuildError::NoInitialCount)));
+    ///
+    /// let slow = RedisBackend::builder("redis://127.0.0.1:6380/")
+    ///     .instance_heartbeat(Duration::from_secs(5))
+    ///     .build()
+    ///     .unwrap();
+    /// let refused = InstanceRegistry::start(&slow, 4);
+    /// assert!(matches!(refused, Err(BuildError::HeartbeatNotShorterThanWindow { .. })));
+    /// # }
+    /// ```
+    pub fn start(store: &RedisBackend, initial_count: u64) -> Result<Self, BuildError> {
+        let membership = store.membership();
+        if membership.heartbeat >= membership.live_within {
+            return Err(BuildError::HeartbeatNotShorterThanWindow {
+                heartbeat_every: membership.heartbeat,
+                live_within: membership.live_within,
+            });
         }
+        let id = match &membership.id {
+            Some(id) if id.is_empty() || id.chars().any(char::is_control) => {
+                return Err(BuildError::InvalidInstanceId(id.clone()));
+            }
+            Some(id) => id.clone(),
+            None => PROCESS_INSTANCE_ID.clone(),
+        };
+        if initial_count == 0 {
+            return Err(BuildError::NoInitialCount);
+        }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let key = format!("{}:instances", store.prefix());
+        // Described at each start, so a recorder installed after an earlier registry gets it.
+        metrics::describe_gauge!(
+            LIVE_INSTANCES,
+            metrics::Unit::Count,
+            "Live instances an InstanceRegistry counts and divides a local share by, by \
+             registry key; kept through a store outage."
+        );
+        let count = Arc::new(AtomicU64::new(initial_count));
+        let place = Arc::new(AtomicU64::new(u64::MAX));
+        let heartbeat = runtime.spawn(beat(
+            store.clone(),
+            key.clone(),
+            id.clone(),
+            membership.heartbeat,
+            membership.live_within,
+            (count.clone(), place.clone()),
+        ));
+        Ok(InstanceRegistry {
+            shared: Arc::new(Shared {
+                count,
+                place,
+                id,
+                key,
+                heartbeat,
+            }),
+        })
     }
 
-    /// This instance's id in the registry: the process's id unless one was given.
+    /// This instance's id in the registry: the process's id unless its store was given one
+    /// ([`instance_id`](crate::store::RedisBackendBuilder::instance_id)).
     pub fn id(&self) -> &str {
         &self.shared.id
     }
@@ -130,136 +206,25 @@ impl fmt::Debug for InstanceRegistry {
     }
 }
 
-/// Configures an [`InstanceRegistry`].
+/// This process's membership in a store's instance registry, as the store's builder set
+/// it; checked when a registry starts on the store.
 #[derive(Clone, Debug)]
-pub struct InstanceRegistryBuilder {
-    store: RedisBackend,
-    every: Duration,
-    live_within: Duration,
-    initial: Option<u64>,
-    id: Option<String>,
+pub(super) struct Membership {
+    /// How often this instance beats.
+    pub(super) heartbeat: Duration,
+    /// How recent a beat must be for an instance to count as live.
+    pub(super) live_within: Duration,
+    /// The instance's id; `None` for the process's.
+    pub(super) id: Option<String>,
 }
 
-impl InstanceRegistryBuilder {
-    /// How often this instance beats (default 1 s). It must be shorter than the liveness
-    /// window, or [`start`](Self::start) refuses it; a few beats per window (the default is
-    /// three) keep one slow beat from dropping an instance from the count.
-    pub fn heartbeat_every(mut self, every: Duration) -> Self {
-        self.every = every.max(Duration::from_millis(10));
-        self
-    }
-
-    /// How recent a beat must be for an instance to count as live (default 3 s). It must be
-    /// longer than the heartbeat interval.
-    pub fn live_within(mut self, window: Duration) -> Self {
-        self.live_within = window.max(Duration::from_millis(10));
-        self
-    }
-
-    /// The instances the deployment runs, counted until the first heartbeat answers:
-    /// required (at least 1), since an instance started while Redis is unreachable knows
-    /// no other count. Give the most the deployment runs; a count too high only makes each
-    /// share smaller until Redis answers, one too low lets the instances together admit
-    /// more than the limit.
-    pub fn initial_count(mut self, count: u64) -> Self {
-        self.initial = Some(count);
-        self
-    }
-
-    /// Counts this registry as the instance `id` rather than as this process.
-    ///
-    /// By default every registry in a process shares one random id, so a process counts
-    /// once however many registries it starts. Name the instance to use a stable id (a pod
-    /// name, say), or to run several instances in one process, as a test or a simulation
-    /// does. Registries that share an id count as one instance. The id must not be empty or
-    /// hold control characters.
-    ///
-    /// ```no_run
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tollgate::{InstanceRegistry, RedisBackend};
-    ///
-    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
-    /// let registry = InstanceRegistry::builder(&store)
-    ///     .instance_id("orders-7f9c")
-    ///     .initial_count(4)
-    ///     .start()
-    ///     .unwrap();
-    /// assert_eq!(registry.id(), "orders-7f9c");
-    /// # }
-    /// ```
-    pub fn instance_id(mut self, id: impl Into<String>) -> Self {
-        self.id = Some(id.into());
-        self
-    }
-
-    /// Starts beating in the background, on the current Tokio runtime.
-    ///
-    /// Fails if the heartbeat interval is not shorter than the liveness window (each
-    /// instance would then count only itself, and a local share would be the whole limit),
-    /// if the instance id is not usable, if no [`initial_count`](Self::initial_count) (or
-    /// 0) was given, or if called outside a Tokio runtime.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use std::time::Duration;
-    /// use tollgate::{BuildError, InstanceRegistry, RedisBackend};
-    ///
-    /// let store = RedisBackend::builder("redis://127.0.0.1:6380/").build().unwrap();
-    /// let slow = InstanceRegistry::builder(&store)
-    ///     .initial_count(4)
-    ///     .heartbeat_every(Duration::from_secs(5))
-    ///     .start();
-    /// assert!(matches!(slow, Err(BuildError::HeartbeatNotShorterThanWindow { .. })));
-    /// let uncounted = InstanceRegistry::builder(&store).start();
-    /// assert!(matches!(uncounted, Err(BuildError::NoInitialCount)));
-    /// # }
-    /// ```
-    pub fn start(self) -> Result<InstanceRegistry, BuildError> {
-        if self.every >= self.live_within {
-            return Err(BuildError::HeartbeatNotShorterThanWindow {
-                heartbeat_every: self.every,
-                live_within: self.live_within,
-            });
+impl Default for Membership {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(1),
+            live_within: Duration::from_secs(3),
+            id: None,
         }
-        let id = match self.id {
-            Some(id) if id.is_empty() || id.chars().any(char::is_control) => {
-                return Err(BuildError::InvalidInstanceId(id));
-            }
-            Some(id) => id,
-            None => PROCESS_INSTANCE_ID.clone(),
-        };
-        let initial = match self.initial {
-            Some(count) if count >= 1 => count,
-            _ => return Err(BuildError::NoInitialCount),
-        };
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
-        let key = format!("{}:instances", self.store.prefix());
-        // Described at each start, so a recorder installed after an earlier registry gets it.
-        metrics::describe_gauge!(
-            LIVE_INSTANCES,
-            metrics::Unit::Count,
-            "Live instances an InstanceRegistry counts and divides a local share by, by \
-             registry key; kept through a store outage."
-        );
-        let count = Arc::new(AtomicU64::new(initial));
-        let place = Arc::new(AtomicU64::new(u64::MAX));
-        let heartbeat = runtime.spawn(beat(
-            self.store,
-            key.clone(),
-            id.clone(),
-            self.every,
-            self.live_within,
-            (count.clone(), place.clone()),
-        ));
-        Ok(InstanceRegistry {
-            shared: Arc::new(Shared {
-                count,
-                place,
-                id,
-                key,
-                heartbeat,
-            }),
-        })
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::Script;
 
 use super::backend::RedisBackend;
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
 use crate::store::slots::SlotStore;
@@ -80,10 +80,9 @@ impl SlotStore for RedisBackend {
             match reply.await?.as_slice() {
                 [1, held] => Ok(Some(u64::try_from(*held).unwrap_or(0))),
                 [0, _] => Ok(None),
-                other => Err(StoreError::new(
-                    StoreErrorKind::Other,
-                    format!("the slots script answered {other:?} to an acquire"),
-                )),
+                other => Err(StoreError::other(format!(
+                    "the slots script answered {other:?} to an acquire"
+                ))),
             }
         })
     }
