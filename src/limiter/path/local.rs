@@ -95,15 +95,16 @@ impl LocalPath {
         cost: u64,
     ) -> Option<Decision> {
         let memory = self.memory.as_ref()?;
+        let now = memory.now_ms();
         if let [limit] = &*set.limits
-            && let Some((admitted, outcome, now)) = memory.decide_one(caller.key(), limit, cost)
+            && let Some((admitted, outcome)) = memory.decide_one_at(caller.key(), limit, cost, now)
         {
             return Some(decision(
                 admitted,
                 answered_as(set, admitted, &[outcome], now, cost),
             ));
         }
-        let outcome = memory.decide(caller.key(), &set.limits, cost);
+        let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
         Some(decision(outcome.admitted(), answered(set, &outcome, cost)))
     }
 

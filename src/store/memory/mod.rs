@@ -212,12 +212,19 @@ impl InMemoryBackend {
 
     /// Decides a request of `cost` units now: what [`Backend::check`] answers, unwrapped.
     pub(crate) fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
-        self.decide_at(
-            caller,
-            limits,
-            cost,
-            self.shared.settings.clock.now_millis(),
-        )
+        let now = self.now_ms();
+        // The usual caller, of one packed policy, by its own short path.
+        if let [limit] = limits
+            && let Some((_, outcome)) = self.decide_one_at(caller, limit, cost, now)
+        {
+            return CheckOutcome::one(outcome).counted_at(now);
+        }
+        self.decide_at(caller, limits, cost, now)
+    }
+
+    /// The time on this backend's clock, in milliseconds.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.shared.settings.clock.now_millis()
     }
 
     /// Decides at `now`, read from this backend's clock by the caller: a limiter that
@@ -232,17 +239,17 @@ impl InMemoryBackend {
         self.decide_seeded_at(caller, limits, cost, now, |_| None)
     }
 
-    /// Decides a request of `cost` units against the one policy `limit` for a caller this
-    /// backend tracks with that policy's packed state alone (the usual caller of a limiter
-    /// with one policy): whether it was admitted, what the policy reports, and when it was
-    /// counted. `None` for any other caller, which [`decide`](Self::decide) decides.
-    pub(crate) fn decide_one(
+    /// Decides a request of `cost` units at `now` against the one policy `limit` for a
+    /// caller this backend tracks with that policy's packed state alone (the usual caller
+    /// of a limiter with one policy): whether it was admitted, and what the policy reports.
+    /// `None` for any other caller, which [`decide_at`](Self::decide_at) decides.
+    pub(crate) fn decide_one_at(
         &self,
         caller: &CallerKey,
         limit: &Policy,
         cost: u64,
-    ) -> Option<(bool, PolicyOutcome, u64)> {
-        let now = self.shared.settings.clock.now_millis();
+        now: u64,
+    ) -> Option<(bool, PolicyOutcome)> {
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
         if now.saturating_sub(shard.last_sweep_ms.load(Relaxed))
@@ -251,7 +258,7 @@ impl InMemoryBackend {
             return None;
         }
         match decide_packed_alone(&shard, hash, caller, limit, now, cost) {
-            PackedDecision::Decided(admitted, outcome) => Some((admitted, outcome, now)),
+            PackedDecision::Decided(admitted, outcome) => Some((admitted, outcome)),
             PackedDecision::NotPacked | PackedDecision::DoesNotFit => None,
         }
     }
