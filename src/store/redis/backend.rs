@@ -11,7 +11,6 @@ use super::cluster;
 use super::cluster_link::ClusterLink;
 use super::eval::evaluate;
 use super::link::{Endpoint, Link, LinkConfig};
-use super::registry::Membership;
 use super::sentinel::SentinelMaster;
 use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
@@ -917,6 +916,28 @@ impl RedisBackendBuilder {
             caller_digest: self.caller_secret.as_deref().map(KeyedDigest::new),
             membership: self.membership,
         })
+    }
+}
+
+/// This process's membership in a store's instance registry, as the store's builder set
+/// it; checked when a registry starts on the store.
+#[derive(Clone, Debug)]
+pub(super) struct Membership {
+    /// How often this instance beats.
+    pub(super) heartbeat: Duration,
+    /// How recent a beat must be for an instance to count as live.
+    pub(super) live_within: Duration,
+    /// The instance's id; `None` for the process's.
+    pub(super) id: Option<String>,
+}
+
+impl Default for Membership {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(1),
+            live_within: Duration::from_secs(3),
+            id: None,
+        }
     }
 }
 

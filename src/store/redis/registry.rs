@@ -206,28 +206,6 @@ impl fmt::Debug for InstanceRegistry {
     }
 }
 
-/// This process's membership in a store's instance registry, as the store's builder set
-/// it; checked when a registry starts on the store.
-#[derive(Clone, Debug)]
-pub(super) struct Membership {
-    /// How often this instance beats.
-    pub(super) heartbeat: Duration,
-    /// How recent a beat must be for an instance to count as live.
-    pub(super) live_within: Duration,
-    /// The instance's id; `None` for the process's.
-    pub(super) id: Option<String>,
-}
-
-impl Default for Membership {
-    fn default() -> Self {
-        Self {
-            heartbeat: Duration::from_secs(1),
-            live_within: Duration::from_secs(3),
-            id: None,
-        }
-    }
-}
-
 async fn beat(
     store: RedisBackend,
     key: String,
