@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use metrics::Unit;
 
+use crate::limiter::decision::FallbackReason;
 use crate::limiter::failure::FailurePolicy;
 use crate::limiter::instances::InstanceCount;
 use crate::limiter::telemetry::FALLBACKS;
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::slots::{HeldHere, HeldSlot, SlotStore};
 
@@ -152,16 +153,10 @@ impl Shared {
     }
 
     fn fall_back(&self, caller: &CallerKey, error: &StoreError) -> Admission {
-        let reason = match error.kind() {
-            StoreErrorKind::Timeout => "timeout",
-            StoreErrorKind::Unavailable => "refused",
-            StoreErrorKind::NotConnected => "not_connected",
-            StoreErrorKind::Other => "other_error",
-        };
         metrics::counter!(
             FALLBACKS,
             "layer" => self.settings.name.clone(),
-            "reason" => reason,
+            "reason" => FallbackReason::of(error).as_str(),
             "policy" => self.settings.on_failure.as_str(),
             "node" => ""
         )
