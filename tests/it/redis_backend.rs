@@ -14,7 +14,11 @@ use tollgate_testkit::redis::RedisServer;
 const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn backend(server: &RedisServer) -> RedisBackend {
+    // The connection's own timeouts (1 s to connect, 500 ms per answer by default) sit
+    // under the limiter's store timeout: raised with it, or a slow answer still falls back.
     RedisBackend::builder(server.url())
+        .connect_timeout(SLOW_TEST_MACHINE)
+        .response_timeout(SLOW_TEST_MACHINE)
         .build()
         .expect("valid URL")
 }

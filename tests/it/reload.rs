@@ -181,12 +181,17 @@ async fn limits_change_under_traffic_in_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_change_under_traffic_on_redis() {
     let server = RedisServer::start();
-    let store = RedisBackend::builder(server.url()).build().unwrap();
+    // The default timeouts are tight for a loaded machine; a fallback would fail open and
+    // admit more than the limits allow. The connection's own (1 s to connect, 500 ms per
+    // answer) sit under the limiter's store timeout, so they are raised with it.
+    let store = RedisBackend::builder(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let limiter = Limiter::builder()
         .name("reload")
         .backend(store)
-        // The default 20 ms is tight for a loaded machine; a fallback would fail open and
-        // admit more than the limits allow.
         .store_timeout(Duration::from_secs(2))
         .policy(per_day(50))
         .build();
