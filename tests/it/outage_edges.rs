@@ -128,7 +128,18 @@ fn the_running_example_holds_the_limit_at_both_edges() {
             measured.back,
             measured.outage_rate
         );
-        if measured.start > 55 || measured.back > 55 || (measured.outage_rate - 50.0).abs() > 5.0 {
+        // On virtual time nothing drifts between a send and its decision: each edge holds
+        // the limit, and a token bucket one more (the token it may hold as a second starts,
+        // beside the 50 it refills in it). Each instance's breaker probe at the store's
+        // return, admitted by the store alone, once made it 54.
+        let edge_bound = match algorithm {
+            AlgorithmKind::TokenBucket => 51,
+            _ => 50,
+        };
+        if measured.start > edge_bound
+            || measured.back > edge_bound
+            || (measured.outage_rate - 50.0).abs() > 5.0
+        {
             failures.push(format!(
                 "{} {algorithm:?}: start {}, return {}, outage {:.1}/s",
                 policy.name(),
@@ -174,7 +185,8 @@ fn the_running_example_holds_the_limit_at_both_edges() {
     }
     assert!(
         failures.is_empty(),
-        "over 55 in a second, off 50/s by 10%, or a caller under its share refused: {failures:?}"
+        "an edge over the limit, a caller over 55 in a second, off 50/s by 10%, or a caller \
+         under its share refused: {failures:?}"
     );
 }
 

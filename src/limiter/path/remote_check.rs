@@ -50,27 +50,36 @@ impl RemotePath {
             }
         };
         // And the callers a share counted are decided by their share as well as by the
-        // store, which did not see those requests; except for the breaker's probe, which
-        // the store alone answers (one request at most), so that the breaker can close.
-        let mut held = None;
-        if share_weighs && !permit.is_probe() {
+        // store, which did not see those requests. The breaker's probe too: admitted by the
+        // store alone, each instance's probe would come on top of the shares. A probe the
+        // share refuses still asks the store, for nothing (a cost of 0), so that the
+        // breaker can close.
+        let mut question = Question {
+            asked_ms: 0,
+            held: None,
+            refused_by_share: None,
+        };
+        if share_weighs {
             match self.fallback.recovering(caller, set, cost, now()) {
+                Some(Err(refused)) if permit.is_probe() => {
+                    question.refused_by_share = Some(refused);
+                }
                 Some(Err(refused)) => return StoreFuture::ready(refused),
-                Some(Ok(counted)) => held = Some(counted),
+                Some(Ok(counted)) => question.held = Some(counted),
                 None => {}
             }
         }
         if !reach.can_call() {
             // No connection to call on: a failure for the breaker, without a call.
             permit.failed(&not_connected());
-            self.release(caller, held);
+            self.release(caller, question.held);
             let reason = FallbackReason::without_a_connection(reach);
             return StoreFuture::ready(
                 self.fall_back(&domain, caller, set, reason, cost, read_clock),
             );
         }
-        let asked_ms = now();
-        self.call(&domain, caller, set, cost, permit, (asked_ms, held))
+        question.asked_ms = now();
+        self.call(&domain, caller, set, cost, permit, question)
     }
 
     /// A refusal of the caller that the denial cache still holds; the clock is read only
@@ -100,13 +109,13 @@ impl RemotePath {
         set: &PolicySet,
         cost: u64,
         permit: Permit,
-        (asked_ms, held): (u64, Option<Held>),
+        question: Question,
     ) -> StoreFuture<Decision> {
         let started = Instant::now();
-        let mut check = self.ask(caller, set, cost, held.as_ref());
+        let mut check = self.ask(caller, set, cost, &question);
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
-            let decision = self.finish(domain, caller, set, result, permit, (asked_ms, held), cost);
+            let decision = self.finish(domain, caller, set, result, permit, question, cost);
             return StoreFuture::ready(decision);
         }
         let domain = domain.to_shared();
@@ -118,30 +127,26 @@ impl RemotePath {
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
-            path.finish(
-                &domain,
-                &caller,
-                &set,
-                result,
-                permit,
-                (asked_ms, held),
-                cost,
-            )
+            path.finish(&domain, &caller, &set, result, permit, question, cost)
         })
     }
 
     /// The store's decision on a request; for a caller that a local share counted while
     /// the store was away, the request and what the share counted, consumed as far as
-    /// the limits allow (a lease's arithmetic: the units beyond the request are dropped).
+    /// the limits allow (a lease's arithmetic: the units beyond the request are dropped);
+    /// for a probe the share refused, nothing.
     fn ask(
         &self,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
-        held: Option<&Held>,
+        question: &Question,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let backend = self.store.backend();
-        let unseen = held.map_or(0, |held| held.unseen);
+        if question.refused_by_share.is_some() {
+            return backend.check(caller.key(), &set.limits, 0);
+        }
+        let unseen = question.held.as_ref().map_or(0, |held| held.unseen);
         if unseen > 0
             && cost > 0
             && let Some(mut lease) =
@@ -158,9 +163,6 @@ impl RemotePath {
     }
 
     /// A store answered (or failed): tell the breaker, cache a refusal, or fall back.
-    /// `asked_ms` is when the store was asked; `held`, what the local share counted for
-    /// the request before (given back unless the store admits it).
-    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         domain: &Domain,
@@ -168,11 +170,20 @@ impl RemotePath {
         set: &PolicySet,
         result: Result<CheckOutcome, StoreError>,
         permit: Permit,
-        (asked_ms, held): (u64, Option<Held>),
+        question: Question,
         cost: u64,
     ) -> Decision {
-        match result {
-            Ok(outcome) => {
+        let Question {
+            asked_ms,
+            held,
+            refused_by_share,
+        } = question;
+        match (result, refused_by_share) {
+            (Ok(_), Some(refused)) => {
+                permit.success();
+                refused
+            }
+            (Ok(outcome), None) => {
                 permit.success();
                 match held {
                     Some(held) if outcome.admitted() => {
@@ -182,7 +193,7 @@ impl RemotePath {
                 }
                 self.decided(caller, set, &outcome, asked_ms, cost)
             }
-            Err(error) => {
+            (Err(error), _) => {
                 permit.failed(&error);
                 // The failure policy decides again, the local share included.
                 self.release(caller, held);
@@ -191,4 +202,16 @@ impl RemotePath {
             }
         }
     }
+}
+
+/// How the store is asked about a request.
+struct Question {
+    /// When the store was asked (the limiter's time).
+    asked_ms: u64,
+    /// What the local share counted for the request before, given back unless the store
+    /// admits it.
+    held: Option<Held>,
+    /// The share's refusal of a breaker's probe: the store is asked for nothing, and the
+    /// refusal stands once it answers.
+    refused_by_share: Option<Decision>,
 }
