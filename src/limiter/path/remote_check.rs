@@ -55,6 +55,7 @@ impl RemotePath {
         // share refuses still asks the store, for nothing (a cost of 0), so that the
         // breaker can close.
         let mut question = Question {
+            cost,
             asked_ms: 0,
             held: None,
             refused_by_share: None,
@@ -79,7 +80,7 @@ impl RemotePath {
             );
         }
         question.asked_ms = now();
-        self.call(&domain, caller, set, cost, permit, question)
+        self.call(&domain, caller, set, permit, question)
     }
 
     /// A refusal of the caller that the denial cache still holds; the clock is read only
@@ -100,22 +101,21 @@ impl RemotePath {
         Some(Decision::Limited(info))
     }
 
-    /// Asks the store under the breaker's `permit`, at `asked_ms`, and makes its answer
+    /// Asks the store `question` under the breaker's `permit`, and makes its answer
     /// the decision, at once or when it comes.
     fn call(
         self: &Arc<Self>,
         domain: &DomainRef<'_>,
         caller: &Caller,
         set: &PolicySet,
-        cost: u64,
         permit: Permit,
         question: Question,
     ) -> StoreFuture<Decision> {
         let started = Instant::now();
-        let mut check = self.ask(caller, set, cost, &question);
+        let mut check = self.ask(caller, set, &question);
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
-            let decision = self.finish(domain, caller, set, result, permit, question, cost);
+            let decision = self.finish(domain, caller, set, result, permit, question);
             return StoreFuture::ready(decision);
         }
         let domain = domain.to_shared();
@@ -127,7 +127,7 @@ impl RemotePath {
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
-            path.finish(&domain, &caller, &set, result, permit, question, cost)
+            path.finish(&domain, &caller, &set, result, permit, question)
         })
     }
 
@@ -139,10 +139,10 @@ impl RemotePath {
         &self,
         caller: &Caller,
         set: &PolicySet,
-        cost: u64,
         question: &Question,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let backend = self.store.backend();
+        let cost = question.cost;
         if question.refused_by_share.is_some() {
             return backend.check(caller.key(), &set.limits, 0);
         }
@@ -171,9 +171,9 @@ impl RemotePath {
         result: Result<CheckOutcome, StoreError>,
         permit: Permit,
         question: Question,
-        cost: u64,
     ) -> Decision {
         let Question {
+            cost,
             asked_ms,
             held,
             refused_by_share,
@@ -206,6 +206,8 @@ impl RemotePath {
 
 /// How the store is asked about a request.
 struct Question {
+    /// The units the request costs.
+    cost: u64,
     /// When the store was asked (the limiter's time).
     asked_ms: u64,
     /// What the local share counted for the request before, given back unless the store
