@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -219,6 +219,8 @@ pub(super) struct Fallback {
     /// Per caller the share counted while the store was away, the units still to tell the
     /// store; a caller not in it has not been told since the share last decided it.
     owed: Mutex<HashMap<CallerKey, u64>>,
+    /// Whether `owed` ever held a caller, read without its lock.
+    owes: AtomicBool,
 }
 
 impl Fallback {
@@ -235,6 +237,7 @@ impl Fallback {
             weighs_until_ms: AtomicU64::new(0),
             drawn_place: RandomState::new().hash_one(std::process::id()),
             owed: Mutex::default(),
+            owes: AtomicBool::new(false),
         }
     }
 
@@ -304,6 +307,7 @@ impl Fallback {
                 Some(units) => std::mem::take(units),
                 None => {
                     owed.insert(caller.key().clone(), 0);
+                    self.owes.store(true, Ordering::Release);
                     share
                         .policies
                         .iter()
@@ -404,8 +408,15 @@ impl Fallback {
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
-                let share = self.share_of(limits, instances);
-                self.decide_share(caller, set, &share, cost, failure.now)
+                // Borrowed from the snapshot of divided sets: no reference counted.
+                let shares = self.shares.load();
+                match find_share(&shares, limits, instances) {
+                    Some(share) => self.decide_share(caller, set, share, cost, failure.now),
+                    None => {
+                        let share = self.share_of(limits, instances);
+                        self.decide_share(caller, set, &share, cost, failure.now)
+                    }
+                }
             }
             FailurePolicy::Static => self
                 .cached_refusal(failure.denials, caller, set, cost)
@@ -455,10 +466,16 @@ impl Fallback {
     ) -> Decision {
         // The local counters run on the limiter's clock: a time just read serves them too.
         let now = now.unwrap_or_else(|| self.clock.now_millis());
-        self.weighs_until_ms
-            .fetch_max(now.saturating_add(share.retention_ms), Ordering::Relaxed);
-        // Counted again here: the store is to be told again when it is back.
-        if let Ok(mut owed) = self.owed.lock()
+        // Read first: the line is written at most once a millisecond, not per decision.
+        let weighs_until_ms = now.saturating_add(share.retention_ms);
+        if weighs_until_ms > self.weighs_until_ms.load(Ordering::Relaxed) {
+            self.weighs_until_ms
+                .fetch_max(weighs_until_ms, Ordering::Relaxed);
+        }
+        // Counted again here: the store is to be told again when it is back. (The lock
+        // only once the store has been back: through an outage nobody is owed.)
+        if self.owes.load(Ordering::Acquire)
+            && let Ok(mut owed) = self.owed.lock()
             && !owed.is_empty()
         {
             owed.remove(caller.key());
@@ -481,6 +498,14 @@ impl Fallback {
                     },
                 );
             let outcome = CheckOutcome::collect(share.parts.len(), outcomes).counted_at(now);
+            return self.share_decision(set, share, &outcome, cost);
+        }
+        // The usual caller, of one packed policy it is already counted by, by its short
+        // path; a caller the share starts counting takes the seeded one.
+        if let [limit] = &*share.policies
+            && let Some((_, outcome)) = self.local.decide_one_at(caller.key(), limit, cost, now)
+        {
+            let outcome = CheckOutcome::one(outcome).counted_at(now);
             return self.share_decision(set, share, &outcome, cost);
         }
         let mut answer = None;
@@ -528,21 +553,11 @@ impl Fallback {
     /// `limits` divided among `instances` as this instance's share, computed once per set,
     /// count and place: later requests find it in a snapshot read without a lock.
     fn share_of(&self, limits: &Arc<[Policy]>, instances: &InstanceCount) -> Arc<ShareSet> {
-        let count = instances.get();
-        let place = instances.place();
-        let find = |shares: &[Arc<ShareSet>]| {
-            shares
-                .iter()
-                .find(|share| {
-                    Arc::ptr_eq(&share.original, limits)
-                        && share.instances == count
-                        && share.place == place
-                })
-                .cloned()
-        };
+        let find = |shares: &[Arc<ShareSet>]| find_share(shares, limits, instances).cloned();
         if let Some(share) = find(&self.shares.load()) {
             return share;
         }
+        let (count, place) = (instances.get(), instances.place());
         let share = Arc::new(ShareSet::new(limits, count, place, self.drawn_place));
         // Two requests may divide the same set at once: the first stored wins, so every
         // request decides against one allocation (the local counters are keyed by the
@@ -564,6 +579,19 @@ impl Fallback {
         });
         stored
     }
+}
+
+/// The share of `limits` divided among `instances`, among those already divided.
+fn find_share<'a>(
+    shares: &'a [Arc<ShareSet>],
+    limits: &Arc<[Policy]>,
+    instances: &InstanceCount,
+) -> Option<&'a Arc<ShareSet>> {
+    let count = instances.get();
+    let place = instances.place();
+    shares.iter().find(|share| {
+        Arc::ptr_eq(&share.original, limits) && share.instances == count && share.place == place
+    })
 }
 
 /// Whether `policy` counts with a token bucket.

@@ -2,12 +2,16 @@
 //!
 //! The limits in force are one immutable snapshot behind an atomic pointer: a decision
 //! reads the pointer once (no lock), and a swap publishes a whole new snapshot, so no
-//! decision ever sees the defaults of one set and the tiers of another.
+//! decision ever sees the defaults of one set and the tiers of another. Until its first
+//! swap (most limiters never swap) a limiter reads the limits it was built with by a
+//! plain reference: loading the pointer takes and gives back a reference, two atomic
+//! read-modify-writes, a fifth of an in-process decision.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
@@ -143,6 +147,10 @@ impl ActiveLimits {
 /// them: the snapshot in force, the count of swaps so far, the counters' scope, and the
 /// limiter's name and metrics.
 pub(crate) struct InForce {
+    /// The limits the limiter was built with: in force until `swapped`.
+    built_with: Arc<ActiveLimits>,
+    /// Set, for good, once a swap has stored a snapshot in `active`.
+    swapped: AtomicBool,
     active: ArcSwap<ActiveLimits>,
     generation: AtomicU64,
     scope: Arc<str>,
@@ -157,8 +165,11 @@ impl InForce {
         name: Arc<str>,
         metrics: Arc<LimiterMetrics>,
     ) -> Self {
+        let built_with = Arc::new(active);
         Self {
-            active: ArcSwap::from_pointee(active),
+            active: ArcSwap::new(built_with.clone()),
+            built_with,
+            swapped: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             scope,
             name,
@@ -167,8 +178,12 @@ impl InForce {
     }
 
     /// The snapshot in force. Hold it only for the part of a decision that reads it.
-    pub(crate) fn load(&self) -> arc_swap::Guard<Arc<ActiveLimits>> {
-        self.active.load()
+    pub(crate) fn load(&self) -> Snapshot<'_> {
+        if self.swapped.load(Ordering::Acquire) {
+            Snapshot::Swapped(self.active.load())
+        } else {
+            Snapshot::BuiltWith(&self.built_with)
+        }
     }
 
     /// Checks `limits` and swaps them in, or says why they cannot work.
@@ -178,8 +193,26 @@ impl InForce {
         // Counters first, so that a refusal by a newly named policy is counted.
         self.metrics.register_policies(active.source.policy_names());
         self.active.store(Arc::new(active));
+        self.swapped.store(true, Ordering::Release);
         tracing::warn!(layer = %self.name, "rate limits replaced");
         Ok(())
+    }
+}
+
+/// The limits in force, as a decision reads them.
+pub(crate) enum Snapshot<'a> {
+    BuiltWith(&'a ActiveLimits),
+    Swapped(arc_swap::Guard<Arc<ActiveLimits>>),
+}
+
+impl Deref for Snapshot<'_> {
+    type Target = ActiveLimits;
+
+    fn deref(&self) -> &ActiveLimits {
+        match self {
+            Snapshot::BuiltWith(active) => active,
+            Snapshot::Swapped(active) => active,
+        }
     }
 }
 
