@@ -109,6 +109,7 @@ where
 {
     /// Decides `request` (of `cost` units) as far as can be done now, and calls `inner`
     /// if it is admitted by then.
+    #[inline(always)]
     pub(crate) fn new(
         request: Request<ReqBody>,
         inner: S,
@@ -174,6 +175,7 @@ where
 }
 
 /// The step after the key extractor answered: refuse, let through uncounted, or decide.
+#[inline(always)]
 fn after_key<K, S, ReqBody>(
     head: &mut Head<K>,
     key: Extracted,
@@ -224,6 +226,7 @@ where
 }
 
 /// The step after the decision: the refusal, or the inner service's call.
+#[inline(always)]
 fn after_decision<K, S, ReqBody, KeyFuture>(
     head: &Head<K>,
     decision: Decision,
