@@ -1,7 +1,8 @@
 //! The RateLimit-Policy and RateLimit fields of the IETF httpapi draft, as Structured Fields.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
 use bytes::{BufMut, BytesMut};
@@ -202,12 +203,38 @@ pub(crate) fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T 
 /// its allocation, which the cache holds: limits swapped in are new sets, so a response
 /// never advertises the policies of limits swapped out.
 ///
-/// Read from an atomic snapshot, and each response's value copied into this thread's field
-/// buffer: a lock, or one shared `HeaderValue` cloned by every response, would be counters
-/// written by every request on every core.
+/// Read from an atomic snapshot. A value is kept for the process (distinct values are few:
+/// a handful per limiter and swap), so that each response's copy is a static reference;
+/// past [`MAX_STATIC_FIELDS`] values each response's value is copied into this thread's
+/// field buffer. A lock, or one shared `HeaderValue` cloned by every response, would be
+/// counters written by every request on every core.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyFieldCache {
-    fields: ArcSwap<Vec<(Arc<[Policy]>, HeaderValue)>>,
+    fields: ArcSwap<Vec<(Arc<[Policy]>, CachedField)>>,
+}
+
+/// How many distinct RateLimit-Policy values the process keeps for good.
+const MAX_STATIC_FIELDS: usize = 4_096;
+
+/// `value` as a value of static bytes, which a copy does not count, if there is room.
+fn kept_for_the_process(value: &HeaderValue) -> Option<HeaderValue> {
+    static KEPT: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    // Visible ASCII, as `from_static` requires.
+    let text = value.to_str().ok()?;
+    // A panic while the set was locked left it whole (one insert): still usable.
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(found) = kept.get(text) {
+        return Some(HeaderValue::from_static(found));
+    }
+    if kept.len() >= MAX_STATIC_FIELDS {
+        return None;
+    }
+    let leaked: &'static str = Box::leak(text.into());
+    kept.insert(leaked);
+    Some(HeaderValue::from_static(leaked))
 }
 
 // Default and tier sets, and the local shares of each for the instance counts seen (of
@@ -222,16 +249,20 @@ impl PolicyFieldCache {
             return policy_field(info, pk);
         }
         let set = info.policy_set();
-        let find = |fields: &[(Arc<[Policy]>, HeaderValue)]| {
+        let find = |fields: &[(Arc<[Policy]>, CachedField)]| {
             fields
                 .iter()
                 .find(|(cached, _)| Arc::ptr_eq(cached, set))
-                .map(|(_, value)| copied(value))
+                .map(|(_, value)| value.copy())
         };
         if let Some(value) = find(&self.fields.load()) {
             return value;
         }
         let value = policy_field(info, None)?;
+        let cached = match kept_for_the_process(&value) {
+            Some(kept) => CachedField::Static(kept),
+            None => CachedField::Shared(value.clone()),
+        };
         self.fields.rcu(|fields| {
             let mut fields = Vec::clone(fields);
             if find(&fields).is_none() {
@@ -239,7 +270,7 @@ impl PolicyFieldCache {
                 if fields.len() >= MAX_CACHED_SETS {
                     fields.remove(0);
                 }
-                fields.push((set.clone(), value.clone()));
+                fields.push((set.clone(), cached.clone()));
             }
             fields
         });
@@ -247,12 +278,25 @@ impl PolicyFieldCache {
     }
 }
 
-/// A copy of `value` in this thread's field buffer.
-fn copied(value: &HeaderValue) -> Option<HeaderValue> {
-    with_field_buffer(|buffer| {
-        buffer.put_slice(value.as_bytes());
-        HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
-    })
+/// A cached RateLimit-Policy value, and how a response gets its copy.
+#[derive(Clone, Debug)]
+enum CachedField {
+    /// Of static bytes: the copy is the reference.
+    Static(HeaderValue),
+    /// Shared bytes: copied into this thread's field buffer.
+    Shared(HeaderValue),
+}
+
+impl CachedField {
+    fn copy(&self) -> Option<HeaderValue> {
+        match self {
+            CachedField::Static(value) => Some(value.clone()),
+            CachedField::Shared(value) => with_field_buffer(|buffer| {
+                buffer.put_slice(value.as_bytes());
+                HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
+            }),
+        }
+    }
 }
 
 #[cfg(test)]
