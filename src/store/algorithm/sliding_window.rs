@@ -26,6 +26,7 @@ pub(super) fn normalize(window_ms: u64, state: Option<State>, now_ms: u64) -> St
 /// [`normalize`] on the numbers of a window's state, `[window_start, previous, current]`
 /// (`[0, 0, 0]` for none): the arithmetic itself, which the in-process store's packed
 /// states use without building a [`State`].
+#[inline]
 pub(super) fn roll(
     window_ms: u64,
     [window_start, previous, current]: [u64; 3],
@@ -76,6 +77,7 @@ pub(super) fn consume(
 }
 
 /// [`consume`] on the numbers of a rolled window's state.
+#[inline]
 pub(super) fn take(
     limit: u64,
     window_ms: u64,
@@ -145,6 +147,7 @@ pub(super) fn report(
 }
 
 /// [`report`] on the numbers of a window's state.
+#[inline]
 pub(super) fn report_counts(
     limit: u64,
     window_ms: u64,

@@ -29,6 +29,7 @@ pub(super) fn normalize(
 /// [`normalize`] on the numbers of a bucket's state, `[level, updated_ms]`: the arithmetic
 /// itself, which the in-process store's packed states use without building a
 /// [`State`].
+#[inline]
 pub(super) fn refill(
     rate: u64,
     period_ms: u64,
@@ -76,6 +77,7 @@ pub(super) fn consume(period_ms: u64, state: &State, cost: u64) -> Option<State>
 }
 
 /// [`consume`] on the numbers of a refilled bucket's state.
+#[inline]
 pub(super) fn take(period_ms: u64, [level, updated_ms]: [u64; 2], cost: u64) -> Option<[u64; 2]> {
     let needed = cost * period_ms;
     (level >= needed).then(|| [level - needed, updated_ms])
@@ -130,6 +132,7 @@ pub(super) fn report(
 }
 
 /// [`report`] on a bucket's level.
+#[inline]
 pub(super) fn report_level(
     rate: u64,
     period_ms: u64,

@@ -145,6 +145,7 @@ impl Packing {
     }
 
     /// A state given as [`Numbers`] of this packing's kind in one word, if it fits.
+    #[inline]
     pub(super) fn encode_numbers(self, numbers: Numbers) -> Option<u64> {
         match self {
             Packing::Window {
@@ -189,6 +190,7 @@ impl Packing {
     }
 
     /// The state a word holds, as [`Numbers`].
+    #[inline]
     pub(super) fn decode_numbers(self, word: u64) -> Numbers {
         match self {
             Packing::Window {
