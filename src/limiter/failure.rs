@@ -503,7 +503,7 @@ impl Fallback {
         // The usual caller, of one packed policy it is already counted by, by its short
         // path; a caller the share starts counting takes the seeded one.
         if let [limit] = &*share.policies
-            && let Some((_, outcome)) = self.local.decide_one_at(caller.key(), limit, cost, now)
+            && let Some(outcome) = self.local.decide_one_at(caller.key(), limit, cost, now)
         {
             let outcome = CheckOutcome::one(outcome).counted_at(now);
             return self.share_decision(set, share, &outcome, cost);

@@ -97,8 +97,9 @@ impl LocalPath {
         let memory = self.memory.as_ref()?;
         let now = memory.now_ms();
         if let [limit] = &*set.limits
-            && let Some((admitted, outcome)) = memory.decide_one_at(caller.key(), limit, cost, now)
+            && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
         {
+            let admitted = outcome.admitted;
             return Some(decision(
                 admitted,
                 answered_as(set, admitted, &[outcome], now, cost),

@@ -252,7 +252,7 @@ pub(super) struct Entry {
 /// What a decision by compare-and-swap came to.
 pub(super) enum PackedDecision {
     /// Admitted or refused, with what the policy reports.
-    Decided(bool, PolicyOutcome),
+    Decided(PolicyOutcome),
     /// The counter is not packed, or not the entry's only one: the entry's lock decides.
     NotPacked,
     /// The state to write does not fit its packing: the shard's write lock decides, and
@@ -356,13 +356,13 @@ impl Entry {
                 return PackedDecision::DoesNotFit;
             };
             if !evaluation.admitted {
-                return PackedDecision::Decided(false, evaluation.outcome);
+                return PackedDecision::Decided(evaluation.outcome);
             }
             let Some(next) = packing.encode_numbers(evaluation.state) else {
                 return PackedDecision::DoesNotFit;
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
-                Ok(_) => return PackedDecision::Decided(true, evaluation.outcome),
+                Ok(_) => return PackedDecision::Decided(evaluation.outcome),
                 Err(actual) => current = actual,
             }
         }

@@ -215,7 +215,7 @@ impl InMemoryBackend {
         let now = self.now_ms();
         // The usual caller, of one packed policy, by its own short path.
         if let [limit] = limits
-            && let Some((_, outcome)) = self.decide_one_at(caller, limit, cost, now)
+            && let Some(outcome) = self.decide_one_at(caller, limit, cost, now)
         {
             return CheckOutcome::one(outcome).counted_at(now);
         }
@@ -241,15 +241,15 @@ impl InMemoryBackend {
 
     /// Decides a request of `cost` units at `now` against the one policy `limit` for a
     /// caller this backend tracks with that policy's packed state alone (the usual caller
-    /// of a limiter with one policy): whether it was admitted, and what the policy reports.
-    /// `None` for any other caller, which [`decide_at`](Self::decide_at) decides.
+    /// of a limiter with one policy): what the policy reports, whether it admitted
+    /// included. `None` for any other caller, which [`decide_at`](Self::decide_at) decides.
     pub(crate) fn decide_one_at(
         &self,
         caller: &CallerKey,
         limit: &Policy,
         cost: u64,
         now: u64,
-    ) -> Option<(bool, PolicyOutcome)> {
+    ) -> Option<PolicyOutcome> {
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
         if now.saturating_sub(shard.last_sweep_ms.load(Relaxed))
@@ -258,7 +258,7 @@ impl InMemoryBackend {
             return None;
         }
         match decide_packed_alone(&shard, hash, caller, limit, now, cost) {
-            PackedDecision::Decided(admitted, outcome) => Some((admitted, outcome)),
+            PackedDecision::Decided(outcome) => Some(outcome),
             PackedDecision::NotPacked | PackedDecision::DoesNotFit => None,
         }
     }
@@ -429,10 +429,10 @@ fn decide_packed_alone(
     };
     let entry = &shard.entries[position];
     let decided = entry.decide_packed(counter, limit.algorithm(), now, cost);
-    if let PackedDecision::Decided(admitted, _) = decided {
+    if let PackedDecision::Decided(outcome) = decided {
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
-        if admitted {
+        if outcome.admitted {
             entry.keep_until(now.saturating_add(limit.retention_ms()));
         }
     }
@@ -456,7 +456,7 @@ fn decide_tracked(
     }
     if let [limit] = limits {
         match decide_packed_alone(shard, hash, caller, limit, now, cost) {
-            PackedDecision::Decided(_, outcome) => {
+            PackedDecision::Decided(outcome) => {
                 return Some(CheckOutcome::one(outcome).counted_at(now));
             }
             PackedDecision::DoesNotFit => return None,
