@@ -116,7 +116,7 @@ async fn both_backends_decide_alike() {
     for (i, scenario) in scenarios().iter().enumerate() {
         let memory = run(InMemoryBackend::new(), scenario).await;
         // A fresh prefix per scenario keeps them apart, as a fresh in-process store does.
-        let redis = RedisBackend::builder(server.url())
+        let redis = crate::redis_backend::patient(RedisBackend::builder(server.url()))
             .prefix(format!("scenario{i}"))
             .build()
             .unwrap();

@@ -54,7 +54,7 @@ fn on_redis(server: &RedisServer) -> Limiter {
     Limiter::builder()
         .name("login")
         .backend(
-            RedisBackend::builder(server.url())
+            crate::redis_backend::patient(RedisBackend::builder(server.url()))
                 .build()
                 .expect("valid URL"),
         )
@@ -300,7 +300,7 @@ async fn shadow_mode_gives_back_as_enforce_mode_would() {
     let limiter = Limiter::builder()
         .name("login")
         .backend(
-            RedisBackend::builder(server.url())
+            crate::redis_backend::patient(RedisBackend::builder(server.url()))
                 .build()
                 .expect("valid URL"),
         )

@@ -354,14 +354,14 @@ mod on_redis {
     }
 
     fn on(server: &RedisServer) -> Limiter {
-        let store = RedisBackend::builder(server.url())
+        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
             .build()
             .expect("valid URL");
         limiter(store, LOCKOUT).build()
     }
 
     fn on_cluster(cluster: &RedisCluster) -> Limiter {
-        let store = RedisBackend::cluster_builder(cluster.urls())
+        let store = crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
             .build()
             .expect("valid URLs");
         limiter(store, LOCKOUT).build()
@@ -395,7 +395,7 @@ mod on_redis {
     #[tokio::test]
     async fn a_token_bucket_locks_out_on_redis() {
         let server = RedisServer::start();
-        let store = RedisBackend::builder(server.url())
+        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
             .build()
             .expect("valid URL");
         let limiter = Limiter::builder()
@@ -422,7 +422,7 @@ mod on_redis {
     #[tokio::test]
     async fn a_sliding_log_locks_out_on_redis() {
         let server = RedisServer::start();
-        let store = RedisBackend::builder(server.url())
+        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
             .build()
             .expect("valid URL");
         let limiter = Limiter::builder()

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::store::{Backend, CallerKey};
+use tollgate::store::{Backend, CallerKey, RedisBackendBuilder};
 use tollgate::{Caller, Decision, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::redis::RedisServer;
 
@@ -14,13 +14,19 @@ use tollgate_testkit::redis::RedisServer;
 const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn backend(server: &RedisServer) -> RedisBackend {
-    // The connection's own timeouts (1 s to connect, 500 ms per answer by default) sit
-    // under the limiter's store timeout: raised with it, or a slow answer still falls back.
-    RedisBackend::builder(server.url())
-        .connect_timeout(SLOW_TEST_MACHINE)
-        .response_timeout(SLOW_TEST_MACHINE)
+    patient(RedisBackend::builder(server.url()))
         .build()
         .expect("valid URL")
+}
+
+/// `builder` for a test whose requests must be decided by Redis, under a store timeout of
+/// [`SLOW_TEST_MACHINE`]: the connection's own timeouts (1 s to connect, 500 ms per answer
+/// by default) sit under it, so they are raised with it, or a slow answer on a loaded
+/// machine still falls back.
+pub(crate) fn patient(builder: RedisBackendBuilder) -> RedisBackendBuilder {
+    builder
+        .connect_timeout(SLOW_TEST_MACHINE)
+        .response_timeout(SLOW_TEST_MACHINE)
 }
 
 fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {

@@ -24,7 +24,7 @@ fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
         .name("redis-cluster")
         .store_timeout(SLOW_TEST_MACHINE)
         .backend(
-            RedisBackend::cluster_builder(cluster.urls())
+            crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
                 .build()
                 .expect("valid URLs"),
         )
@@ -142,7 +142,7 @@ async fn exactly_the_limit_under_concurrency_on_a_cluster() {
                 .name("redis-cluster")
                 .store_timeout(SLOW_TEST_MACHINE)
                 .backend(
-                    RedisBackend::cluster_builder(cluster.urls())
+                    crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
                         .build()
                         .unwrap(),
                 )

@@ -135,7 +135,7 @@ async fn a_batch_consumes_its_cost_on_redis() {
     let limiter = Limiter::builder()
         .name("batch")
         .backend(
-            RedisBackend::builder(server.url())
+            crate::redis_backend::patient(RedisBackend::builder(server.url()))
                 .build()
                 .expect("valid URL"),
         )
@@ -167,7 +167,7 @@ async fn a_cost_of_zero_peeks_and_refusals_hold_for_their_cost() {
     let limiter = Limiter::builder()
         .name("batch")
         .backend(
-            RedisBackend::builder(server.url())
+            crate::redis_backend::patient(RedisBackend::builder(server.url()))
                 .build()
                 .expect("valid URL"),
         )
