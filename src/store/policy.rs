@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::algorithm::Algorithm;
+use crate::store::algorithm::{Algorithm, Divisors};
 use crate::store::build_error::BuildError;
 
 /// A number of requests over a span of time, read the way people say it:
@@ -162,6 +162,8 @@ pub struct Policy {
     // Computed once (each takes a division): read on every decision and every response.
     window_ms: u64,
     retention_ms: u64,
+    /// Its arithmetic's divisors as multiplications, for the in-process decision.
+    divisors: Divisors,
 }
 
 impl Policy {
@@ -378,6 +380,7 @@ impl Policy {
             name,
             window_ms: algorithm.window_ms(),
             retention_ms: algorithm.retention_ms(),
+            divisors: Divisors::of(&algorithm),
             algorithm,
             scope,
             counter,
@@ -553,6 +556,11 @@ impl Policy {
     /// [`Algorithm::retention_ms`], computed when the policy was built.
     pub(crate) fn retention_ms(&self) -> u64 {
         self.retention_ms
+    }
+
+    /// Its algorithm's divisors, made when the policy was built.
+    pub(crate) fn divisors(&self) -> &Divisors {
+        &self.divisors
     }
 
     /// The same policy counted under `scope` (a limiter's counter scope).

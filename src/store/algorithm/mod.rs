@@ -4,11 +4,13 @@
 //! Redis backend runs a Lua transcription of it. Integers keep the two identical (Lua
 //! numbers are doubles, exact below 2^53, which the constructors guarantee).
 
+mod divisor;
 mod share;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub(crate) use divisor::{Divisor, Divisors, gcd};
 pub(crate) use share::Share;
 pub(crate) use sliding_log::AdmissionLog;
 
@@ -377,6 +379,7 @@ impl Algorithm {
     #[inline]
     pub(crate) fn evaluate_numbers(
         &self,
+        divisors: &Divisors,
         window: bool,
         stored: Numbers,
         now_ms: u64,
@@ -385,7 +388,8 @@ impl Algorithm {
         let quota = self.quota();
         Some(match *self {
             Algorithm::SlidingWindow { limit, window_ms } if window => {
-                let current = sliding_window::roll(window_ms, stored, now_ms);
+                let window = divisors.period.or_new(window_ms);
+                let current = sliding_window::roll(window, stored, now_ms);
                 let taken = (cost <= quota)
                     .then(|| sliding_window::take(limit, window_ms, current, now_ms, cost))
                     .flatten();
@@ -397,7 +401,7 @@ impl Algorithm {
                     admitted,
                     state,
                     outcome: sliding_window::report_counts(
-                        limit, window_ms, state, now_ms, admitted, cost,
+                        limit, window, state, now_ms, admitted, cost,
                     ),
                 }
             }
@@ -420,7 +424,12 @@ impl Algorithm {
                     admitted,
                     state: [level, updated_ms, 0],
                     outcome: token_bucket::report_level(
-                        rate, period_ms, burst, level, admitted, cost,
+                        divisors.rate.or_new(rate),
+                        divisors.period.or_new(period_ms),
+                        burst,
+                        level,
+                        admitted,
+                        cost,
                     ),
                 }
             }
@@ -953,9 +962,15 @@ mod tests {
             for (advance, cost, back) in steps {
                 now = if back { now.saturating_sub(advance / 4) } else { now + advance };
                 let expected = algorithm.evaluate_cost(Some(state.clone()), now, cost);
+                // With the policy's own divisors and with those of no policy, which divide
+                // by what each step is given.
                 let got = algorithm
-                    .evaluate_numbers(window, numbers(&state), now, cost)
+                    .evaluate_numbers(&Divisors::of(&algorithm), window, numbers(&state), now, cost)
                     .expect("the same kind");
+                let native = algorithm
+                    .evaluate_numbers(&Divisors::NONE, window, numbers(&state), now, cost)
+                    .expect("the same kind");
+                proptest::prop_assert_eq!(native, got);
                 proptest::prop_assert_eq!(got.admitted, expected.admitted);
                 proptest::prop_assert_eq!(got.outcome, expected.outcome);
                 proptest::prop_assert_eq!(got.state, numbers(&expected.admitted_state));

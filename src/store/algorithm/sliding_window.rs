@@ -2,7 +2,7 @@
 //! it still overlaps the sliding window, plus the current window's count. lua/policies.lua
 //! is its transcription for Redis.
 
-use super::{PolicyOutcome, State, floor_div};
+use super::{Divisor, PolicyOutcome, State, floor_div};
 
 /// The state brought to `now_ms`: the window rolled forward, or a fresh one. A state of
 /// another algorithm starts afresh.
@@ -15,7 +15,7 @@ pub(super) fn normalize(window_ms: u64, state: Option<State>, now_ms: u64) -> St
         }) => [window_start, previous, current],
         _ => [0, 0, 0],
     };
-    let [window_start, previous, current] = roll(window_ms, counts, now_ms);
+    let [window_start, previous, current] = roll(Divisor::new(window_ms), counts, now_ms);
     State::SlidingWindow {
         window_start,
         previous,
@@ -28,11 +28,12 @@ pub(super) fn normalize(window_ms: u64, state: Option<State>, now_ms: u64) -> St
 /// states use without building a [`State`].
 #[inline]
 pub(super) fn roll(
-    window_ms: u64,
+    window: Divisor,
     [window_start, previous, current]: [u64; 3],
     now_ms: u64,
 ) -> [u64; 3] {
-    let start = now_ms - now_ms % window_ms;
+    let window_ms = window.get();
+    let start = now_ms - window.remainder(now_ms);
     if window_start == start {
         [start, previous, current]
     } else if window_start.checked_add(window_ms) == Some(start) {
@@ -138,7 +139,7 @@ pub(super) fn report(
     };
     report_counts(
         limit,
-        window_ms,
+        Divisor::new(window_ms),
         [window_start, previous, current],
         now_ms,
         admitted,
@@ -150,17 +151,18 @@ pub(super) fn report(
 #[inline]
 pub(super) fn report_counts(
     limit: u64,
-    window_ms: u64,
+    window: Divisor,
     [window_start, previous, current]: [u64; 3],
     now_ms: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
+    let window_ms = window.get();
     let w = u128::from(window_ms);
     let elapsed = u128::from(now_ms.saturating_sub(window_start).min(window_ms));
     let used = u128::from(previous) * (w - elapsed) + u128::from(current) * w;
     let budget = u128::from(limit) * w;
-    let remaining = floor_div(budget.saturating_sub(used), w) as u64;
+    let remaining = window.divide_wide(budget.saturating_sub(used)) as u64;
     let units = if admitted { remaining + 1 } else { cost };
     let reset_ms = if (admitted && remaining >= limit) || units > limit {
         0

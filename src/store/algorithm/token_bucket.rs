@@ -3,7 +3,7 @@
 //! units and `rate` units flow in per millisecond, so refill stays in integers.
 //! lua/policies.lua is its transcription for Redis.
 
-use super::{PolicyOutcome, State, ceil_div};
+use super::{Divisor, PolicyOutcome, State};
 
 /// The state brought to `now_ms`: the bucket refilled, or a full one. A state of another
 /// algorithm starts afresh.
@@ -128,26 +128,34 @@ pub(super) fn report(
     let State::TokenBucket { level, .. } = *state else {
         return PolicyOutcome::nothing(admitted);
     };
-    report_level(rate, period_ms, burst, level, admitted, cost)
+    report_level(
+        Divisor::new(rate),
+        Divisor::new(period_ms),
+        burst,
+        level,
+        admitted,
+        cost,
+    )
 }
 
 /// [`report`] on a bucket's level.
 #[inline]
 pub(super) fn report_level(
-    rate: u64,
-    period_ms: u64,
+    rate: Divisor,
+    period: Divisor,
     burst: u64,
     level: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let remaining = level / period_ms;
+    let remaining = period.divide(level);
     let units = if admitted { remaining + 1 } else { cost };
     let reset_ms = if (admitted && remaining >= burst) || units > burst {
         0
     } else {
-        let needed = (u128::from(units) * u128::from(period_ms)).saturating_sub(u128::from(level));
-        ceil_div(needed, u128::from(rate))
+        let needed =
+            (u128::from(units) * u128::from(period.get())).saturating_sub(u128::from(level));
+        rate.divide_ceil_wide(needed)
     };
     PolicyOutcome {
         admitted,

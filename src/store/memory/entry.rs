@@ -7,8 +7,9 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use super::packed::Packing;
-use crate::store::algorithm::{AdmissionLog, Algorithm, PolicyOutcome, State};
+use crate::store::algorithm::{AdmissionLog, PolicyOutcome, State};
 use crate::store::inline_bytes::InlineBytes;
+use crate::store::policy::Policy;
 
 /// Keys up to this many encoded bytes live inside the entry; longer ones (up to a tag and
 /// [`MAX_KEY_BYTES`](crate::store::CallerKey::MAX_KEY_BYTES)) take one heap block. 22 keeps the key
@@ -338,10 +339,11 @@ impl Entry {
     pub(super) fn decide_packed(
         &self,
         counter: u32,
-        algorithm: &Algorithm,
+        limit: &Policy,
         now_ms: u64,
         cost: u64,
     ) -> PackedDecision {
+        let (algorithm, divisors) = (limit.algorithm(), limit.divisors());
         let packing = match self.first_state.packing() {
             Some(packing) if self.first_counter == counter && self.more.is_none() => packing,
             _ => return PackedDecision::NotPacked,
@@ -351,14 +353,16 @@ impl Entry {
         let mut current = word.load(Relaxed);
         loop {
             let stored = packing.decode_numbers(current);
-            let Some(evaluation) = algorithm.evaluate_numbers(window, stored, now_ms, cost) else {
+            let Some(evaluation) =
+                algorithm.evaluate_numbers(divisors, window, stored, now_ms, cost)
+            else {
                 // Another algorithm's state: the general path starts it afresh.
                 return PackedDecision::DoesNotFit;
             };
             if !evaluation.admitted {
                 return PackedDecision::Decided(evaluation.outcome);
             }
-            let Some(next) = packing.encode_numbers(evaluation.state) else {
+            let Some(next) = packing.encode_numbers(evaluation.state, divisors) else {
                 return PackedDecision::DoesNotFit;
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {

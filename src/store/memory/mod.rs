@@ -428,7 +428,7 @@ fn decide_packed_alone(
         return PackedDecision::NotPacked;
     };
     let entry = &shard.entries[position];
-    let decided = entry.decide_packed(counter, limit.algorithm(), now, cost);
+    let decided = entry.decide_packed(counter, limit, now, cost);
     if let PackedDecision::Decided(outcome) = decided {
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();

@@ -14,7 +14,7 @@
 //! the slot goes back to the unpacked form, under the shard's write lock. Decoding is
 //! exact, so both forms decide alike.
 
-use crate::store::algorithm::{Algorithm, Numbers, State};
+use crate::store::algorithm::{Algorithm, Divisors, Numbers, State, gcd};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -136,17 +136,18 @@ impl Packing {
                     previous,
                     current,
                 },
-            ) => self.encode_numbers([window_start, previous, current]),
+            ) => self.encode_numbers([window_start, previous, current], &Divisors::NONE),
             (Packing::Bucket { .. }, &State::TokenBucket { level, updated_ms }) => {
-                self.encode_numbers([level, updated_ms, 0])
+                self.encode_numbers([level, updated_ms, 0], &Divisors::NONE)
             }
             _ => None,
         }
     }
 
-    /// A state given as [`Numbers`] of this packing's kind in one word, if it fits.
+    /// A state given as [`Numbers`] of this packing's kind in one word, if it fits;
+    /// `divisors` are the policy's, which divide faster where they are this packing's.
     #[inline]
-    pub(super) fn encode_numbers(self, numbers: Numbers) -> Option<u64> {
+    pub(super) fn encode_numbers(self, numbers: Numbers, divisors: &Divisors) -> Option<u64> {
         match self {
             Packing::Window {
                 window_ms,
@@ -154,7 +155,7 @@ impl Packing {
                 base_index,
             } => {
                 let [window_start, previous, current] = numbers;
-                let index = window_start / window_ms;
+                let index = divisors.period.divide_by(window_start, window_ms);
                 if index * window_ms != window_start {
                     return None;
                 }
@@ -170,7 +171,7 @@ impl Packing {
             } => {
                 let [level, updated_ms, _] = numbers;
                 let relative = updated_ms.checked_sub(base_ms)?;
-                let units = level / unit;
+                let units = divisors.unit.divide_by(level, unit);
                 (units * unit == level && units < 1 << level_bits && relative < 1 << SPAN_BITS)
                     .then_some(relative << level_bits | units)
             }
@@ -226,13 +227,6 @@ impl Packing {
 /// How many bits `n` takes.
 fn bits(n: u64) -> u32 {
     64 - n.leading_zeros()
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a.max(1)
 }
 
 #[cfg(test)]
