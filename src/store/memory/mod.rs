@@ -243,6 +243,9 @@ impl InMemoryBackend {
     /// caller this backend tracks with that policy's packed state alone (the usual caller
     /// of a limiter with one policy): what the policy reports, whether it admitted
     /// included. `None` for any other caller, which [`decide_at`](Self::decide_at) decides.
+    // Inlined into its callers: returned through memory, the outcome was written in one
+    // shape and read back in another, a stalled load on every decision.
+    #[inline]
     pub(crate) fn decide_one_at(
         &self,
         caller: &CallerKey,
