@@ -164,6 +164,8 @@ pub struct Policy {
     retention_ms: u64,
     /// Its arithmetic's divisors as multiplications, for the in-process decision.
     divisors: Divisors,
+    /// Whether the in-process store keeps its states in one word.
+    packs_in_one_word: bool,
 }
 
 impl Policy {
@@ -381,6 +383,7 @@ impl Policy {
             window_ms: algorithm.window_ms(),
             retention_ms: algorithm.retention_ms(),
             divisors: Divisors::of(&algorithm),
+            packs_in_one_word: crate::store::memory::packs(&algorithm),
             algorithm,
             scope,
             counter,
@@ -561,6 +564,12 @@ impl Policy {
     /// Its algorithm's divisors, made when the policy was built.
     pub(crate) fn divisors(&self) -> &Divisors {
         &self.divisors
+    }
+
+    /// Whether the in-process store keeps this policy's states in one word, decided by a
+    /// compare-and-swap.
+    pub(crate) fn packs_in_one_word(&self) -> bool {
+        self.packs_in_one_word
     }
 
     /// The same policy counted under `scope` (a limiter's counter scope).

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use self::entry::{Block, Entry, PackedDecision};
 use self::packed::Packing;
+pub(crate) use self::packed::packs;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
@@ -253,6 +254,11 @@ impl InMemoryBackend {
         cost: u64,
         now: u64,
     ) -> Option<PolicyOutcome> {
+        // A policy whose states never pack (a count too large for its bits) is not looked
+        // up twice, here in vain and then by the general path.
+        if !limit.packs_in_one_word() {
+            return None;
+        }
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
         if now.saturating_sub(shard.last_sweep_ms.load(Relaxed))

@@ -23,6 +23,12 @@ const SPAN_BITS: u32 = 34;
 /// (a clock that moved back, another instance's slightly slower clock) still fits.
 const BASE_MARGIN_MS: u64 = 3_600_000;
 
+/// Whether `algorithm`'s states pack in one word (whenever made: the span a slot covers
+/// starts at its making, the bits its counts and levels take do not depend on it).
+pub(crate) fn packs(algorithm: &Algorithm) -> bool {
+    Packing::of(algorithm, 0).is_some()
+}
+
 /// How one slot's state is packed: fixed when the slot is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Packing {
@@ -246,11 +252,17 @@ mod tests {
         let bucket = Algorithm::token_bucket(1_000_000_000, Duration::from_secs(1), 1_000_000_000);
         for algorithm in [window, day, bucket] {
             assert!(Packing::of(&algorithm, NOW).is_some(), "{algorithm:?}");
+            assert!(packs(&algorithm));
         }
         let huge = Algorithm::sliding_window(1 << 40, Duration::from_millis(1));
         assert!(Packing::of(&huge, NOW).is_none());
         let log = Algorithm::sliding_log(5, Duration::from_secs(1));
         assert!(Packing::of(&log, NOW).is_none());
+        // A billion a second in a window of a second: 30 bits a count, where 19 are left.
+        let billion = Algorithm::sliding_window(1_000_000_000, Duration::from_secs(1));
+        for algorithm in [huge, log, billion] {
+            assert!(!packs(&algorithm), "{algorithm:?}");
+        }
     }
 
     #[test]
