@@ -219,7 +219,9 @@ pub(super) struct Fallback {
     /// Per caller the share counted while the store was away, the units still to tell the
     /// store; a caller not in it has not been told since the share last decided it.
     owed: Mutex<HashMap<CallerKey, u64>>,
-    /// Whether `owed` ever held a caller, read without its lock.
+    /// Whether `owed` holds a caller, read without its lock; written under it. (Left set
+    /// once the map emptied, every share decision after an outage's end took the lock,
+    /// one lock for every thread of the instance, through every later outage.)
     owes: AtomicBool,
 }
 
@@ -473,12 +475,14 @@ impl Fallback {
                 .fetch_max(weighs_until_ms, Ordering::Relaxed);
         }
         // Counted again here: the store is to be told again when it is back. (The lock
-        // only once the store has been back: through an outage nobody is owed.)
+        // only while somebody is owed: through an outage nobody is.)
         if self.owes.load(Ordering::Acquire)
             && let Ok(mut owed) = self.owed.lock()
-            && !owed.is_empty()
         {
             owed.remove(caller.key());
+            if owed.is_empty() {
+                self.owes.store(false, Ordering::Release);
+            }
         }
         if share.turn_wait_ms(now) > 0 {
             // Not this instance's turn: refused until it is, counting nothing.
