@@ -112,6 +112,17 @@ struct State {
     /// (nothing listens there: the server was killed, or is not started), so that calls
     /// say so at once instead of waiting for a connection or being reported as a timeout.
     refused: ArcSwapOption<String>,
+    /// Whether `refused` holds a message: read by every decision while there is no
+    /// connection, where loading `refused` itself takes two locked instructions.
+    is_refused: AtomicBool,
+}
+
+impl State {
+    /// Keeps what the latest attempt to connect got when refused (`None`: it was not).
+    fn set_refused(&self, refused: Option<Arc<String>>) {
+        self.is_refused.store(refused.is_some(), Ordering::Relaxed);
+        self.refused.store(refused);
+    }
 }
 
 /// Stops the connecting task when the last clone of the link is dropped.
@@ -149,6 +160,7 @@ impl Link {
             answered: AtomicBool::new(false),
             follows_the_master: endpoint.follows_the_master(),
             refused: ArcSwapOption::empty(),
+            is_refused: AtomicBool::new(false),
         });
         let task = runtime.spawn(keep_connected(endpoint, config, what, state.clone()));
         Link {
@@ -167,7 +179,7 @@ impl Link {
     pub(super) fn domain(&self) -> FailureDomain {
         if self.is_connected() {
             FailureDomain::WHOLE
-        } else if self.state.refused.load().is_some() {
+        } else if self.state.is_refused.load(Ordering::Relaxed) {
             FailureDomain::WHOLE.refused()
         } else if self.state.ever_connected.load(Ordering::Relaxed) {
             FailureDomain::WHOLE.not_connected()
@@ -303,8 +315,8 @@ async fn keep_connected(
                 let refused = error
                     .is_connection_refusal()
                     .then(|| Arc::new(format!("Redis at {what} refused the connection: {error}")));
-                let newly_refused = refused.is_some() && state.refused.load().is_none();
-                state.refused.store(refused);
+                let newly_refused = refused.is_some() && !state.is_refused.load(Ordering::Relaxed);
+                state.set_refused(refused);
                 if newly_refused {
                     // Calls waiting for a first connection learn at once that it is refused.
                     state.first_connection.notify_waiters();
@@ -314,7 +326,7 @@ async fn keep_connected(
                 continue;
             }
             Err(_) => {
-                state.refused.store(None);
+                state.set_refused(None);
                 retrying(
                     &what,
                     &mut failing,
@@ -327,7 +339,7 @@ async fn keep_connected(
         generation += 1;
         backoff.reset();
         failing = false;
-        state.refused.store(None);
+        state.set_refused(None);
         state.current.store(Some(Arc::new(Connected {
             connection: connection.clone(),
             generation,
