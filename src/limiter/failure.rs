@@ -219,9 +219,9 @@ pub(super) struct Fallback {
     /// Per caller the share counted while the store was away, the units still to tell the
     /// store; a caller not in it has not been told since the share last decided it.
     owed: Mutex<HashMap<CallerKey, u64>>,
-    /// Whether `owed` holds a caller, read without its lock; written under it. (Left set
-    /// once the map emptied, every share decision after an outage's end took the lock,
-    /// one lock for every thread of the instance, through every later outage.)
+    /// Whether `owed` holds a caller, read without its lock; written under it, and cleared
+    /// when the map empties: left set, every later share decision would take the one lock
+    /// all of the instance's threads share.
     owes: AtomicBool,
 }
 
