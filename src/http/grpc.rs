@@ -127,6 +127,33 @@ pub(crate) fn status_of(refusal: &Refusal<'_>) -> Response<Bytes> {
     response
 }
 
+/// A request refused because all of its caller's slots of the in-flight limit `policy`
+/// (of `quota`) are taken: RESOURCE_EXHAUSTED, with the pushback of the HTTP refusal's
+/// Retry-After.
+pub(crate) fn slots_taken(policy: &str, quota: u64, retry_after_ms: u64) -> Response<Bytes> {
+    let message = format!("quota exceeded: all {quota} slots of {policy} are in use");
+    let mut response = trailers_only(Code::RESOURCE_EXHAUSTED, &message);
+    response.headers_mut().insert(
+        GRPC_RETRY_PUSHBACK_MS,
+        HeaderValue::from(retry_after_ms.max(1)),
+    );
+    response
+}
+
+/// A request the store could not decide and the failure policy refuses: UNAVAILABLE, which
+/// gRPC clients retry, after the pushback.
+pub(crate) fn unavailable(retry_after_ms: u64) -> Response<Bytes> {
+    let mut response = trailers_only(
+        Code::UNAVAILABLE,
+        "temporarily reduced capacity: the limit cannot be checked",
+    );
+    response.headers_mut().insert(
+        GRPC_RETRY_PUSHBACK_MS,
+        HeaderValue::from(retry_after_ms.max(1)),
+    );
+    response
+}
+
 /// HTTP 200, `application/grpc`, the status and message, and an empty body that reports
 /// the end of the stream at once.
 fn trailers_only(code: Code, message: &str) -> Response<Bytes> {

@@ -14,6 +14,7 @@ use crate::limiter::instances::InstanceCount;
 use crate::limiter::telemetry::FALLBACKS;
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
+use crate::store::slot_release::{Releases, SlotId};
 use crate::store::slots::{HeldHere, HeldSlot, SlotStore};
 
 const DECISIONS: &str = "tollgate_in_flight_decisions_total";
@@ -64,6 +65,8 @@ pub(super) struct Shared {
     pub(super) settings: Settings,
     here: Arc<HeldHere>,
     ids: SlotIds,
+    /// Releases of this layer's slots still on their way to the store.
+    pub(super) releases: Arc<Releases>,
 }
 
 impl Shared {
@@ -84,48 +87,58 @@ impl Shared {
             settings,
             here: Arc::default(),
             ids: SlotIds::new(),
+            releases: Arc::default(),
         }
     }
 
     /// Takes a slot of `caller`'s, from the store, or as the failure policy says.
     pub(super) async fn admit(&self, caller: &CallerKey) -> Admission {
-        let slot = self.ids.next();
         let Settings {
             name,
             limit,
             store,
             ttl,
+            timeout,
             ..
         } = &self.settings;
-        let asked = store.acquire(caller, name, slot, *limit, *ttl);
-        let answer = if self.settings.store.is_remote() {
-            tokio::time::timeout(self.settings.timeout, asked)
+        let id = SlotId {
+            store: store.clone(),
+            caller: caller.clone(),
+            name: name.clone(),
+            slot: self.ids.next(),
+            ttl: *ttl,
+        };
+        let asked = store.acquire(caller, name, id.slot, *limit, *ttl);
+        let answer = if store.is_remote() {
+            // The store may still take the slot after the answer stops mattering (the
+            // timeout fired, the request went away): unless it says how it decided, the
+            // slot is released, or it would be held for nobody until it expired.
+            let mut asking = Asking {
+                id: Some(id.clone()),
+                releases: &self.releases,
+            };
+            let answer = tokio::time::timeout(*timeout, asked)
                 .await
                 .unwrap_or_else(|_| {
                     Err(StoreError::timeout(format!(
-                        "no answer from the store within {:?}",
-                        self.settings.timeout
+                        "no answer from the store within {timeout:?}"
                     )))
-                })
+                });
+            // A call that was never made took nothing.
+            if answer.as_ref().is_ok() || answer.as_ref().is_err_and(StoreError::is_not_connected) {
+                asking.id = None;
+            }
+            answer
         } else {
             asked.await
         };
         let admission = match answer {
             Ok(Some(held)) => {
                 self.here.take(caller, None);
-                let slot = HeldSlot::in_store(
-                    self.here.clone(),
-                    caller.clone(),
-                    self.settings.store.clone(),
-                    self.settings.name.clone(),
-                    slot,
-                    self.settings.ttl,
-                );
-                self.held(slot, self.settings.limit, held)
+                let slot = HeldSlot::in_store(self.here.clone(), id, self.releases.clone());
+                self.held(slot, *limit, held)
             }
-            Ok(None) => Admission::Limited {
-                quota: self.settings.limit,
-            },
+            Ok(None) => Admission::Limited { quota: *limit },
             Err(error) => self.fall_back(caller, &error),
         };
         self.count(admission.outcome());
@@ -180,6 +193,21 @@ impl Shared {
                 held,
             ),
             None => Admission::Limited { quota: share },
+        }
+    }
+}
+
+/// A slot asked of a remote store whose answer has not said how the store decided: freed
+/// in the store if the answer never does.
+struct Asking<'a> {
+    id: Option<SlotId>,
+    releases: &'a Arc<Releases>,
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.releases.send(id);
         }
     }
 }

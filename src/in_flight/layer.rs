@@ -105,6 +105,29 @@ impl<K> InFlightLayer<K> {
         self.shared.settings.limit
     }
 
+    /// Waits, for at most `within`, until the store has been told of every slot this
+    /// layer's requests freed so far: whether it has. A slot in a remote store is freed by
+    /// a task on the runtime, which a runtime that is shutting down never runs; a graceful
+    /// shutdown awaits this after the server has stopped, or the slots of the last
+    /// requests stay taken until their [`slot_ttl`](Self::slot_ttl) ends (see
+    /// [the module](crate::in_flight#shutting-down)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::InMemoryBackend;
+    /// use tollgate::in_flight::InFlightLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let reports = InFlightLayer::new("reports", 2, InMemoryBackend::new());
+    /// // ... serve with graceful shutdown until a signal, then:
+    /// assert!(reports.flush(Duration::from_secs(1)).await);
+    /// # }
+    /// ```
+    pub fn flush(&self, within: Duration) -> impl Future<Output = bool> + Send + 'static {
+        let shared = self.shared.clone();
+        async move { shared.releases.flush(within).await }
+    }
+
     fn with(mut self, change: impl FnOnce(&mut Settings)) -> Self {
         let mut settings = self.shared.settings.clone();
         change(&mut settings);

@@ -47,6 +47,12 @@
 //! a [`RateLimitLayer`](crate::RateLimitLayer) on the same route lists its policies beside
 //! this one.
 //!
+//! To a gRPC request (`content-type: application/grpc`) a refusal is a gRPC status in a
+//! Trailers-Only response, as the rate limit's are: RESOURCE_EXHAUSTED with
+//! `grpc-retry-pushback-ms: 1000` when the slots are taken, UNAVAILABLE with the same
+//! pushback when the store failed and the failure policy refuses, and the code of the
+//! rejection's 4xx for a request without a key.
+//!
 //! # Crash safety
 //!
 //! A slot in a remote store is taken for the layer's [`slot_ttl`](InFlightLayer::slot_ttl)
@@ -58,6 +64,37 @@
 //! instances' clocks play no part; expired slots are dropped by the next request's atomic
 //! check. A request still running when its slot expired unrenewed (its instance was cut
 //! from Redis for longer than `slot_ttl`) runs on; its slot may then go to another request.
+//!
+//! A slot the store took after its answer stopped mattering (it came after the store
+//! timeout, or the request went away while waiting for it) is released at once: the slot
+//! id is chosen before the call, and freeing a slot the store does not hold does nothing.
+//!
+//! # Shutting down
+//!
+//! A remote store's slot is freed by a task on the runtime when its response ends. A
+//! runtime that is shutting down runs none of its tasks, so the slots of the requests that
+//! ended last would stay taken until their `slot_ttl` ends. A graceful shutdown therefore
+//! awaits [`InFlightLayer::flush`] after the server has stopped serving, while the runtime
+//! still runs:
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use axum::{Router, routing::get};
+//! # use tollgate::InMemoryBackend;
+//! # use tollgate::in_flight::InFlightLayer;
+//! # #[tokio::main] async fn main() -> std::io::Result<()> {
+//! let reports = InFlightLayer::new("reports", 2, InMemoryBackend::new());
+//! let app: Router = Router::new()
+//!     .route("/reports", get(|| async { "report" }))
+//!     .route_layer(reports.clone());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! axum::serve(listener, app)
+//!     .with_graceful_shutdown(async { tokio::signal::ctrl_c().await.unwrap_or(()) })
+//!     .await?;
+//! // Every response has ended: their slots' releases go out before the runtime ends.
+//! reports.flush(Duration::from_secs(1)).await;
+//! # Ok(()) }
+//! ```
 //!
 //! # When the store fails
 //!

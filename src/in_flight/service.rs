@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use super::admission::{Admission, Shared};
 use crate::http::body::ResponseBody;
+use crate::http::grpc;
 use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
 use crate::http::refusal::Refusal;
 use crate::http::response::{self, RATELIMIT, RATELIMIT_POLICY};
@@ -20,6 +21,9 @@ use crate::store::caller::CallerKey;
 
 /// The name of the in-flight limit in the RateLimit fields.
 const POLICY: &str = "in-flight";
+/// How long a refused caller is told to wait: the shortest wait the fields can say (the
+/// server cannot know when one of the caller's requests will end).
+const RETRY_AFTER_SECS: u64 = 1;
 
 /// The service of an [`InFlightLayer`](crate::in_flight::InFlightLayer): takes one of the
 /// caller's slots, then calls the inner service, whose response body holds the slot until
@@ -87,6 +91,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let missing_key = self.missing_key;
+        let grpc = grpc::is_grpc(request.headers());
         let extracted = self.key.extract_now(&request);
         let extracting = extracted
             .is_none()
@@ -109,10 +114,10 @@ where
                     MissingKey::Reject(status) => {
                         let rejection =
                             KeyRejection::new(status, "the request does not say who is calling");
-                        return Ok(rejected(&rejection));
+                        return Ok(rejected(&rejection, grpc));
                     }
                 },
-                Extracted::Rejected(rejection) => return Ok(rejected(&rejection)),
+                Extracted::Rejected(rejection) => return Ok(rejected(&rejection, grpc)),
             };
             match shared.admit(&caller).await {
                 Admission::Held {
@@ -127,11 +132,19 @@ where
                     Ok(response)
                 }
                 Admission::Limited { quota } => {
-                    let mut response = response::slots_taken(POLICY, 1);
+                    let mut response = if grpc {
+                        grpc::slots_taken(POLICY, quota, RETRY_AFTER_SECS * 1_000)
+                            .map(ResponseBody::full)
+                    } else {
+                        response::slots_taken(POLICY, RETRY_AFTER_SECS)
+                    };
                     append_fields(response.headers_mut(), quota, 0, true);
                     Ok(response)
                 }
-                Admission::Unavailable => Ok(response::overloaded(1)),
+                Admission::Unavailable if grpc => {
+                    Ok(grpc::unavailable(RETRY_AFTER_SECS * 1_000).map(ResponseBody::full))
+                }
+                Admission::Unavailable => Ok(response::overloaded(RETRY_AFTER_SECS)),
                 Admission::Unlimited => {
                     let response = inner.call(request).await?;
                     Ok(response.map(ResponseBody::inner))
@@ -141,8 +154,15 @@ where
     }
 }
 
-fn rejected<B>(rejection: &KeyRejection) -> Response<ResponseBody<B>> {
-    response::problem_of(&Refusal::Rejected(rejection)).map(ResponseBody::full)
+/// A key rejection: its 4xx as a problem, or to a gRPC request the status it stands for.
+fn rejected<B>(rejection: &KeyRejection, grpc: bool) -> Response<ResponseBody<B>> {
+    let refusal = Refusal::Rejected(rejection);
+    let response = if grpc {
+        grpc::status_of(&refusal)
+    } else {
+        response::problem_of(&refusal)
+    };
+    response.map(ResponseBody::full)
 }
 
 /// `RateLimit-Policy: "in-flight";q=N;qu="concurrent-requests"` and

@@ -48,6 +48,7 @@ pub(crate) mod policy;
 pub(crate) mod random;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+pub(crate) mod slot_release;
 pub(crate) mod slots;
 pub(crate) mod state;
 

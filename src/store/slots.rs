@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
+use crate::store::slot_release::{Releases, SlotId};
 
 /// A store of slots for requests in flight, one set per caller and limit name: what
 /// [`InFlightLayer`](crate::in_flight::InFlightLayer) asks before it lets a request run
@@ -161,9 +162,8 @@ pub(crate) struct HeldSlot {
 }
 
 struct InStore {
-    store: Arc<dyn SlotStore>,
-    name: Arc<str>,
-    slot: u128,
+    id: SlotId,
+    releases: Arc<Releases>,
     renewal: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -178,36 +178,22 @@ impl HeldSlot {
         }
     }
 
-    /// Slot `slot` that `store` granted (and `here` counted), renewed every third of `ttl`
-    /// if the store is remote and a Tokio runtime runs.
-    pub(crate) fn in_store(
-        here: Arc<HeldHere>,
-        caller: CallerKey,
-        store: Arc<dyn SlotStore>,
-        name: Arc<str>,
-        slot: u128,
-        ttl: Duration,
-    ) -> Self {
-        let renewal = store
+    /// The slot `id` that its store granted (and `here` counted), renewed every third of
+    /// its time to live if the store is remote and a Tokio runtime runs, and freed through
+    /// `releases`.
+    pub(crate) fn in_store(here: Arc<HeldHere>, id: SlotId, releases: Arc<Releases>) -> Self {
+        let renewal = id
+            .store
             .is_remote()
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten()
-            .map(|runtime| {
-                runtime.spawn(renew_while_held(
-                    store.clone(),
-                    caller.clone(),
-                    name.clone(),
-                    slot,
-                    ttl,
-                ))
-            });
+            .map(|runtime| runtime.spawn(renew_while_held(id.clone())));
         Self {
             here,
-            caller,
+            caller: id.caller.clone(),
             in_store: Some(InStore {
-                store,
-                name,
-                slot,
+                id,
+                releases,
                 renewal,
             }),
             on_release: None,
@@ -224,27 +210,21 @@ impl HeldSlot {
 /// Renews a slot until the task is aborted (the slot freed), or the store says it no
 /// longer holds it. A failed renewal is tried again at the next period: the slot lives
 /// until its expiry meanwhile.
-async fn renew_while_held(
-    store: Arc<dyn SlotStore>,
-    caller: CallerKey,
-    name: Arc<str>,
-    slot: u128,
-    ttl: Duration,
-) {
-    let period = (ttl / 3).max(Duration::from_millis(1));
+async fn renew_while_held(id: SlotId) {
+    let period = (id.ttl / 3).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(period).await;
-        match store.renew(&caller, &name, slot, ttl).await {
+        match id.store.renew(&id.caller, &id.name, id.slot, id.ttl).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
-                    layer = %name,
+                    layer = %id.name,
                     "a request in flight lost its slot: it was not renewed within its time to live"
                 );
                 return;
             }
             Err(error) => {
-                tracing::debug!(layer = %name, %error, "could not renew a slot; trying again");
+                tracing::debug!(layer = %id.name, %error, "could not renew a slot; trying again");
             }
         }
     }
@@ -262,23 +242,7 @@ impl Drop for HeldSlot {
         if let Some(renewal) = held.renewal.take() {
             renewal.abort();
         }
-        let mut release = held.store.release(&self.caller, &held.name, held.slot);
-        if release.try_take_ready().is_some() {
-            return;
-        }
-        // Without a runtime the release cannot be sent: the slot frees itself at its expiry.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let name = held.name;
-            runtime.spawn(async move {
-                if let Err(error) = release.await {
-                    tracing::debug!(
-                        layer = %name,
-                        %error,
-                        "could not free a slot: it frees itself at its expiry"
-                    );
-                }
-            });
-        }
+        held.releases.send(held.id);
     }
 }
 

@@ -455,3 +455,57 @@ async fn an_allowed_call_carries_the_ratelimit_fields_as_metadata() {
     assert_eq!(state[0].1[0], ("r".to_owned(), 49));
     assert!(!response.metadata().contains_key("grpc-retry-pushback-ms"));
 }
+
+/// A gRPC call refused by an `InFlightLayer` (all of its caller's slots taken) is
+/// RESOURCE_EXHAUSTED with a pushback, as the rate limit's refusals are; an HTTP 429 would
+/// reach the client as UNAVAILABLE with no pushback. A health `Watch` stream holds the
+/// caller's one slot while it is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_an_in_flight_refusal_is_resource_exhausted_with_pushback() {
+    use tollgate::InMemoryBackend;
+    use tollgate::in_flight::InFlightLayer;
+
+    let layer =
+        InFlightLayer::new("streams", 1, InMemoryBackend::new()).key(HeaderKey::new(CUSTOMER));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    tokio::spawn(
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let mut client = client(addr).await;
+    let mut watch = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    watch
+        .metadata_mut()
+        .insert(CUSTOMER, "acme".parse().unwrap());
+    let mut stream = client.watch(watch).await.unwrap().into_inner();
+    assert!(
+        stream.message().await.unwrap().is_some(),
+        "the stream is open"
+    );
+
+    let refused = check(&mut client, Some("acme")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(pushback_ms(&refused), 1_000);
+    let fields = metadata(&refused);
+    assert!(fields.sf_list("ratelimit-policy").is_some());
+    // Another caller, and acme once its stream has ended, are served.
+    assert!(check(&mut client, Some("globex")).await.is_ok());
+    drop(stream);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while check(&mut client, Some("acme")).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "acme's slot was not freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A request without a key is the gRPC code of the layer's 400.
+    let rejected = check(&mut client, None).await.unwrap_err();
+    assert_eq!(rejected.code(), Code::InvalidArgument, "{rejected:?}");
+}

@@ -340,6 +340,8 @@ mod on_redis {
     use tollgate_testkit::http::{get, send};
     use tollgate_testkit::redis::{RedisCluster, RedisServer};
 
+    use tower::{Service, ServiceExt};
+
     use super::{Running, assert_two_of_five, burst, layer, reports};
 
     fn instance(store: RedisBackend, running: &Running) -> super::Reports {
@@ -464,6 +466,146 @@ mod on_redis {
                 .trim(),
             "0"
         );
+    }
+
+    /// The number of slots `caller` holds of the limit "reports" on `server`.
+    fn slots_held(server: &RedisServer, caller: &str) -> u64 {
+        server
+            .must(&["ZCARD", &format!("rl:{{{caller}}}:reports:in-flight")])
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// A slot the store takes after the layer stopped waiting for it (its answer came
+    /// after the store timeout) is released, so the caller is not refused for a whole
+    /// `slot_ttl` with nothing running. The fault proxy holds each request to the store
+    /// 300 ms: the request fails open after 20 ms, the slot is taken 300 ms later and
+    /// released after it, and the caller's next request gets the slot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_a_slot_taken_after_the_timeout_is_released() {
+        use tollgate_testkit::proxy::{Fault, FaultProxy};
+
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.port());
+        let store = RedisBackend::builder(proxy.url())
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        store.ping().await.unwrap();
+        let running = Running::default();
+        let layer = tollgate::in_flight::InFlightLayer::new("reports", 1, store)
+            .key(tollgate::key::HeaderKey::new("x-customer-id"))
+            .store_timeout(Duration::from_millis(20));
+        let mut service = reports(&layer, &running, Duration::from_millis(1));
+        let acme = [("x-customer-id", "acme")];
+        // The script is loaded (a first EVALSHA answered NOSCRIPT would be sent again only
+        // while someone waits for its answer).
+        assert_eq!(send(&mut service, get("/reports", &acme)).await.status, 200);
+        assert!(layer.flush(Duration::from_secs(2)).await);
+
+        proxy.set(Fault::Delay(Duration::from_millis(300)));
+        let started = Instant::now();
+        let first = send(&mut service, get("/reports", &acme)).await;
+        assert_eq!(first.status, 200, "failed open");
+        assert!(started.elapsed() < Duration::from_millis(250));
+        // The release goes out behind the acquire, which the proxy holds 300 ms more: both
+        // have reached the store 800 ms in, and the release has been answered.
+        tokio::time::sleep(Duration::from_millis(800).saturating_sub(started.elapsed())).await;
+        assert!(layer.flush(Duration::from_secs(2)).await);
+        proxy.set(Fault::Pass);
+        assert_eq!(slots_held(&server, "acme"), 0, "a slot is held for nobody");
+        let second = send(&mut service, get("/reports", &acme)).await;
+        assert_eq!(second.status, 200, "refused at +{:?}", started.elapsed());
+        assert!(layer.flush(Duration::from_secs(2)).await);
+        assert_eq!(slots_held(&server, "acme"), 0);
+    }
+
+    /// A request that goes away while its slot is being asked for (a client that hung up,
+    /// a timeout around the service) does not leave the slot to the store either.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn regression_a_slot_asked_by_a_request_that_went_away_is_released() {
+        use tollgate_testkit::proxy::{Fault, FaultProxy};
+
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.port());
+        let store = RedisBackend::builder(proxy.url())
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        store.ping().await.unwrap();
+        let running = Running::default();
+        let layer = tollgate::in_flight::InFlightLayer::new("reports", 1, store)
+            .key(tollgate::key::HeaderKey::new("x-customer-id"))
+            .store_timeout(Duration::from_secs(1));
+        let mut service = reports(&layer, &running, Duration::from_millis(1));
+        let acme = [("x-customer-id", "acme")];
+        // The script is loaded (a first EVALSHA answered NOSCRIPT would be sent again only
+        // while someone waits for its answer).
+        assert_eq!(send(&mut service, get("/reports", &acme)).await.status, 200);
+        assert!(layer.flush(Duration::from_secs(2)).await);
+
+        proxy.set(Fault::Delay(Duration::from_millis(300)));
+        let gone = tokio::time::timeout(
+            Duration::from_millis(50),
+            send(&mut service, get("/reports", &acme)),
+        )
+        .await;
+        assert!(
+            gone.is_err(),
+            "the request went away before the store answered"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        proxy.set(Fault::Pass);
+        assert!(layer.flush(Duration::from_secs(2)).await);
+        assert_eq!(slots_held(&server, "acme"), 0, "a slot is held for nobody");
+        assert_eq!(send(&mut service, get("/reports", &acme)).await.status, 200);
+    }
+
+    /// A runtime that is shutting down runs no task, so a release left to one never
+    /// reaches the store; `flush` before the runtime ends sends the last ones.
+    #[test]
+    fn regression_slots_freed_before_a_shutdown_reach_the_store() {
+        let server = RedisServer::start();
+        let url = server.url();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = RedisBackend::builder(url).build().unwrap();
+            store.ping().await.unwrap();
+            let running = Running::default();
+            let layer = layer(store);
+            let mut service = reports(&layer, &running, Duration::from_millis(1));
+            let mut bodies = Vec::new();
+            for customer in ["acme", "globex", "initech"] {
+                let response = service
+                    .ready()
+                    .await
+                    .unwrap()
+                    .call(get("/reports", &[("x-customer-id", customer)]))
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+                bodies.push(response);
+            }
+            for customer in ["acme", "globex", "initech"] {
+                assert_eq!(slots_held(&server, customer), 1);
+            }
+            // The server has stopped: the last responses are dropped, then flushed.
+            drop(bodies);
+            assert!(layer.flush(Duration::from_secs(2)).await);
+        });
+        drop(runtime);
+        for customer in ["acme", "globex", "initech"] {
+            assert_eq!(
+                slots_held(&server, customer),
+                0,
+                "{customer}'s slot is held"
+            );
+        }
     }
 
     /// Redis gone: closed answers 503; a local share of 3 slots over 2 instances runs 2 at
