@@ -80,7 +80,9 @@ impl FailurePolicy {
     /// Enforce a local share of the limit: quota / `instances`, in the limit's own window,
     /// the remainder spread by place ([`InstanceCount::at_place`], or the Redis registry's
     /// places). The shares together never exceed the limit, whatever the quota and the
-    /// count; a quota smaller than the count is taken in turns, one window each by place.
+    /// count; a quota smaller than the count is taken in turns, one window each by place,
+    /// and so is a token bucket whose burst is smaller than the count (turns of as many
+    /// requests as the burst, as many per period as the rate allows).
     ///
     /// A caller's share starts from the store's last answer for it, and after the store's
     /// return a caller the share counted is decided by both until that count no longer

@@ -221,3 +221,60 @@ fn a_quota_below_the_instance_count_takes_turns() {
         );
     }
 }
+
+/// A token bucket whose burst is below the instance count: each instance's part cannot
+/// hold a token of the burst, so the instances take turns, and neither the outage nor its
+/// start admits more than the bucket would (its burst plus what it refills in a second),
+/// nor more than the burst at one instant.
+#[test]
+fn regression_a_bucket_burst_below_the_instance_count_holds_at_the_edges() {
+    for (limit, burst, instances) in [(10, 1, 4), (100, 3, 8)] {
+        let scenario = Scenario::new()
+            .limit(limit)
+            .burst(burst)
+            .window_secs(1)
+            .instances(instances)
+            .algorithm(AlgorithmKind::TokenBucket)
+            .traffic([Customer::new("acme", 3.0 * limit as f64)])
+            .policies([PolicyName::LocalShare])
+            .normal_secs(5)
+            .outage_secs(10)
+            .recovery_secs(5);
+        let report = scenario
+            .trace("acme")
+            .run_blocking()
+            .expect("the scenario runs");
+        let admitted: Vec<Duration> = report.groups()[0]
+            .trace()
+            .iter()
+            .filter(|t| t.status == 200)
+            .map(|t| t.sent_at)
+            .collect();
+        let cut = Duration::from_secs(5);
+        let back = Duration::from_secs(15);
+        let second = Duration::from_secs(1);
+        // From the last second before the store went away to the last one before its
+        // return (which the return's own test measures).
+        let outage_worst = worst_window(&admitted, second, cut - second, back - second);
+        let at_once = admitted
+            .chunk_by(|a, b| a == b)
+            .filter(|same| same[0] >= cut && same[0] < back)
+            .map(<[Duration]>::len)
+            .max()
+            .unwrap_or(0);
+        let in_outage = admitted.iter().filter(|t| **t >= cut && **t < back).count();
+        println!(
+            "{limit}/s burst {burst} over {instances}: worst second {outage_worst}, \
+             {at_once} at one instant, {in_outage} in the 10 s outage"
+        );
+        assert!(
+            outage_worst as u64 <= limit + burst,
+            "{limit}/s burst {burst} over {instances}: {outage_worst} in a second"
+        );
+        assert!(at_once as u64 <= burst, "{at_once} at one instant");
+        assert!(
+            in_outage as u64 >= limit * 10 / 2,
+            "{in_outage} in the outage"
+        );
+    }
+}

@@ -298,8 +298,9 @@ impl Algorithm {
     /// A smaller quota cannot be divided in its window: the instances take turns, one
     /// window each, and this is the rate that comes to on average, one request per as
     /// many windows as there are instances per request (1 per minute shared by 10 is 1 per
-    /// 10 minutes each). A token bucket's rate and burst are divided alike (a burst at
-    /// least 1), a sliding log's limit like a sliding window's.
+    /// 10 minutes each). A token bucket's rate is divided alike, and its burst too when it
+    /// is at least the instance count; a smaller burst is taken in turns, and the average
+    /// part has a burst of 1. A sliding log's limit is divided like a sliding window's.
     ///
     /// ```
     /// use std::time::Duration;

@@ -13,7 +13,8 @@ pub(crate) struct Share {
     pub(crate) turns: Option<Turns>,
 }
 
-/// Turns of one window each, for a quota below one request per instance and window. The
+/// Turns of one window each, for a quota below one request per instance and window, or a
+/// token bucket's burst below the instance count (the window is then a turn's length). The
 /// window `i` (counted from the epoch) is the turn of the instances at the places
 /// `(i * quota + j) % instances` for `j` below `quota`, one request each: every window holds
 /// at most `quota` admissions across the instances, and any span of a window's length at
@@ -89,21 +90,35 @@ impl Share {
                 turns: None,
             },
             Algorithm::SlidingLog { limit, window_ms } => turns(limit, window_ms),
+            // Both the rate and the burst divide: the parts' rates sum to the rate and
+            // their bursts to the burst.
             Algorithm::TokenBucket {
                 rate,
                 period_ms,
                 burst,
-            } if rate >= n => Share {
+            } if rate >= n && burst >= n => Share {
                 algorithm: Algorithm::TokenBucket {
                     rate: part(rate),
                     period_ms,
-                    burst: part(burst).max(1),
+                    burst: part(burst),
                 },
                 turns: None,
             },
+            // A burst (or a rate) below the instance count cannot be divided, since a part
+            // that admits at all holds at least one token: the instances take turns of
+            // `per_turn` requests each, as many turns per period as the rate allows. At
+            // one instant at most `per_turn` (never more than the burst) are admitted, and
+            // in any span of a period, which meets at most `period / turn + 1` turns, at
+            // most `rate + per_turn`, never more than `rate + burst`.
             Algorithm::TokenBucket {
-                rate, period_ms, ..
-            } => turns(rate, period_ms),
+                rate,
+                period_ms,
+                burst,
+            } => {
+                let per_turn = burst.min(rate).min(n).max(1);
+                let turns_per_period = (rate / per_turn).max(1);
+                turns(per_turn, period_ms.div_ceil(turns_per_period).max(1))
+            }
         }
     }
 
@@ -203,6 +218,79 @@ mod tests {
                 let mine = (0..n).filter(|w| turns.wait_ms(w * 1_000) == 0).count() as u64;
                 assert_eq!(mine, limit);
             }
+        }
+    }
+
+    /// Every instance sends a request every millisecond for `duration_ms`, deciding on its
+    /// own part of `policy` divided over `n`: the times of what they admitted, all
+    /// instances together.
+    fn hammer(policy: Algorithm, n: u64, duration_ms: u64) -> Vec<u64> {
+        let mut admitted = Vec::new();
+        for place in 0..n {
+            let part = Share::of(policy, n, Some(place), 0);
+            let mut state = None;
+            for now in 0..duration_ms {
+                if part.turns.is_some_and(|turns| turns.wait_ms(now) > 0) {
+                    continue;
+                }
+                let evaluation = part.algorithm.evaluate(state.clone(), now);
+                if evaluation.admitted {
+                    state = Some(evaluation.admitted_state);
+                    admitted.push(now);
+                }
+            }
+        }
+        admitted.sort_unstable();
+        admitted
+    }
+
+    /// The most of `times` (sorted) within any `span` ms, and at any one instant.
+    fn worst(times: &[u64], span: u64) -> (usize, usize) {
+        let mut in_span = 0;
+        let mut at_once = 0;
+        let mut start = 0;
+        for (end, &time) in times.iter().enumerate() {
+            while times[start] + span <= time {
+                start += 1;
+            }
+            in_span = in_span.max(end + 1 - start);
+            at_once = at_once.max(times[start..=end].iter().filter(|&&t| t == time).count());
+        }
+        (in_span, at_once)
+    }
+
+    #[test]
+    fn regression_a_bucket_burst_below_the_instance_count_is_not_multiplied() {
+        // (rate per second, burst, instances): the review's cases, and bursts and rates
+        // on either side of the count.
+        for (rate, burst, n) in [
+            (10, 1, 4),
+            (100, 3, 8),
+            (10, 3, 4),
+            (50, 4, 4),
+            (50, 5, 4),
+            (3, 1, 8),
+            (3, 5, 8),
+            (7, 2, 3),
+            (1, 1, 2),
+        ] {
+            let bucket = Algorithm::token_bucket(rate, Duration::from_secs(1), burst);
+            let admitted = hammer(bucket, n, 10_000);
+            let (in_a_second, at_once) = worst(&admitted, 1_000);
+            let case = format!("{rate}/s burst {burst} over {n}");
+            assert!(at_once as u64 <= burst, "{case}: {at_once} at one instant");
+            assert!(
+                in_a_second as u64 <= rate + burst,
+                "{case}: {in_a_second} in a second"
+            );
+            // Turns give up the burst, not the rate: over 10 s the instances together
+            // admit at least half of what the bucket would, and nearly all of it when
+            // the turns fit the period evenly.
+            assert!(
+                admitted.len() as u64 * 2 >= rate * 10,
+                "{case}: {} in 10 s",
+                admitted.len()
+            );
         }
     }
 
