@@ -14,6 +14,8 @@
 //!    the per-request path: throughput, store calls, p99 beside the in-process backend,
 //!    accuracy and fairness under overload.
 //! 7. `memory`: bytes per tracked key at 1,000,000 keys (in a fresh child process, by RSS).
+//! 10. `flood`: a decision while 1,000,000 callers never seen arrive, a local share
+//!     configured, beside the same limiter deciding for 100,000 callers it has seen.
 //!
 //! Scenario 6 (HTTP end to end with wrk) runs in `scripts/bench` against
 //! `examples/bench_server.rs`. Criterion's filter applies to every group; the parts that
@@ -32,6 +34,7 @@
 use criterion::{criterion_group, criterion_main};
 
 mod denial_cache;
+mod flood;
 mod frozen_store;
 mod in_process;
 mod layer;
@@ -69,5 +72,6 @@ criterion_group! {
         leases::bench,
         limits::bench,
         memory::bench,
+        flood::bench,
 }
 criterion_main!(setup, scenarios);

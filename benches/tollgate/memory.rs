@@ -18,7 +18,7 @@ const MEMORY_KEYS: usize = 1_000_000;
 pub(crate) const CHILD: &str = "TOLLGATE_BENCH_MEMORY_CHILD";
 
 /// The resident set size of this process, from /proc/self/status.
-fn rss_bytes() -> u64 {
+pub(crate) fn rss_bytes() -> u64 {
     let status = fs::read_to_string("/proc/self/status").expect("/proc/self/status");
     status
         .lines()

@@ -1,7 +1,6 @@
 //! What a limiter does when its store cannot decide: the policy chosen per route, and its
 //! execution ([`Fallback`]), with the local share's own counters.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use crate::limiter::bounded_map::{BoundedMap, WhenFull};
 use crate::limiter::decision::{
     Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt, UnlimitedReason,
     whole_seconds,
@@ -21,7 +21,7 @@ use crate::limiter::reported_set::ReportedSet;
 use crate::limiter::telemetry::FallbackCounters;
 use crate::store::algorithm::{Algorithm, PolicyOutcome, Share};
 use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError};
-use crate::store::caller::{Caller, CallerKey};
+use crate::store::caller::Caller;
 use crate::store::clock::Clock;
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
@@ -220,7 +220,7 @@ pub(super) struct Fallback {
     drawn_place: u64,
     /// Per caller the share counted while the store was away, the units still to tell the
     /// store; a caller not in it has not been told since the share last decided it.
-    owed: Mutex<HashMap<CallerKey, u64>>,
+    owed: Mutex<BoundedMap<u64>>,
     /// Whether `owed` holds a caller, read without its lock; written under it, and cleared
     /// when the map empties: left set, every later share decision would take the one lock
     /// all of the instance's threads share.
@@ -240,7 +240,9 @@ impl Fallback {
             last_answers,
             weighs_until_ms: AtomicU64::new(0),
             drawn_place: RandomState::new().hash_one(std::process::id()),
-            owed: Mutex::default(),
+            // Full, the caller told longest ago makes room: told again, the store counts
+            // its units twice, which refuses more, never less.
+            owed: Mutex::new(BoundedMap::new(LAST_ANSWERS, WhenFull::ReplaceSoonest)),
             owes: AtomicBool::new(false),
         }
     }
@@ -304,13 +306,12 @@ impl Fallback {
                 .owed
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if owed.len() >= LAST_ANSWERS {
-                owed.clear();
-            }
             let unseen = match owed.get_mut(caller.key()) {
-                Some(units) => std::mem::take(units),
+                Some((units, _)) => std::mem::take(units),
                 None => {
-                    owed.insert(caller.key().clone(), 0);
+                    // Kept while the share's count weighs: after that, nobody asks.
+                    let until_ms = now_ms.saturating_add(share.retention_ms);
+                    owed.insert(caller.key(), 0, until_ms, now_ms);
                     self.owes.store(true, Ordering::Release);
                     share
                         .policies
@@ -371,7 +372,7 @@ impl Fallback {
             .owed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(units) = owed.get_mut(caller.key()) {
+        if let Some((units, _)) = owed.get_mut(caller.key()) {
             *units = part;
         }
     }

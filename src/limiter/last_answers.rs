@@ -1,11 +1,11 @@
 //! What the store last answered for each recently seen caller: where a local share starts
 //! when the store goes away, instead of from nothing.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Mutex, MutexGuard};
 
+use crate::limiter::bounded_map::{BoundedMap, WhenFull};
 use crate::limiter::policy_set::PolicySet;
 use crate::store::backend::CheckOutcome;
 use crate::store::caller::CallerKey;
@@ -33,20 +33,24 @@ impl LastAnswer {
 }
 
 /// A bounded map from a caller to the store's last answer for it. When a shard is full,
-/// answers that no longer say anything make room; if none has, the new answer is not kept
-/// (the caller's share then starts as for a caller never seen).
+/// answers that no longer say anything make room; if none of the few it looks at has, the
+/// new answer is not kept (the caller's share then starts as for a caller never seen), so
+/// a flood of new callers neither pushes out the callers already kept nor slows anyone.
 pub(crate) struct LastAnswers {
-    shards: Box<[Mutex<HashMap<CallerKey, LastAnswer>>]>,
+    shards: Box<[Mutex<BoundedMap<LastAnswer>>]>,
     hasher: RandomState,
     shard_capacity: usize,
 }
 
 impl LastAnswers {
     pub(crate) fn new(capacity: usize) -> Self {
+        let shard_capacity = capacity.div_ceil(SHARDS).max(1);
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(BoundedMap::new(shard_capacity, WhenFull::KeepOld)))
+                .collect(),
             hasher: RandomState::new(),
-            shard_capacity: capacity.div_ceil(SHARDS).max(1),
+            shard_capacity,
         }
     }
 
@@ -77,20 +81,15 @@ impl LastAnswers {
             used,
         };
         let mut shard = self.shard(caller);
-        if let Some(kept) = shard.get_mut(caller) {
+        if let Some((kept, until_ms)) = shard.get_mut(caller) {
             // Answers can arrive out of order: the later question tells more.
             if kept.at_ms <= at_ms {
                 *kept = answer;
+                *until_ms = answer.until_ms;
             }
             return;
         }
-        if shard.len() >= self.shard_capacity {
-            shard.retain(|_, kept| kept.until_ms > at_ms);
-            if shard.len() >= self.shard_capacity {
-                return;
-            }
-        }
-        shard.insert(caller.clone(), answer);
+        shard.insert(caller, answer, answer.until_ms, at_ms);
     }
 
     /// The store's last answer for `caller` against the set `set_id`, if it still says
@@ -101,7 +100,7 @@ impl LastAnswers {
         (answer.set_id == set_id && answer.until_ms > now_ms).then_some(*answer)
     }
 
-    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, HashMap<CallerKey, LastAnswer>> {
+    fn shard(&self, caller: &CallerKey) -> MutexGuard<'_, BoundedMap<LastAnswer>> {
         let index = (self.hasher.hash_one(caller) as usize) % self.shards.len();
         // Updates are single inserts: a poisoned shard is still consistent.
         self.shards[index]

@@ -11,6 +11,7 @@
 //! requests that cost more than a quota. [`decision`] is what comes out, concluded here
 //! once: shadowed, counted and recorded.
 
+pub(crate) mod bounded_map;
 pub(crate) mod breaker;
 pub(crate) mod builder;
 pub(crate) mod cost;
