@@ -37,7 +37,10 @@ use crate::store::clock::Clock;
 /// recalled.
 ///
 /// The partition is the request URI's authority by default, or what
-/// [`partition`](Self::partition) chooses (a host and an API key's digest).
+/// [`partition`](Self::partition) chooses (a host and an API key's digest). A layer holds
+/// at most 10,000 partitions at once, so memory stays bounded whatever the partitions are;
+/// a new hold past that replaces the one that ends soonest, and adding one never scans the
+/// others.
 ///
 /// Each call held back increments `tollgate_client_held_back_total`, labelled `layer`,
 /// `reason` ([`HoldReason::as_str`]) and `outcome` (`failed`, or `waited` for a call sent

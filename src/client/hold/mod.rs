@@ -6,6 +6,7 @@ mod layer;
 mod service;
 mod signals;
 mod state;
+mod table;
 mod wait;
 
 #[cfg(test)]

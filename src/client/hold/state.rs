@@ -1,8 +1,7 @@
 //! The holds: per partition, until when calls stay local and why; shared by a layer, every
 //! service it wraps and their clones.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
@@ -10,24 +9,20 @@ use metrics::SharedString;
 
 use super::config::Config;
 use super::signals::advertised_wait;
+use super::table::{Hold, HoldTable};
 use crate::client::error::HoldReason;
 
 /// The counter of calls held back, labelled `layer`, `reason` and `outcome`.
 pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
 
-/// Past this many partitions, expired holds are swept out when a new one is added.
-const SWEEP_ABOVE: usize = 1_024;
-
-/// A partition's hold: calls wait until `until_ms` (the layer's clock).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Hold {
-    pub(super) until_ms: u64,
-    pub(super) reason: HoldReason,
-}
+/// The most partitions a layer holds at once. Each costs about a hundred bytes and its
+/// name, so the holds of one layer stay within a few megabytes; past it, a new hold
+/// replaces the one that ends soonest.
+const MAX_HOLDS: usize = 10_000;
 
 pub(in crate::client) struct Shared {
     pub(super) config: Config,
-    holds: Mutex<HashMap<Arc<str>, Hold>>,
+    holds: Mutex<HoldTable>,
 }
 
 impl Shared {
@@ -43,7 +38,7 @@ impl Shared {
         );
         Self {
             config,
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(HoldTable::new(MAX_HOLDS)),
         }
     }
 
@@ -53,15 +48,7 @@ impl Shared {
 
     /// The hold on `partition` at `now_ms`, if one is still running.
     pub(super) fn hold(&self, partition: &str, now_ms: u64) -> Option<Hold> {
-        let mut holds = self.lock();
-        match holds.get(partition) {
-            Some(hold) if hold.until_ms > now_ms => Some(*hold),
-            Some(_) => {
-                holds.remove(partition);
-                None
-            }
-            None => None,
-        }
+        self.lock().get(partition, now_ms)
     }
 
     /// Reads what a response of `partition` says and holds the partition accordingly: the
@@ -79,18 +66,10 @@ impl Shared {
         };
         let wait = wait.min(self.config.max_hold);
         let until_ms = now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
-        let mut holds = self.lock();
-        if let Some(hold) = holds.get_mut(partition) {
-            if hold.until_ms < until_ms {
-                *hold = Hold { until_ms, reason };
-            }
+        let added = self.lock().hold(partition, Hold { until_ms, reason }, now);
+        if !added {
             return;
         }
-        if holds.len() >= SWEEP_ABOVE {
-            holds.retain(|_, hold| hold.until_ms > now);
-        }
-        holds.insert(partition.into(), Hold { until_ms, reason });
-        drop(holds);
         tracing::debug!(
             layer = %self.config.name,
             partition,
@@ -118,9 +97,9 @@ impl Shared {
             .map(|hold| (Duration::from_millis(hold.until_ms - now), hold.reason))
     }
 
-    // Every update under this lock is a single map operation that cannot panic midway, so
-    // a poisoned lock is still sound.
-    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Hold>> {
+    // Nothing done under this lock panics between the table's two indexes being updated,
+    // so a poisoned lock still guards a whole table.
+    fn lock(&self) -> MutexGuard<'_, HoldTable> {
         self.holds
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -11,7 +11,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::state::{Hold, Shared};
+use super::state::Shared;
+use super::table::Hold;
 use crate::client::error::NotSent;
 
 pin_project! {
