@@ -24,9 +24,12 @@ use crate::store::clock::Clock;
 ///
 /// - `Retry-After` on a 429 or 503 (seconds or an HTTP date),
 /// - a `RateLimit` field (draft 11) with a policy at `r=0`, for that policy's `t` (on any
-///   status: the next call would be refused), or
+///   status: the next call would be refused),
 /// - `grpc-retry-pushback-ms` (gRPC; read from the response headers, where a Trailers-Only
-///   refusal such as tollgate's carries it).
+///   refusal such as tollgate's carries it) with milliseconds above zero, for that long, or
+/// - gRPC's "do not retry": `grpc-retry-pushback-ms` below zero or not an integer, beside
+///   RESOURCE_EXHAUSTED or UNAVAILABLE (gRPC's 429 and 503), for [`max_hold`](Self::max_hold)
+///   ([`HoldReason::GrpcNoRetry`]).
 ///
 /// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it
@@ -35,6 +38,14 @@ use crate::store::clock::Clock;
 /// with [`max_wait`](Self::max_wait), waits for the hold to end if it ends
 /// within that time and is sent then. Calls already in flight when a hold starts are not
 /// recalled.
+///
+/// gRPC's own clients take "do not retry" as final for the call that got it. This layer
+/// cannot tell a retry from the next call of the same partition, and the server names no
+/// time, so it holds the partition as long as it holds anything: a server short of capacity
+/// that says retrying is futile is not called again until `max_hold` has passed. Partition
+/// by method (the request path) to keep the hold to the method refused, or shorten
+/// `max_hold`. Beside any other status, "do not retry" is about the call itself (a bad
+/// argument, a missing entity) and holds nothing: the failure goes to the caller as it came.
 ///
 /// The partition is the request URI's authority by default, or what
 /// [`partition`](Self::partition) chooses (a host and an API key's digest). A layer holds
@@ -240,7 +251,8 @@ impl HoldBackLayer {
 
     /// The longest a partition is held, whatever the server asks (default an hour): a
     /// server that sends `Retry-After: 99999999` by mistake does not silence the client
-    /// for years.
+    /// for years. It is also how long gRPC's "do not retry", which names no time, holds
+    /// a partition.
     ///
     /// ```
     /// use std::time::Duration;

@@ -33,8 +33,9 @@ impl Shared {
             HELD_BACK_TOTAL,
             metrics::Unit::Count,
             "Outgoing calls a HoldBackLayer kept from a server that had said to wait, by \
-             layer, reason (retry_after, ratelimit, grpc_pushback) and outcome (failed: \
-             answered locally without being sent; waited: sent once the wait was over)."
+             layer, reason (retry_after, ratelimit, grpc_pushback, grpc_no_retry) and \
+             outcome (failed: answered locally without being sent; waited: sent once the \
+             wait was over)."
         );
         Self {
             config,

@@ -158,6 +158,60 @@ async fn grpc_pushback_holds_for_its_milliseconds() {
 }
 
 #[tokio::test]
+async fn regression_grpc_do_not_retry_on_a_capacity_refusal_holds_for_max_hold() {
+    let clock = ManualClock::new(0);
+    let backend = Backend::new(
+        200,
+        &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
+    );
+    let layer = HoldBackLayer::new()
+        .clock(clock.clone())
+        .max_hold(Duration::from_secs(600));
+    let client = layer.layer(backend.clone());
+    assert_eq!(send(&client, "grpc.example").await.unwrap(), 200);
+    assert_eq!(
+        layer.held_for("grpc.example"),
+        Some(Duration::from_secs(600))
+    );
+    let held = send(&client, "grpc.example").await.unwrap_err();
+    assert_eq!(
+        held.held_back().unwrap().retry_after(),
+        Some(Duration::from_secs(600))
+    );
+    assert_eq!(backend.calls(), 1);
+}
+
+#[tokio::test]
+async fn grpc_do_not_retry_is_its_own_reason_and_only_a_capacity_refusal_holds() {
+    let clock = ManualClock::new(0);
+    let refused = Backend::new(
+        200,
+        &[
+            ("grpc-status", "14"),
+            ("grpc-retry-pushback-ms", "not a number"),
+        ],
+    );
+    let layer = HoldBackLayer::new().clock(clock.clone());
+    assert_eq!(send(&layer.layer(refused), "a").await.unwrap(), 200);
+    assert_eq!(layer.hold_reason("a"), Some(HoldReason::GrpcNoRetry));
+    assert_eq!(layer.held_for("a"), Some(Duration::from_secs(3_600)));
+    let held = send(&layer.layer(Backend::new(200, &[])), "a")
+        .await
+        .unwrap_err();
+    assert!(held.to_string().contains("not to retry"), "{held}");
+
+    // A bad argument is the call's own failure: nothing is held.
+    let invalid = Backend::new(
+        200,
+        &[("grpc-status", "3"), ("grpc-retry-pushback-ms", "-1")],
+    );
+    assert_eq!(send(&layer.layer(invalid.clone()), "b").await.unwrap(), 200);
+    assert_eq!(send(&layer.layer(invalid.clone()), "b").await.unwrap(), 200);
+    assert_eq!(layer.held_for("b"), None);
+    assert_eq!(invalid.calls(), 2);
+}
+
+#[tokio::test]
 async fn holds_are_capped_and_never_shortened() {
     let clock = ManualClock::new(0);
     let long = Backend::new(503, &[("retry-after", "999999999")]);
