@@ -249,6 +249,7 @@ pub mod future {
     //! layers', and the store's.
 
     pub use crate::client::future::ClientFuture;
+    pub use crate::client::hold::HoldBackFuture;
     pub use crate::http::future::ResponseFuture;
     pub use crate::shed::future::ShedFuture;
     pub use crate::store::future::StoreFuture;

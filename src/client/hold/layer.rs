@@ -19,17 +19,23 @@ use crate::store::clock::Clock;
 ///
 /// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone` whose error
 /// converts into tower's boxed error: hyper's
-/// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. A response
-/// holds its partition when it carries
+/// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. Responses
+/// come back with their body `R` wrapped in a [`HoldBackBody`](crate::client::HoldBackBody).
+/// A response holds its partition when it carries
 ///
 /// - `Retry-After` on a 429 or 503 (seconds or an HTTP date),
 /// - a `RateLimit` field (draft 11) with a policy at `r=0`, for that policy's `t` (on any
 ///   status: the next call would be refused),
-/// - `grpc-retry-pushback-ms` (gRPC; read from the response headers, where a Trailers-Only
-///   refusal such as tollgate's carries it) with milliseconds above zero, for that long, or
+/// - `grpc-retry-pushback-ms` (gRPC) with milliseconds above zero, for that long, or
 /// - gRPC's "do not retry": `grpc-retry-pushback-ms` below zero or not an integer, beside
 ///   RESOURCE_EXHAUSTED or UNAVAILABLE (gRPC's 429 and 503), for [`max_hold`](Self::max_hold)
 ///   ([`HoldReason::GrpcNoRetry`]).
+///
+/// gRPC's pushback is read where the gRPC status is: in the response headers of a
+/// Trailers-Only answer (as tollgate's refusals are), and otherwise in the trailers, when
+/// the response's [`HoldBackBody`](crate::client::HoldBackBody) yields them. A hold read
+/// from the trailers starts when they arrive, so calls made before the caller has read
+/// the body that far are sent.
 ///
 /// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it

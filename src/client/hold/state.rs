@@ -1,14 +1,15 @@
 //! The holds: per partition, until when calls stay local and why; shared by a layer, every
 //! service it wraps and their clones.
 
-use std::sync::{Mutex, MutexGuard};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
 use metrics::SharedString;
 
 use super::config::Config;
-use super::signals::advertised_wait;
+use super::signals::{advertised_wait, grpc_pushback};
 use super::table::{Hold, HoldTable};
 use crate::client::error::HoldReason;
 
@@ -20,7 +21,7 @@ pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
 /// replaces the one that ends soonest.
 const MAX_HOLDS: usize = 10_000;
 
-pub(in crate::client) struct Shared {
+pub(super) struct Shared {
     pub(super) config: Config,
     holds: Mutex<HoldTable>,
 }
@@ -52,19 +53,26 @@ impl Shared {
         self.lock().get(partition, now_ms)
     }
 
-    /// Reads what a response of `partition` says and holds the partition accordingly: the
-    /// longest wait asked for, capped at the layer's longest hold, and never shortening a
-    /// hold already running.
-    pub(in crate::client) fn observe(
-        &self,
-        partition: &str,
-        status: StatusCode,
-        headers: &HeaderMap,
-    ) {
+    /// Reads what a response of `partition` says in its status and headers, and holds the
+    /// partition for the longest wait asked for.
+    pub(super) fn observe(&self, partition: &str, status: StatusCode, headers: &HeaderMap) {
         let now = self.now_ms();
-        let Some((wait, reason)) = advertised_wait(status, headers, now) else {
-            return;
-        };
+        if let Some((wait, reason)) = advertised_wait(status, headers, now) {
+            self.hold_for(partition, wait, reason, now);
+        }
+    }
+
+    /// Reads the trailers of a response of `partition`, where a gRPC answer that is not
+    /// Trailers-Only carries its pushback, and holds the partition if they say to wait.
+    pub(super) fn observe_trailers(&self, partition: &str, trailers: &HeaderMap) {
+        if let Some((wait, reason)) = grpc_pushback(trailers) {
+            self.hold_for(partition, wait, reason, self.now_ms());
+        }
+    }
+
+    /// Holds `partition` for `wait` from `now`, capped at the layer's longest hold, never
+    /// shortening a hold already running.
+    fn hold_for(&self, partition: &str, wait: Duration, reason: HoldReason, now: u64) {
         let wait = wait.min(self.config.max_hold);
         let until_ms = now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
         let added = self.lock().hold(partition, Hold { until_ms, reason }, now);
@@ -104,5 +112,34 @@ impl Shared {
         self.holds
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A call's partition and the holds it is kept in: what reads the call's answer, its head
+/// when the response arrives and its trailers when the body yields them.
+pub(super) struct Partition {
+    holds: Arc<Shared>,
+    name: Arc<str>,
+}
+
+impl Partition {
+    pub(super) fn new(holds: Arc<Shared>, name: Arc<str>) -> Self {
+        Self { holds, name }
+    }
+
+    pub(super) fn observe(&self, status: StatusCode, headers: &HeaderMap) {
+        self.holds.observe(&self.name, status, headers);
+    }
+
+    pub(super) fn observe_trailers(&self, trailers: &HeaderMap) {
+        self.holds.observe_trailers(&self.name, trailers);
+    }
+}
+
+impl fmt::Debug for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Partition")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }

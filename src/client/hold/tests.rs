@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 
 use super::*;
@@ -209,6 +211,40 @@ async fn grpc_do_not_retry_is_its_own_reason_and_only_a_capacity_refusal_holds()
     assert_eq!(send(&layer.layer(invalid.clone()), "b").await.unwrap(), 200);
     assert_eq!(layer.held_for("b"), None);
     assert_eq!(invalid.calls(), 2);
+}
+
+#[tokio::test]
+async fn regression_grpc_pushback_in_the_trailers_holds_from_when_they_arrive() {
+    let clock = ManualClock::new(0);
+    let layer = HoldBackLayer::new().clock(clock.clone());
+    // A gRPC answer that is not Trailers-Only: a message, then the status and pushback.
+    let backend = tower::service_fn(|_: Request<()>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "8".parse().unwrap());
+        trailers.insert("grpc-retry-pushback-ms", "1500".parse().unwrap());
+        let body = Full::new(Bytes::from_static(b"\0\0\0\0\0"))
+            .with_trailers(std::future::ready(Some(Ok(trailers))));
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let response = layer
+        .layer(backend)
+        .oneshot(to("grpc.example"))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    assert_eq!(layer.held_for("grpc.example"), None);
+
+    clock.advance(Duration::from_millis(200));
+    assert!(body.frame().await.unwrap().unwrap().is_trailers());
+    assert_eq!(
+        layer.held_for("grpc.example"),
+        Some(Duration::from_millis(1_500))
+    );
+    assert_eq!(
+        layer.hold_reason("grpc.example"),
+        Some(HoldReason::GrpcPushback)
+    );
 }
 
 #[tokio::test]
