@@ -122,7 +122,7 @@
 //! | `tollgate_in_flight` | gauge | `layer` | requests | requests in flight through [`ConcurrencyShedLayer`](shed::ConcurrencyShedLayer), or holding a slot of an [`InFlightLayer`](in_flight::InFlightLayer) on this instance |
 //! | `tollgate_in_flight_decisions_total` | counter | `layer`, `outcome` | requests | requests decided by an [`InFlightLayer`](in_flight::InFlightLayer): `allowed` (a slot taken), `limited` (all of the caller's slots taken: 429), `unavailable` (the store failed and the layer fails closed: 503) or `unlimited` (run without a slot: no key with `MissingKey::Pass`, or failed open) |
 //! | `tollgate_client_throttled_total` | counter | `layer` | requests | outgoing requests refused locally by [`AdaptiveThrottleLayer`](client::AdaptiveThrottleLayer) |
-//! | `tollgate_client_held_back_total` | counter | `layer`, `reason`, `outcome` | requests | outgoing calls kept from a server that had said to wait, by [`HoldBackLayer`](client::HoldBackLayer); `reason` is `retry_after`, `ratelimit` or `grpc_pushback`; `outcome` is `failed` (answered locally, never sent) or `waited` (sent once the wait was over) |
+//! | `tollgate_client_held_back_total` | counter | `layer`, `reason`, `outcome` | requests | outgoing calls kept from a server that had said to wait, by [`HoldBackLayer`](client::HoldBackLayer); `reason` is `retry_after`, `ratelimit`, `grpc_pushback` or `grpc_no_retry`; `outcome` is `failed` (answered locally, never sent) or `waited` (sent once the wait was over) |
 //!
 //! `layer` is the name given with [`LimiterBuilder::name`] (or the shed and throttle
 //! layers' own `name`). Each metric is described (help text, and the unit where it has one)
@@ -249,6 +249,7 @@ pub mod future {
     //! layers', and the store's.
 
     pub use crate::client::future::ClientFuture;
+    pub use crate::client::hold::HoldBackFuture;
     pub use crate::http::future::ResponseFuture;
     pub use crate::shed::future::ShedFuture;
     pub use crate::store::future::StoreFuture;

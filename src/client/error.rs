@@ -238,19 +238,24 @@ impl fmt::Display for NotSent {
                 reason,
                 retry_after,
             } => {
+                let ms = retry_after.as_millis();
+                write!(f, "call to {partition:?} held back locally, not sent: ")?;
                 let said = match reason {
                     HoldReason::RetryAfter => "Retry-After",
                     HoldReason::RateLimitHeader => "a RateLimit policy with nothing left",
                     HoldReason::GrpcPushback => "grpc-retry-pushback-ms",
+                    HoldReason::GrpcNoRetry => {
+                        return write!(
+                            f,
+                            "the server said not to retry (grpc-retry-pushback-ms below zero \
+                             or not an integer), so the partition is held for the layer's \
+                             longest hold: another {ms} ms"
+                        );
+                    }
                     // Never held for it; said for completeness.
                     HoldReason::Throttled => "its refusals",
                 };
-                write!(
-                    f,
-                    "call to {partition:?} held back locally, not sent: the server said to \
-                     wait ({said}) for another {} ms",
-                    retry_after.as_millis()
-                )
+                write!(f, "the server said to wait ({said}) for another {ms} ms")
             }
             Kind::Throttled(stats) => write!(
                 f,
@@ -279,9 +284,13 @@ pub enum HoldReason {
     RetryAfter,
     /// A `RateLimit` field with a policy at `r=0`, held for its `t`.
     RateLimitHeader,
-    /// gRPC's `grpc-retry-pushback-ms` (a non-negative value; a negative one asks not to
-    /// retry at all, which is the caller's retry policy's business, not a wait).
+    /// gRPC's `grpc-retry-pushback-ms` with a number of milliseconds above zero, held for
+    /// that long.
     GrpcPushback,
+    /// gRPC's "do not retry": `grpc-retry-pushback-ms` below zero or not an integer, beside
+    /// RESOURCE_EXHAUSTED or UNAVAILABLE. The server names no time, so the partition is held
+    /// for the layer's [`max_hold`](super::HoldBackLayer::max_hold).
+    GrpcNoRetry,
     /// Rejected by an [`AdaptiveThrottleLayer`](super::AdaptiveThrottleLayer): the backend
     /// has been refusing calls. No server said to wait, so a
     /// [`HoldBackLayer`](super::HoldBackLayer) never holds a partition for it.
@@ -289,13 +298,14 @@ pub enum HoldReason {
 }
 
 impl HoldReason {
-    /// The reason as a label: `retry_after`, `ratelimit`, `grpc_pushback` (the `reason` of
-    /// `tollgate_client_held_back_total`), or `throttled` (which the throttle counts in
-    /// `tollgate_client_throttled_total` instead).
+    /// The reason as a label: `retry_after`, `ratelimit`, `grpc_pushback`,
+    /// `grpc_no_retry` (the `reason` of `tollgate_client_held_back_total`), or `throttled`
+    /// (which the throttle counts in `tollgate_client_throttled_total` instead).
     ///
     /// ```
     /// use tollgate::client::HoldReason;
     /// assert_eq!(HoldReason::GrpcPushback.as_str(), "grpc_pushback");
+    /// assert_eq!(HoldReason::GrpcNoRetry.as_str(), "grpc_no_retry");
     /// assert_eq!(HoldReason::Throttled.as_str(), "throttled");
     /// ```
     pub fn as_str(self) -> &'static str {
@@ -303,6 +313,7 @@ impl HoldReason {
             HoldReason::RetryAfter => "retry_after",
             HoldReason::RateLimitHeader => "ratelimit",
             HoldReason::GrpcPushback => "grpc_pushback",
+            HoldReason::GrpcNoRetry => "grpc_no_retry",
             HoldReason::Throttled => "throttled",
         }
     }

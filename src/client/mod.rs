@@ -27,7 +27,7 @@
 mod config;
 mod error;
 pub(crate) mod future;
-mod hold;
+pub(crate) mod hold;
 mod layer;
 mod rejection;
 mod service;
@@ -35,6 +35,6 @@ mod stats;
 mod window;
 
 pub use error::{HoldReason, NotSent};
-pub use hold::{HoldBack, HoldBackLayer};
+pub use hold::{HoldBack, HoldBackBody, HoldBackLayer};
 pub use layer::AdaptiveThrottleLayer;
 pub use service::AdaptiveThrottle;

@@ -24,6 +24,7 @@ mod bad_input;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod bucket_expiry;
 mod client_hold;
+mod client_hold_trailers;
 mod client_throttle;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod conformance;

@@ -19,14 +19,23 @@ use crate::store::clock::Clock;
 ///
 /// Wraps any `Service<http::Request<B>, Response = http::Response<R>> + Clone` whose error
 /// converts into tower's boxed error: hyper's
-/// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. A response
-/// holds its partition when it carries
+/// client, reqwest or any HTTP client behind a tower service, a tonic `Channel`. Responses
+/// come back with their body `R` wrapped in a [`HoldBackBody`](crate::client::HoldBackBody).
+/// A response holds its partition when it carries
 ///
 /// - `Retry-After` on a 429 or 503 (seconds or an HTTP date),
 /// - a `RateLimit` field (draft 11) with a policy at `r=0`, for that policy's `t` (on any
-///   status: the next call would be refused), or
-/// - `grpc-retry-pushback-ms` (gRPC; read from the response headers, where a Trailers-Only
-///   refusal such as tollgate's carries it).
+///   status: the next call would be refused),
+/// - `grpc-retry-pushback-ms` (gRPC) with milliseconds above zero, for that long, or
+/// - gRPC's "do not retry": `grpc-retry-pushback-ms` below zero or not an integer, beside
+///   RESOURCE_EXHAUSTED or UNAVAILABLE (gRPC's 429 and 503), for [`max_hold`](Self::max_hold)
+///   ([`HoldReason::GrpcNoRetry`]).
+///
+/// gRPC's pushback is read where the gRPC status is: in the response headers of a
+/// Trailers-Only answer (as tollgate's refusals are), and otherwise in the trailers, when
+/// the response's [`HoldBackBody`](crate::client::HoldBackBody) yields them. A hold read
+/// from the trailers starts when they arrive, so calls made before the caller has read
+/// the body that far are sent.
 ///
 /// The longest of these wins, capped at [`max_hold`](Self::max_hold); a hold
 /// is only ever lengthened by later responses. While a partition is held, a call to it
@@ -36,8 +45,19 @@ use crate::store::clock::Clock;
 /// within that time and is sent then. Calls already in flight when a hold starts are not
 /// recalled.
 ///
+/// gRPC's own clients take "do not retry" as final for the call that got it. This layer
+/// cannot tell a retry from the next call of the same partition, and the server names no
+/// time, so it holds the partition as long as it holds anything: a server short of capacity
+/// that says retrying is futile is not called again until `max_hold` has passed. Partition
+/// by method (the request path) to keep the hold to the method refused, or shorten
+/// `max_hold`. Beside any other status, "do not retry" is about the call itself (a bad
+/// argument, a missing entity) and holds nothing: the failure goes to the caller as it came.
+///
 /// The partition is the request URI's authority by default, or what
-/// [`partition`](Self::partition) chooses (a host and an API key's digest).
+/// [`partition`](Self::partition) chooses (a host and an API key's digest). A layer holds
+/// at most 10,000 partitions at once, so memory stays bounded whatever the partitions are;
+/// a new hold past that replaces the one that ends soonest, and adding one never scans the
+/// others.
 ///
 /// Each call held back increments `tollgate_client_held_back_total`, labelled `layer`,
 /// `reason` ([`HoldReason::as_str`]) and `outcome` (`failed`, or `waited` for a call sent
@@ -237,7 +257,8 @@ impl HoldBackLayer {
 
     /// The longest a partition is held, whatever the server asks (default an hour): a
     /// server that sends `Retry-After: 99999999` by mistake does not silence the client
-    /// for years.
+    /// for years. It is also how long gRPC's "do not retry", which names no time, holds
+    /// a partition.
     ///
     /// ```
     /// use std::time::Duration;

@@ -7,13 +7,15 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::state::Shared;
+use super::body::HoldBackBody;
+use super::future::HoldBackFuture;
+use super::state::{Partition, Shared};
 use super::wait::Wait;
 use crate::client::error::{BoxError, NotSent};
-use crate::client::future::ClientFuture;
 
 /// A service whose calls a [`HoldBackLayer`](super::HoldBackLayer) holds back while their
-/// partition's server has said to wait. Clones share the layer's holds.
+/// partition's server has said to wait. Clones share the layer's holds. Its responses'
+/// bodies are [`HoldBackBody`](crate::client::HoldBackBody)s, which read the trailers.
 ///
 /// ```
 /// use std::convert::Infallible;
@@ -25,7 +27,7 @@ use crate::client::future::ClientFuture;
 /// let backend = tower::service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new("ok")) });
 /// let client = HoldBackLayer::new().layer(backend);
 /// let response = client.oneshot(Request::get("http://a.example/").body(()).unwrap()).await.unwrap();
-/// assert_eq!(response.into_body(), "ok");
+/// assert_eq!(response.into_body().into_inner(), "ok");
 /// # }
 /// ```
 pub struct HoldBack<S> {
@@ -94,9 +96,9 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<HoldBackBody<ResBody>>;
     type Error = BoxError;
-    type Future = ClientFuture<S, ReqBody>;
+    type Future = HoldBackFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -109,7 +111,7 @@ where
         let now = self.shared.now_ms();
         let Some(hold) = self.shared.hold(&partition, now) else {
             let future = self.inner.call(request);
-            return ClientFuture::observed(future, self.shared.clone(), partition);
+            return HoldBackFuture::sent(future, Partition::new(self.shared.clone(), partition));
         };
         let remaining = hold.until_ms - now;
         let max_wait = u64::try_from(self.shared.config.max_wait.as_millis()).unwrap_or(u64::MAX);
@@ -117,7 +119,7 @@ where
             // A rejected call leaves the inner service ready (any capacity it reserved in
             // `poll_ready` serves the next call), as tower allows.
             self.shared.count(hold.reason, "failed");
-            return ClientFuture::not_sent(NotSent::held(
+            return HoldBackFuture::not_sent(NotSent::held(
                 partition,
                 hold.reason,
                 std::time::Duration::from_millis(remaining),
@@ -127,7 +129,7 @@ where
         // over; this service continues with a clone, made ready again by its caller.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ClientFuture::waiting(Wait::new(
+        HoldBackFuture::waiting(Wait::new(
             ready,
             request,
             self.shared.clone(),

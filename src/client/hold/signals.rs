@@ -1,5 +1,6 @@
 //! What a response says about when to call again: `Retry-After` on a 429 or 503, a
-//! `RateLimit` policy with no units left, gRPC's `grpc-retry-pushback-ms`.
+//! `RateLimit` policy with no units left, gRPC's `grpc-retry-pushback-ms` (a wait, or "do
+//! not retry").
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -12,6 +13,11 @@ use crate::http::typed_headers::retry_after::RetryAfter;
 use crate::http::typed_headers::state::RateLimitHeader;
 
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// The wait gRPC's "do not retry" asks for: one with no end, which the layer caps at its
+/// longest hold as it caps any other.
+pub(super) const NO_END: Duration = Duration::MAX;
 
 /// The longest wait `headers` ask for, and why, for a response that arrived at `now_ms`
 /// (Unix milliseconds, which a `Retry-After` date is measured from). A field that does not
@@ -40,14 +46,43 @@ pub(super) fn advertised_wait(
     {
         consider(wait, HoldReason::RateLimitHeader);
     }
-    if let Some(value) = headers.get(GRPC_RETRY_PUSHBACK_MS)
-        && let Some(ms) = std::str::from_utf8(value.as_bytes())
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-    {
-        consider(Duration::from_millis(ms), HoldReason::GrpcPushback);
+    if let Some((wait, reason)) = grpc_pushback(headers) {
+        consider(wait, reason);
     }
     longest
+}
+
+/// What `grpc-retry-pushback-ms` asks for in `fields`: the headers of a Trailers-Only
+/// answer, or the trailers of any other gRPC answer, where the gRPC status sits beside it.
+///
+/// - Milliseconds above zero: a wait that long.
+/// - A negative or non-integer value, beside RESOURCE_EXHAUSTED or UNAVAILABLE: gRPC's
+///   "do not retry", a wait with no end ([`NO_END`]).
+/// - Anything else: nothing. Zero asks for no wait; "do not retry" beside another status
+///   is about that call (a bad argument, a missing entity), not about the server's
+///   capacity, and beside OK, or with no gRPC status, there is no failed call to retry.
+pub(super) fn grpc_pushback(fields: &HeaderMap) -> Option<(Duration, HoldReason)> {
+    let value = fields.get(GRPC_RETRY_PUSHBACK_MS)?;
+    let ms = std::str::from_utf8(value.as_bytes())
+        .ok()
+        .and_then(|text| text.trim().parse::<i64>().ok());
+    match ms {
+        Some(ms) if ms > 0 => Some((
+            Duration::from_millis(ms.unsigned_abs()),
+            HoldReason::GrpcPushback,
+        )),
+        Some(0) => None,
+        _ if refused_for_capacity(fields) => Some((NO_END, HoldReason::GrpcNoRetry)),
+        _ => None,
+    }
+}
+
+/// Whether the gRPC status in `fields` is RESOURCE_EXHAUSTED (8) or UNAVAILABLE (14), the
+/// statuses of a server short of capacity, as 429 and 503 are in HTTP.
+fn refused_for_capacity(fields: &HeaderMap) -> bool {
+    fields
+        .get(GRPC_STATUS)
+        .is_some_and(|status| matches!(status.as_bytes(), b"8" | b"14"))
 }
 
 /// `now_ms` as a [`SystemTime`], for tests that compare dates.
@@ -105,7 +140,7 @@ mod tests {
     }
 
     #[test]
-    fn units_left_bad_fields_and_negative_pushback_ask_for_nothing() {
+    fn units_left_bad_fields_and_pushback_without_a_capacity_refusal_ask_for_nothing() {
         for h in [
             headers(&[("ratelimit", r#""s";r=1;t=1"#)]),
             headers(&[("ratelimit", r#""s";r=0"#)]),
@@ -113,6 +148,10 @@ mod tests {
             headers(&[("retry-after", "soon")]),
             headers(&[("grpc-retry-pushback-ms", "-1")]),
             headers(&[("grpc-retry-pushback-ms", "0")]),
+            headers(&[("grpc-status", "8"), ("grpc-retry-pushback-ms", "0")]),
+            // "Do not retry" about the call itself, or after a success.
+            headers(&[("grpc-status", "3"), ("grpc-retry-pushback-ms", "-1")]),
+            headers(&[("grpc-status", "0"), ("grpc-retry-pushback-ms", "-1")]),
         ] {
             assert_eq!(
                 advertised_wait(StatusCode::TOO_MANY_REQUESTS, &h, 0),
@@ -126,5 +165,30 @@ mod tests {
             advertised_wait(StatusCode::OK, &h, 0),
             Some((Duration::from_secs(1), HoldReason::RateLimitHeader))
         );
+    }
+
+    #[test]
+    fn do_not_retry_beside_a_capacity_refusal_asks_for_a_wait_with_no_end() {
+        for (status, pushback) in [
+            ("8", "-1"),
+            ("14", "-2147483648"),
+            ("8", "soon"),
+            ("14", ""),
+        ] {
+            let h = headers(&[
+                ("grpc-status", status),
+                ("grpc-retry-pushback-ms", pushback),
+            ]);
+            assert_eq!(
+                grpc_pushback(&h),
+                Some((NO_END, HoldReason::GrpcNoRetry)),
+                "{h:?}"
+            );
+            assert_eq!(
+                advertised_wait(StatusCode::OK, &h, 0),
+                Some((NO_END, HoldReason::GrpcNoRetry)),
+                "{h:?}"
+            );
+        }
     }
 }

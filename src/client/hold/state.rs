@@ -1,7 +1,7 @@
 //! The holds: per partition, until when calls stay local and why; shared by a layer, every
 //! service it wraps and their clones.
 
-use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -9,25 +9,21 @@ use http::{HeaderMap, StatusCode};
 use metrics::SharedString;
 
 use super::config::Config;
-use super::signals::advertised_wait;
+use super::signals::{advertised_wait, grpc_pushback};
+use super::table::{Hold, HoldTable};
 use crate::client::error::HoldReason;
 
 /// The counter of calls held back, labelled `layer`, `reason` and `outcome`.
 pub(super) const HELD_BACK_TOTAL: &str = "tollgate_client_held_back_total";
 
-/// Past this many partitions, expired holds are swept out when a new one is added.
-const SWEEP_ABOVE: usize = 1_024;
+/// The most partitions a layer holds at once. Each costs about a hundred bytes and its
+/// name, so the holds of one layer stay within a few megabytes; past it, a new hold
+/// replaces the one that ends soonest.
+const MAX_HOLDS: usize = 10_000;
 
-/// A partition's hold: calls wait until `until_ms` (the layer's clock).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Hold {
-    pub(super) until_ms: u64,
-    pub(super) reason: HoldReason,
-}
-
-pub(in crate::client) struct Shared {
+pub(super) struct Shared {
     pub(super) config: Config,
-    holds: Mutex<HashMap<Arc<str>, Hold>>,
+    holds: Mutex<HoldTable>,
 }
 
 impl Shared {
@@ -38,12 +34,13 @@ impl Shared {
             HELD_BACK_TOTAL,
             metrics::Unit::Count,
             "Outgoing calls a HoldBackLayer kept from a server that had said to wait, by \
-             layer, reason (retry_after, ratelimit, grpc_pushback) and outcome (failed: \
-             answered locally without being sent; waited: sent once the wait was over)."
+             layer, reason (retry_after, ratelimit, grpc_pushback, grpc_no_retry) and \
+             outcome (failed: answered locally without being sent; waited: sent once the \
+             wait was over)."
         );
         Self {
             config,
-            holds: Mutex::new(HashMap::new()),
+            holds: Mutex::new(HoldTable::new(MAX_HOLDS)),
         }
     }
 
@@ -53,44 +50,35 @@ impl Shared {
 
     /// The hold on `partition` at `now_ms`, if one is still running.
     pub(super) fn hold(&self, partition: &str, now_ms: u64) -> Option<Hold> {
-        let mut holds = self.lock();
-        match holds.get(partition) {
-            Some(hold) if hold.until_ms > now_ms => Some(*hold),
-            Some(_) => {
-                holds.remove(partition);
-                None
-            }
-            None => None,
+        self.lock().get(partition, now_ms)
+    }
+
+    /// Reads what a response of `partition` says in its status and headers, and holds the
+    /// partition for the longest wait asked for.
+    pub(super) fn observe(&self, partition: &str, status: StatusCode, headers: &HeaderMap) {
+        let now = self.now_ms();
+        if let Some((wait, reason)) = advertised_wait(status, headers, now) {
+            self.hold_for(partition, wait, reason, now);
         }
     }
 
-    /// Reads what a response of `partition` says and holds the partition accordingly: the
-    /// longest wait asked for, capped at the layer's longest hold, and never shortening a
-    /// hold already running.
-    pub(in crate::client) fn observe(
-        &self,
-        partition: &str,
-        status: StatusCode,
-        headers: &HeaderMap,
-    ) {
-        let now = self.now_ms();
-        let Some((wait, reason)) = advertised_wait(status, headers, now) else {
-            return;
-        };
+    /// Reads the trailers of a response of `partition`, where a gRPC answer that is not
+    /// Trailers-Only carries its pushback, and holds the partition if they say to wait.
+    pub(super) fn observe_trailers(&self, partition: &str, trailers: &HeaderMap) {
+        if let Some((wait, reason)) = grpc_pushback(trailers) {
+            self.hold_for(partition, wait, reason, self.now_ms());
+        }
+    }
+
+    /// Holds `partition` for `wait` from `now`, capped at the layer's longest hold, never
+    /// shortening a hold already running.
+    fn hold_for(&self, partition: &str, wait: Duration, reason: HoldReason, now: u64) {
         let wait = wait.min(self.config.max_hold);
         let until_ms = now.saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
-        let mut holds = self.lock();
-        if let Some(hold) = holds.get_mut(partition) {
-            if hold.until_ms < until_ms {
-                *hold = Hold { until_ms, reason };
-            }
+        let added = self.lock().hold(partition, Hold { until_ms, reason }, now);
+        if !added {
             return;
         }
-        if holds.len() >= SWEEP_ABOVE {
-            holds.retain(|_, hold| hold.until_ms > now);
-        }
-        holds.insert(partition.into(), Hold { until_ms, reason });
-        drop(holds);
         tracing::debug!(
             layer = %self.config.name,
             partition,
@@ -118,11 +106,40 @@ impl Shared {
             .map(|hold| (Duration::from_millis(hold.until_ms - now), hold.reason))
     }
 
-    // Every update under this lock is a single map operation that cannot panic midway, so
-    // a poisoned lock is still sound.
-    fn lock(&self) -> MutexGuard<'_, HashMap<Arc<str>, Hold>> {
+    // Nothing done under this lock panics between the table's two indexes being updated,
+    // so a poisoned lock still guards a whole table.
+    fn lock(&self) -> MutexGuard<'_, HoldTable> {
         self.holds
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A call's partition and the holds it is kept in: what reads the call's answer, its head
+/// when the response arrives and its trailers when the body yields them.
+pub(super) struct Partition {
+    holds: Arc<Shared>,
+    name: Arc<str>,
+}
+
+impl Partition {
+    pub(super) fn new(holds: Arc<Shared>, name: Arc<str>) -> Self {
+        Self { holds, name }
+    }
+
+    pub(super) fn observe(&self, status: StatusCode, headers: &HeaderMap) {
+        self.holds.observe(&self.name, status, headers);
+    }
+
+    pub(super) fn observe_trailers(&self, trailers: &HeaderMap) {
+        self.holds.observe_trailers(&self.name, trailers);
+    }
+}
+
+impl fmt::Debug for Partition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Partition")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }

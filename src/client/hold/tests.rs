@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 
 use super::*;
@@ -150,6 +152,94 @@ async fn grpc_pushback_holds_for_its_milliseconds() {
     assert_eq!(
         layer.held_for("grpc.example"),
         Some(Duration::from_millis(750))
+    );
+    assert_eq!(
+        layer.hold_reason("grpc.example"),
+        Some(HoldReason::GrpcPushback)
+    );
+}
+
+#[tokio::test]
+async fn regression_grpc_do_not_retry_on_a_capacity_refusal_holds_for_max_hold() {
+    let clock = ManualClock::new(0);
+    let backend = Backend::new(
+        200,
+        &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
+    );
+    let layer = HoldBackLayer::new()
+        .clock(clock.clone())
+        .max_hold(Duration::from_secs(600));
+    let client = layer.layer(backend.clone());
+    assert_eq!(send(&client, "grpc.example").await.unwrap(), 200);
+    assert_eq!(
+        layer.held_for("grpc.example"),
+        Some(Duration::from_secs(600))
+    );
+    let held = send(&client, "grpc.example").await.unwrap_err();
+    assert_eq!(
+        held.held_back().unwrap().retry_after(),
+        Some(Duration::from_secs(600))
+    );
+    assert_eq!(backend.calls(), 1);
+}
+
+#[tokio::test]
+async fn grpc_do_not_retry_is_its_own_reason_and_only_a_capacity_refusal_holds() {
+    let clock = ManualClock::new(0);
+    let refused = Backend::new(
+        200,
+        &[
+            ("grpc-status", "14"),
+            ("grpc-retry-pushback-ms", "not a number"),
+        ],
+    );
+    let layer = HoldBackLayer::new().clock(clock.clone());
+    assert_eq!(send(&layer.layer(refused), "a").await.unwrap(), 200);
+    assert_eq!(layer.hold_reason("a"), Some(HoldReason::GrpcNoRetry));
+    assert_eq!(layer.held_for("a"), Some(Duration::from_secs(3_600)));
+    let held = send(&layer.layer(Backend::new(200, &[])), "a")
+        .await
+        .unwrap_err();
+    assert!(held.to_string().contains("not to retry"), "{held}");
+
+    // A bad argument is the call's own failure: nothing is held.
+    let invalid = Backend::new(
+        200,
+        &[("grpc-status", "3"), ("grpc-retry-pushback-ms", "-1")],
+    );
+    assert_eq!(send(&layer.layer(invalid.clone()), "b").await.unwrap(), 200);
+    assert_eq!(send(&layer.layer(invalid.clone()), "b").await.unwrap(), 200);
+    assert_eq!(layer.held_for("b"), None);
+    assert_eq!(invalid.calls(), 2);
+}
+
+#[tokio::test]
+async fn regression_grpc_pushback_in_the_trailers_holds_from_when_they_arrive() {
+    let clock = ManualClock::new(0);
+    let layer = HoldBackLayer::new().clock(clock.clone());
+    // A gRPC answer that is not Trailers-Only: a message, then the status and pushback.
+    let backend = tower::service_fn(|_: Request<()>| async {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "8".parse().unwrap());
+        trailers.insert("grpc-retry-pushback-ms", "1500".parse().unwrap());
+        let body = Full::new(Bytes::from_static(b"\0\0\0\0\0"))
+            .with_trailers(std::future::ready(Some(Ok(trailers))));
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let response = layer
+        .layer(backend)
+        .oneshot(to("grpc.example"))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    assert_eq!(layer.held_for("grpc.example"), None);
+
+    clock.advance(Duration::from_millis(200));
+    assert!(body.frame().await.unwrap().unwrap().is_trailers());
+    assert_eq!(
+        layer.held_for("grpc.example"),
+        Some(Duration::from_millis(1_500))
     );
     assert_eq!(
         layer.hold_reason("grpc.example"),

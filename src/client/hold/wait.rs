@@ -11,7 +11,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::state::{Hold, Shared};
+use super::state::{Partition, Shared};
+use super::table::Hold;
 use crate::client::error::NotSent;
 
 pin_project! {
@@ -19,7 +20,7 @@ pin_project! {
     /// is over, unless the hold lasts past `deadline_ms`. Kept in one box per waiting call
     /// (the sleep included), so the response future stays small for the calls that do not
     /// wait.
-    pub(in crate::client) struct Wait<S, B> {
+    pub(super) struct Wait<S, B> {
         #[pin]
         sleep: Sleep,
         service: Option<S>,
@@ -32,7 +33,7 @@ pin_project! {
 }
 
 /// A call made once its wait was over: the inner future, and what reads its answer.
-pub(in crate::client) type Sent<F> = (F, Arc<Shared>, Arc<str>);
+pub(super) type Sent<F> = (F, Partition);
 
 impl<S, B> Wait<S, B> {
     pub(super) fn new(
@@ -58,7 +59,7 @@ impl<S, B> Wait<S, B> {
 
     /// Ready when the hold is over (the call, made) or would end past the deadline (the
     /// call, not sent). A hold lengthened within the deadline is waited for again.
-    pub(in crate::client) fn poll_call(
+    pub(super) fn poll_call(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Sent<S::Future>, NotSent>>
@@ -88,7 +89,8 @@ impl<S, B> Wait<S, B> {
                     let mut service = this.service.take().expect("polled after completion");
                     let request = this.request.take().expect("polled after completion");
                     let future = service.call(request);
-                    return Poll::Ready(Ok((future, this.shared.clone(), this.partition.clone())));
+                    let partition = Partition::new(this.shared.clone(), this.partition.clone());
+                    return Poll::Ready(Ok((future, partition)));
                 }
             }
         }
