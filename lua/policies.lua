@@ -12,9 +12,13 @@
 --            the cost, the units wanted (at least the cost), 'lease': grants the largest
 --              count up to the units wanted that every policy admits at once;
 --            the cost, the time of the decision that counted it, 'refund': gives it back
--- Returns  a decision or a lease: { admitted (0/1), or the units granted, then per policy:
---            admitted (0/1), remaining, reset_ms, then the time of the decision (ms), which
---            a refund names }; a refund: the number of policies whose state changed
+--            the units, 0, 'charge': counts them whether or not they fit (what an admitted
+--              request turned out to cost beyond its reservation); past a quota the caller
+--              is in debt and later requests are refused until it has drained
+-- Returns  a decision, a lease or a charge: { admitted (0/1), or the units granted, then per
+--            policy: admitted (0/1), remaining, reset_ms, then the time of the decision
+--            (ms), which a refund names }; a refund: the number of policies whose state
+--            changed
 --
 -- Runs after lua/common.lua and lua/clock.lua (`now`). A decision writes nothing unless
 -- every policy admits: a refused request consumes nothing. A lease grant below the cost is
@@ -49,7 +53,8 @@
 --
 -- The token bucket. Its key holds a hash:
 --   l = level in units where one token is `period` units and `rate` units flow in per ms,
---   t = when the level was computed (ms),
+--   t = when the level was computed (ms); after `now` while the caller is in debt (a
+--       charge took more tokens than there were): the level, 0, refills only from then,
 --   x = a time (ms) before which the key does not expire.
 -- A state matters until it has refilled: after writing level l at `now` the key must live
 -- until now + ceil_div(capacity - l, rate) at least. A write whose x reaches that far
@@ -102,6 +107,10 @@ elseif #ARGV == 4 * policies + 3 then
     if cost == nil or given == nil then
       return redis.error_reply('tollgate: a refund needs a cost and a time, got ' .. tostring(ARGV[#ARGV - 2]) .. ' and ' .. tostring(ARGV[#ARGV - 1]))
     end
+  elseif operation == 'charge' then
+    if cost == nil or cost < 0 or cost ~= math.floor(cost) then
+      return redis.error_reply('tollgate: a charge needs a whole number of units, got ' .. tostring(ARGV[#ARGV - 2]))
+    end
   else
     return redis.error_reply('tollgate: unknown operation ' .. tostring(operation))
   end
@@ -109,6 +118,7 @@ elseif #ARGV ~= 4 * policies then
   return redis.error_reply('tollgate: expected 4 arguments per policy and a cost, or a cost, a number and an operation, got ' .. #ARGV)
 end
 local refunding = operation == 'refund'
+local charging = operation == 'charge'
 if policies == 0 then
   if #KEYS ~= 0 then
     return redis.error_reply('tollgate: ' .. #KEYS .. ' keys for no policy')
@@ -196,7 +206,7 @@ for i = 1, policies do
       end
     else
       local used = p * (window - elapsed) + c * window
-      fits = cost <= limit and used <= (limit - cost) * window
+      fits = charging or (cost <= limit and used <= (limit - cost) * window)
       if limit * window > used then
         remaining = floor_div(limit * window - used, window)
       end
@@ -226,7 +236,19 @@ for i = 1, policies do
         end
       end
     end
-    if refunding then
+    if refunding and updated ~= nil and updated > now then
+      -- in debt: what comes back pays it off first, as much of it as the refill would
+      -- have, in whole milliseconds
+      local owed = cost * period
+      local paid = math.min(floor_div(owed, rate), updated - now)
+      updated = updated - paid
+      if updated <= now then
+        level = math.min(capacity, owed - paid * rate)
+      end
+      fits = paid > 0 or level > 0
+      -- x is then more than a full refill after the time: written again with it
+      stored[3] = nil
+    elseif refunding then
       -- puts back as many tokens as a bucket that never counted the request would hold
       -- more: its cost, less what flowed in between the count and the last write (that
       -- bucket may have been full meanwhile and lost it; since the last write this one
@@ -241,7 +263,7 @@ for i = 1, policies do
         end
       end
     else
-      fits = cost <= burst and level >= cost * period
+      fits = charging or (cost <= burst and level >= cost * period)
       remaining = floor_div(level, period)
     end
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
@@ -261,7 +283,7 @@ for i = 1, policies do
         count = count - #members
       end
     else
-      fits = cost <= limit and count + cost <= limit
+      fits = charging or (cost <= limit and count + cost <= limit)
       if limit > count then
         remaining = limit - count
       end
@@ -271,7 +293,8 @@ for i = 1, policies do
     return redis.error_reply('tollgate: unknown algorithm ' .. tostring(kind))
   end
   if blocked then
-    fits, remaining = false, 0
+    -- a charge counts its units all the same: the block stands
+    fits, remaining = charging, 0
   elseif refunding and lock and fits then
     -- the refunded request was part of what used the quota up: the block goes
     local since = tonumber(redis.call('GET', block_key))
@@ -313,6 +336,8 @@ if operation == 'lease' then
   reply[1] = grant
 elseif refunding then
   take, units = false, 0
+elseif charging then
+  take = true
 elseif not admitted then
   reply[1] = 0
 end
@@ -327,7 +352,8 @@ for i = 1, policies do
   local write = take or (refunding and fits)
   local remaining, reset = reply[3 * i], 0
   if take then
-    remaining = remaining - units
+    -- past the quota (a charge): nothing remains
+    remaining = math.max(remaining - units, 0)
   end
   local wanted = cost
   if fits then
@@ -404,13 +430,18 @@ for i = 1, policies do
   else
     local rate, period, burst = loaded[base + 3], loaded[base + 4], loaded[base + 5]
     local level = loaded[base + 6]
+    -- the stored time never moves back (a clock that went back): moved back, the
+    -- interval in between would be refilled twice
+    local at = loaded[base + 7]
+    if at == nil or at < now then
+      at = now
+    end
     if write then
       level = level - units * period
-      -- the stored time never moves back (a clock that went back): moved back, the
-      -- interval in between would be refilled twice
-      local at = loaded[base + 7]
-      if at == nil or at < now then
-        at = now
+      if level < 0 then
+        -- a charge past the bucket: the rest is a debt, refilled before the level rises
+        at = at + ceil_div(-level, rate)
+        level = 0
       end
       local x = loaded[base + 8]
       if x and x - at >= ceil_div(burst * period - level, rate) then
@@ -424,7 +455,8 @@ for i = 1, policies do
     if not ((fits and remaining >= burst) or wanted > burst or refunding) then
       local missing = wanted * period - level
       if missing > 0 then
-        reset = ceil_div(missing, rate)
+        -- and while in debt, the refill starts only at `at`
+        reset = ceil_div(missing, rate) + at - now
       end
     end
   end

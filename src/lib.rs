@@ -113,6 +113,7 @@
 //! | `tollgate_breaker_state` | gauge | `layer`, `node` | state | the breaker in front of each part of the store: 0 closed, 1 open, 2 half-open |
 //! | `tollgate_store_latency_seconds` | histogram | `layer` | seconds | each call made to a remote store (a decision, a lease taken, a refund, a lease's unused units given back), from start to answer, error or timeout; calls to an in-process store (an `InMemoryBackend` as the limiter's store, or the local share's) are not timed |
 //! | `tollgate_denial_cache_hits_total` | counter | `layer` | requests | refusals served from the denial cache, without a store call |
+//! | `tollgate_settlements_total` | counter | `layer`, `result` | requests | admitted requests settled at what their responses cost (a layer's [`settle`](RateLimitLayer::settle), or [`Limiter::settle`]); `result` is `exact`, `refunded` (it cost less than it reserved), `charged` (it cost more: the extra charged, past the quota if need be), `failed` (the store could not be told: the reservation stands) or `not_counted` (the decision counted nothing) |
 //! | `tollgate_refunds_total` | counter | `layer`, `result` | requests | admitted requests whose units were given back because they did not count (a layer's [`count_only`](RateLimitLayer::count_only), or [`Limiter::refund`]); `result` is `given_back` or `failed` (the store could not take them back: the units stay consumed) |
 //! | `tollgate_lockouts_total` | counter | `layer`, `policy` | blocks | blocks started by a policy's [lockout](Policy::lock_out_for): a caller used the quota up and is refused for the lockout's duration (counted where the decision was made: the store's, or the local share's while the store is down) |
 //! | `tollgate_leases_total` | counter | `layer`, `event` | leases | leases of quota of a limiter with [`leases`](LimiterBuilder::leases); `event` is `taken` (from the store), `spent` (to the last unit), `expired` (ended with units left) or `returned` (those units given back to the store) |
@@ -178,6 +179,7 @@ pub mod decision {
     pub use crate::limiter::decision::{
         DecisionSource, PolicyReport, RateLimitInfo, UnlimitedReason,
     };
+    pub use crate::limiter::settlement::Settlement;
 }
 
 pub mod key {

@@ -34,8 +34,8 @@ pub(crate) struct Config<K> {
     pub(crate) refusal: Option<RefusalHook>,
     /// What a request costs, when not one unit.
     pub(crate) cost: Option<CostFn>,
-    /// Which responses count, when not all of them: the others are refunded.
-    pub(crate) count_only: Option<CountOnly>,
+    /// What the response changes in what the request counts, when anything.
+    pub(crate) after_response: Option<AfterResponse>,
 }
 
 /// The layer's cost function: the units a request consumes.
@@ -48,13 +48,25 @@ impl fmt::Debug for CostFn {
     }
 }
 
-/// The layer's predicate of the responses that count.
-#[derive(Clone)]
-pub(crate) struct CountOnly(pub(crate) Arc<dyn Fn(&response::Parts) -> bool + Send + Sync>);
+/// The user's function that says from a response what its request cost.
+pub(crate) type SettleFn = dyn Fn(&response::Parts) -> Option<u64> + Send + Sync;
 
-impl fmt::Debug for CountOnly {
+/// What a response changes in what its request counted: one of the two, the later set.
+#[derive(Clone)]
+pub(crate) enum AfterResponse {
+    /// Which responses count: the units of the others are given back.
+    CountOnly(Arc<dyn Fn(&response::Parts) -> bool + Send + Sync>),
+    /// What the request turned out to cost (`None`: what it reserved): the difference is
+    /// settled with the store.
+    Settle(Arc<SettleFn>),
+}
+
+impl fmt::Debug for AfterResponse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CountOnly").finish_non_exhaustive()
+        f.write_str(match self {
+            AfterResponse::CountOnly(_) => "CountOnly",
+            AfterResponse::Settle(_) => "Settle",
+        })
     }
 }
 

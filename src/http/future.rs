@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::http::body::ResponseBody;
-use crate::http::config::Config;
+use crate::http::config::{AfterResponse, Config};
 use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
@@ -19,7 +19,7 @@ use crate::http::refusal::Refusal;
 use crate::http::render::Protocol;
 use crate::http::response::{self, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
-use crate::store::backend::StoreError;
+use crate::limiter::settlement::Settlement;
 use crate::store::caller::{Caller, CallerKey};
 use crate::store::future::StoreFuture;
 
@@ -42,8 +42,8 @@ pin_project! {
         waiting: Option<Pin<Box<Waiting<K::Future, S, ReqBody>>>>,
         head: Head<K>,
         // The inner service's response while the units of a request that did not count
-        // are given back. Boxed, as few requests take this path.
-        refunding: Option<Box<(StoreFuture<Result<(), StoreError>>, S::Response, Option<Decision>)>>,
+        // are given back, or its cost settled. Boxed, as few requests take this path.
+        refunding: Option<Box<(StoreFuture<Option<Settlement>>, S::Response, Option<Decision>)>>,
     }
 }
 
@@ -54,7 +54,8 @@ struct Head<K> {
     pk: Option<[u8; PARTITION_KEY_LEN]>,
     // The units the request costs.
     cost: u64,
-    // Who is calling, kept under `count_only` only: a refund names the caller.
+    // Who is calling, kept under `count_only` and `settle` only: a refund names the
+    // caller.
     caller: Option<Box<Caller>>,
 }
 
@@ -212,7 +213,7 @@ where
         .as_ref()
         .map(|key| key.of(caller.key().encoded()));
     let mut decision = head.config.limiter.check_cost(&caller, head.cost);
-    if head.config.count_only.is_some() {
+    if head.config.after_response.is_some() {
         head.caller = Some(Box::new(caller));
     }
     match decision.try_take_ready() {
@@ -316,34 +317,50 @@ where
                     let response = ready!(future.poll(cx))?;
                     let decision = decision.take();
                     let head = &*this.head;
-                    let (response, refund) =
-                        refund_unless_counted(head, response, decision.as_ref());
+                    let (response, work) = after_response(head, response, decision.as_ref());
                     // Ready at once for an in-process store, or when nothing was counted;
                     // otherwise the response waits for the store.
-                    if let Some(mut refund) = refund
-                        && refund.try_take_ready().is_none()
-                    {
-                        *this.refunding = Some(Box::new((refund, response, decision)));
-                        this.state.set(State::Refunding);
-                        continue;
-                    }
+                    let settlement = match work {
+                        Some(mut work) => match work.try_take_ready() {
+                            Some(settlement) => settlement,
+                            None => {
+                                *this.refunding = Some(Box::new((work, response, decision)));
+                                this.state.set(State::Refunding);
+                                continue;
+                            }
+                        },
+                        None => None,
+                    };
                     this.state.set(State::Done);
-                    let response = finish(response, decision, &head.config, head.pk.as_ref());
+                    let response = finish(
+                        response,
+                        decision,
+                        settlement,
+                        &head.config,
+                        head.pk.as_ref(),
+                    );
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
                     let Some((refund, _, _)) = this.refunding.as_deref_mut() else {
                         unreachable!("a refunding response is stored before the state is set");
                     };
-                    // A failed refund was logged and counted; the response goes out as it is.
-                    let _ = ready!(Pin::new(refund).poll(cx));
+                    // A failed refund or settlement was logged and counted; the response
+                    // goes out as it is.
+                    let settlement = ready!(Pin::new(refund).poll(cx));
                     let Some((_, response, decision)) = this.refunding.take().map(|boxed| *boxed)
                     else {
                         unreachable!("the refunding response is taken exactly once");
                     };
                     this.state.set(State::Done);
                     let head = &*this.head;
-                    let response = finish(response, decision, &head.config, head.pk.as_ref());
+                    let response = finish(
+                        response,
+                        decision,
+                        settlement,
+                        &head.config,
+                        head.pk.as_ref(),
+                    );
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
@@ -384,33 +401,50 @@ where
     })
 }
 
-/// Under `count_only`, a response that does not count gives its units back: the
-/// response, and the refund when it does not count.
-fn refund_unless_counted<K, ResBody>(
+/// Under `count_only`, a response that does not count gives its units back; under
+/// `settle`, the request is settled at what its response says it cost: the response, and
+/// the store's work when there is some (its settlement, when it was settled).
+fn after_response<K, ResBody>(
     head: &Head<K>,
     response: Response<ResBody>,
     decision: Option<&Decision>,
-) -> (
-    Response<ResBody>,
-    Option<StoreFuture<Result<(), StoreError>>>,
-) {
-    let (Some(count_only), Some(caller), Some(decided)) =
-        (&head.config.count_only, head.caller.as_deref(), decision)
-    else {
+) -> (Response<ResBody>, Option<StoreFuture<Option<Settlement>>>) {
+    let (Some(after), Some(caller), Some(decided)) = (
+        &head.config.after_response,
+        head.caller.as_deref(),
+        decision,
+    ) else {
         return (response, None);
     };
     let (parts, body) = response.into_parts();
-    let counts = (count_only.0)(&parts);
-    let response = Response::from_parts(parts, body);
-    let refund = (!counts).then(|| head.config.limiter.refund(caller, decided));
-    (response, refund)
+    let work = match after {
+        AfterResponse::CountOnly(counts) => (!counts(&parts)).then(|| {
+            let mut refund = head.config.limiter.refund(caller, decided);
+            match refund.try_take_ready() {
+                Some(_) => StoreFuture::ready(None),
+                None => StoreFuture::boxed(async move {
+                    let _ = refund.await;
+                    None
+                }),
+            }
+        }),
+        AfterResponse::Settle(settle) => settle(&parts).map(|actual| {
+            let mut settled = head.config.limiter.settle(caller, decided, actual);
+            match settled.try_take_ready() {
+                Some(result) => StoreFuture::ready(result.ok()),
+                None => StoreFuture::boxed(async move { settled.await.ok() }),
+            }
+        }),
+    };
+    (Response::from_parts(parts, body), work)
 }
 
-/// The inner service's response, with the RateLimit fields of `decision` and the decision
-/// in its extensions.
+/// The inner service's response, with the RateLimit fields of `decision` (as `settlement`
+/// left them, when the request was settled) and the decision in its extensions.
 fn finish<K, ResBody>(
     response: Response<ResBody>,
     decision: Option<Decision>,
+    settlement: Option<Settlement>,
     config: &Config<K>,
     pk: Option<&[u8; PARTITION_KEY_LEN]>,
 ) -> Response<ResponseBody<ResBody>>
@@ -418,6 +452,15 @@ where
     ResBody: http_body::Body<Data = Bytes>,
 {
     let mut response = response.map(ResponseBody::inner);
+    let decision = match (decision, &settlement) {
+        (Some(Decision::Allowed(info)), Some(settled)) if settled.counted() => {
+            Some(Decision::Allowed(info.settled(settled)))
+        }
+        (decision, _) => decision,
+    };
+    if let Some(settlement) = settlement {
+        response.extensions_mut().insert(settlement);
+    }
     // An inner tollgate layer may have decided too (a per-route limit inside a router-wide
     // one): its refusal stands as it is, and on an allowed response both layers' policies
     // are listed, the inner layer's decision kept in the extensions.

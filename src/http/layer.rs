@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
-use crate::http::config::{Config, CostFn, CountOnly, RefusalHook, Skip};
+use crate::http::config::{AfterResponse, Config, CostFn, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
@@ -127,7 +127,7 @@ impl RateLimitLayer<ClientIp> {
                 skip: None,
                 refusal: None,
                 cost: None,
-                count_only: None,
+                after_response: None,
             }),
         }
     }
@@ -151,7 +151,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
                 skip: config.skip,
                 refusal: config.refusal,
                 cost: config.cost,
-                count_only: config.count_only,
+                after_response: config.after_response,
             }),
         }
     }
@@ -533,7 +533,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// The predicate sees the response's [`Parts`](http::response::Parts): its status,
     /// headers and extensions (a handler may mark the outcome there). A response of an
     /// inner service that failed (an `Err`, not a response) counts. A later `count_only`
-    /// replaces an earlier one.
+    /// replaces an earlier one, and a [`settle`](Self::settle) too.
     ///
     /// ```
     /// use std::convert::Infallible;
@@ -574,7 +574,76 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         F: Fn(&http::response::Parts) -> bool + Send + Sync + 'static,
     {
         let mut config = self.into_config();
-        config.count_only = Some(CountOnly(Arc::new(counts)));
+        config.after_response = Some(AfterResponse::CountOnly(Arc::new(counts)));
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Charges each request what its response says it cost: the request is admitted for
+    /// the units [`cost`](Self::cost) reserves (an estimate, such as an LLM request's
+    /// `max_tokens`), and once the inner service has answered, `settle` reads the response
+    /// (status, headers, extensions) and returns what it actually cost, or `None` to keep
+    /// the reservation. The difference is settled once, where the reservation was counted
+    /// ([`Limiter::settle`]): the rest goes back when it cost less; when it cost more, the
+    /// extra is charged past the quota if need be, a debt that refuses the caller's later
+    /// requests until it has drained (their `t` and Retry-After cover it). An admitted
+    /// request is never refused after the fact, so over any window a caller is charged at
+    /// most its quota plus what one request cost beyond its reservation.
+    ///
+    /// The response waits for the settlement (one store call, under the store timeout)
+    /// and then carries it: its RateLimit field says what remains after it, and its
+    /// extensions hold the [`Settlement`](crate::decision::Settlement). A settlement the
+    /// store could not take is logged and counted in `tollgate_settlements_total` as
+    /// `failed`, and the response goes out as it is, the reservation kept. Settlements are
+    /// counted there by result (`exact`, `refunded`, `charged`), apart from the decisions.
+    /// A response of an inner service that failed (an `Err`) keeps its reservation. A later
+    /// `settle` replaces an earlier one, and a [`count_only`](Self::count_only) too.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::decision::Settlement;
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let tokens = Limiter::builder()
+    ///     .policy(Policy::sliding_window("tokens", Quota::per_minute(10_000)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(tokens)
+    ///     .key(Caller::new("acme"))
+    ///     // Reserved at what the client may use at most...
+    ///     .cost(|request| {
+    ///         request.headers.get("x-max-tokens")
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1_000)
+    ///     })
+    ///     // ...settled at what the answer used.
+    ///     .settle(|response| {
+    ///         response.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok()
+    ///     });
+    /// let completions = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     let response = http::Response::builder()
+    ///         .header("x-tokens-used", "420")
+    ///         .body(http_body_util::Empty::<bytes::Bytes>::new())
+    ///         .unwrap();
+    ///     Ok::<_, Infallible>(response)
+    /// });
+    /// let request = http::Request::post("/v1/completions").header("x-max-tokens", "2000").body(()).unwrap();
+    /// let response = completions.oneshot(request).await.unwrap();
+    /// let settled = response.extensions().get::<Settlement>().unwrap();
+    /// assert_eq!((settled.reserved(), settled.actual(), settled.refunded()), (2_000, 420, 1_580));
+    /// // What remains after the settlement: 10,000 - 420.
+    /// let state = response.headers()["ratelimit"].to_str().unwrap();
+    /// assert!(state.starts_with(r#""tokens";r=9580;"#), "{state}");
+    /// # }
+    /// ```
+    pub fn settle<F>(self, settle: F) -> Self
+    where
+        F: Fn(&http::response::Parts) -> Option<u64> + Send + Sync + 'static,
+    {
+        let mut config = self.into_config();
+        config.after_response = Some(AfterResponse::Settle(Arc::new(settle)));
         Self {
             config: Arc::new(config),
         }
@@ -599,7 +668,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
             skip: shared.skip.clone(),
             refusal: shared.refusal.clone(),
             cost: shared.cost.clone(),
-            count_only: shared.count_only.clone(),
+            after_response: shared.after_response.clone(),
         })
     }
 }

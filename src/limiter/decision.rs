@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use crate::limiter::reported_set::ReportedSet;
+use crate::limiter::settlement::Settlement;
 use crate::store::algorithm::PolicyOutcome;
-use crate::store::backend::{StoreError, StoreErrorKind};
+use crate::store::backend::{CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
 
@@ -250,6 +251,37 @@ impl RateLimitInfo {
     pub(crate) fn for_cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self
+    }
+
+    /// The same report once the request was settled: after a charge, what the store
+    /// reported then; after a refund, what remained plus what came back (at most the
+    /// quota), as far as this request knows.
+    pub(crate) fn settled(&self, settlement: &Settlement) -> Self {
+        let before = self.outcomes.as_slice();
+        let policies = self.set.get();
+        let after = settlement.after_charge().map(CheckOutcome::limits);
+        let outcomes = Outcomes::build(before.len(), |i| match after.and_then(|a| a.get(i)) {
+            Some(after) => *after,
+            None => {
+                let quota = policies.get(i).map_or(u64::MAX, |p| p.algorithm().quota());
+                let mut outcome = before[i];
+                outcome.remaining = outcome
+                    .remaining
+                    .saturating_add(settlement.refunded())
+                    .min(quota);
+                if outcome.remaining >= quota {
+                    outcome.reset_ms = 0;
+                }
+                outcome
+            }
+        });
+        Self {
+            set: self.set.clone(),
+            outcomes,
+            source: self.source,
+            cost: settlement.actual(),
+            receipt: self.receipt,
+        }
     }
 
     /// The same report, of an admission that `receipt` can give back.

@@ -446,6 +446,13 @@ impl Fallback {
             .unwrap_or_else(|| Err(StoreError::other("pending")))
     }
 
+    /// Charges what a request admitted by the local share cost beyond its reservation, to
+    /// the local counters that counted it.
+    pub(super) fn charge(&self, caller: &Caller, limits: &[Policy], units: u64) -> CheckOutcome {
+        let now = self.clock.now_millis();
+        self.local.charge_at(caller.key(), limits, units, now)
+    }
+
     /// A refusal the store made that still holds, for a request of `cost` or more.
     fn cached_refusal(
         &self,

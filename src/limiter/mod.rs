@@ -27,6 +27,7 @@ pub(crate) mod mode;
 pub(crate) mod path;
 pub(crate) mod policy_set;
 pub(crate) mod reported_set;
+pub(crate) mod settlement;
 pub(crate) mod store_call;
 pub(crate) mod telemetry;
 
@@ -41,8 +42,9 @@ use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
-use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{Refund, StoreError};
+use crate::limiter::settlement::Settlement;
+use crate::limiter::telemetry::{LimiterMetrics, SettleResult};
+use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::build_error::BuildError;
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
@@ -227,6 +229,122 @@ impl Limiter {
             async move {
                 let result = given_back.await;
                 inner.refunded(&result);
+                result
+            }
+            .instrument(Span::current()),
+        )
+    }
+
+    /// Settles a request admitted by `decision` (of `caller`, made by this limiter) at what
+    /// it turned out to cost, `actual`: the difference from the units it reserved is given
+    /// back when it cost less, or charged when it cost more, once, where the reservation was
+    /// counted (the store, the local share, or for a lease the store). A charge goes past the
+    /// quota if need be: the caller is then in debt, and its later requests are refused
+    /// until the debt has drained (their `t` and Retry-After cover it). An admitted request
+    /// is never refused after the fact. So over any window a caller is charged at most its
+    /// quota plus what one request cost beyond its reservation.
+    ///
+    /// Resolves to the [`Settlement`](crate::decision::Settlement) once the store has
+    /// answered, or to the store's error; either way it is counted in
+    /// `tollgate_settlements_total` (`exact`, `refunded`, `charged`, `failed`, or
+    /// `not_counted` for a decision that counted nothing) and a failure is logged, so callers
+    /// may ignore the result: what the store could not be told stays as reserved. Like a
+    /// refund, each store call is bounded by the store timeout, and a refund drops the
+    /// caller's cached refusal.
+    ///
+    /// Settle each decision at most once.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // 1,000 tokens a minute, all of them at once if need be.
+    /// let tokens = Limiter::builder()
+    ///     .policy(Policy::token_bucket("tokens", Quota::per_minute(1_000), 1_000))
+    ///     .build();
+    /// let acme = Caller::new("acme");
+    /// // Reserved at 200 tokens; the answer used 1,150: 150 past the bucket.
+    /// let admitted = tokens.check_cost(&acme, 200).await;
+    /// let settled = tokens.settle(&acme, &admitted, 1_150).await.unwrap();
+    /// assert_eq!(settled.charged(), 950);
+    /// // In debt: refused, and told to wait until the 150 and one more have refilled
+    /// // (151 tokens at 1,000 a minute: 9.06 s).
+    /// let next = tokens.check(&acme).await;
+    /// assert!(!next.is_allowed());
+    /// assert_eq!(next.info().unwrap().retry_after_secs(), 10);
+    /// # }
+    /// ```
+    pub fn settle(
+        &self,
+        caller: &Caller,
+        decision: &Decision,
+        actual: u64,
+    ) -> StoreFuture<Result<Settlement, StoreError>> {
+        let inner = &self.inner;
+        let info = match decision {
+            Decision::Allowed(info) => Some(info),
+            Decision::Shadowed(would_be) => match would_be.as_ref() {
+                Decision::Allowed(info) => Some(info),
+                _ => None,
+            },
+            _ => None,
+        };
+        let counted = info
+            .and_then(|info| Some((info, info.receipt()?)))
+            .filter(|(info, _)| {
+                matches!(
+                    info.source(),
+                    DecisionSource::Store | DecisionSource::Lease | DecisionSource::LocalShare
+                )
+            });
+        let Some((info, receipt)) = counted else {
+            inner.metrics.settle(SettleResult::NotCounted);
+            return StoreFuture::ready(Ok(Settlement::not_counted(actual)));
+        };
+        let reserved = info.cost();
+        let limits = info.policy_set();
+        let mut settling: StoreFuture<Result<Settlement, StoreError>> = if actual == reserved {
+            StoreFuture::ready(Ok(Settlement::new(reserved, actual, None)))
+        } else if actual < reserved {
+            let refund = Refund::new(reserved - actual, receipt.counted_at_ms);
+            let mut given_back = match info.source() {
+                DecisionSource::LocalShare => {
+                    StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
+                }
+                _ => inner.path.refund(caller, receipt, limits, refund),
+            };
+            let settled = move |result: Result<(), StoreError>| {
+                result.map(|()| Settlement::new(reserved, actual, None))
+            };
+            match given_back.try_take_ready() {
+                Some(result) => StoreFuture::ready(settled(result)),
+                None => StoreFuture::boxed(async move { settled(given_back.await) }),
+            }
+        } else {
+            let units = actual - reserved;
+            let mut charged = match info.source() {
+                DecisionSource::LocalShare => {
+                    StoreFuture::ready(Ok(inner.path.charge_share(caller, limits, units)))
+                }
+                _ => inner.path.charge(caller, limits, units),
+            };
+            let settled = move |result: Result<CheckOutcome, StoreError>| {
+                result.map(|after| Settlement::new(reserved, actual, Some(after)))
+            };
+            match charged.try_take_ready() {
+                Some(result) => StoreFuture::ready(settled(result)),
+                None => StoreFuture::boxed(async move { settled(charged.await) }),
+            }
+        };
+        if let Some(result) = settling.try_take_ready() {
+            inner.settled(&result);
+            return StoreFuture::ready(result);
+        }
+        let inner = self.inner.clone();
+        StoreFuture::boxed(
+            async move {
+                let result = settling.await;
+                inner.settled(&result);
                 result
             }
             .instrument(Span::current()),
@@ -423,6 +541,21 @@ impl Inner {
             );
         }
         decision
+    }
+
+    /// Counts a settlement, and logs one that failed: never an error for the request, what
+    /// was reserved stays counted.
+    fn settled(&self, result: &Result<Settlement, StoreError>) {
+        let kind = match result {
+            Ok(settled) if settled.refunded() > 0 => SettleResult::Refunded,
+            Ok(settled) if settled.charged() > 0 => SettleResult::Charged,
+            Ok(_) => SettleResult::Exact,
+            Err(error) => {
+                tracing::warn!(layer = %self.name, %error, "could not settle a request's cost with the store");
+                SettleResult::Failed
+            }
+        };
+        self.metrics.settle(kind);
     }
 
     /// Counts a refund, and logs one that failed: never an error for the request, the

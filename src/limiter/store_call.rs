@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::limiter::telemetry::LimiterMetrics;
-use crate::store::backend::{Backend, Refund, StoreError};
+use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError};
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
@@ -95,6 +95,28 @@ impl StoreCall {
     ) -> StoreFuture<Result<(), StoreError>> {
         let started = Instant::now();
         let mut call = self.backend.refund(caller, limits, refund);
+        if let Some(result) = call.try_take_ready() {
+            self.answered(started);
+            return StoreFuture::ready(result);
+        }
+        let store = self.clone();
+        let caller = caller.clone();
+        StoreFuture::boxed(
+            async move { store.wait(call, started, &caller, "answer").await }
+                .instrument(tracing::Span::current()),
+        )
+    }
+
+    /// Charges `units` more to the store (past the quota if need be): the answer at once
+    /// when the store has it, else a future that waits under the store timeout.
+    pub(super) fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let started = Instant::now();
+        let mut call = self.backend.charge(caller, limits, units);
         if let Some(result) = call.try_take_ready() {
             self.answered(started);
             return StoreFuture::ready(result);

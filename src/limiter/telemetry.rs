@@ -32,6 +32,7 @@ pub(crate) const BREAKER_STATE: &str = "tollgate_breaker_state";
 pub(crate) const STORE_LATENCY: &str = "tollgate_store_latency_seconds";
 pub(crate) const DENIAL_CACHE_HITS: &str = "tollgate_denial_cache_hits_total";
 pub(crate) const REFUNDS: &str = "tollgate_refunds_total";
+pub(crate) const SETTLEMENTS: &str = "tollgate_settlements_total";
 pub(crate) const LOCKOUTS: &str = "tollgate_lockouts_total";
 
 /// Describes the limiter's metrics (help text and unit) to the recorder installed now.
@@ -73,6 +74,13 @@ fn describe() {
         Unit::Count,
         "Admitted requests whose units were given back because they did not count, by layer \
          and result (given_back, or failed when the store could not take them back)."
+    );
+    metrics::describe_counter!(
+        SETTLEMENTS,
+        Unit::Count,
+        "Admitted requests settled at what their responses cost, by layer and result (exact, \
+         refunded when they cost less than they reserved, charged when they cost more, failed \
+         when the store could not be told, not_counted when nothing had been counted)."
     );
     metrics::describe_counter!(
         LOCKOUTS,
@@ -205,6 +213,8 @@ pub(crate) struct LimiterMetrics {
     store_latency: Histogram,
     /// Refunds given back, and refunds that failed.
     refunds: [Counter; 2],
+    /// Settlements, by [`SettleResult`].
+    settlements: [Counter; 5],
     /// The recorder the handles were registered with (see [`recorder_in_force`]).
     recorder: usize,
     /// Whether a decision has compared `recorder` with the recorder in force.
@@ -257,6 +267,9 @@ impl LimiterMetrics {
             refunds: ["given_back", "failed"].map(
                 |result| metrics::counter!(REFUNDS, "layer" => layer.clone(), "result" => result),
             ),
+            settlements: SettleResult::ALL.map(|result| {
+                metrics::counter!(SETTLEMENTS, "layer" => layer.clone(), "result" => result.as_str())
+            }),
             store_latency: metrics::histogram!(STORE_LATENCY, "layer" => layer),
             recorder: recorder_in_force(),
             recorder_checked: AtomicBool::new(false),
@@ -365,6 +378,41 @@ impl LimiterMetrics {
     /// One refund, given back or failed.
     pub(crate) fn refund(&self, given_back: bool) {
         self.refunds[usize::from(!given_back)].increment(1);
+    }
+
+    /// One settlement.
+    pub(crate) fn settle(&self, result: SettleResult) {
+        self.settlements[result as usize].increment(1);
+    }
+}
+
+/// How a settlement ended, as `tollgate_settlements_total` labels it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SettleResult {
+    Exact,
+    Refunded,
+    Charged,
+    Failed,
+    NotCounted,
+}
+
+impl SettleResult {
+    const ALL: [SettleResult; 5] = [
+        SettleResult::Exact,
+        SettleResult::Refunded,
+        SettleResult::Charged,
+        SettleResult::Failed,
+        SettleResult::NotCounted,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            SettleResult::Exact => "exact",
+            SettleResult::Refunded => "refunded",
+            SettleResult::Charged => "charged",
+            SettleResult::Failed => "failed",
+            SettleResult::NotCounted => "not_counted",
+        }
     }
 }
 

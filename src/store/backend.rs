@@ -119,6 +119,44 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         )))
     }
 
+    /// Counts `units` more for `caller` against every one of `limits`, whether or not they
+    /// fit: what a request admitted earlier turned out to cost beyond what it reserved
+    /// ([`Limiter::settle`](crate::Limiter::settle)). Past a quota the caller is in debt,
+    /// and the policy refuses later requests until it has drained (see
+    /// [`Algorithm`](crate::store::Algorithm) for how each algorithm keeps it). Answers what
+    /// each policy reports afterwards: what remains and, when nothing does, how long until
+    /// one unit fits. A policy that locks out and is left with nothing starts its block.
+    ///
+    /// The default answers that this store does not charge; the crate's stores do, in one
+    /// atomic step.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use tollgate::{InMemoryBackend, Policy, Quota};
+    /// use tollgate::store::{Backend, CallerKey};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let store = InMemoryBackend::new();
+    /// let tokens: Arc<[Policy]> = vec![Policy::sliding_window("tokens", Quota::per_minute(100))].into();
+    /// let acme = CallerKey::new("acme");
+    /// let after = store.charge(&acme, &tokens, 130).await.unwrap();
+    /// // 30 over the quota: nothing remains, and the next request waits.
+    /// assert_eq!(after.limits()[0].remaining, 0);
+    /// assert!(!store.check(&acme, &tokens, 1).await.unwrap().admitted());
+    /// # }
+    /// ```
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let _ = (caller, limits, units);
+        StoreFuture::ready(Err(StoreError::other(
+            "this store does not charge units after the fact",
+        )))
+    }
+
     /// Takes a lease of up to `units` units of `caller`'s quota in one atomic step, for a
     /// limiter that decides a hot caller locally (see
     /// [`LimiterBuilder::leases`](crate::LimiterBuilder::leases)).
@@ -189,6 +227,15 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
         (**self).refund(caller, limits, refund)
+    }
+
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        (**self).charge(caller, limits, units)
     }
 
     fn lease(

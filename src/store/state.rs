@@ -1,7 +1,7 @@
 //! A caller's stored state for one policy, as a backend keeps it: opaque, so that the
 //! arithmetic's representation (the sliding log's shared ring, say) can change freely.
 
-use crate::store::algorithm::{AdmissionLog, Algorithm, State};
+use crate::store::algorithm::{AdmissionLog, Algorithm, PolicyOutcome, State};
 
 /// A caller's stored state for one policy: what a [`Backend`](crate::store::Backend) keeps
 /// per caller and [`counter`](crate::Policy::counter) between decisions.
@@ -151,6 +151,47 @@ impl Algorithm {
             now_ms,
         )
         .map(PolicyState::from_state)
+    }
+
+    /// Counts `units` more against `state` at `now_ms`, whether or not they fit: what a
+    /// request admitted earlier turned out to cost beyond its reservation
+    /// ([`Backend::charge`](crate::store::Backend::charge)). The state to store, and what
+    /// the policy reports after it (what remains, and when nothing does, the wait until one
+    /// unit fits).
+    ///
+    /// Past the quota the caller is in debt: a sliding window counts past its limit in the
+    /// current window (refused until that count has slid out, within two windows); a token
+    /// bucket takes what it holds and keeps the rest as a wait before its level starts
+    /// refilling; a sliding log holds the units at `now_ms` (refused until they leave the
+    /// window). So over any window, a caller is charged at most its quota plus what one
+    /// request cost beyond its reservation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Policy;
+    /// use tollgate::store::{Algorithm, PolicyState};
+    ///
+    /// // 10 tokens a second, burst 10: a request admitted for 1 token that cost 25.
+    /// let bucket = Algorithm::token_bucket(10, Duration::from_secs(1), 10);
+    /// let (state, after) = bucket.charge(None, 0, 24);
+    /// // 14 tokens past the bucket: 1.4 s of refill pays the debt, 0.1 s more makes a token.
+    /// assert_eq!((after.remaining, after.reset_ms), (0, 1_500));
+    /// let policies = [Policy::new("tokens", bucket)];
+    /// let decide = |now| PolicyState::evaluate(&policies, |_| Some(state.clone()), now, 1).0;
+    /// assert!(!decide(1_499).admitted());
+    /// assert!(decide(1_500).admitted());
+    /// ```
+    pub fn charge(
+        &self,
+        state: Option<PolicyState>,
+        now_ms: u64,
+        units: u64,
+    ) -> (PolicyState, PolicyOutcome) {
+        let charged = self.charge_state(state.map(PolicyState::into_state), now_ms, units);
+        (
+            PolicyState::from_state(charged.admitted_state),
+            charged.outcome,
+        )
     }
 
     /// Whether `state` has no effect any more at `now_ms` (an idle caller that can be

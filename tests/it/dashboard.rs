@@ -18,13 +18,14 @@ use crate::metrics::prometheus_scrape;
 mod skipped;
 
 /// Every metric family tollgate records, as the crate docs' table lists them.
-pub(crate) const FAMILIES: [&str; 12] = [
+pub(crate) const FAMILIES: [&str; 13] = [
     "tollgate_decisions_total",
     "tollgate_fallbacks_total",
     "tollgate_breaker_state",
     "tollgate_store_latency_seconds",
     "tollgate_denial_cache_hits_total",
     "tollgate_refunds_total",
+    "tollgate_settlements_total",
     "tollgate_lockouts_total",
     "tollgate_live_instances",
     "tollgate_shed_total",

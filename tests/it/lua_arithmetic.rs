@@ -1,8 +1,9 @@
 //! The Lua that Redis runs and the Rust that the in-process backend runs are the same
-//! arithmetic: the shipped lua/policies.lua (decisions, leases and refunds), driven with
-//! explicit timestamps through a test-only harness, agrees with `PolicyState::evaluate`
-//! and `Algorithm::refund` on every step of random sequences of requests of random costs
-//! (above the quota included), leases and refunds, for the sliding window, the token bucket
+//! arithmetic: the shipped lua/policies.lua (decisions, leases, refunds and charges),
+//! driven with explicit timestamps through a test-only harness, agrees with
+//! `PolicyState::evaluate`, `Algorithm::refund` and `Algorithm::charge` on every step of
+//! random sequences of requests of random costs (above the quota included), leases,
+//! refunds and charges past the quota (debts), for the sliding window, the token bucket
 //! and the sliding log; and after every step the key expires no earlier than its state
 //! stops weighing in decisions, and no later than the longest such a state can weigh.
 
@@ -194,6 +195,8 @@ enum Step {
     Refund,
     /// Leases up to the step's cost plus `extra` units, the cost at least 1.
     Lease { extra: u64 },
+    /// Charges the step's cost whether or not it fits (past the quota: a debt).
+    Charge,
 }
 
 fn steps() -> impl Strategy<Value = Step> {
@@ -201,6 +204,7 @@ fn steps() -> impl Strategy<Value = Step> {
         5 => Just(Step::Decide),
         2 => Just(Step::Refund),
         2 => (0u64..120).prop_map(|extra| Step::Lease { extra }),
+        2 => Just(Step::Charge),
     ]
 }
 
@@ -288,6 +292,22 @@ proptest! {
                             "step {} at {} ms, a lease of {} to {}, with {:?}", step, now, cost, wanted, algorithm
                         );
                         assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a lease"))?;
+                    }
+                    Step::Charge => {
+                        let (charged, outcome) = algorithm.charge(state.clone(), now, cost);
+                        state = Some(charged);
+                        admitted.push((cost, now));
+                        let lua: Vec<u64> = script
+                            .key(&key)
+                            .arg(kind).arg(a).arg(b).arg(c).arg(now)
+                            .arg(cost).arg(0).arg("charge")
+                            .invoke(&mut connection)
+                            .unwrap();
+                        prop_assert_eq!(
+                            lua, vec![1, 1, outcome.remaining, outcome.reset_ms],
+                            "step {} at {} ms, a charge of {}, with {:?}", step, now, cost, algorithm
+                        );
+                        assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a charge"))?;
                     }
                     Step::Decide => {
                         for _ in 0..*burst {

@@ -100,6 +100,7 @@ mod redis_sentinel;
 mod refused_connections;
 mod reload;
 mod request_cost;
+mod settle;
 mod shed;
 mod simulate;
 mod simulator_page;

@@ -139,6 +139,15 @@ impl LocalPath {
     ) -> StoreFuture<Result<(), StoreError>> {
         self.store.refund(caller.key(), limits, refund)
     }
+
+    pub(super) fn charge(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        self.store.charge(caller.key(), limits, units)
+    }
 }
 
 impl std::fmt::Debug for LocalPath {

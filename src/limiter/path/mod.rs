@@ -74,6 +74,29 @@ impl Path {
         }
     }
 
+    /// Charges the store what a request it admitted cost beyond its reservation.
+    pub(super) fn charge(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        match self {
+            Path::Local(path) => path.charge(caller, limits, units),
+            Path::Remote(path) => path.charge(caller, limits, units),
+        }
+    }
+
+    /// Charges the local share what a request it admitted cost beyond its reservation.
+    pub(super) fn charge_share(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> CheckOutcome {
+        self.fallback().charge(caller, limits, units)
+    }
+
     /// Gives back to the local share what a request it admitted consumed.
     pub(super) fn refund_share(
         &self,

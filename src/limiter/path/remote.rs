@@ -182,6 +182,21 @@ impl RemotePath {
         }
     }
 
+    /// Charges to the store what a request it admitted (or a lease it granted) cost beyond
+    /// what it reserved; not tried while the caller's part of the store is known to be
+    /// down.
+    pub(super) fn charge(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        if let Some(not_asked) = self.not_asked_to_give_back(caller.key()) {
+            return StoreFuture::ready(Err(not_asked));
+        }
+        self.store.charge(caller.key(), limits, units)
+    }
+
     /// Why the store is not asked to give units of `caller` back now, if it is not: the
     /// caller's part of the store has no connection, or its breaker is open.
     pub(in crate::limiter) fn not_asked_to_give_back(

@@ -428,7 +428,8 @@ impl Algorithm {
                         divisors.rate.or_new(rate),
                         divisors.period.or_new(period_ms),
                         burst,
-                        level,
+                        [level, updated_ms],
+                        now_ms,
                         admitted,
                         cost,
                     ),
@@ -493,8 +494,30 @@ impl Algorithm {
                     current,
                     counted_at_ms,
                     cost,
+                    now_ms,
                 )
             }
+        }
+    }
+
+    /// Counts `units` more against `state` at `now_ms` whether or not they fit: what a
+    /// request turned out to cost beyond what it was admitted for. Past the quota the
+    /// caller is in debt, and later requests are refused until it has drained. The outcome
+    /// reports what remains and, when nothing does, the wait until one unit fits.
+    pub(crate) fn charge_state(&self, state: Option<State>, now_ms: u64, units: u64) -> Evaluation {
+        let current = self.normalize(state, now_ms);
+        let next = match *self {
+            Algorithm::SlidingWindow { .. } => sliding_window::charge(current, units),
+            Algorithm::TokenBucket {
+                rate, period_ms, ..
+            } => token_bucket::charge(rate, period_ms, current, now_ms, units),
+            Algorithm::SlidingLog { .. } => sliding_log::charge(current, now_ms, units),
+        };
+        let outcome = self.peek_cost(Some(next.clone()), now_ms, 1);
+        Evaluation {
+            admitted: true,
+            outcome,
+            admitted_state: next,
         }
     }
 
@@ -557,7 +580,7 @@ impl Algorithm {
                 rate,
                 period_ms,
                 burst,
-            } => token_bucket::report(rate, period_ms, burst, state, admitted, cost),
+            } => token_bucket::report(rate, period_ms, burst, state, now_ms, admitted, cost),
             Algorithm::SlidingLog { limit, window_ms } => {
                 sliding_log::report(limit, window_ms, state, now_ms, admitted, cost)
             }

@@ -35,6 +35,9 @@ trait Model {
     fn admits(&self, t: u64) -> bool;
     /// Admits one request at `t` (only called when `admits(t)`).
     fn take(&mut self, t: u64);
+    /// Counts `units` at `t` whether or not they fit: what a request admitted earlier
+    /// turned out to cost beyond its reservation.
+    fn charge(&mut self, t: u64, units: u64);
     /// The advertised quota: the most `remaining` can ever be.
     fn quota(&self) -> u64;
 
@@ -96,18 +99,23 @@ impl Model for WindowModel {
         *self.counts.entry(t / self.window_ms).or_insert(0) += 1;
     }
 
+    fn charge(&mut self, t: u64, units: u64) {
+        *self.counts.entry(t / self.window_ms).or_insert(0) += units;
+    }
+
     fn quota(&self) -> u64 {
         self.limit
     }
 }
 
-/// The token bucket, its level an exact rational: `numerator / period_ms` tokens.
+/// The token bucket, its level an exact rational: `numerator / period_ms` tokens, below 0
+/// in debt (a charge past the bucket). A debt is whole milliseconds of refill, rounded up.
 #[derive(Clone, Debug)]
 struct BucketModel {
     rate: u64,
     period_ms: u64,
     burst: u64,
-    numerator: u128,
+    numerator: i128,
     at_ms: u64,
 }
 
@@ -118,16 +126,16 @@ impl BucketModel {
             period_ms,
             burst,
             // A caller never seen has a full bucket.
-            numerator: u128::from(burst) * u128::from(period_ms),
+            numerator: i128::from(burst) * i128::from(period_ms),
             at_ms: 0,
         }
     }
 
     /// The level at `t` (never before the last update), as a numerator over `period_ms`.
-    fn numerator_at(&self, t: u64) -> u128 {
+    fn numerator_at(&self, t: u64) -> i128 {
         assert!(t >= self.at_ms, "the fake clock never runs back");
-        let refill = u128::from(t - self.at_ms) * u128::from(self.rate);
-        let full = u128::from(self.burst) * u128::from(self.period_ms);
+        let refill = i128::from(t - self.at_ms) * i128::from(self.rate);
+        let full = i128::from(self.burst) * i128::from(self.period_ms);
         (self.numerator + refill).min(full)
     }
 }
@@ -135,11 +143,23 @@ impl BucketModel {
 impl Model for BucketModel {
     fn admits(&self, t: u64) -> bool {
         // At least one whole token.
-        self.numerator_at(t) >= u128::from(self.period_ms)
+        self.numerator_at(t) >= i128::from(self.period_ms)
     }
 
     fn take(&mut self, t: u64) {
-        self.numerator = self.numerator_at(t) - u128::from(self.period_ms);
+        self.numerator = self.numerator_at(t) - i128::from(self.period_ms);
+        self.at_ms = t;
+    }
+
+    fn charge(&mut self, t: u64, units: u64) {
+        let left = self.numerator_at(t) - i128::from(units) * i128::from(self.period_ms);
+        let rate = i128::from(self.rate);
+        // A debt in whole milliseconds of refill.
+        self.numerator = if left < 0 {
+            -((-left + rate - 1) / rate * rate)
+        } else {
+            left
+        };
         self.at_ms = t;
     }
 
@@ -220,6 +240,9 @@ struct Step {
     store_refused: bool,
     /// Which caller sends the requests (backend runs only).
     caller: usize,
+    /// Units charged after the requests whether or not they fit (0: none), as a settle
+    /// of a request that cost more than it reserved does (direct runs only).
+    charge: u64,
 }
 
 impl Step {
@@ -234,15 +257,25 @@ impl Step {
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
-    let step = (0u8..4, any::<u64>(), 0u8..=4, any::<bool>(), 0usize..2).prop_map(
-        |(kind, raw, requests, store_refused, caller)| Step {
-            kind,
-            raw,
-            requests,
-            store_refused,
-            caller,
-        },
-    );
+    let charge = prop_oneof![6 => Just(0u64), 1 => 1u64..=40];
+    let step = (
+        0u8..4,
+        any::<u64>(),
+        0u8..=4,
+        any::<bool>(),
+        0usize..2,
+        charge,
+    )
+        .prop_map(
+            |(kind, raw, requests, store_refused, caller, charge)| Step {
+                kind,
+                raw,
+                requests,
+                store_refused,
+                caller,
+                charge,
+            },
+        );
     prop::collection::vec(step, 1..100)
 }
 
@@ -334,6 +367,16 @@ fn run_direct<M: Model + Clone + std::fmt::Debug>(
                     context
                 );
             }
+        }
+        if step.charge > 0 {
+            let context = format!(
+                "{algorithm:?}, step {i}, a charge of {}, now {now} ms",
+                step.charge
+            );
+            let charged = algorithm.charge_state(state.clone(), now, step.charge);
+            model.charge(now, step.charge);
+            state = Some(charged.admitted_state);
+            check_report(&model, now, &charged.outcome, &context)?;
         }
     }
     Ok(())

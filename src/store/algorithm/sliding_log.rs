@@ -91,6 +91,19 @@ pub(super) fn consume(limit: u64, state: State, now_ms: u64, cost: u64) -> Resul
     Ok(State::SlidingLog(log))
 }
 
+/// The state after counting `units` at `now_ms` whether or not they fit: past the limit,
+/// later requests are refused until enough of them have left the window.
+pub(super) fn charge(state: State, now_ms: u64, units: u64) -> State {
+    let State::SlidingLog(mut log) = state else {
+        return state;
+    };
+    if units > 0 {
+        let at = log.newest().map_or(now_ms, |newest| newest.max(now_ms));
+        Arc::make_mut(&mut log.times).extend(std::iter::repeat_n(at, units as usize));
+    }
+    State::SlidingLog(log)
+}
+
 /// The state with up to `cost` of the units admitted at `counted_at_ms` taken out (the
 /// ones that admission added: any other unit left out would make the log less strict than
 /// never counting the request), if it still holds any.

@@ -91,6 +91,24 @@ pub(super) fn take(
         .then(|| [window_start, previous, current + cost])
 }
 
+/// The state after counting `units` in the current window whether or not they fit: past
+/// the limit, later requests are refused until the count has slid out.
+pub(super) fn charge(state: State, units: u64) -> State {
+    let State::SlidingWindow {
+        window_start,
+        previous,
+        current,
+    } = state
+    else {
+        return state;
+    };
+    State::SlidingWindow {
+        window_start,
+        previous,
+        current: current.saturating_add(units),
+    }
+}
+
 /// The state with `cost` units taken off the window they were counted in (at
 /// `counted_at_ms`), if that window still weighs: the current one or the previous one.
 pub(super) fn refund(window_ms: u64, state: State, counted_at_ms: u64, cost: u64) -> Option<State> {

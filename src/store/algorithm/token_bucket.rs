@@ -83,6 +83,29 @@ pub(super) fn take(period_ms: u64, [level, updated_ms]: [u64; 2], cost: u64) -> 
     (level >= needed).then(|| [level - needed, updated_ms])
 }
 
+/// The state after taking `units` tokens at `now_ms` whether or not there are that many:
+/// what a bucket holds goes first, and the rest is a debt, kept as a time of the level after
+/// `now_ms` (the level, 0, starts refilling only then), so later requests wait until it has
+/// refilled.
+pub(super) fn charge(rate: u64, period_ms: u64, state: State, now_ms: u64, units: u64) -> State {
+    let State::TokenBucket { level, updated_ms } = state else {
+        return state;
+    };
+    let needed = u128::from(units) * u128::from(period_ms);
+    if u128::from(level) >= needed {
+        return State::TokenBucket {
+            level: level - needed as u64,
+            updated_ms,
+        };
+    }
+    let debt = needed - u128::from(level);
+    let wait = u64::try_from(debt.div_ceil(u128::from(rate))).unwrap_or(u64::MAX);
+    State::TokenBucket {
+        level: 0,
+        updated_ms: updated_ms.max(now_ms).saturating_add(wait),
+    }
+}
+
 /// The state `current` (the stored state brought to now) with the tokens of a request of
 /// `cost` counted at `counted_at_ms` put back, as many as a bucket that never counted it
 /// would hold more; `None` when that is none. `stored_ms` is the stored state's time, the
@@ -92,6 +115,7 @@ pub(super) fn take(period_ms: u64, [level, updated_ms]: [u64; 2], cost: u64) -> 
 /// being full, which this one did not. Up to the last write that loss is at most what
 /// flowed in since the count; after it this bucket only filled, so capping at the capacity
 /// accounts for the rest. A state written before the count does not hold it: nothing.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn refund(
     rate: u64,
     period_ms: u64,
@@ -100,10 +124,28 @@ pub(super) fn refund(
     current: State,
     counted_at_ms: u64,
     cost: u64,
+    now_ms: u64,
 ) -> Option<State> {
     let State::TokenBucket { level, updated_ms } = current else {
         return None;
     };
+    if updated_ms > now_ms {
+        // In debt (a charge past the bucket): what comes back pays the debt off first, as
+        // much of it as the refill would have, rounded down to whole milliseconds.
+        let owed = u128::from(cost) * u128::from(period_ms);
+        let paid_ms = u64::try_from(owed / u128::from(rate))
+            .unwrap_or(u64::MAX)
+            .min(updated_ms - now_ms);
+        let left = owed - u128::from(paid_ms) * u128::from(rate);
+        let capacity = u128::from(burst) * u128::from(period_ms);
+        let updated_ms = updated_ms - paid_ms;
+        let level = if updated_ms > now_ms {
+            0
+        } else {
+            left.min(capacity) as u64
+        };
+        return (paid_ms > 0 || level > 0).then_some(State::TokenBucket { level, updated_ms });
+    }
     let since = stored_ms.checked_sub(counted_at_ms)?;
     let capacity = u128::from(burst) * u128::from(period_ms);
     let owed = u128::from(cost.min(burst)) * u128::from(period_ms);
@@ -122,29 +164,33 @@ pub(super) fn report(
     period_ms: u64,
     burst: u64,
     state: &State,
+    now_ms: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
-    let State::TokenBucket { level, .. } = *state else {
+    let State::TokenBucket { level, updated_ms } = *state else {
         return PolicyOutcome::nothing(admitted);
     };
     report_level(
         Divisor::new(rate),
         Divisor::new(period_ms),
         burst,
-        level,
+        [level, updated_ms],
+        now_ms,
         admitted,
         cost,
     )
 }
 
-/// [`report`] on a bucket's level.
+/// [`report`] on a bucket's level and its time (after `now_ms` while in debt: the refill
+/// starts then).
 #[inline]
 pub(super) fn report_level(
     rate: Divisor,
     period: Divisor,
     burst: u64,
-    level: u64,
+    [level, updated_ms]: [u64; 2],
+    now_ms: u64,
     admitted: bool,
     cost: u64,
 ) -> PolicyOutcome {
@@ -156,6 +202,7 @@ pub(super) fn report_level(
         let needed =
             (u128::from(units) * u128::from(period.get())).saturating_sub(u128::from(level));
         rate.divide_ceil_wide(needed)
+            .saturating_add(updated_ms.saturating_sub(now_ms))
     };
     PolicyOutcome {
         admitted,

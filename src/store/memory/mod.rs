@@ -211,6 +211,61 @@ impl InMemoryBackend {
         }
     }
 
+    /// Counts `units` more for `caller` against every one of `limits` at `now`, whether or
+    /// not they fit (what a request turned out to cost beyond its admission): what each
+    /// policy reports after it. A policy that locks out and is left with nothing starts its
+    /// block, as an admission that uses the quota up does.
+    pub(crate) fn charge_at(
+        &self,
+        caller: &CallerKey,
+        limits: &[Policy],
+        units: u64,
+        now: u64,
+    ) -> CheckOutcome {
+        let (hash, lock) = self.shard(caller);
+        let mut guard = write(lock);
+        let shard = &mut *guard;
+        let position = shard.find(hash, caller.encoded());
+        let (entries, counters) = shard.parts();
+        let mut store = Decision {
+            entry: position.map(|p| &mut entries[p]),
+            counters,
+            fresh: None,
+            key: caller.encoded(),
+            now,
+        };
+        let outcomes: Vec<PolicyOutcome> = limits
+            .iter()
+            .map(|limit| {
+                let state = find_counter(store.counters, limit.counter_arc())
+                    .and_then(|counter| store.entry.as_deref()?.state(counter));
+                let charged = limit.algorithm().charge_state(state, now, units);
+                store.admit(limit, charged.admitted_state);
+                charged.outcome
+            })
+            .collect();
+        let mut outcome = CheckOutcome::collect(limits.len(), outcomes.into_iter()).counted_at(now);
+        let mut idle_at = idle_at(limits, now);
+        if limits.iter().any(|limit| limit.lockout_ms().is_some()) {
+            // Only blocks that begin: a standing one is left as it is.
+            lockout::start_blocks(limits, &mut outcome, now, units, |i, since_ms, until_ms| {
+                if until_ms > 0 {
+                    idle_at = idle_at.max(until_ms);
+                    store.block(&limits[i], Block { since_ms, until_ms });
+                }
+            });
+        }
+        match (store.entry, store.fresh) {
+            (Some(entry), _) => entry.keep_until(idle_at),
+            (None, Some(entry)) => {
+                entry.keep_until(idle_at);
+                shard.insert(hash, entry, self.shared.shard_capacity, &self.shared.hasher);
+            }
+            (None, None) => {}
+        }
+        outcome
+    }
+
     /// Decides a request of `cost` units now: what [`Backend::check`] answers, unwrapped.
     pub(crate) fn decide(&self, caller: &CallerKey, limits: &[Policy], cost: u64) -> CheckOutcome {
         let now = self.now_ms();
@@ -667,6 +722,16 @@ impl Backend for InMemoryBackend {
     ) -> StoreFuture<Result<(), StoreError>> {
         self.give_back(caller, limits, refund);
         StoreFuture::ready(Ok(()))
+    }
+
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let now = self.now_ms();
+        StoreFuture::ready(Ok(self.charge_at(caller, limits, units, now)))
     }
 
     fn lease(

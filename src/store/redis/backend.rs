@@ -21,7 +21,7 @@ use crate::store::domain::FailureDomain;
 use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
-/// The one script for decisions, leases and refunds: the shared helpers, Redis's clock,
+/// The one script for decisions, leases, refunds and charges: the shared helpers, Redis's clock,
 /// then lua/policies.lua, which spells each algorithm out once, inline (Redis runs a
 /// script's whole body on every call, so functions defined in it would be built again for
 /// every decision).
@@ -572,6 +572,26 @@ impl Backend for RedisBackend {
                 .run(&SCRIPT, SCRIPT_SOURCE, &keys, &(args, "refund"), timeout)
                 .await?;
             Ok(())
+        })
+    }
+
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        let keys = self.keys(caller, limits);
+        let mut args = script_args(limits);
+        args.extend_from_slice(&[units, 0]);
+        let count = limits.len();
+        let connection = self.connection.clone();
+        let timeout = self.response_timeout;
+        StoreFuture::boxed(async move {
+            let reply: Vec<i64> = connection
+                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &(args, "charge"), timeout)
+                .await?;
+            parse_reply(&reply, count)
         })
     }
 
