@@ -10,8 +10,8 @@ use metrics::Counter;
 
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::MissingKey;
-use crate::limiter::Limiter;
 use crate::limiter::decision::Decision;
+use crate::limiter::{Limiter, Refusals};
 
 #[derive(Debug)]
 pub(crate) struct Config<K> {
@@ -36,6 +36,9 @@ pub(crate) struct Config<K> {
     pub(crate) cost: Option<CostFn>,
     /// What the response changes in what the request counts, when anything.
     pub(crate) after_response: Option<AfterResponse>,
+    /// Whether a refusal by the policies refuses, or lets the request through (a soft
+    /// limit).
+    pub(crate) refusals: Refusals,
 }
 
 /// The layer's cost function: the units a request consumes.

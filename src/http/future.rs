@@ -212,7 +212,10 @@ where
         .partition_key
         .as_ref()
         .map(|key| key.of(caller.key().encoded()));
-    let mut decision = head.config.limiter.check_cost(&caller, head.cost);
+    let mut decision = head
+        .config
+        .limiter
+        .check_with(&caller, head.cost, head.config.refusals);
     if head.config.after_response.is_some() {
         head.caller = Some(Box::new(caller));
     }
@@ -231,7 +234,7 @@ where
 fn after_decision<K, S, ReqBody, KeyFuture>(
     head: &Head<K>,
     decision: Decision,
-    request: Request<ReqBody>,
+    mut request: Request<ReqBody>,
     mut inner: S,
 ) -> Step<S::Future, KeyFuture, S, ReqBody>
 where
@@ -250,7 +253,13 @@ where
             refusal.extensions_mut().insert(decision);
             Step::Answer(refusal)
         }
-        None => Step::Call(inner.call(request), decision),
+        None => {
+            // The handler of a soft limit's refusal is told, so that it can degrade.
+            if let Decision::SoftLimited(_) = &decision {
+                request.extensions_mut().insert(decision.clone());
+            }
+            Step::Call(inner.call(request), decision)
+        }
     }
 }
 

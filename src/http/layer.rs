@@ -12,9 +12,9 @@ use crate::http::config::{AfterResponse, Config, CostFn, RefusalHook, Skip};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
-use crate::limiter::Limiter;
 use crate::limiter::decision::Decision;
 use crate::limiter::telemetry;
+use crate::limiter::{Limiter, Refusals};
 
 /// Rate-limits each caller of the wrapped service.
 ///
@@ -128,6 +128,7 @@ impl RateLimitLayer<ClientIp> {
                 refusal: None,
                 cost: None,
                 after_response: None,
+                refusals: Refusals::Refuse,
             }),
         }
     }
@@ -152,6 +153,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
                 refusal: config.refusal,
                 cost: config.cost,
                 after_response: config.after_response,
+                refusals: config.refusals,
             }),
         }
     }
@@ -649,6 +651,55 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         }
     }
 
+    /// Makes the limit soft: a request the policies refuse goes on to the inner service
+    /// all the same, with a [`Decision::SoftLimited`] in its extensions before the handler
+    /// runs, so that the handler can degrade (answer from a cache, use a smaller model,
+    /// queue at a lower priority) instead of the caller getting a 429. It counts nothing,
+    /// as a refusal does; its response carries the RateLimit fields of the refusal (`r=0`
+    /// and `t` for the exhausted policy) and no Retry-After, and such decisions are counted
+    /// in `tollgate_decisions_total` with outcome `soft_limited`. A store that fails closed
+    /// still refuses with 503: the soft limit is about quota, not about a store that cannot
+    /// decide.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::{Caller, Decision, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(1)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter).key(Caller::new("acme")).soft_limit(true);
+    /// let answers = ServiceBuilder::new().layer(layer).service_fn(|req: http::Request<()>| async move {
+    ///     let model = match req.extensions().get::<Decision>() {
+    ///         Some(Decision::SoftLimited(_)) => "small",
+    ///         _ => "large",
+    ///     };
+    ///     let response = http::Response::builder().header("x-model", model);
+    ///     Ok::<_, Infallible>(response.body(http_body_util::Empty::<bytes::Bytes>::new()).unwrap())
+    /// });
+    /// let ask = || http::Request::post("/v1/answers").body(()).unwrap();
+    /// let first = answers.clone().oneshot(ask()).await.unwrap();
+    /// assert_eq!(first.headers()["x-model"], "large");
+    /// let over = answers.oneshot(ask()).await.unwrap();
+    /// assert_eq!(over.status(), 200);
+    /// assert!(over.headers()["ratelimit"].to_str().unwrap().contains("r=0"));
+    /// assert_eq!(over.headers()["x-model"], "small");
+    /// # }
+    /// ```
+    pub fn soft_limit(self, soft: bool) -> Self {
+        let mut config = self.into_config();
+        config.refusals = if soft {
+            Refusals::LetThrough
+        } else {
+            Refusals::Refuse
+        };
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// The limiter this layer decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.config.limiter
@@ -669,6 +720,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
             refusal: shared.refusal.clone(),
             cost: shared.cost.clone(),
             after_response: shared.after_response.clone(),
+            refusals: shared.refusals,
         })
     }
 }

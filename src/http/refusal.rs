@@ -47,7 +47,10 @@ impl<'a> Refusal<'a> {
                 retry_after_secs: *retry_after_secs,
                 policies,
             }),
-            Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_) => None,
+            Decision::Allowed(_)
+            | Decision::Unlimited(_)
+            | Decision::Shadowed(_)
+            | Decision::SoftLimited(_) => None,
         }
     }
 

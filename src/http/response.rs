@@ -200,7 +200,7 @@ pub(crate) fn decorate_allowed(
     decision: &Decision,
     fields: Fields<'_>,
 ) {
-    if let Decision::Allowed(info) = decision
+    if let Decision::Allowed(info) | Decision::SoftLimited(info) = decision
         && fields.mode.on_allowed(status)
     {
         // Appended, not inserted: a response that already lists an inner layer's policies

@@ -51,6 +51,11 @@ pub enum Decision {
     /// Shadow mode: the request goes through whatever this decision (the one enforce mode
     /// would have made) says.
     Shadowed(Box<Decision>),
+    /// A refusal that a soft limit lets through
+    /// ([`RateLimitLayer::soft_limit`](crate::RateLimitLayer::soft_limit)): the request goes
+    /// on with this in its extensions, so the handler can degrade (a cached answer, a
+    /// smaller model), and counts nothing.
+    SoftLimited(RateLimitInfo),
 }
 
 impl Decision {
@@ -64,14 +69,19 @@ impl Decision {
     pub fn is_allowed(&self) -> bool {
         matches!(
             self,
-            Decision::Allowed(_) | Decision::Unlimited(_) | Decision::Shadowed(_)
+            Decision::Allowed(_)
+                | Decision::Unlimited(_)
+                | Decision::Shadowed(_)
+                | Decision::SoftLimited(_)
         )
     }
 
     /// The per-policy details, when the store decided.
     pub fn info(&self) -> Option<&RateLimitInfo> {
         match self {
-            Decision::Allowed(info) | Decision::Limited(info) => Some(info),
+            Decision::Allowed(info) | Decision::Limited(info) | Decision::SoftLimited(info) => {
+                Some(info)
+            }
             _ => None,
         }
     }

@@ -113,6 +113,17 @@ impl Limiter {
     /// # }
     /// ```
     pub fn check_cost(&self, caller: &Caller, cost: u64) -> StoreFuture<Decision> {
+        self.check_with(caller, cost, Refusals::Refuse)
+    }
+
+    /// [`check_cost`](Self::check_cost), a refusal made as `refusals` says: a soft limit's
+    /// is a [`Decision::SoftLimited`], counted as such.
+    pub(crate) fn check_with(
+        &self,
+        caller: &Caller,
+        cost: u64,
+        refusals: Refusals,
+    ) -> StoreFuture<Decision> {
         let inner = &self.inner;
         let mode = inner.mode.get();
         if mode == Mode::Off {
@@ -133,12 +144,14 @@ impl Limiter {
                     let mut pending = inner.path.decide(caller, set, cost);
                     match pending.try_take_ready() {
                         Some(decision) => decision,
-                        None => return self.conclude_later(pending, mode, span.clone()),
+                        None => {
+                            return self.conclude_later(pending, mode, refusals, span.clone());
+                        }
                     }
                 }
             },
         };
-        StoreFuture::ready(inner.conclude(decision, mode, span.as_ref()))
+        StoreFuture::ready(inner.conclude(decision, mode, refusals, span.as_ref()))
     }
 
     /// Concludes a decision the store answers later, inside its span.
@@ -146,6 +159,7 @@ impl Limiter {
         &self,
         pending: StoreFuture<Decision>,
         mode: Mode,
+        refusals: Refusals,
         span: Option<Span>,
     ) -> StoreFuture<Decision> {
         let inner = self.inner.clone();
@@ -153,7 +167,7 @@ impl Limiter {
         StoreFuture::boxed(
             async move {
                 let decision = pending.await;
-                inner.conclude(decision, mode, concluding.as_ref())
+                inner.conclude(decision, mode, refusals, concluding.as_ref())
             }
             .instrument(span.unwrap_or_else(Span::none)),
         )
@@ -525,10 +539,21 @@ impl Limiter {
 impl Inner {
     /// Shadows the decision in shadow mode, then counts it and records it on its span:
     /// every decision of the limiter passes here, once.
-    fn conclude(&self, decision: Decision, mode: Mode, span: Option<&Span>) -> Decision {
-        let decision = match mode {
-            Mode::Shadow => Decision::Shadowed(Box::new(decision)),
-            _ => decision,
+    fn conclude(
+        &self,
+        decision: Decision,
+        mode: Mode,
+        refusals: Refusals,
+        span: Option<&Span>,
+    ) -> Decision {
+        let decision = match (mode, decision) {
+            (Mode::Shadow, decision) => Decision::Shadowed(Box::new(decision)),
+            // A soft limit lets through what the policies refuse (a cost no quota admits
+            // included), never what a store that failed closed refuses.
+            (_, Decision::Limited(info)) if refusals == Refusals::LetThrough => {
+                Decision::SoftLimited(info)
+            }
+            (_, decision) => decision,
         };
         self.metrics.decision(&decision);
         telemetry::record_decision(span, &decision);
@@ -569,6 +594,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// What a check does with a refusal by the policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusals {
+    /// Refuses the request.
+    Refuse,
+    /// Lets it through as [`Decision::SoftLimited`].
+    LetThrough,
 }
 
 impl fmt::Debug for Limiter {

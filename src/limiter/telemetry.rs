@@ -44,7 +44,8 @@ fn describe() {
         DECISIONS,
         Unit::Count,
         "Rate-limit decisions, by layer, outcome (allowed, limited, unavailable, unlimited, \
-         skipped, or shadow_* in shadow mode) and, for refusals, the first refusing policy."
+         skipped, soft_limited for a refusal a soft limit let through, or shadow_* in shadow \
+         mode) and, for refusals, the first refusing policy."
     );
     metrics::describe_counter!(
         FALLBACKS,
@@ -95,6 +96,7 @@ pub(crate) fn outcome(decision: &Decision) -> &'static str {
     match decision {
         Decision::Allowed(_) => "allowed",
         Decision::Limited(_) => "limited",
+        Decision::SoftLimited(_) => "soft_limited",
         Decision::Unavailable { .. } => "unavailable",
         Decision::Unlimited(UnlimitedReason::Skipped) => "skipped",
         Decision::Unlimited(_) => "unlimited",
@@ -114,7 +116,9 @@ fn refusing_policy(decision: &Decision) -> Option<&str> {
         other => other,
     };
     match limited {
-        Decision::Limited(info) => info.violated().next().map(|policy| policy.name()),
+        Decision::Limited(info) | Decision::SoftLimited(info) => {
+            info.violated().next().map(|policy| policy.name())
+        }
         _ => None,
     }
 }
@@ -205,10 +209,10 @@ const PLAIN: [(Plain, &str); 6] = [
 pub(crate) struct LimiterMetrics {
     layer: SharedString,
     plain: [Counter; 6],
-    /// `limited` and `shadow_limited` by refusing policy: every name the limiter has
-    /// enforced, those of swapped-out limits included (a decision made under them may
-    /// still be counted after the swap).
-    limited: ArcSwap<HashMap<Arc<str>, [Counter; 2]>>,
+    /// `limited`, `shadow_limited` and `soft_limited` by refusing policy: every name the
+    /// limiter has enforced, those of swapped-out limits included (a decision made under
+    /// them may still be counted after the swap).
+    limited: ArcSwap<HashMap<Arc<str>, [Counter; 3]>>,
     denial_cache_hits: Counter,
     store_latency: Histogram,
     /// Refunds given back, and refunds that failed.
@@ -232,12 +236,13 @@ fn recorder_in_force() -> usize {
     })
 }
 
-/// The `limited` and `shadow_limited` counters of refusals by `policy`.
-fn limited_counters(layer: &SharedString, policy: &Arc<str>) -> [Counter; 2] {
+/// The `limited`, `shadow_limited` and `soft_limited` counters of refusals by `policy`.
+fn limited_counters(layer: &SharedString, policy: &Arc<str>) -> [Counter; 3] {
     let label = || SharedString::from_shared(policy.clone());
     [
         decision_counter(layer, "limited", label()),
         decision_counter(layer, "shadow_limited", label()),
+        decision_counter(layer, "soft_limited", label()),
     ]
 }
 
@@ -340,6 +345,7 @@ impl LimiterMetrics {
         match decision {
             Decision::Allowed(_) => plain(Plain::Allowed),
             Decision::Limited(_) => limited(decision, 0),
+            Decision::SoftLimited(_) => limited(decision, 2),
             Decision::Unavailable { .. } => plain(Plain::Unavailable),
             Decision::Unlimited(_) => plain(Plain::Unlimited),
             Decision::Shadowed(inner) => match **inner {

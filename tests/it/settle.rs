@@ -402,3 +402,54 @@ mod on_redis {
         );
     }
 }
+
+/// A soft limit lets the refused request through with the refusal in its extensions: the
+/// handler degrades, nothing is counted, and the decision is counted as `soft_limited`.
+#[test]
+fn a_soft_limit_lets_the_handler_degrade() {
+    let (seen, snapshot) = with_recorder(|_| async {
+        let limiter = Limiter::builder()
+            .name("answers")
+            .policy(Policy::sliding_window("per-minute", Quota::per_minute(2)))
+            .build();
+        let layer = RateLimitLayer::new(limiter.clone())
+            .key(HeaderKey::new("x-customer-id"))
+            .soft_limit(true);
+        let handler = service_fn(|request: Request<Full<Bytes>>| async move {
+            let model = match request.extensions().get::<Decision>() {
+                Some(Decision::SoftLimited(info)) => {
+                    format!("small:{}", info.violated().next().unwrap().name())
+                }
+                _ => "large".to_owned(),
+            };
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(model))))
+        });
+        let mut service = ServiceBuilder::new().layer(layer).service(handler);
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let reply = send(&mut service, get("/answers", &[("x-customer-id", "acme")])).await;
+            assert_eq!(reply.status, 200);
+            assert!(reply.retry_after().is_none());
+            seen.push(String::from_utf8(reply.body.to_vec()).unwrap());
+        }
+        // The soft refusals counted nothing: acme has used its 2, no more.
+        assert_eq!(remaining(&limiter, "acme").await, 0);
+        seen
+    });
+    assert_eq!(
+        seen,
+        ["large", "large", "small:per-minute", "small:per-minute"]
+    );
+    assert_eq!(
+        counter(
+            &snapshot,
+            "tollgate_decisions_total",
+            &[
+                ("layer", "answers"),
+                ("outcome", "soft_limited"),
+                ("policy", "per-minute")
+            ]
+        ),
+        2
+    );
+}
