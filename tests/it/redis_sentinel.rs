@@ -406,6 +406,115 @@ fn the_instance_registry_beats_on_through_a_sentinel_failover() {
     assert_eq!(counts(&registries), [3, 3, 3]);
 }
 
+/// A master demoted while decisions keep coming, by a switchover made by hand (`REPLICAOF
+/// NO ONE` on the replica, then `REPLICAOF` to it on the master: unlike a Sentinel's
+/// reconfiguration, it disconnects no client). The caller is at its limit, so every
+/// decision is a refusal, which only reads: a replica answers it, from counts that no longer
+/// change, and no `READONLY` ever tells the limiter. The Sentinels have not noticed yet (a
+/// master reported as a replica is acted on only after 20 s), so they name no other master.
+///
+/// The limiter must stop deciding on the demoted node within 500 ms of the demotion (its
+/// role is asked every 100 ms whatever the traffic); after that, with no master to be
+/// found, it fails closed. The decisions the store answered later than that are counted:
+/// the bound is none.
+#[test]
+fn regression_a_master_demoted_under_traffic_is_left_within_a_health_check() {
+    const RATE: f64 = 50.0;
+    const CAP: u64 = 20;
+    away_from_an_hour_boundary();
+    let deployment = RedisSentinels::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = runtime.block_on(async { limiter("demoted", store(&deployment), CAP) });
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = {
+        let (limiter, sent, stop) = (limiter.clone(), sent.clone(), stop.clone());
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / RATE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tasks = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let (limiter, sent) = (limiter.clone(), sent.clone());
+                tasks.push(tokio::spawn(async move {
+                    let at = Instant::now();
+                    let decision = limiter.check(&Caller::new("demoted")).await;
+                    sent.lock().unwrap().push(Sent {
+                        at,
+                        done: Instant::now(),
+                        instance: 0,
+                        busy: false,
+                        outcome: outcome(&decision),
+                    });
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+    };
+    // Long enough for the caller to reach its limit.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (master, replica) = (&deployment.nodes[0], &deployment.nodes[1]);
+    assert_eq!(replica.must(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    let new_master = replica.port().to_string();
+    assert_eq!(
+        master.must(&["REPLICAOF", "127.0.0.1", &new_master]).trim(),
+        "OK"
+    );
+    let demoted = Instant::now();
+    std::thread::sleep(Duration::from_millis(2_000));
+    stop.store(true, Ordering::SeqCst);
+    runtime.block_on(driver).unwrap();
+    let mut sent = std::mem::take(&mut *sent.lock().unwrap());
+    sent.sort_by_key(|s| s.at);
+    let by_the_store = |s: &&Sent| s.outcome != Outcome::Unavailable;
+    let last_by_the_store = sent.iter().filter(by_the_store).map(|s| s.at).next_back();
+    let late: Vec<&Sent> = sent
+        .iter()
+        .filter(by_the_store)
+        .filter(|s| s.at > demoted + Duration::from_millis(500))
+        .collect();
+    eprintln!(
+        "master demoted under traffic: {} decisions, {} by the store before the demotion ({} \
+         refused), {} by the store after it, the last {:?} ms after it; {} failed closed; the \
+         demoted node says {:?}",
+        sent.len(),
+        sent.iter()
+            .filter(by_the_store)
+            .filter(|s| s.at <= demoted)
+            .count(),
+        sent.iter()
+            .filter(|s| s.at <= demoted && s.outcome == Outcome::Refused)
+            .count(),
+        sent.iter()
+            .filter(by_the_store)
+            .filter(|s| s.at > demoted)
+            .count(),
+        last_by_the_store.map(|at| signed_ms(at, demoted)),
+        sent.iter()
+            .filter(|s| s.outcome == Outcome::Unavailable)
+            .count(),
+        deployment.role(0),
+    );
+    assert!(
+        sent.iter()
+            .any(|s| s.at <= demoted && s.outcome == Outcome::Refused),
+        "the caller never reached its limit before the demotion"
+    );
+    assert_eq!(deployment.role(0).as_deref(), Some("slave"));
+    assert!(
+        late.is_empty(),
+        "{} decisions answered by the demoted master more than 500 ms after the demotion",
+        late.len()
+    );
+    drop(limiter);
+}
+
 /// `orders_api --redis-sentinel ... --sentinel-master ...`, failing closed on `/orders`
 /// too, with a store timeout a loaded machine does not reach; its address.
 struct OrdersApi {

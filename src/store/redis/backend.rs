@@ -190,7 +190,9 @@ impl RedisBackend {
     /// The Sentinels are asked where the master is each time a connection is made; the
     /// node they name is used only once `ROLE` there says it is a master. When it dies or
     /// is demoted in a failover, its connection is given up and the Sentinels are asked
-    /// again until they name the promoted replica: no restart, and never a replica.
+    /// again until they name the promoted replica: no restart, and never a replica. `ROLE`
+    /// is asked every 100 ms however busy the connection, since a demoted master still
+    /// answers the decisions that only read.
     ///
     /// ```no_run
     /// use tollgate::RedisBackend;
@@ -823,9 +825,10 @@ impl RedisBackendBuilder {
 
     /// How long one decision may wait for Redis before it is an error (default 500 ms).
     /// The limiter's own store timeout, shorter, sits on top of this one. A connection that
-    /// has had no answer for 100 ms is checked with a `PING` (`ROLE` for a Sentinel
-    /// master), and given up and made again when that gets no answer within this timeout:
-    /// that is how a blackholed or frozen Redis is noticed while the service is idle.
+    /// has had no answer for 100 ms is checked with a `PING` (a Sentinel master's is asked
+    /// `ROLE` every 100 ms, busy or not), and given up and made again when that gets no
+    /// answer within this timeout: that is how a blackholed or frozen Redis is noticed
+    /// while the service is idle.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self

@@ -10,11 +10,13 @@
 //!
 //! - a call on it fails because the connection dropped (the server died or restarted, a
 //!   proxy cut it), reported by the call itself;
-//! - it has had no answer for a health-check interval and a `PING` (for a Sentinel master,
-//!   `ROLE`) gets none within the response timeout: a blackhole, a frozen server, or a cut
-//!   that no call has met yet because the service is idle;
-//! - for a Sentinel master, a call answers `READONLY`, or `ROLE` says it is a master no
-//!   more: it was demoted in a failover, and Sentinel is asked for the new one.
+//! - it has had no answer for a health-check interval and a `PING` gets none within the
+//!   response timeout: a blackhole, a frozen server, or a cut that no call has met yet
+//!   because the service is idle;
+//! - for a Sentinel master, a call answers `READONLY`, or `ROLE` (asked every health-check
+//!   interval, however busy the connection: a demoted master still answers the calls that
+//!   only read) says it is a master no more, or gets no answer within the response timeout:
+//!   it was demoted in a failover, and Sentinel is asked for the new one.
 //!
 //! Failed attempts are retried after a jittered backoff that doubles from the configured
 //! minimum to its maximum (25 ms to 250 ms by default), so a Redis that comes back is
@@ -383,7 +385,9 @@ async fn watch(
                 }
             }
             Either::Second(_) => {
-                if state.answered.swap(false, Ordering::Relaxed) {
+                // A plain node that answered since the last check is alive; a Sentinel
+                // master is asked its role whatever the traffic.
+                if !state.follows_the_master && state.answered.swap(false, Ordering::Relaxed) {
                     continue;
                 }
                 let check = healthy(&mut connection, state.follows_the_master);
