@@ -81,8 +81,9 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// - a single node ([`builder`](Self::builder)), through one multiplexed connection;
 /// - a master found through Redis Sentinel ([`sentinel_builder`](Self::sentinel_builder)),
 ///   through one multiplexed connection to whichever node the Sentinels name as master,
-///   asked again whenever that connection is lost or its node is demoted, so a failover is
-///   followed without a restart;
+///   asked again whenever that connection is lost or its node is demoted, and moved to the
+///   replica the Sentinels announce they promote, so a failover is followed without a
+///   restart;
 /// - a Redis Cluster ([`cluster_builder`](Self::cluster_builder)), through the redis
 ///   crate's cluster client, each decision sent to the master that serves the caller's
 ///   slot (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected
@@ -193,6 +194,13 @@ impl RedisBackend {
     /// again until they name the promoted replica: no restart, and never a replica. `ROLE`
     /// is asked every 100 ms however busy the connection, since a demoted master still
     /// answers the decisions that only read.
+    ///
+    /// The backend also subscribes to every Sentinel's announcements
+    /// (`+failover-state-wait-promotion`, `+switch-master`) and moves to the replica they
+    /// promote as soon as `ROLE` there says master, without waiting for the old master to
+    /// be demoted: a master cut off from the Sentinels (a partition between them) is
+    /// demoted by nobody, and would otherwise go on deciding, beside the new master, for as
+    /// long as the partition lasts.
     ///
     /// ```no_run
     /// use tollgate::RedisBackend;
