@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ErrorKind, RedisError, Script};
 
-use super::cluster;
+use super::cluster::{self, Heading};
 use super::cluster_link::ClusterLink;
 use super::eval::evaluate;
 use super::link::{Endpoint, Link, LinkConfig};
@@ -109,7 +109,9 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// Each master of a cluster is a failure domain of its own
 /// ([`FailureDomain`](crate::store::FailureDomain)), labelled with its address: the
 /// limiter keeps a circuit breaker per master, so a master that dies sends only its own
-/// slots' decisions to the failure policy. A single node, or a Sentinel master, is one
+/// slots' decisions to the failure policy. A decision that a redirect (`MOVED`, `ASK`)
+/// sends on to another master, and that fails there, is that master's failure, not the
+/// failure of the master the slot map named. A single node, or a Sentinel master, is one
 /// domain (labelled with its address, or the Sentinel master's name).
 ///
 /// Give the limiter its own Redis (or its own cluster), not a shared cache: an eviction
@@ -450,6 +452,9 @@ impl Connection {
         args: &(impl redis::ToRedisArgs + Sync),
         timeout: Duration,
     ) -> Result<T, StoreError> {
+        // Where a cluster call is headed, kept outside it so that a call given up at the
+        // timeout still says which node it was waiting on.
+        let heading = Heading::default();
         let call = async {
             match &self {
                 Connection::Single { link, .. } => {
@@ -460,14 +465,15 @@ impl Connection {
                 }
                 Connection::Cluster(cluster) => {
                     let connection = cluster.connection().await?;
-                    let master = keys
-                        .first()
-                        .and_then(|key| cluster.topology().master(topology::slot(key)));
+                    heading.head_for(
+                        keys.first()
+                            .and_then(|key| cluster.topology().master(topology::slot(key))),
+                    );
                     // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
                     // whose reply was lost.
                     cluster::evaluate(
                         &connection,
-                        master,
+                        &heading,
                         || cluster.stale(),
                         script,
                         source,
@@ -475,15 +481,28 @@ impl Connection {
                         args,
                     )
                     .await
-                    .map_err(|error| store_error(&error))
+                    .map_err(|error| self.failed_at(store_error(&error), &heading))
                 }
             }
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::timeout(format!(
-                "no answer from Redis within {timeout:?}"
-            ))),
+            Err(_) => Err(self.failed_at(
+                StoreError::timeout(format!("no answer from Redis within {timeout:?}")),
+                &heading,
+            )),
+        }
+    }
+
+    /// `error`, of a call that was headed for the node `heading` names: that node's failure
+    /// domain, which a redirect may have made another than the one the caller's slot map
+    /// named, is the one that failed.
+    fn failed_at(&self, error: StoreError, heading: &Heading) -> StoreError {
+        match (self, heading.node()) {
+            (Connection::Cluster(cluster), Some(node)) => {
+                error.with_failure_domain(cluster.topology().id_of(&node))
+            }
+            _ => error,
         }
     }
 }
