@@ -421,6 +421,14 @@ impl Breaker {
         );
     }
 
+    /// Counts the failure of a call that another part's breaker let through and that
+    /// ended at this part (a redirect sent it here): a failure like any other, though no
+    /// permit of this breaker was taken for it.
+    pub(crate) fn charge(&self, error: &StoreError) {
+        let epoch = self.shared.epoch.load(Ordering::Acquire);
+        self.permit(false, epoch).failed(error);
+    }
+
     /// The part of the store has a connection again. A breaker that opened (or stayed
     /// open) because its calls found no connection lets the next call probe at once, rather
     /// than after the rest of its interval: what it was waiting for is there. A breaker

@@ -188,6 +188,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// the whole store, [`FailureDomain::WHOLE`], connected). A remote store's limiter keeps
     /// one circuit breaker per domain, and falls back at once, without a call, for a caller
     /// whose domain is not connected. Called before every remote decision: keep it cheap.
+    /// A call that this part passes on to another, and that fails there, says so with
+    /// [`StoreError::with_failure_domain`]: the failure is then the other part's.
     ///
     /// ```
     /// use tollgate::{InMemoryBackend, store::{Backend, CallerKey, FailureDomain}};
@@ -454,6 +456,8 @@ impl fmt::Debug for CheckOutcome {
 pub struct StoreError {
     kind: StoreErrorKind,
     message: Arc<str>,
+    /// The part of the store the call failed at, when the store knows it.
+    failure_domain: Option<u32>,
 }
 
 /// The kind of a [`StoreError`], matched inside the crate to name a fallback's reason.
@@ -475,7 +479,33 @@ impl StoreError {
         Self {
             kind,
             message: message.into(),
+            failure_domain: None,
         }
+    }
+
+    /// The same error, from the part of the store whose
+    /// [`FailureDomain`](crate::store::FailureDomain) id is `id`: the part the call went
+    /// to, for a call that did not end where
+    /// [`Backend::failure_domain`] said the caller's decisions go (a Redis Cluster call
+    /// that a `MOVED` or `ASK` sent to another master). The limiter counts the failure, and
+    /// the fallback it leads to, against that part's breaker and `node` label, not the one
+    /// it asked.
+    ///
+    /// ```
+    /// use tollgate::store::StoreError;
+    /// let error = StoreError::unavailable("connection refused").with_failure_domain(2);
+    /// assert_eq!(error.failure_domain(), Some(2));
+    /// assert_eq!(StoreError::unavailable("connection refused").failure_domain(), None);
+    /// ```
+    pub fn with_failure_domain(mut self, id: u32) -> Self {
+        self.failure_domain = Some(id);
+        self
+    }
+
+    /// The id of the part of the store the call failed at, if the store said
+    /// ([`with_failure_domain`](Self::with_failure_domain)).
+    pub fn failure_domain(&self) -> Option<u32> {
+        self.failure_domain
     }
 
     /// The store did not answer in time.

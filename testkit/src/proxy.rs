@@ -1,7 +1,9 @@
 //! A TCP proxy in front of redis-server that injects real faults while traffic runs:
 //! pass, refuse connections, blackhole (accept and never answer, live connections
 //! included), delay, cut live connections, and hold each new connection's first bytes (a
-//! slow handshake: TLS, another zone).
+//! slow handshake: TLS, another zone). A fault can also be applied to some clients only,
+//! told apart by the name they give themselves (`CLIENT SETNAME`): a partition between
+//! those clients and the server while everyone else's traffic passes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +34,24 @@ struct State {
     generation: u64,
     /// How long the first bytes each way of a new connection are held.
     first_bytes_delay: Duration,
+    /// A fault for the connections whose client names itself with this prefix, in place
+    /// of `fault`.
+    named: Option<(&'static str, Fault)>,
+}
+
+impl State {
+    /// The fault set for the clients named like `name`, if one is.
+    fn named_fault_for(&self, name: Option<&str>) -> Option<Fault> {
+        match (self.named, name) {
+            (Some((prefix, fault)), Some(name)) if name.starts_with(prefix) => Some(fault),
+            _ => None,
+        }
+    }
+
+    /// The fault that applies to a connection whose client named itself `name`.
+    fn fault_for(&self, name: Option<&str>) -> Fault {
+        self.named_fault_for(name).unwrap_or(self.fault)
+    }
 }
 
 /// A proxy on a free loopback port, running on its own thread and runtime so that it keeps
@@ -53,6 +73,7 @@ impl FaultProxy {
             fault: Fault::Pass,
             generation: 0,
             first_bytes_delay: Duration::ZERO,
+            named: None,
         });
         let state = Arc::new(state);
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
@@ -112,6 +133,17 @@ impl FaultProxy {
     /// Cuts every live connection; new ones are handled as the current fault says.
     pub fn cut(&self) {
         self.state.send_modify(|state| state.generation += 1);
+    }
+
+    /// Applies `fault` to the connections whose client names itself with a name starting
+    /// with `prefix` (`CLIENT SETNAME` in the first bytes it sends, as a Sentinel names its
+    /// links to the instances it watches: `sentinel-<id>-cmd`), live ones included, and the
+    /// proxy's own fault to the others; `None` ends it. Refused, such a connection is cut
+    /// (the proxy still listens for the others); when a blackhole of them ends, the
+    /// connections it held are cut.
+    pub fn set_for_clients_named(&self, prefix: &'static str, fault: Option<Fault>) {
+        self.state
+            .send_modify(|state| state.named = fault.map(|fault| (prefix, fault)));
     }
 
     /// Holds the first bytes each way of every connection accepted from now on for
@@ -182,32 +214,60 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
         let state = state.borrow();
         (state.generation, state.first_bytes_delay)
     };
+    let _ = client.set_nodelay(true);
+    let (mut client_read, mut client_write) = client.into_split();
+    // A client speaks first: its first bytes say who it is, before anything is forwarded.
+    let mut first = vec![0u8; 16 * 1024];
+    let Ok(read @ 1..) = client_read.read(&mut first).await else {
+        return;
+    };
+    first.truncate(read);
+    let name = client_name(&first);
+    if state.borrow().named_fault_for(name.as_deref()) == Some(Fault::Refuse) {
+        return;
+    }
     let Ok(upstream) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
         return;
     };
-    let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    let (mut client_read, mut client_write) = client.into_split();
     let (mut upstream_read, mut upstream_write) = upstream.into_split();
     let requests = pump(
         &mut client_read,
         &mut upstream_write,
-        state.clone(),
-        true,
-        first_bytes_delay,
+        Pumped {
+            state: state.clone(),
+            name: name.clone(),
+            requests: true,
+            first_delay: first_bytes_delay,
+            first: Some(first),
+        },
     );
     let replies = pump(
         &mut upstream_read,
         &mut client_write,
-        state.clone(),
-        false,
-        first_bytes_delay,
+        Pumped {
+            state: state.clone(),
+            name: name.clone(),
+            requests: false,
+            first_delay: first_bytes_delay,
+            first: None,
+        },
     );
     let cut = async {
+        let mut was = state.borrow().fault_for(name.as_deref());
         while state.changed().await.is_ok() {
-            if state.borrow().generation != generation {
+            let state = state.borrow();
+            if state.generation != generation {
                 return;
             }
+            // The proxy's own faults cut by a new generation; a fault for named clients cuts
+            // their connections here, as the proxy's own would.
+            let now = state.fault_for(name.as_deref());
+            let refused = state.named_fault_for(name.as_deref()) == Some(Fault::Refuse);
+            if refused || (was == Fault::Blackhole && now != Fault::Blackhole) {
+                return;
+            }
+            was = now;
         }
     };
     tokio::select! {
@@ -217,28 +277,63 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
     }
 }
 
+/// The name a client gives itself with `CLIENT SETNAME` in `bytes` (RESP or inline), if it
+/// does.
+fn client_name(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let words: Vec<&str> = text
+        .split(['\r', '\n', ' '])
+        .filter(|word| !word.is_empty() && !word.starts_with(['*', '$']))
+        .collect();
+    words
+        .windows(3)
+        .find(|w| w[0].eq_ignore_ascii_case("CLIENT") && w[1].eq_ignore_ascii_case("SETNAME"))
+        .map(|w| w[2].to_owned())
+}
+
+/// One direction of a connection, as [`pump`] copies it.
+struct Pumped {
+    state: watch::Receiver<State>,
+    /// The name the client gave itself, if any.
+    name: Option<String>,
+    requests: bool,
+    /// How long the first chunk waits more.
+    first_delay: Duration,
+    /// A first chunk already read.
+    first: Option<Vec<u8>>,
+}
+
 /// Copies one direction, obeying the fault before each chunk is forwarded; the first
 /// chunk waits `first_delay` more.
 async fn pump(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
-    mut state: watch::Receiver<State>,
-    requests: bool,
-    mut first_delay: Duration,
+    pumped: Pumped,
 ) {
+    let Pumped {
+        mut state,
+        name,
+        requests,
+        mut first_delay,
+        mut first,
+    } = pumped;
     let mut buffer = vec![0u8; 16 * 1024];
     loop {
-        let Ok(read) = from.read(&mut buffer).await else {
-            return;
+        let read = match first.take() {
+            Some(chunk) => {
+                buffer[..chunk.len()].copy_from_slice(&chunk);
+                chunk.len()
+            }
+            None => match from.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            },
         };
-        if read == 0 {
-            return;
-        }
         if !first_delay.is_zero() {
             tokio::time::sleep(std::mem::take(&mut first_delay)).await;
         }
         loop {
-            let fault = state.borrow_and_update().fault;
+            let fault = state.borrow_and_update().fault_for(name.as_deref());
             match fault {
                 Fault::Pass => break,
                 Fault::Delay(delay) if requests => {

@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::proxy::{Fault, FaultProxy};
+
 const INSTALL_HINT: &str = "redis-server and redis-cli are needed for the Redis tests: \
     install them with `apt-get install -y redis-server redis-tools` (scripts/test does it for you)";
 
@@ -608,6 +610,9 @@ pub struct RedisSentinels {
     pub nodes: Vec<RedisServer>,
     /// The three Sentinels.
     pub sentinels: Vec<SentinelServer>,
+    /// The proxy in front of the first master, for a deployment started with
+    /// [`start_behind_a_proxy`](Self::start_behind_a_proxy).
+    pub master_proxy: Option<FaultProxy>,
 }
 
 /// One `redis-server --sentinel` process.
@@ -724,12 +729,31 @@ impl RedisSentinels {
     /// Sentinels, and waits until every Sentinel knows the replica and the two others, so
     /// that a failover can be authorized.
     pub fn start() -> Self {
+        Self::start_with(false)
+    }
+
+    /// The same deployment, with the master reached through a [`FaultProxy`]
+    /// ([`master_proxy`](Self::master_proxy)): the Sentinels monitor it at the proxy's
+    /// address (so their clients are told that address too), and the replica replicates
+    /// through it. [`cut_master_off_from_the_sentinels`](Self::cut_master_off_from_the_sentinels)
+    /// then partitions the Sentinels from the master while every other client still
+    /// reaches it.
+    pub fn start_behind_a_proxy() -> Self {
+        Self::start_with(true)
+    }
+
+    fn start_with(behind_a_proxy: bool) -> Self {
         let master = RedisServer::start();
-        let master_port = master.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+        let master_proxy = behind_a_proxy.then(|| FaultProxy::start(master.port()));
+        let master_port = master_proxy
+            .as_ref()
+            .map_or(master.port(), FaultProxy::port);
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port.to_string()]);
         let deployment = Self {
             nodes: vec![master, replica],
             sentinels: Vec::new(),
+            master_proxy,
         };
         deployment.wait_until("the replica is in sync", |d| {
             d.nodes[1]
@@ -738,7 +762,7 @@ impl RedisSentinels {
         });
         let mut deployment = deployment;
         deployment.sentinels = (0..3)
-            .map(|_| SentinelServer::start(Self::NAME, deployment.nodes[0].port()))
+            .map(|_| SentinelServer::start(Self::NAME, master_port))
             .collect();
         deployment.wait_until(
             "every Sentinel knows the replica and the other Sentinels",
@@ -752,6 +776,18 @@ impl RedisSentinels {
             },
         );
         deployment
+    }
+
+    /// Blackholes the Sentinels' links to the master (a deployment started
+    /// [`behind a proxy`](Self::start_behind_a_proxy)): the Sentinels name their
+    /// connections `sentinel-<id>-...`, and the proxy holds what those send, so the
+    /// Sentinels find the master down while it goes on answering every other client as a
+    /// master.
+    pub fn cut_master_off_from_the_sentinels(&self) {
+        self.master_proxy
+            .as_ref()
+            .expect("a deployment started behind a proxy")
+            .set_for_clients_named("sentinel-", Some(Fault::Blackhole));
     }
 
     /// Polls `ready` every 50 ms for up to 30 s; panics with `what` if it never holds.
@@ -800,11 +836,27 @@ impl RedisSentinels {
     /// reported itself master (`ROLE`), and when a Sentinel first named the replica as the
     /// master (what a Sentinel client can learn).
     pub fn kill_master_and_wait_for_promotion(&mut self) -> Failover {
-        let (master, replica) = (0, 1);
+        let master = 0;
         assert_eq!(self.role(master).as_deref(), Some("master"));
-        let replica_port = self.nodes[replica].port();
         let killed = Instant::now();
         self.nodes[master].kill();
+        let Promotion {
+            promoted,
+            announced,
+        } = self.wait_for_promotion();
+        Failover {
+            killed,
+            promoted,
+            announced,
+        }
+    }
+
+    /// Waits until the replica (`nodes[1]`) reports itself master (`ROLE`) and a Sentinel
+    /// names it as the master, polling every 10 ms for up to 30 s; returns when each was
+    /// first seen.
+    pub fn wait_for_promotion(&self) -> Promotion {
+        let replica = 1;
+        let replica_port = self.nodes[replica].port();
         let mut promoted = None;
         let mut announced = None;
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -821,12 +873,20 @@ impl RedisSentinels {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Failover {
-            killed,
+        Promotion {
             promoted: promoted.unwrap(),
             announced: announced.unwrap(),
         }
     }
+}
+
+/// When a replica was promoted, as [`RedisSentinels::wait_for_promotion`] saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Promotion {
+    /// The replica first reported itself master.
+    pub promoted: Instant,
+    /// A Sentinel first named the replica as the master.
+    pub announced: Instant,
 }
 
 /// When a Sentinel failover's steps happened.

@@ -757,3 +757,72 @@ async fn regression_a_local_store_that_answers_on_the_next_poll_is_asked_once() 
     assert_eq!(map.calls(), 5, "store calls for 5 requests");
     assert_eq!(admitted, 3, "admitted of 5 under a limit of 3");
 }
+
+// ---------------------------------------------------------------------------------------
+// A failure at another part of the store
+
+/// A store of two parts that sends every caller to part 1, where the calls for `redirected`
+/// are passed on to part 2 and fail there: it says so with
+/// `StoreError::with_failure_domain`.
+#[derive(Debug)]
+struct PassedOn;
+
+impl Backend for PassedOn {
+    fn check(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        _cost: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        if *caller == CallerKey::new("redirected") {
+            return StoreFuture::ready(Err(StoreError::unavailable(
+                "part 2 refused the connection",
+            )
+            .with_failure_domain(2)));
+        }
+        let admitted = tollgate::store::PolicyOutcome {
+            admitted: true,
+            remaining: 1,
+            reset_ms: 1_000,
+        };
+        StoreFuture::ready(Ok(CheckOutcome::new(vec![admitted; limits.len()])))
+    }
+
+    fn failure_domain(&self, _caller: &CallerKey) -> tollgate::store::FailureDomain {
+        tollgate::store::FailureDomain::new(1)
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        Some(format!("part-{id}"))
+    }
+}
+
+#[tokio::test]
+async fn a_failure_the_store_places_at_another_part_is_charged_to_that_part() {
+    let limiter = Limiter::builder()
+        .name("parts")
+        .backend(PassedOn)
+        .on_store_failure(FailurePolicy::open())
+        .denial_cache(0)
+        .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
+        .build();
+    for _ in 0..5 {
+        let decision = limiter.check(&Caller::new("redirected")).await;
+        assert!(matches!(decision, Decision::Unlimited(_)), "{decision:?}");
+    }
+    let states = limiter.breaker_states();
+    let state_of = |label: &str| {
+        states
+            .iter()
+            .find(|(node, _)| node == label)
+            .map(|(_, state)| *state)
+    };
+    assert_eq!(state_of("part-2"), Some(BreakerState::Open), "{states:?}");
+    assert_eq!(state_of("part-1"), Some(BreakerState::Closed), "{states:?}");
+    // Part 1 passed the failing calls on, and decides its other callers.
+    let decision = limiter.check(&Caller::new("acme")).await;
+    assert!(
+        matches!(&decision, Decision::Allowed(info) if info.source() == tollgate::decision::DecisionSource::Store),
+        "{decision:?}"
+    );
+}

@@ -99,3 +99,47 @@ fn held_first_bytes_slow_a_new_connection_only() {
     let earlier = round_trip(&mut before);
     assert!(earlier < Duration::from_millis(100), "{earlier:?}");
 }
+
+#[test]
+fn a_fault_for_named_clients_leaves_the_others_alone() {
+    use std::io::{Read, Write};
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let named = |timeout: Duration| -> Option<Vec<u8>> {
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).ok()?;
+        stream.set_read_timeout(Some(timeout)).ok()?;
+        stream
+            .write_all(b"CLIENT SETNAME sentinel-1234abcd-cmd\r\nPING\r\n")
+            .ok()?;
+        let mut reply = [0u8; 12];
+        stream.read_exact(&mut reply).ok()?;
+        Some(reply.to_vec())
+    };
+    assert_eq!(
+        named(Duration::from_secs(1)).as_deref(),
+        Some(&b"+OK\r\n+PONG\r\n"[..])
+    );
+    proxy.set_for_clients_named("sentinel-", Some(Fault::Blackhole));
+    assert_eq!(named(Duration::from_millis(300)), None);
+    assert_eq!(
+        ping(proxy.port(), Duration::from_secs(1)).as_deref(),
+        Some("+PONG\r\n"),
+        "a client that did not name itself was held"
+    );
+    // A connection held by the blackhole is cut when it ends.
+    let mut held = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    held.write_all(b"CLIENT SETNAME sentinel-1234abcd-cmd\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    proxy.set_for_clients_named("sentinel-", None);
+    let mut buffer = [0u8; 16];
+    assert!(
+        matches!(held.read(&mut buffer), Ok(0) | Err(_)),
+        "the held connection survived the end of the blackhole"
+    );
+    assert_eq!(
+        named(Duration::from_secs(1)).as_deref(),
+        Some(&b"+OK\r\n+PONG\r\n"[..])
+    );
+}

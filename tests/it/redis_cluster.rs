@@ -1144,3 +1144,164 @@ fn a_hot_caller_on_a_lost_master_leaves_the_callers_on_healthy_masters_alone() {
         ms(back - promoted)
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// A failure at the node a redirect names.
+
+/// How many times the limiter read the slot map (`CLUSTER SLOTS`) from `nodes`.
+fn slot_map_reads(cluster: &RedisCluster, nodes: &[usize]) -> u64 {
+    nodes
+        .iter()
+        .filter_map(|&node| cluster.nodes[node].cli(&["INFO", "commandstats"]))
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|line| line.trim().strip_prefix("cmdstat_cluster|slots:calls="))
+                .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// A caller's slot resharded to another master, which dies before this instance reads the
+/// slot map again (it reads it every 250 ms): the decisions already under way go to the old
+/// owner by the map, which answers `MOVED`, and fail at the dead target. The test moves the
+/// caller's keys, waits for the instance to read the slot map, then hands the slot over,
+/// kills the target and sends eight decisions for the caller at once, all under the map
+/// that names the old owner.
+///
+/// The failures are the target's: its breaker counts them (eight failures open it) and its
+/// label carries the fallbacks; the old owner's breaker stays closed, so its other callers
+/// are decided by the store. Charged to the old owner, as the slot map named it, the eight
+/// failures would open its breaker and send those callers to the failure policy.
+#[test]
+fn regression_a_failure_at_the_node_a_redirect_names_is_charged_to_that_node() {
+    const BURST: usize = 8;
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let (owner, target, third) = (masters[0], masters[1], masters[2]);
+    let moving = callers_on(&cluster, owner, "moving", 1).remove(0);
+    let staying = callers_on(&cluster, owner, "staying", 3);
+    let probe = RedisBackend::cluster_builder(["redis://127.0.0.1:1/"])
+        .build()
+        .unwrap();
+    let moving_key = String::from_utf8(key_of(&probe, "redirected", &moving)).unwrap();
+    let slot = cluster.keyslot(moving_key.as_bytes());
+    let (owner_label, target_label) = (
+        format!("127.0.0.1:{}", cluster.nodes[owner].port()),
+        format!("127.0.0.1:{}", cluster.nodes[target].port()),
+    );
+    let target_id = cluster.id(target);
+    let urls = cluster.master_urls();
+    let moved = |cluster: &RedisCluster| {
+        errorstat(&cluster.nodes[owner].must(&["INFO", "errorstats"]), "MOVED")
+    };
+
+    let (run, snapshot) = with_recorder(|_| async {
+        let limiter = instance(
+            &urls,
+            "redirected",
+            Policy::sliding_window("per-day", Quota::per_day(1_000_000)),
+        );
+        let decide = |caller: &str| {
+            let limiter = limiter.clone();
+            let caller = Caller::new(caller);
+            async move { outcome(&limiter.check(&caller).await) }
+        };
+        for caller in std::iter::once(&moving).chain(&staying) {
+            assert_eq!(decide(caller).await, Outcome::Admitted, "{caller}");
+        }
+        let cluster = tokio::task::spawn_blocking(move || {
+            let mut cluster = cluster;
+            // The caller's keys go over; the slot stays the owner's (it answers ASK).
+            cluster.begin_migration(slot, target);
+            cluster.migrate_keys(owner, target, &[moving_key.as_str()]);
+            let masters = [owner, target, third];
+            let before = slot_map_reads(&cluster, &masters);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while slot_map_reads(&cluster, &masters) == before {
+                assert!(Instant::now() < deadline, "the slot map was never read");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            // Read just now: the next reading is about 250 ms away.
+            let slot_arg = slot.to_string();
+            let owner_is_target = ["CLUSTER", "SETSLOT", &slot_arg, "NODE", &target_id];
+            for node in masters {
+                cluster.ok(node, &owner_is_target);
+            }
+            cluster.nodes[target].kill();
+            cluster
+        })
+        .await
+        .unwrap();
+        let moved_before = moved(&cluster);
+        let burst: Vec<_> = (0..BURST)
+            .map(|_| limiter.check(&Caller::new(moving.as_str())))
+            .collect();
+        let mut burst_outcomes = Vec::new();
+        for decision in burst {
+            burst_outcomes.push(outcome(&decision.await));
+        }
+        let moved_during_the_burst = moved(&cluster) - moved_before;
+        let breakers = limiter.breaker_states();
+        let mut staying_outcomes = Vec::new();
+        for _ in 0..5 {
+            for caller in &staying {
+                staying_outcomes.push(decide(caller).await);
+            }
+        }
+        (
+            burst_outcomes,
+            moved_during_the_burst,
+            breakers,
+            staying_outcomes,
+            cluster,
+        )
+    });
+    let (burst, moved_during_the_burst, breakers, staying_outcomes, cluster) = run;
+    let fallbacks_at = |label: &str| {
+        counter(
+            &snapshot,
+            "tollgate_fallbacks_total",
+            &[("layer", "redirected"), ("node", label)],
+        )
+    };
+    let breaker_of = |label: &str| {
+        breakers
+            .iter()
+            .find(|(node, _)| node == label)
+            .map(|(_, state)| *state)
+    };
+    let staying_fallbacks = staying_outcomes
+        .iter()
+        .filter(|o| **o == Outcome::Fallback)
+        .count();
+    eprintln!(
+        "a failure at the node a redirect names: slot {slot} handed from {owner_label} to \
+         {target_label}, which was then killed; {BURST} decisions for the moved caller: {:?}, \
+         the old owner answered MOVED {moved_during_the_burst} times; fallbacks counted at the \
+         old owner {}, at the target {}; breakers {breakers:?}; the old owner's other callers: \
+         {} decisions, {staying_fallbacks} fell back",
+        burst,
+        fallbacks_at(&owner_label),
+        fallbacks_at(&target_label),
+        staying_outcomes.len(),
+    );
+    assert!(
+        moved_during_the_burst > 0,
+        "the slot map was read again before the decisions: no MOVED, nothing tested"
+    );
+    assert!(burst.iter().all(|o| *o == Outcome::Fallback), "{burst:?}");
+    assert_eq!(
+        fallbacks_at(&owner_label),
+        0,
+        "fallbacks charged to the old owner"
+    );
+    assert_eq!(fallbacks_at(&target_label), BURST as u64);
+    assert_eq!(breaker_of(&owner_label), Some(BreakerState::Closed));
+    assert_eq!(breaker_of(&target_label), Some(BreakerState::Open));
+    assert_eq!(
+        staying_fallbacks, 0,
+        "the old owner's other callers fell back: {staying_outcomes:?}"
+    );
+    drop(cluster);
+}

@@ -15,7 +15,7 @@ use tollgate::store::{CallerKey, RedisBackendBuilder};
 use tollgate::{
     Caller, Decision, FailurePolicy, InstanceRegistry, Limiter, Policy, Quota, RedisBackend,
 };
-use tollgate_testkit::redis::{Failover, RedisSentinels, RedisServer};
+use tollgate_testkit::redis::{Failover, Promotion, RedisSentinels, RedisServer};
 
 /// A store timeout no healthy call reaches on a loaded 2-core machine running a debug
 /// build, so that every fallback is the failover's.
@@ -224,14 +224,18 @@ fn a_sentinel_failover_is_followed_without_a_restart() {
         .collect();
     let first_503 = unavailable.first().map(|s| after(killed, s));
     let last_503 = unavailable.last().map(|s| s.at);
-    let back: Vec<Duration> = (0..INSTANCES)
+    let back_at: Vec<Instant> = (0..INSTANCES)
         .map(|i| {
             sent.iter()
                 .filter(|s| s.instance == i && s.at >= last_503.unwrap_or(killed))
                 .find(|s| s.outcome != Outcome::Unavailable)
-                .map(|s| after(announced, s))
+                .map(|s| s.at)
                 .unwrap_or_else(|| panic!("instance {i} never decided on the new master"))
         })
+        .collect();
+    let back: Vec<Duration> = back_at
+        .iter()
+        .map(|at| at.saturating_duration_since(announced))
         .collect();
     eprintln!(
         "Sentinel failover: the replica reported itself master {} ms after the kill, a Sentinel \
@@ -244,9 +248,13 @@ fn a_sentinel_failover_is_followed_without_a_restart() {
         unavailable.len(),
         first_503.map(ms),
         last_503.map(|t| ms(t - killed)),
-        back.iter().map(|b| ms(*b)).collect::<Vec<_>>(),
-        back.iter()
-            .map(|b| ms((announced + *b).saturating_duration_since(promoted)))
+        back_at
+            .iter()
+            .map(|at| signed_ms(*at, announced))
+            .collect::<Vec<_>>(),
+        back_at
+            .iter()
+            .map(|at| signed_ms(*at, promoted))
             .collect::<Vec<_>>(),
     );
     assert!(
@@ -404,6 +412,294 @@ fn the_instance_registry_beats_on_through_a_sentinel_failover() {
     );
     assert_ne!(before, later, "the beats stopped");
     assert_eq!(counts(&registries), [3, 3, 3]);
+}
+
+/// A master cut off from the Sentinels but not from the limiter: the Sentinels' links to it
+/// are blackholed by a proxy that passes every other client, so they promote its replica
+/// while it goes on answering the limiter as a master, and nothing demotes it until the
+/// Sentinels reach it again. Two limiter instances decide 50 times a second each, every
+/// decision on the store, each for a caller of its own. What the old master admitted of a
+/// caller after the promotion is its count at the end less its count when it was cut off,
+/// less the caller's admissions between the cut and the promotion (all of them the old
+/// master's); the caller's other admissions after the promotion are the new master's.
+///
+/// Every instance must decide on the new master within 1 s of the promotion (the replica
+/// reporting itself master, as the test sees it, polling every 5 ms), so the old master
+/// admits at most what an instance sends in that second: the bound asserted is 50
+/// decisions per instance admitted by the old master after the promotion, plus one for a
+/// decision in flight while a count is read.
+#[test]
+fn regression_a_master_cut_off_from_the_sentinels_is_left_within_a_second_of_the_promotion() {
+    const INSTANCES: usize = 2;
+    const RATE_PER_INSTANCE: f64 = 50.0;
+    /// What an instance sends in the second the bound allows.
+    const BOUND: u64 = RATE_PER_INSTANCE as u64;
+    /// A decision in flight while the old master's count is read may be counted on either
+    /// side.
+    const SLACK: u64 = 1;
+    away_from_an_hour_boundary();
+    let deployment = RedisSentinels::start_behind_a_proxy();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let callers: Vec<String> = (0..INSTANCES).map(|i| format!("partitioned-{i}")).collect();
+    let (instances, keys) = runtime.block_on(async {
+        let instances: Vec<Limiter> = (0..INSTANCES)
+            .map(|_| limiter("partitioned", store(&deployment), 1_000_000))
+            .collect();
+        let store = store(&deployment);
+        let keys: Vec<String> = callers
+            .iter()
+            .map(|caller| key(&store, "partitioned", caller))
+            .collect();
+        (instances, keys)
+    });
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers: Vec<_> = instances
+        .iter()
+        .enumerate()
+        .map(|(instance, limiter)| {
+            let (limiter, sent, stop) = (limiter.clone(), sent.clone(), stop.clone());
+            let caller = callers[instance].clone();
+            runtime.spawn(async move {
+                let mut tick =
+                    tokio::time::interval(Duration::from_secs_f64(1.0 / RATE_PER_INSTANCE));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut tasks = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    let (limiter, sent, caller) = (limiter.clone(), sent.clone(), caller.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let at = Instant::now();
+                        let decision = limiter.check(&Caller::new(caller)).await;
+                        sent.lock().unwrap().push(Sent {
+                            at,
+                            done: Instant::now(),
+                            instance,
+                            busy: false,
+                            outcome: outcome(&decision),
+                        });
+                    }));
+                }
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let (old, new) = (&deployment.nodes[0], &deployment.nodes[1]);
+    let counts = |node: &RedisServer| keys.iter().map(|k| count_on(node, k)).collect::<Vec<_>>();
+
+    std::thread::sleep(Duration::from_secs(1));
+    let old_at_cut = counts(old);
+    let cut = Instant::now();
+    deployment.cut_master_off_from_the_sentinels();
+    // The Sentinels announce the promotion about a second after the replica takes the role.
+    let deadline = cut + Duration::from_secs(30);
+    while deployment.role(1).as_deref() != Some("master") {
+        assert!(Instant::now() < deadline, "the replica was not promoted");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let promoted = Instant::now();
+    let new_at_promotion = counts(new);
+    let Promotion { announced, .. } = deployment.wait_for_promotion();
+    std::thread::sleep(Duration::from_millis(2_500));
+    stop.store(true, Ordering::SeqCst);
+    for driver in drivers {
+        runtime.block_on(driver).unwrap();
+    }
+    let (old_at_end, new_at_end) = (counts(old), counts(new));
+    let old_role = deployment.role(0);
+    let mut sent = std::mem::take(&mut *sent.lock().unwrap());
+    sent.sort_by_key(|s| s.at);
+
+    let mut report = Vec::new();
+    for instance in 0..INSTANCES {
+        let admitted = |from: Instant, until: Instant| -> Vec<&Sent> {
+            sent.iter()
+                .filter(|s| s.instance == instance && s.outcome == Outcome::Admitted)
+                .filter(|s| s.at >= from && s.at < until)
+                .collect()
+        };
+        let after_the_promotion = admitted(promoted, Instant::now());
+        let on_the_old_master = (old_at_end[instance] - old_at_cut[instance])
+            .saturating_sub(admitted(cut, promoted).len() as u64);
+        // An instance moves once: its first admissions after the promotion are the old
+        // master's, the rest the new master's.
+        let first_on_the_new_master = usize::try_from(on_the_old_master)
+            .ok()
+            .and_then(|n| after_the_promotion.get(n))
+            .map(|s| s.at);
+        let unavailable = sent
+            .iter()
+            .filter(|s| s.instance == instance && s.outcome == Outcome::Unavailable)
+            .count();
+        report.push((
+            on_the_old_master,
+            after_the_promotion.len() as u64
+                - on_the_old_master.min(after_the_promotion.len() as u64),
+            new_at_end[instance] - new_at_promotion[instance],
+            first_on_the_new_master,
+            unavailable,
+        ));
+    }
+    eprintln!(
+        "master cut off from the Sentinels: the replica reported itself master {} ms after the \
+         cut, a Sentinel named it {} ms after the cut; the old master still says {old_role:?}; \
+         per instance (admitted after the promotion by the old master, by the new master, what \
+         the new master's count grew by since the test saw the promotion, the first decision on \
+         the new master in ms after the promotion, failed closed): {:?}",
+        ms(promoted - cut),
+        ms(announced - cut),
+        report
+            .iter()
+            .map(|(old, new, grew, first, unavailable)| (
+                old,
+                new,
+                grew,
+                first.map(|at| signed_ms(at, promoted)),
+                unavailable
+            ))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(
+        old_role.as_deref(),
+        Some("master"),
+        "the old master was demoted: it was not cut off from the Sentinels"
+    );
+    for (instance, (on_the_old_master, _, _, first_on_the_new_master, _)) in
+        report.iter().enumerate()
+    {
+        let first = first_on_the_new_master.unwrap_or_else(|| {
+            panic!(
+                "instance {instance} never decided on the new master; the old master admitted \
+                 {on_the_old_master} of its decisions after the promotion"
+            )
+        });
+        assert!(
+            first <= promoted + Duration::from_secs(1),
+            "instance {instance} moved to the new master {} ms after the promotion",
+            signed_ms(first, promoted)
+        );
+        assert!(
+            *on_the_old_master <= BOUND + SLACK,
+            "the old master admitted {on_the_old_master} decisions of instance {instance} after \
+             the promotion (bound {BOUND})"
+        );
+    }
+    drop(instances);
+}
+
+/// A master demoted while decisions keep coming, by a switchover made by hand (`REPLICAOF
+/// NO ONE` on the replica, then `REPLICAOF` to it on the master: unlike a Sentinel's
+/// reconfiguration, it disconnects no client). The caller is at its limit, so every
+/// decision is a refusal, which only reads: a replica answers it, from counts that no longer
+/// change, and no `READONLY` ever tells the limiter. The Sentinels have not noticed yet (a
+/// master reported as a replica is acted on only after 20 s), so they name no other master.
+///
+/// The limiter must stop deciding on the demoted node within 500 ms of the demotion (its
+/// role is asked every 100 ms whatever the traffic); after that, with no master to be
+/// found, it fails closed. The decisions the store answered later than that are counted:
+/// the bound is none.
+#[test]
+fn regression_a_master_demoted_under_traffic_is_left_within_a_health_check() {
+    const RATE: f64 = 50.0;
+    const CAP: u64 = 20;
+    away_from_an_hour_boundary();
+    let deployment = RedisSentinels::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let limiter = runtime.block_on(async { limiter("demoted", store(&deployment), CAP) });
+    let sent: Arc<Mutex<Vec<Sent>>> = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = {
+        let (limiter, sent, stop) = (limiter.clone(), sent.clone(), stop.clone());
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / RATE));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tasks = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let (limiter, sent) = (limiter.clone(), sent.clone());
+                tasks.push(tokio::spawn(async move {
+                    let at = Instant::now();
+                    let decision = limiter.check(&Caller::new("demoted")).await;
+                    sent.lock().unwrap().push(Sent {
+                        at,
+                        done: Instant::now(),
+                        instance: 0,
+                        busy: false,
+                        outcome: outcome(&decision),
+                    });
+                }));
+            }
+            for task in tasks {
+                task.await.unwrap();
+            }
+        })
+    };
+    // Long enough for the caller to reach its limit.
+    std::thread::sleep(Duration::from_millis(1_500));
+    let (master, replica) = (&deployment.nodes[0], &deployment.nodes[1]);
+    assert_eq!(replica.must(&["REPLICAOF", "NO", "ONE"]).trim(), "OK");
+    let new_master = replica.port().to_string();
+    assert_eq!(
+        master.must(&["REPLICAOF", "127.0.0.1", &new_master]).trim(),
+        "OK"
+    );
+    let demoted = Instant::now();
+    std::thread::sleep(Duration::from_millis(2_000));
+    stop.store(true, Ordering::SeqCst);
+    runtime.block_on(driver).unwrap();
+    let mut sent = std::mem::take(&mut *sent.lock().unwrap());
+    sent.sort_by_key(|s| s.at);
+    let by_the_store = |s: &&Sent| s.outcome != Outcome::Unavailable;
+    let last_by_the_store = sent.iter().filter(by_the_store).map(|s| s.at).next_back();
+    let late: Vec<&Sent> = sent
+        .iter()
+        .filter(by_the_store)
+        .filter(|s| s.at > demoted + Duration::from_millis(500))
+        .collect();
+    eprintln!(
+        "master demoted under traffic: {} decisions, {} by the store before the demotion ({} \
+         refused), {} by the store after it, the last {:?} ms after it; {} failed closed; the \
+         demoted node says {:?}",
+        sent.len(),
+        sent.iter()
+            .filter(by_the_store)
+            .filter(|s| s.at <= demoted)
+            .count(),
+        sent.iter()
+            .filter(|s| s.at <= demoted && s.outcome == Outcome::Refused)
+            .count(),
+        sent.iter()
+            .filter(by_the_store)
+            .filter(|s| s.at > demoted)
+            .count(),
+        last_by_the_store.map(|at| signed_ms(at, demoted)),
+        sent.iter()
+            .filter(|s| s.outcome == Outcome::Unavailable)
+            .count(),
+        deployment.role(0),
+    );
+    assert!(
+        sent.iter()
+            .any(|s| s.at <= demoted && s.outcome == Outcome::Refused),
+        "the caller never reached its limit before the demotion"
+    );
+    assert_eq!(deployment.role(0).as_deref(), Some("slave"));
+    assert!(
+        late.is_empty(),
+        "{} decisions answered by the demoted master more than 500 ms after the demotion",
+        late.len()
+    );
+    drop(limiter);
 }
 
 /// `orders_api --redis-sentinel ... --sentinel-master ...`, failing closed on `/orders`

@@ -142,8 +142,9 @@ fn take(
                 granted(path, caller, set, grant, cost, asked_ms)
             }
             Err(error) => {
-                permit.failed(&error);
-                not_granted(path, &domain, caller, set, &error, cost)
+                let elsewhere = path.charge_failure(domain.id, permit, &error);
+                let charged = elsewhere.as_deref().unwrap_or(&domain);
+                not_granted(path, charged, caller, set, &error, cost)
             }
         };
         taking.settled = true;

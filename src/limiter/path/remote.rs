@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::limiter::breaker::BreakerState;
+use crate::limiter::breaker::{BreakerState, Permit};
 use crate::limiter::decision::{Decision, FallbackReason, Receipt};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::{Domain, DomainRef, Domains};
@@ -118,6 +118,31 @@ impl RemotePath {
             }
         }
         decision(outcome.admitted(), info)
+    }
+
+    /// Counts a failed call against the part of the store it failed at: the part `asked`
+    /// (whose breaker gave `permit`), unless the store says the call ended at another (a
+    /// redirect sent it there), whose breaker then counts the failure and which is
+    /// returned. The asked part's breaker counts nothing for such a call: it only passed it
+    /// on.
+    pub(in crate::limiter) fn charge_failure(
+        &self,
+        asked: u32,
+        permit: Permit,
+        error: &StoreError,
+    ) -> Option<DomainRef<'_>> {
+        match error.failure_domain() {
+            Some(failed_at) if failed_at != asked => {
+                drop(permit);
+                let domain = self.domains.get(failed_at, self.store.backend());
+                domain.breaker.charge(error);
+                Some(domain)
+            }
+            _ => {
+                permit.failed(error);
+                None
+            }
+        }
     }
 
     /// The part `domain` of the store could not decide, for `reason`: the failure policy

@@ -194,11 +194,12 @@ impl RemotePath {
                 self.decided(caller, set, &outcome, asked_ms, cost)
             }
             (Err(error), _) => {
-                permit.failed(&error);
+                let elsewhere = self.charge_failure(domain.id, permit, &error);
+                let charged = elsewhere.as_deref().unwrap_or(domain);
                 // The failure policy decides again, the local share included.
                 self.release(caller, held);
-                tracing::debug!(layer = %self.name, node = %domain.label, %error, "store call failed");
-                self.fall_back(domain, caller, set, FallbackReason::of(&error), cost, None)
+                tracing::debug!(layer = %self.name, node = %charged.label, %error, "store call failed");
+                self.fall_back(charged, caller, set, FallbackReason::of(&error), cost, None)
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ErrorKind, RedisError, Script};
 
-use super::cluster;
+use super::cluster::{self, Heading};
 use super::cluster_link::ClusterLink;
 use super::eval::evaluate;
 use super::link::{Endpoint, Link, LinkConfig};
@@ -81,8 +81,9 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// - a single node ([`builder`](Self::builder)), through one multiplexed connection;
 /// - a master found through Redis Sentinel ([`sentinel_builder`](Self::sentinel_builder)),
 ///   through one multiplexed connection to whichever node the Sentinels name as master,
-///   asked again whenever that connection is lost or its node is demoted, so a failover is
-///   followed without a restart;
+///   asked again whenever that connection is lost or its node is demoted, and moved to the
+///   replica the Sentinels announce they promote, so a failover is followed without a
+///   restart;
 /// - a Redis Cluster ([`cluster_builder`](Self::cluster_builder)), through the redis
 ///   crate's cluster client, each decision sent to the master that serves the caller's
 ///   slot (`MOVED`, `ASK` and `TRYAGAIN` are followed, up to 5 per decision: a redirected
@@ -108,7 +109,9 @@ const DEFAULT_RECONNECT_MAX: Duration = Duration::from_millis(250);
 /// Each master of a cluster is a failure domain of its own
 /// ([`FailureDomain`](crate::store::FailureDomain)), labelled with its address: the
 /// limiter keeps a circuit breaker per master, so a master that dies sends only its own
-/// slots' decisions to the failure policy. A single node, or a Sentinel master, is one
+/// slots' decisions to the failure policy. A decision that a redirect (`MOVED`, `ASK`)
+/// sends on to another master, and that fails there, is that master's failure, not the
+/// failure of the master the slot map named. A single node, or a Sentinel master, is one
 /// domain (labelled with its address, or the Sentinel master's name).
 ///
 /// Give the limiter its own Redis (or its own cluster), not a shared cache: an eviction
@@ -190,7 +193,16 @@ impl RedisBackend {
     /// The Sentinels are asked where the master is each time a connection is made; the
     /// node they name is used only once `ROLE` there says it is a master. When it dies or
     /// is demoted in a failover, its connection is given up and the Sentinels are asked
-    /// again until they name the promoted replica: no restart, and never a replica.
+    /// again until they name the promoted replica: no restart, and never a replica. `ROLE`
+    /// is asked every 100 ms however busy the connection, since a demoted master still
+    /// answers the decisions that only read.
+    ///
+    /// The backend also subscribes to every Sentinel's announcements
+    /// (`+failover-state-wait-promotion`, `+switch-master`) and moves to the replica they
+    /// promote as soon as `ROLE` there says master, without waiting for the old master to
+    /// be demoted: a master cut off from the Sentinels (a partition between them) is
+    /// demoted by nobody, and would otherwise go on deciding, beside the new master, for as
+    /// long as the partition lasts.
     ///
     /// ```no_run
     /// use tollgate::RedisBackend;
@@ -440,6 +452,9 @@ impl Connection {
         args: &(impl redis::ToRedisArgs + Sync),
         timeout: Duration,
     ) -> Result<T, StoreError> {
+        // Where a cluster call is headed, kept outside it so that a call given up at the
+        // timeout still says which node it was waiting on.
+        let heading = Heading::default();
         let call = async {
             match &self {
                 Connection::Single { link, .. } => {
@@ -450,14 +465,15 @@ impl Connection {
                 }
                 Connection::Cluster(cluster) => {
                     let connection = cluster.connection().await?;
-                    let master = keys
-                        .first()
-                        .and_then(|key| cluster.topology().master(topology::slot(key)));
+                    heading.head_for(
+                        keys.first()
+                            .and_then(|key| cluster.topology().master(topology::slot(key))),
+                    );
                     // Redirects (MOVED, ASK, TRYAGAIN) are followed there, never a call
                     // whose reply was lost.
                     cluster::evaluate(
                         &connection,
-                        master,
+                        &heading,
                         || cluster.stale(),
                         script,
                         source,
@@ -465,15 +481,28 @@ impl Connection {
                         args,
                     )
                     .await
-                    .map_err(|error| store_error(&error))
+                    .map_err(|error| self.failed_at(store_error(&error), &heading))
                 }
             }
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::timeout(format!(
-                "no answer from Redis within {timeout:?}"
-            ))),
+            Err(_) => Err(self.failed_at(
+                StoreError::timeout(format!("no answer from Redis within {timeout:?}")),
+                &heading,
+            )),
+        }
+    }
+
+    /// `error`, of a call that was headed for the node `heading` names: that node's failure
+    /// domain, which a redirect may have made another than the one the caller's slot map
+    /// named, is the one that failed.
+    fn failed_at(&self, error: StoreError, heading: &Heading) -> StoreError {
+        match (self, heading.node()) {
+            (Connection::Cluster(cluster), Some(node)) => {
+                error.with_failure_domain(cluster.topology().id_of(&node))
+            }
+            _ => error,
         }
     }
 }
@@ -843,9 +872,10 @@ impl RedisBackendBuilder {
 
     /// How long one decision may wait for Redis before it is an error (default 500 ms).
     /// The limiter's own store timeout, shorter, sits on top of this one. A connection that
-    /// has had no answer for 100 ms is checked with a `PING` (`ROLE` for a Sentinel
-    /// master), and given up and made again when that gets no answer within this timeout:
-    /// that is how a blackholed or frozen Redis is noticed while the service is idle.
+    /// has had no answer for 100 ms is checked with a `PING` (a Sentinel master's is asked
+    /// `ROLE` every 100 ms, busy or not), and given up and made again when that gets no
+    /// answer within this timeout: that is how a blackholed or frozen Redis is noticed
+    /// while the service is idle.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self

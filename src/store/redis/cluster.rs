@@ -16,13 +16,17 @@
 //!   short pause, the same call to the same place.
 //!
 //! A call goes first to the master that the backend's slot map names for its keys (the
-//! failure domain whose breaker it passed), else where the client's own map sends it.
+//! failure domain whose breaker it passed), else where the client's own map sends it. Where
+//! it is headed is kept beside it (see [`Heading`]): a call that fails after a redirect
+//! failed at the node the redirect named, and that node's failure domain is charged, not the
+//! one the stale map named.
 //!
 //! Each of these replies means the script did not run, so sending it again is safe. Any
 //! other error (a timeout, a refused or dropped connection, an I/O error, a script error)
 //! ends the call: it may have run. The number of attempts is bounded, and the caller
 //! bounds the whole call by its response timeout.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -62,20 +66,39 @@ enum Next {
     Stop,
 }
 
+/// The node a call is headed for: the master the slot map named for its keys, then each
+/// node a redirect names. Read once the call has failed (or was given up at its timeout), it
+/// is the node the failure belongs to; `None` while the client's own slot map chooses.
+#[derive(Debug, Default)]
+pub(super) struct Heading(Mutex<Option<Address>>);
+
+impl Heading {
+    /// Heads for `node`.
+    pub(super) fn head_for(&self, node: Option<Address>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = node;
+    }
+
+    /// The node the call is headed for now.
+    pub(super) fn node(&self) -> Option<Address> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Runs `script` on the cluster with `keys` and `args` (`EVALSHA`, or `EVAL` on NOSCRIPT),
-/// first on `master` (the node the slot map names for the keys) or else wherever the
-/// client's own map sends it, following up to [`MAX_REDIRECTS`] redirects, never repeating
-/// a call that may have run. `moved` is called on each `MOVED`: the slot map is stale.
+/// first on the node `heading` names (the master the slot map names for the keys) or else
+/// wherever the client's own map sends it, following up to [`MAX_REDIRECTS`] redirects
+/// (each one recorded in `heading`), never repeating a call that may have run. `moved` is
+/// called on each `MOVED`: the slot map is stale.
 pub(super) async fn evaluate<T: FromRedisValue>(
     connection: &ClusterConnection,
-    master: Option<Address>,
+    heading: &Heading,
     moved: impl Fn(),
     script: &Script,
     source: &str,
     keys: &[Vec<u8>],
     args: &(impl redis::ToRedisArgs + Sync),
 ) -> Result<T, RedisError> {
-    let mut route = match master {
+    let mut route = match heading.node() {
         Some(Address { host, port }) => Route::Node { host, port },
         None => Route::BySlot,
     };
@@ -104,6 +127,14 @@ pub(super) async fn evaluate<T: FromRedisValue>(
             }
             Next::Stop => return Err(error),
         };
+        // A node that has no connection sends the call by the client's own map, and stays
+        // the node it was headed for: that is where it failed.
+        if let Route::Node { host, port } | Route::Asking { host, port } = &route {
+            heading.head_for(Some(Address {
+                host: host.clone(),
+                port: *port,
+            }));
+        }
         tracing::debug!(%error, ?route, redirects, "redis cluster: the script goes again");
     }
 }

@@ -12,7 +12,8 @@
 //!
 //! Once connected, the task reads the slot map every [`TOPOLOGY_EVERY`] (sooner after a
 //! `MOVED`), from one master after another. Each decision goes to the master the map names
-//! for its slot, which is also the failure domain whose breaker it passes: a dead master's
+//! for its slot, which is also the failure domain whose breaker it passes (a failure after a
+//! redirect is charged to the node the redirect named, see `cluster`): a dead master's
 //! decisions time out against its own breaker only, and once its replica is promoted the
 //! next reading sends them to the replica, a new domain with a closed breaker. The redis
 //! crate's own slot map, which it refreshes only when its calls fail, is not relied on.

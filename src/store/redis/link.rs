@@ -10,11 +10,17 @@
 //!
 //! - a call on it fails because the connection dropped (the server died or restarted, a
 //!   proxy cut it), reported by the call itself;
-//! - it has had no answer for a health-check interval and a `PING` (for a Sentinel master,
-//!   `ROLE`) gets none within the response timeout: a blackhole, a frozen server, or a cut
-//!   that no call has met yet because the service is idle;
-//! - for a Sentinel master, a call answers `READONLY`, or `ROLE` says it is a master no
-//!   more: it was demoted in a failover, and Sentinel is asked for the new one.
+//! - it has had no answer for a health-check interval and a `PING` gets none within the
+//!   response timeout: a blackhole, a frozen server, or a cut that no call has met yet
+//!   because the service is idle;
+//! - for a Sentinel master, a call answers `READONLY`, or `ROLE` (asked every health-check
+//!   interval, however busy the connection: a demoted master still answers the calls that
+//!   only read) says it is a master no more, or gets no answer within the response timeout:
+//!   it was demoted in a failover, and Sentinel is asked for the new one.
+//!
+//! A Sentinel master's connection is also replaced, without a gap, by one to the master
+//! that a Sentinel announces, as soon as `ROLE` there says master (see `sentinel`): a
+//! master cut off from the Sentinels still says it is one.
 //!
 //! Failed attempts are retried after a jittered backoff that doubles from the configured
 //! minimum to its maximum (25 ms to 250 ms by default), so a Redis that comes back is
@@ -33,7 +39,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::sync::Notify;
 
-use super::sentinel::SentinelMaster;
+use super::sentinel::{Followed, SentinelMaster};
+use super::sentinel_announcements::Subscriptions;
 use crate::store::backend::StoreError;
 use crate::store::domain::FailureDomain;
 use crate::store::random::RandomSource;
@@ -85,6 +92,31 @@ impl Endpoint {
     /// when it points at one no more.
     fn follows_the_master(&self) -> bool {
         matches!(self, Endpoint::Sentinel(_))
+    }
+
+    /// Starts hearing what the Sentinels announce of the master, for as long as the
+    /// returned handle lives (nothing for a node).
+    fn subscribe(&self, config: LinkConfig) -> Option<Subscriptions> {
+        match self {
+            Endpoint::Node(_) => None,
+            Endpoint::Sentinel(master) => Some(master.subscribe(config)),
+        }
+    }
+
+    /// Waits until a Sentinel announces something of the master (never, for a node).
+    async fn announcement(&self) {
+        match self {
+            Endpoint::Node(_) => std::future::pending().await,
+            Endpoint::Sentinel(master) => master.announcement().await,
+        }
+    }
+
+    /// Follows what the Sentinels announced last, if anything is to be followed.
+    async fn follow_announcement(&mut self, config: &AsyncConnectionConfig) -> Option<Followed> {
+        match self {
+            Endpoint::Node(_) => None,
+            Endpoint::Sentinel(master) => master.follow_announcement(config).await,
+        }
     }
 }
 
@@ -288,7 +320,7 @@ impl Backoff {
         ceiling.mul_f64(0.5 + 0.5 * self.random.next_f64())
     }
 
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = self.min;
     }
 }
@@ -302,6 +334,7 @@ async fn keep_connected(
     state: Arc<State>,
 ) {
     let connection_config = config.connection_config();
+    let _subscriptions = endpoint.subscribe(config);
     let mut backoff = Backoff::new(config.reconnect_min, config.reconnect_max);
     let mut generation = 0u64;
     let mut failing = false;
@@ -309,7 +342,7 @@ async fn keep_connected(
         let attempt =
             tokio::time::timeout(config.connect_timeout, endpoint.connect(&connection_config))
                 .await;
-        let connection = match attempt {
+        let mut connection = match attempt {
             Ok(Ok(connection)) => connection,
             Ok(Err(error)) => {
                 let refused = error
@@ -322,7 +355,7 @@ async fn keep_connected(
                     state.first_connection.notify_waiters();
                 }
                 retrying(&what, &mut failing, &error.to_string());
-                tokio::time::sleep(backoff.pause()).await;
+                pause(&endpoint, &mut backoff).await;
                 continue;
             }
             Err(_) => {
@@ -332,27 +365,51 @@ async fn keep_connected(
                     &mut failing,
                     "no connection within the connect timeout",
                 );
-                tokio::time::sleep(backoff.pause()).await;
+                pause(&endpoint, &mut backoff).await;
                 continue;
             }
         };
-        generation += 1;
         backoff.reset();
         failing = false;
         state.set_refused(None);
-        state.current.store(Some(Arc::new(Connected {
-            connection: connection.clone(),
-            generation,
-        })));
-        state.connected.store(true, Ordering::Relaxed);
-        state.ever_connected.store(true, Ordering::Release);
-        state.first_connection.notify_waiters();
         tracing::info!(redis = %what, "connected to Redis");
-        let why = watch(&state, connection, generation, &config).await;
+        let why = loop {
+            generation += 1;
+            state.current.store(Some(Arc::new(Connected {
+                connection: connection.clone(),
+                generation,
+            })));
+            state.connected.store(true, Ordering::Relaxed);
+            state.ever_connected.store(true, Ordering::Release);
+            state.first_connection.notify_waiters();
+            let watched = watch(
+                &state,
+                &mut endpoint,
+                connection,
+                generation,
+                &config,
+                &connection_config,
+            )
+            .await;
+            match watched {
+                Watched::Replaced(next) => {
+                    tracing::warn!(redis = %what, "moved to the master a Sentinel announced");
+                    connection = next;
+                }
+                Watched::Lost(why) => break why,
+            }
+        };
         state.connected.store(false, Ordering::Relaxed);
         state.current.store(None);
         tracing::warn!(redis = %what, why, "connection to Redis lost; making it again in the background");
     }
+}
+
+/// Waits before the next attempt to connect: the backoff's pause, cut short when a
+/// Sentinel announces a new master (the lost master's replica promoted), which is tried at
+/// once.
+async fn pause(endpoint: &Endpoint, backoff: &mut Backoff) {
+    race(tokio::time::sleep(backoff.pause()), endpoint.announcement()).await;
 }
 
 /// Logs the first failed attempt of a spell at warn level, the others at debug level.
@@ -365,34 +422,70 @@ fn retrying(what: &str, failing: &mut bool, error: &str) {
     }
 }
 
-/// Returns when connection `generation` is to be given up, and why.
+/// How watching a connection ended.
+enum Watched {
+    /// It is to be given up, for this reason, and a new one made.
+    Lost(&'static str),
+    /// A connection to the master a Sentinel announced is made: it takes over at once.
+    Replaced(MultiplexedConnection),
+}
+
+/// Returns when connection `generation` is to be given up (and why), or replaced.
 async fn watch(
     state: &State,
+    endpoint: &mut Endpoint,
     mut connection: MultiplexedConnection,
     generation: u64,
     config: &LinkConfig,
-) -> &'static str {
+    connection_config: &AsyncConnectionConfig,
+) -> Watched {
     let mut checks = tokio::time::interval(HEALTH_CHECK_EVERY);
     checks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     checks.tick().await;
     loop {
-        match race(state.lost_signal.notified(), checks.tick()).await {
+        let announced = match race(
+            state.lost_signal.notified(),
+            race(checks.tick(), endpoint.announcement()),
+        )
+        .await
+        {
             Either::First(()) => {
                 if state.lost.load(Ordering::Acquire) >= generation {
-                    return "a call found it dropped";
+                    return Watched::Lost("a call found it dropped");
                 }
+                continue;
             }
-            Either::Second(_) => {
-                if state.answered.swap(false, Ordering::Relaxed) {
-                    continue;
-                }
-                let check = healthy(&mut connection, state.follows_the_master);
-                match tokio::time::timeout(config.response_timeout, check).await {
-                    Ok(Ok(true)) => {}
-                    Ok(Ok(false)) => return "it points at a master no more",
-                    Ok(Err(_)) => return "the health check failed",
-                    Err(_) => return "no answer to the health check within the response timeout",
-                }
+            Either::Second(Either::First(_)) => false,
+            Either::Second(Either::Second(())) => true,
+        };
+        // A promotion is followed on every check until the replica says it is master.
+        let following = tokio::time::timeout(
+            config.connect_timeout,
+            endpoint.follow_announcement(connection_config),
+        )
+        .await;
+        match following {
+            Ok(Some(Followed::Connected(next))) => return Watched::Replaced(next),
+            Ok(Some(Followed::Abandon)) => {
+                return Watched::Lost("a Sentinel announced another master");
+            }
+            Ok(Some(Followed::NotYet) | None) | Err(_) => {}
+        }
+        if announced {
+            continue;
+        }
+        // A plain node that answered since the last check is alive; a Sentinel master is
+        // asked its role whatever the traffic.
+        if !state.follows_the_master && state.answered.swap(false, Ordering::Relaxed) {
+            continue;
+        }
+        let check = healthy(&mut connection, state.follows_the_master);
+        match tokio::time::timeout(config.response_timeout, check).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Watched::Lost("it points at a master no more"),
+            Ok(Err(_)) => return Watched::Lost("the health check failed"),
+            Err(_) => {
+                return Watched::Lost("no answer to the health check within the response timeout");
             }
         }
     }

@@ -9,5 +9,6 @@ mod eval;
 mod link;
 pub(crate) mod registry;
 mod sentinel;
+mod sentinel_announcements;
 mod slots;
 mod topology;

@@ -98,6 +98,13 @@ impl Topology {
             .map(|(_, address)| address.to_string())
     }
 
+    /// The domain id of the node at `address`: the one it got when first met, or a new one
+    /// now. A node a redirect names may not be in the latest reading yet.
+    pub(super) fn id_of(&self, address: &Address) -> u32 {
+        let mut met = self.met.lock().unwrap_or_else(|e| e.into_inner());
+        u32::try_from(id_in(&mut met, address)).unwrap_or(0)
+    }
+
     /// Takes a new reading: `ranges` of slots and their masters. Returns whether any slot
     /// changed hands.
     pub(super) fn update(&self, ranges: &[(u16, u16, Address)]) -> bool {
@@ -105,13 +112,7 @@ impl Topology {
         let mut owners = vec![0u16; SLOTS];
         let mut masters: Vec<(u16, Address)> = Vec::new();
         for (start, end, address) in ranges {
-            let id = match met.iter().position(|known| known == address) {
-                Some(index) => index + 1,
-                None => {
-                    met.push(address.clone());
-                    met.len()
-                }
-            };
+            let id = id_in(&mut met, address);
             // Ids beyond u16 would take more masters than a cluster can have.
             let Ok(id) = u16::try_from(id) else { continue };
             let (start, end) = (usize::from(*start), usize::from(*end).min(SLOTS - 1));
@@ -132,6 +133,18 @@ impl Topology {
             self.map.store(Some(Arc::new(SlotMap { owners, masters })));
         }
         changed
+    }
+}
+
+/// The domain id of `address` among the addresses `met` (id `i + 1` is `met[i]`), adding it
+/// if it is new.
+fn id_in(met: &mut Vec<Address>, address: &Address) -> usize {
+    match met.iter().position(|known| known == address) {
+        Some(index) => index + 1,
+        None => {
+            met.push(address.clone());
+            met.len()
+        }
     }
 }
 
@@ -286,6 +299,10 @@ mod tests {
         // Back on 7000 later, it is domain 1 again.
         topology.update(&[(0, 16_383, address(7000))]);
         assert_eq!(topology.domain(12_000).id(), 1);
+        // A node a redirect names keeps its id too, or gets the next one.
+        assert_eq!(topology.id_of(&address(7001)), 2);
+        assert_eq!(topology.id_of(&address(7010)), 5);
+        assert_eq!(topology.id_of(&address(7010)), 5);
     }
 
     #[test]
