@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::http::byte_meter::ByteMeter;
 use crate::store::slots::HeldSlot;
 
 pin_project! {
@@ -37,6 +38,13 @@ pin_project! {
             body: B,
             slot: Option<HeldSlot>,
         },
+        // The inner body of a request charged the bytes it sends: settled when the body
+        // ends, or when it is dropped before (a client gone away).
+        Counting {
+            #[pin]
+            body: B,
+            meter: Option<ByteMeter>,
+        },
     }
 }
 
@@ -52,6 +60,15 @@ impl<B> ResponseBody<B> {
             kind: Kind::Holding {
                 body,
                 slot: Some(slot),
+            },
+        }
+    }
+
+    pub(crate) fn counting(body: B, meter: ByteMeter) -> Self {
+        Self {
+            kind: Kind::Counting {
+                body,
+                meter: Some(meter),
             },
         }
     }
@@ -87,19 +104,36 @@ where
                 }
                 Poll::Ready(frame)
             }
+            KindProj::Counting { body, meter } => {
+                let frame = ready!(body.poll_frame(cx));
+                match &frame {
+                    Some(Ok(frame)) => {
+                        if let (Some(meter), Some(data)) = (meter.as_mut(), frame.data_ref()) {
+                            meter.add(data.len());
+                        }
+                    }
+                    // The end, or an error that ends the body: what was sent is settled.
+                    _ => drop(meter.take()),
+                }
+                Poll::Ready(frame)
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } | Kind::Holding { body, .. } => body.is_end_stream(),
+            Kind::Inner { body } | Kind::Holding { body, .. } | Kind::Counting { body, .. } => {
+                body.is_end_stream()
+            }
             Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } | Kind::Holding { body, .. } => body.size_hint(),
+            Kind::Inner { body } | Kind::Holding { body, .. } | Kind::Counting { body, .. } => {
+                body.size_hint()
+            }
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -62,6 +62,9 @@ pub(crate) enum AfterResponse {
     /// What the request turned out to cost (`None`: what it reserved): the difference is
     /// settled with the store.
     Settle(Arc<SettleFn>),
+    /// The bytes of the response body, charged as they are sent once the body ends or is
+    /// dropped.
+    CountBytes,
 }
 
 impl fmt::Debug for AfterResponse {
@@ -69,6 +72,7 @@ impl fmt::Debug for AfterResponse {
         f.write_str(match self {
             AfterResponse::CountOnly(_) => "CountOnly",
             AfterResponse::Settle(_) => "Settle",
+            AfterResponse::CountBytes => "CountBytes",
         })
     }
 }

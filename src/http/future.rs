@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::http::body::ResponseBody;
+use crate::http::byte_meter::ByteMeter;
 use crate::http::config::{AfterResponse, Config};
 use crate::http::grpc;
 use crate::http::headers::PARTITION_KEY_LEN;
@@ -341,13 +342,7 @@ where
                         None => None,
                     };
                     this.state.set(State::Done);
-                    let response = finish(
-                        response,
-                        decision,
-                        settlement,
-                        &head.config,
-                        head.pk.as_ref(),
-                    );
+                    let response = finish(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
@@ -363,13 +358,7 @@ where
                     };
                     this.state.set(State::Done);
                     let head = &*this.head;
-                    let response = finish(
-                        response,
-                        decision,
-                        settlement,
-                        &head.config,
-                        head.pk.as_ref(),
-                    );
+                    let response = finish(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
@@ -437,6 +426,8 @@ fn after_response<K, ResBody>(
                 }),
             }
         }),
+        // Settled by the body, once it has been sent.
+        AfterResponse::CountBytes => None,
         AfterResponse::Settle(settle) => settle(&parts).map(|actual| {
             let mut settled = head.config.limiter.settle(caller, decided, actual);
             match settled.try_take_ready() {
@@ -454,13 +445,20 @@ fn finish<K, ResBody>(
     response: Response<ResBody>,
     decision: Option<Decision>,
     settlement: Option<Settlement>,
-    config: &Config<K>,
-    pk: Option<&[u8; PARTITION_KEY_LEN]>,
+    head: &Head<K>,
 ) -> Response<ResponseBody<ResBody>>
 where
     ResBody: http_body::Body<Data = Bytes>,
 {
-    let mut response = response.map(ResponseBody::inner);
+    let (config, pk) = (&*head.config, head.pk.as_ref());
+    let mut response = match (&config.after_response, &decision, head.caller.as_deref()) {
+        // The body's bytes are charged as it is sent.
+        (Some(AfterResponse::CountBytes), Some(admitted @ Decision::Allowed(_)), Some(caller)) => {
+            let meter = ByteMeter::new(config.limiter.clone(), caller.clone(), admitted.clone());
+            response.map(|body| ResponseBody::counting(body, meter))
+        }
+        _ => response.map(ResponseBody::inner),
+    };
     let decision = match (decision, &settlement) {
         (Some(Decision::Allowed(info)), Some(settled)) if settled.counted() => {
             Some(Decision::Allowed(info.settled(settled)))

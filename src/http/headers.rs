@@ -107,12 +107,17 @@ pub(crate) const PARTITION_KEY_LEN: usize = DIGEST_LEN;
 /// `RateLimit-Policy: "per-second";q=50;w=1, "per-day";q=1000000;w=86400`: every policy,
 /// with `pk` when given.
 pub(crate) fn policy_field(info: &RateLimitInfo, pk: Option<&[u8]>) -> Option<HeaderValue> {
-    policy_field_of(
-        info.policies()
-            .map(|p| (p.name(), p.quota(), p.window_secs())),
-        pk,
-    )
+    let units = info.policies().map(|p| {
+        (
+            (p.name(), p.quota(), p.window_secs()),
+            p.policy().counts_content_bytes().then_some(CONTENT_BYTES),
+        )
+    });
+    list_field_with_units(units, (format::QUOTA, format::WINDOW), pk)
 }
+
+/// The quota unit of a policy that counts bytes of content.
+const CONTENT_BYTES: &str = "content-bytes";
 
 /// `RateLimit-Policy` from `(name, q, w)` triples.
 pub(crate) fn policy_field_of<'a>(
@@ -163,11 +168,20 @@ thread_local! {
 /// escaped; a name that is not is left out, as a serializer would refuse it.
 fn list_field<'a>(
     items: impl IntoIterator<Item = (&'a str, u64, u64)>,
+    params: (&str, &str),
+    pk: Option<&[u8]>,
+) -> Option<HeaderValue> {
+    list_field_with_units(items.into_iter().map(|item| (item, None)), params, pk)
+}
+
+/// [`list_field`], each item with its quota unit (`qu`) when it is not requests.
+fn list_field_with_units<'a>(
+    items: impl IntoIterator<Item = ((&'a str, u64, u64), Option<&'static str>)>,
     (first, second): (&str, &str),
     pk: Option<&[u8]>,
 ) -> Option<HeaderValue> {
     with_field_buffer(|buffer| {
-        for (name, a, b) in items {
+        for ((name, a, b), unit) in items {
             if !format::is_sf_string(name) {
                 continue;
             }
@@ -175,6 +189,9 @@ fn list_field<'a>(
             format::push_string(buffer, name);
             format::push_integer(buffer, first, a);
             format::push_integer(buffer, second, b);
+            if let Some(unit) = unit {
+                format::push_string_param(buffer, format::QUOTA_UNIT, unit);
+            }
             if let Some(pk) = pk {
                 format::push_bytes(buffer, format::PARTITION_KEY, pk);
             }

@@ -651,6 +651,58 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         }
     }
 
+    /// Charges each response the bytes of its body, counted as they are sent, for a
+    /// limiter whose policies count [bytes of content](crate::Policy::content_bytes)
+    /// (`RateLimit-Policy: "egress";q=10485760;w=60;qu="content-bytes"`): a download or a
+    /// server-sent-events stream is charged what it actually sent.
+    ///
+    /// The request is decided for one byte, which admits it unless nothing is left of the
+    /// caller's byte quota (then it is refused before its body starts, as any refusal), and
+    /// a body in progress is never cut: its bytes are charged once it ends, or when it is
+    /// dropped before the end (a client gone away), past the quota if need be, as a debt
+    /// its later requests wait out ([`Limiter::settle`]). A later [`cost`](Self::cost)
+    /// reserves an estimate instead, settled the same way. Settlements are counted in
+    /// `tollgate_settlements_total`; one a remote store takes later is sent from a task on
+    /// the runtime, under the store timeout. A later `count_response_bytes` replaces a
+    /// [`settle`](Self::settle) or [`count_only`](Self::count_only), and they replace it.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http_body_util::BodyExt;
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let egress = Limiter::builder()
+    ///     .policy(Policy::sliding_window("egress", Quota::per_minute(100_000)).content_bytes())
+    ///     .build();
+    /// let layer = RateLimitLayer::new(egress.clone())
+    ///     .key(Caller::new("acme"))
+    ///     .count_response_bytes();
+    /// let export = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from(vec![0u8; 65_536]))))
+    /// });
+    /// let response = export.oneshot(http::Request::get("/export").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(
+    ///     response.headers()["ratelimit-policy"],
+    ///     r#""egress";q=100000;w=60;qu="content-bytes""#
+    /// );
+    /// // Sent: charged.
+    /// let sent = response.into_body().collect().await.unwrap().to_bytes();
+    /// assert_eq!(sent.len(), 65_536);
+    /// let left = egress.check_cost(&Caller::new("acme"), 0).await;
+    /// assert_eq!(left.info().unwrap().min_remaining(), Some(100_000 - 65_536));
+    /// # }
+    /// ```
+    pub fn count_response_bytes(self) -> Self {
+        let mut config = self.into_config();
+        config.after_response = Some(AfterResponse::CountBytes);
+        config.cost = Some(CostFn(Arc::new(|_| 1)));
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
     /// Makes the limit soft: a request the policies refuse goes on to the inner service
     /// all the same, with a [`Decision::SoftLimited`] in its extensions before the handler
     /// runs, so that the handler can degrade (answer from a cache, use a smaller model,

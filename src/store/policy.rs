@@ -159,6 +159,8 @@ pub struct Policy {
     /// kept under: `<scope>:<name>:lock`, without the unit, so that limits reloaded with a
     /// policy of the same name keep a block that stands.
     lockout: Option<Lockout>,
+    /// Whether its units are bytes of content (`qu="content-bytes"`), not requests.
+    content_bytes: bool,
     // Computed once (each takes a division): read on every decision and every response.
     window_ms: u64,
     retention_ms: u64,
@@ -364,7 +366,7 @@ impl Policy {
         if !is_valid_name(&name) {
             return Err(BuildError::InvalidPolicyName(name.to_string()));
         }
-        Ok(Self::assemble(name, algorithm, None, None))
+        Ok(Self::assemble(name, algorithm, None, None, false))
     }
 
     fn assemble(
@@ -372,8 +374,14 @@ impl Policy {
         algorithm: Algorithm,
         scope: Option<Arc<str>>,
         lockout_ms: Option<u64>,
+        content_bytes: bool,
     ) -> Self {
-        let counter = counter_id(scope.as_deref(), &name, &algorithm).into();
+        let mut counter = counter_id(scope.as_deref(), &name, &algorithm);
+        // Bytes are never read as requests, nor requests as bytes.
+        if content_bytes {
+            counter.push_str(":B");
+        }
+        let counter = counter.into();
         let lockout = lockout_ms.map(|ms| Lockout {
             ms,
             counter: lockout_id(scope.as_deref(), &name).into(),
@@ -388,6 +396,7 @@ impl Policy {
             scope,
             counter,
             lockout,
+            content_bytes,
         }
     }
 
@@ -452,7 +461,31 @@ impl Policy {
             self.algorithm,
             self.scope,
             (ms > 0).then_some(ms),
+            self.content_bytes,
         )
+    }
+
+    /// The same policy, counting bytes of content instead of requests: its quota is a
+    /// number of bytes (`Quota::per_minute(10_485_760)`, 10 MiB a minute), advertised with
+    /// `qu="content-bytes"` as the RateLimit fields define it, and kept in a counter of its
+    /// own (a count of bytes is never read as one of requests). A layer counts a response
+    /// body's bytes as they pass with
+    /// [`RateLimitLayer::count_response_bytes`](crate::RateLimitLayer::count_response_bytes).
+    ///
+    /// ```
+    /// use tollgate::{Policy, Quota};
+    /// let egress = Policy::sliding_window("egress", Quota::per_minute(10_485_760)).content_bytes();
+    /// assert!(egress.counts_content_bytes());
+    /// assert_eq!(egress.counter(), "egress:w60000:B");
+    /// ```
+    pub fn content_bytes(self) -> Self {
+        let lockout = self.lockout_ms();
+        Self::assemble(self.name, self.algorithm, self.scope, lockout, true)
+    }
+
+    /// Whether its quota counts bytes of content (see [`content_bytes`](Self::content_bytes)).
+    pub fn counts_content_bytes(&self) -> bool {
+        self.content_bytes
     }
 
     /// How long a caller who uses the quota up is refused, if this policy locks out (see
@@ -548,6 +581,7 @@ impl Policy {
             algorithm,
             self.scope.clone(),
             self.lockout_ms(),
+            self.content_bytes,
         )
     }
 
@@ -579,6 +613,7 @@ impl Policy {
             self.algorithm,
             Some(scope.clone()),
             self.lockout_ms(),
+            self.content_bytes,
         )
     }
 }

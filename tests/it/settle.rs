@@ -3,7 +3,8 @@
 //! extra charged past the quota as a debt. Many completions of one customer settling at once
 //! over two instances leave the store with exactly what the responses reported, in process,
 //! on a redis-server and on a Redis Cluster; a debt refuses the next request, says how long,
-//! and drains on time; a local share settles what it admitted.
+//! and drains on time; a local share settles what it admitted; a byte quota charges each
+//! download what it sent, a dropped one included; a soft limit lets the handler degrade.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -452,4 +453,128 @@ fn a_soft_limit_lets_the_handler_degrade() {
         ),
         2
     );
+}
+
+/// A body of `chunks` chunks of 64 KiB, one frame each, as a download streams them.
+struct Chunks(usize);
+
+impl http_body::Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        if self.0 == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.0 -= 1;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(vec![
+            7u8;
+            65_536
+        ])))))
+    }
+}
+
+/// An export behind a byte quota of 1 MiB a minute (`count_response_bytes`): a download read
+/// to its end is charged its bytes, one dropped after 3 of its 10 chunks is charged the 3 it
+/// sent, and a caller over the quota is refused before its next body starts, while a body
+/// in progress runs to its end.
+async fn exports_are_charged_what_they_sent(limiter: Limiter, window_secs: u64) {
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+
+    let layer = RateLimitLayer::new(limiter.clone())
+        .key(HeaderKey::new("x-customer-id"))
+        .count_response_bytes();
+    let mut export = ServiceBuilder::new().layer(layer).service(service_fn(
+        |request: Request<Full<Bytes>>| async move {
+            let chunks: usize = request.uri().query().unwrap_or("1").parse().unwrap();
+            Ok::<_, Infallible>(Response::new(Chunks(chunks)))
+        },
+    ));
+    let acme = |chunks: usize| get(&format!("/export?{chunks}"), &[("x-customer-id", "acme")]);
+    let settled_to = |expected: u64| {
+        let limiter = limiter.clone();
+        async move {
+            // A remote store is told from a task: give it a moment.
+            for _ in 0..100 {
+                if remaining(&limiter, "acme").await == expected {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(remaining(&limiter, "acme").await, expected);
+        }
+    };
+
+    let whole = export.ready().await.unwrap().call(acme(4)).await.unwrap();
+    assert_eq!(whole.status(), 200);
+    let policy = whole.headers()["ratelimit-policy"].to_str().unwrap();
+    assert_eq!(
+        policy,
+        format!(r#""egress";q=1048576;w={window_secs};qu="content-bytes""#)
+    );
+    let body = whole.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 4 * 65_536);
+    settled_to(1_048_576 - 4 * 65_536).await;
+
+    let mut dropped = export
+        .ready()
+        .await
+        .unwrap()
+        .call(acme(10))
+        .await
+        .unwrap()
+        .into_body();
+    for _ in 0..3 {
+        let frame = dropped.frame().await.unwrap().unwrap();
+        assert_eq!(frame.data_ref().map(Bytes::len), Some(65_536));
+    }
+    drop(dropped);
+    settled_to(1_048_576 - 7 * 65_536).await;
+
+    // 9 more chunks while 7 remain: the body runs to its end, and the caller is then over.
+    let over = export.ready().await.unwrap().call(acme(9)).await.unwrap();
+    assert_eq!(over.status(), 200);
+    let body = over.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 9 * 65_536);
+    settled_to(0).await;
+    let refused = export.ready().await.unwrap().call(acme(1)).await.unwrap();
+    assert_eq!(refused.status(), 429);
+}
+
+fn egress() -> Policy {
+    Policy::sliding_window("egress", Quota::per_minute(1_048_576)).content_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_are_charged_what_they_sent_in_process() {
+    let clock = ManualClock::new(60_000);
+    let limiter = Limiter::builder()
+        .name("exports")
+        .backend(InMemoryBackend::new().clock(clock))
+        .policy(egress())
+        .build();
+    exports_are_charged_what_they_sent(limiter, 60).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_are_charged_what_they_sent_on_redis() {
+    use tollgate::RedisBackend;
+    let server = tollgate_testkit::redis::RedisServer::start();
+    let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
+        .build()
+        .unwrap();
+    store.ping().await.unwrap();
+    let limiter = Limiter::builder()
+        .name("exports")
+        .backend(store)
+        .store_timeout(Duration::from_secs(5))
+        .denial_cache(0)
+        .policy(Policy::sliding_window("egress", Quota::per_hour(1_048_576)).content_bytes())
+        .build();
+    exports_are_charged_what_they_sent(limiter, 3_600).await;
 }
