@@ -40,9 +40,11 @@ pub enum PolicyName {
     Closed,
     /// [`FailurePolicy::local_share`] divided by the configured number of instances.
     LocalShare,
-    /// [`FailurePolicy::fail_static`]: cached refusals only.
+    /// [`FailurePolicy::fail_static`]: what the store last refused stays refused until
+    /// that refusal expires; everything else passes.
     Static,
-    /// [`FailurePolicy::static_then`] a local share.
+    /// [`FailurePolicy::static_then`] a local share: the store's last refusals first, the
+    /// local share for the rest.
     StaticThenLocalShare,
     /// A local share that forgot to divide: every instance enforces the full limit.
     LocalShareNoDivisor,

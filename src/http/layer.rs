@@ -463,14 +463,21 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// 1), for endpoints whose requests are not all alike: a batch endpoint taking its item
     /// count from the query string or a header.
     ///
+    /// The closure sees the request's head only (method, URI, headers, extensions), when
+    /// the request arrives: the body has not been read, and the handler has not run. A
+    /// cost that depends on the body must reach the head first: either the client sends
+    /// it in a header or the query string, and the handler refuses a body that holds more
+    /// than the client declared (or a client declares 1 and sends a thousand), or a
+    /// middleware of yours in front of this layer reads the body and puts the count in the
+    /// request's extensions for the closure to read.
+    ///
     /// The cost is checked against every policy at once, all or nothing. A request that
     /// costs more than a policy's quota is never admitted, however long it waits: it is
     /// refused with 429 and the
     /// [`ProblemType::CostExceedsQuota`](crate::response::ProblemType::CostExceedsQuota) problem naming the
     /// policy, the cost and the quota, without Retry-After and without asking the store.
     /// A cost of 0 consumes nothing and is admitted unless the caller is already over a
-    /// limit. Compute the cost from what the handler will actually do (the batch it will
-    /// process), so that a caller cannot declare a smaller cost than it spends.
+    /// limit.
     ///
     /// ```
     /// use std::convert::Infallible;

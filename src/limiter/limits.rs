@@ -194,7 +194,9 @@ impl InForce {
         self.metrics.register_policies(active.source.policy_names());
         self.active.store(Arc::new(active));
         self.swapped.store(true, Ordering::Release);
-        tracing::warn!(layer = %self.name, "rate limits replaced");
+        // Swapping limits is what the caller asked for (a plan reload, say): worth a line
+        // in the log, not an operator's attention.
+        tracing::info!(layer = %self.name, "rate limits replaced");
         Ok(())
     }
 }

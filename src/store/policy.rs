@@ -452,6 +452,17 @@ impl Policy {
     /// trusted proxies), and keep a looser per-account limit beside it. An attacker with
     /// many addresses still gets 5 guesses per address per block: the lockout bounds the
     /// guessing rate per key, not the number of keys.
+    ///
+    /// # When the store loses its data
+    ///
+    /// The block is kept in the store: a Redis that restarts without persistence, fails
+    /// over to a replica the block had not reached, or evicts it forgets it, and tollgate
+    /// does not write it back. The caller then starts afresh on
+    /// the store, with the policy's quota of attempts (the last one starts a new block),
+    /// while an instance that started the block or refused the caller during it goes on
+    /// refusing from its denial cache until the block would have ended. Run the limiter's
+    /// Redis with the append-only file, a replica promoted by Sentinel or Cluster, and no
+    /// eviction: see [the lockout guide](crate::guide::cost_and_counting).
     pub fn lock_out_for(self, duration: Duration) -> Self {
         let ms = u64::try_from(duration.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
         // Kept within exact arithmetic in Redis's Lua, as every other number.

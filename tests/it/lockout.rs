@@ -332,6 +332,7 @@ fn blocks_started_are_counted() {
 mod on_redis {
     use std::time::Duration;
 
+    use tokio::time::Instant;
     use tollgate::{
         Caller, FailurePolicy, InstanceCount, Limiter, LimiterBuilder, RedisBackend,
         decision::DecisionSource,
@@ -446,6 +447,178 @@ mod on_redis {
         lock_out(&a, &b, LOCKOUT, (1, 3)).await;
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
         after_the_block(&a, &b).await;
+    }
+
+    /// Decides `caller` on `limiter`, asking again while the decision is a fail-closed 503
+    /// (the connection is being made again after a restart): at most for 10 s.
+    async fn decided(limiter: &Limiter, caller: &Caller) -> tollgate::Decision {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let decision = limiter.check(caller).await;
+            if !matches!(decision, tollgate::Decision::Unavailable { .. }) {
+                return decision;
+            }
+            assert!(Instant::now() < deadline, "the store did not come back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Who decided a refusal, or `None` for an admission.
+    fn refused_by(decision: &tollgate::Decision) -> Option<DecisionSource> {
+        match decision {
+            tollgate::Decision::Limited(info) => Some(info.source()),
+            other => {
+                assert!(other.is_allowed(), "{other:?}");
+                None
+            }
+        }
+    }
+
+    /// A block lives in the store, so a store restarted without its data forgets it, and
+    /// the instances disagree until the block would have ended: `a`, which started the
+    /// block before the restart, keeps refusing the caller from its denial cache; `b`,
+    /// which never decided for the caller, asks the empty store and admits it afresh, up
+    /// to the quota, whose last unit starts a new block in the store. Once its cached
+    /// refusal ends, `a` finds that new block. The lockout guide says so ("When the store
+    /// loses its data").
+    #[tokio::test]
+    async fn regression_a_store_restarted_empty_keeps_a_block_only_on_the_instances_that_knew_it() {
+        let lockout = Duration::from_secs(6);
+        let mut server = RedisServer::start();
+        let build = |server: &RedisServer| {
+            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
+                .build()
+                .expect("valid URL");
+            limiter(store, lockout)
+                .on_store_failure(FailurePolicy::closed())
+                .build()
+        };
+        let (a, b) = (build(&server), build(&server));
+        let ip = Caller::new("203.0.113.7");
+        for i in 0..5 {
+            assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");
+        }
+        // The fifth started the block, and `a` cached it as a refusal until the block ends:
+        // it refuses the sixth without asking the store.
+        assert_eq!(
+            refused_by(&decided(&a, &ip).await),
+            Some(DecisionSource::DenialCache)
+        );
+        let key = "rl:{203.0.113.7}:otp:wrong-codes:lock";
+        let left: u64 = server.must(&["PTTL", key]).trim().parse().unwrap();
+        let block_ends = Instant::now() + Duration::from_millis(left);
+
+        server.restart();
+        assert_eq!(
+            server.must(&["DBSIZE"]).trim(),
+            "0",
+            "restarted without data"
+        );
+
+        // For 2 s only `a` is asked: it refuses from its cache, with the old block's time
+        // left, without asking the empty store.
+        let b_starts = Instant::now() + Duration::from_secs(2);
+        let (mut sent_to_a, mut refused_by_a) = cached_refusals(&a, &ip, b_starts, lockout).await;
+
+        // `b` never decided for the caller: the empty store admits it afresh, and the
+        // fifth unit starts a new block, which `b` caches as `a` cached the old one.
+        let mut admitted_by_b = 0;
+        let b_refused = loop {
+            match refused_by(&decided(&b, &ip).await) {
+                None => admitted_by_b += 1,
+                Some(source) => break source,
+            }
+            assert!(admitted_by_b <= 5, "b admitted more than the quota");
+        };
+        let left: u64 = server.must(&["PTTL", key]).trim().parse().unwrap();
+        let new_block_ends = Instant::now() + Duration::from_millis(left);
+
+        // `a` goes on refusing from its cache until the old block's end.
+        let (sent, refused) =
+            cached_refusals(&a, &ip, block_ends - Duration::from_millis(200), lockout).await;
+        (sent_to_a, refused_by_a) = (sent_to_a + sent, refused_by_a + refused);
+        eprintln!(
+            "after the restart, until the old block's end: a refused {refused_by_a} of \
+             {sent_to_a} from its cache; b admitted {admitted_by_b}, then refused \
+             ({b_refused:?}) with a new block of {left} ms in the store"
+        );
+        assert!(sent_to_a > 0);
+        assert_eq!(refused_by_a, sent_to_a, "a refuses from its cache");
+        assert_eq!(admitted_by_b, 5, "b admits a fresh quota");
+        assert_eq!(
+            b_refused,
+            DecisionSource::DenialCache,
+            "b caches the new block"
+        );
+
+        // Past the old block's end, `a` asks the store, which holds b's block.
+        tokio::time::sleep_until(block_ends + Duration::from_millis(300)).await;
+        assert!(
+            Instant::now() + Duration::from_millis(500) < new_block_ends,
+            "the new block stands a while longer"
+        );
+        let after = decided(&a, &ip).await;
+        assert_eq!(refused_by(&after), Some(DecisionSource::Store), "{after:?}");
+    }
+
+    /// The remedy the lockout guide gives: with the append-only file, a server killed and
+    /// restarted reads its blocks back, and an instance that never decided for the caller
+    /// refuses it too.
+    #[tokio::test]
+    async fn a_block_survives_a_restart_with_the_append_only_file() {
+        let lockout = Duration::from_secs(600);
+        let mut server = RedisServer::start_with(&["--appendonly", "yes"]);
+        let build = |server: &RedisServer| {
+            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
+                .build()
+                .expect("valid URL");
+            limiter(store, lockout)
+                .on_store_failure(FailurePolicy::closed())
+                .build()
+        };
+        let (a, b) = (build(&server), build(&server));
+        let ip = Caller::new("203.0.113.7");
+        for i in 0..5 {
+            assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");
+        }
+        server.restart();
+        let key = "rl:{203.0.113.7}:otp:wrong-codes:lock";
+        assert_eq!(
+            server.must(&["EXISTS", key]).trim(),
+            "1",
+            "the block was read back"
+        );
+        let refused = decided(&b, &ip).await;
+        assert_eq!(
+            refused_by(&refused),
+            Some(DecisionSource::Store),
+            "{refused:?}"
+        );
+        let secs = refused.info().unwrap().retry_after_secs();
+        assert!((590..=600).contains(&secs), "Retry-After {secs}");
+    }
+
+    /// Asks `limiter` about `caller` every 100 ms until `until`; returns how many times it
+    /// was asked and how many of those it refused from its denial cache, checking that each
+    /// such refusal waits no longer than `lockout`.
+    async fn cached_refusals(
+        limiter: &Limiter,
+        caller: &Caller,
+        until: Instant,
+        lockout: Duration,
+    ) -> (u32, u32) {
+        let (mut sent, mut refused) = (0, 0);
+        while Instant::now() < until {
+            sent += 1;
+            let decision = decided(limiter, caller).await;
+            if refused_by(&decision) == Some(DecisionSource::DenialCache) {
+                refused += 1;
+                let secs = decision.info().unwrap().retry_after_secs();
+                assert!(secs <= lockout.as_secs(), "Retry-After {secs}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (sent, refused)
     }
 
     /// Redis down: a route that fails closed answers 503 whatever the block; a local share

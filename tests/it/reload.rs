@@ -246,3 +246,67 @@ fn refusals_by_a_policy_swapped_in_are_counted_under_its_name() {
     assert_eq!(limited("per-day"), 1);
     assert_eq!(limited("per-hour"), 2);
 }
+
+/// The events tollgate logs, with their levels.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Logged {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let metadata = event.metadata();
+        if metadata.target().starts_with("tollgate") {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().unwrap().push((*metadata.level(), message.0));
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A swap is what the service asked for (a plan reload, say): an INFO line, never a
+/// warning an operator would be paged for. A swap that cannot work logs nothing; its
+/// error goes back to the caller.
+#[test]
+fn a_swap_is_logged_at_info() {
+    let logged = Logged::default();
+    tracing::subscriber::with_default(logged.clone(), || {
+        let limiter = Limiter::builder().name("plans").policy(per_day(50)).build();
+        limiter.set_limits(limits(per_day(100))).unwrap();
+        limiter.set_limits(limits(per_day(50))).unwrap();
+        assert!(limiter.set_limits(Limits::new()).is_err());
+    });
+    let events = logged.0.lock().unwrap().clone();
+    let swaps: Vec<_> = events
+        .iter()
+        .filter(|(_, message)| message.contains("rate limits replaced"))
+        .collect();
+    assert_eq!(swaps.len(), 2, "{events:?}");
+    for (level, _) in &swaps {
+        assert_eq!(*level, tracing::Level::INFO, "{events:?}");
+    }
+    assert!(
+        events
+            .iter()
+            .all(|(level, _)| *level > tracing::Level::WARN),
+        "{events:?}"
+    );
+}
