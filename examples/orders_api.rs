@@ -29,6 +29,18 @@
 //!   and `Retry-After: 1`. A slot is freed when its response has been sent or the client
 //!   hangs up; in Redis it lives `--slot-ttl-ms` (default 10,000) unrenewed, the longest an
 //!   instance that died keeps its slots taken. The same failure policy as `/orders`.
+//! - `POST /v1/completions`: a pretend LLM endpoint, body `{"max_tokens": N}` (at most 64
+//!   KiB; a body without a number there is 400). It answers 200 with a random number of
+//!   tokens up to N in `x-tokens-used`. Each `x-customer-id` has 10,000 tokens a minute
+//!   (policy `tokens`): a request is reserved at its `max_tokens` before the handler runs
+//!   and settled at `x-tokens-used` once it has answered, the rest given back. A request
+//!   whose `max_tokens` is over what remains is 429. The same store and failure policy as
+//!   `/orders`.
+//! - `GET /export?bytes=N`: streams N bytes (at most 1 GiB) in chunks of 64 KiB, charged as
+//!   they are sent against 10 MiB (10,485,760 bytes) a minute of `content-bytes` per
+//!   `x-customer-id` (policy `egress`); a customer with nothing left is 429 before its next
+//!   export starts, one in progress is never cut, and one dropped by its client is charged
+//!   what it sent. The same store and failure policy as `/orders`.
 //! - `GET /healthz`: never limited.
 //! - `GET /metrics`: Prometheus text format.
 //!
@@ -97,6 +109,7 @@ use clap::{ArgGroup, Parser};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tollgate::config::LimiterDefinition;
+use tollgate::cost::{BodyCostLayer, RequestCost};
 use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
 use tollgate::shed::ConcurrencyShedLayer;
@@ -428,11 +441,15 @@ async fn app(
     let login_store = store(options, "login")?;
     let otp_store = store(options, "otp")?;
     let reports_store = store(options, "reports")?;
+    let completions_store = store(options, "completions")?;
+    let exports_store = store(options, "exports")?;
     for store in orders_store
         .iter()
         .chain(&login_store)
         .chain(&otp_store)
         .chain(&reports_store)
+        .chain(&completions_store)
+        .chain(&exports_store)
     {
         if let Err(error) = store.ping().await {
             eprintln!(
@@ -489,6 +506,17 @@ async fn app(
         .slot_ttl(Duration::from_millis(options.slot_ttl_ms))
         .store_timeout(Duration::from_millis(options.store_timeout_ms))
         .on_store_failure(failure_policy(options, instances.clone()));
+    // Tokens of a pretend LLM and bytes of exports, per customer.
+    let completions = limiter("completions", completions_store, options)
+        .policy(Policy::sliding_window("tokens", Quota::per_minute(10_000)))
+        .on_store_failure(failure_policy(options, instances.clone()))
+        .try_build()
+        .map_err(|e| e.to_string())?;
+    let exports = limiter("exports", exports_store, options)
+        .policy(Policy::sliding_window("egress", Quota::per_minute(10_485_760)).content_bytes())
+        .on_store_failure(failure_policy(options, instances.clone()))
+        .try_build()
+        .map_err(|e| e.to_string())?;
     let orders = limiter("orders", orders_store, options)
         .limits(limits)
         .on_store_failure(failure_policy(options, instances));
@@ -558,6 +586,41 @@ async fn app(
             ),
         )
         .route("/reports", get(report).route_layer(reports))
+        .route(
+            "/v1/completions",
+            post(complete)
+                // Runs second: reserves the estimate, settles at what the answer used.
+                .route_layer(
+                    RateLimitLayer::new(completions)
+                        .key(CustomerKey {
+                            plans: plans.clone(),
+                        })
+                        .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                        .cost(RequestCost::of_request)
+                        .settle(|response| {
+                            response
+                                .headers
+                                .get("x-tokens-used")?
+                                .to_str()
+                                .ok()?
+                                .parse()
+                                .ok()
+                        }),
+                )
+                // Runs first: the estimate, from the body's max_tokens.
+                .route_layer(BodyCostLayer::new(64 * 1024, max_tokens).default_estimate(0)),
+        )
+        .route(
+            "/export",
+            get(export).route_layer(
+                RateLimitLayer::new(exports)
+                    .key(CustomerKey {
+                        plans: plans.clone(),
+                    })
+                    .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                    .count_response_bytes(),
+            ),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route(
             "/metrics",
@@ -643,6 +706,84 @@ async fn report(Query(query): Query<HashMap<String, String>>) -> (StatusCode, St
 }
 
 /// 200 for the right code, 401 for a wrong one, 400 without a string `code`.
+/// The `max_tokens` of a completion request's JSON body.
+fn max_tokens(body: &[u8]) -> Option<u64> {
+    let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    json.get("max_tokens")?.as_u64()
+}
+
+/// A pretend completion: 400 without a `max_tokens`, else 200 with a random number of
+/// tokens used, up to it, in `x-tokens-used`.
+async fn complete(
+    Json(body): Json<serde_json::Value>,
+) -> Result<([(&'static str, String); 1], &'static str), StatusCode> {
+    let max = body
+        .get("max_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or(StatusCode::BAD_REQUEST)?;
+    let used = random_below(max + 1);
+    Ok(([("x-tokens-used", used.to_string())], "{\"choices\":[]}"))
+}
+
+/// A number below `bound` (at least 1), from a generator seeded once per process.
+fn random_below(bound: u64) -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let mut x = STATE.load(Ordering::Relaxed);
+    if x == 0 {
+        x = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+    }
+    // xorshift64
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    STATE.store(x, Ordering::Relaxed);
+    x % bound.max(1)
+}
+
+/// `bytes` bytes in chunks of 64 KiB, produced as the client reads them.
+struct Download {
+    left: u64,
+}
+
+impl http_body::Body for Download {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        const CHUNK: u64 = 64 * 1024;
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        let size = self.left.min(CHUNK);
+        self.left -= size;
+        let chunk = bytes::Bytes::from(vec![b'x'; size as usize]);
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left)
+    }
+}
+
+/// `GET /export?bytes=N`: N bytes, streamed (at most 1 GiB; 400 without a number).
+async fn export(
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<axum::body::Body, StatusCode> {
+    let bytes: u64 = query
+        .get("bytes")
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n <= 1 << 30)
+        .ok_or(StatusCode::BAD_REQUEST)?;
+    Ok(axum::body::Body::new(Download { left: bytes }))
+}
+
 async fn verify_otp(Json(body): Json<serde_json::Value>) -> StatusCode {
     let Some(code) = body.get("code").and_then(|code| code.as_str()) else {
         return StatusCode::BAD_REQUEST;

@@ -171,6 +171,59 @@ pub use store::redis::backend::RedisBackend;
 #[cfg(feature = "redis")]
 pub use store::redis::registry::InstanceRegistry;
 
+pub mod cost {
+    //! A request's cost estimated from its body, before the rate limit decides: the body is read
+    //! into a bounded buffer, an estimate is made from it (an LLM request's `max_tokens` in its
+    //! JSON), and the request goes on with the estimate in its extensions and its body
+    //! unchanged.
+    //!
+    //! [`RateLimitLayer::cost`](crate::RateLimitLayer::cost) sees only a request's head, so a
+    //! cost that lies in the body is read here, in a layer that runs before it: its
+    //! [`RequestCost`] is what the rate limit reserves, and
+    //! [`RateLimitLayer::settle`](crate::RateLimitLayer::settle) settles it at what the
+    //! response says was used.
+    //!
+    //! ```
+    //! use axum::{Router, routing::post};
+    //! use tollgate::cost::{BodyCostLayer, RequestCost};
+    //! use tollgate::key::HeaderKey;
+    //! use tollgate::{Limiter, Policy, Quota, RateLimitLayer};
+    //!
+    //! let tokens = Limiter::builder()
+    //!     .name("tokens")
+    //!     .policy(Policy::sliding_window("tokens", Quota::per_minute(10_000)))
+    //!     .build();
+    //! let app: Router = Router::new()
+    //!     .route("/v1/completions", post(|| async { "{}" }))
+    //!     // Layers run from the last added: the body is read first.
+    //!     .route_layer(
+    //!         RateLimitLayer::new(tokens)
+    //!             .key(HeaderKey::new("x-customer-id"))
+    //!             .cost(RequestCost::of_request)
+    //!             .settle(|response| response.headers.get("x-tokens-used")?.to_str().ok()?.parse().ok()),
+    //!     )
+    //!     .route_layer(
+    //!         // Up to 64 KiB of JSON; a body without max_tokens is estimated at 1,000.
+    //!         BodyCostLayer::new(64 * 1024, |body: &[u8]| {
+    //!             let json: serde_json::Value = serde_json::from_slice(body).ok()?;
+    //!             json.get("max_tokens")?.as_u64()
+    //!         })
+    //!         .default_estimate(1_000),
+    //!     );
+    //! # drop(app);
+    //! ```
+    //!
+    //! A body longer than the buffer cannot be looked into: it is refused with 413 Content Too
+    //! Large (a problem+json body) unless [`BodyCostLayer::too_large_estimate`] gives such
+    //! requests an estimate of their own, in which case it goes on whole (what was read, then
+    //! the rest as it arrives). A body the estimator finds nothing in gets the
+    //! [`default_estimate`](BodyCostLayer::default_estimate) (1 unless set). The buffer holds
+    //! the request's first bytes until the rate limit has decided; its bound is the memory a
+    //! request can hold here.
+
+    pub use crate::http::body_cost::{BodyCost, BodyCostLayer, PrefixedBody, RequestCost};
+}
+
 pub mod decision {
     //! What a decision says: the [`Decision`](crate::Decision) itself, the state of each policy it reports,
     //! where it came from, why it was not counted, and the breaker in front of the store.

@@ -468,8 +468,10 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     /// cost that depends on the body must reach the head first: either the client sends
     /// it in a header or the query string, and the handler refuses a body that holds more
     /// than the client declared (or a client declares 1 and sends a thousand), or a
-    /// middleware of yours in front of this layer reads the body and puts the count in the
-    /// request's extensions for the closure to read.
+    /// [`BodyCostLayer`](crate::cost::BodyCostLayer) in front of this layer reads it from a
+    /// bounded buffer of the body into the request's extensions, where
+    /// [`RequestCost::of_request`](crate::cost::RequestCost::of_request) finds it. A cost
+    /// known only once the response exists is reserved here and [`settle`](Self::settle)d.
     ///
     /// The cost is checked against every policy at once, all or nothing. A request that
     /// costs more than a policy's quota is never admitted, however long it waits: it is

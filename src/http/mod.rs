@@ -7,6 +7,7 @@
 //! [`refusal`], which [`response`] writes as HTTP and [`grpc`] as a gRPC status.
 
 pub(crate) mod body;
+pub(crate) mod body_cost;
 pub(crate) mod byte_meter;
 pub(crate) mod config;
 pub(crate) mod future;

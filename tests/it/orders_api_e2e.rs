@@ -1,8 +1,9 @@
 //! End to end: four `orders_api` processes against one real redis-server behind the fault
 //! proxy, the running example's traffic over HTTP, the store cut and restored. Local share
 //! (with the instance count from the Redis registry) and fail closed, side by side.
-//! And `/otp/verify`, which counts only wrong codes, and `--lease-threshold`, whose leases
-//! hold a hot customer to exactly its limit, against a real redis-server.
+//! And `/otp/verify`, which counts only wrong codes, `--lease-threshold`, whose leases
+//! hold a hot customer to exactly its limit, `/v1/completions`, settled at the tokens each
+//! answer used, and `/export`, charged the bytes it sent, against a real redis-server.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -642,4 +643,170 @@ async fn with_max_in_flight_logins_and_health_checks_are_critical() {
     let keys = redis.must(&["KEYS", "*"]);
     assert!(keys.contains("login:"), "the login was counted: {keys}");
     assert!(!keys.contains("acme"), "no order was counted: {keys}");
+}
+
+/// What one answer of two orders_api instances said: its status, what it reported using,
+/// and the `r` of its `tokens` policy.
+async fn complete(
+    client: &Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        http_body_util::Full<Bytes>,
+    >,
+    base: &str,
+    customer: &str,
+    max_tokens: u64,
+) -> (u16, Option<u64>, Option<u64>) {
+    let request = hyper::Request::post(format!("{base}/v1/completions"))
+        .header("content-type", "application/json")
+        .header("x-customer-id", customer)
+        .body(http_body_util::Full::new(Bytes::from(format!(
+            r#"{{"max_tokens": {max_tokens}}}"#
+        ))))
+        .expect("a request");
+    let response = client.request(request).await.expect("an HTTP answer");
+    let status = response.status().as_u16();
+    let used = response
+        .headers()
+        .get("x-tokens-used")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let remaining = response
+        .headers()
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(';')
+                .find_map(|p| p.strip_prefix("r=")?.parse().ok())
+        });
+    let _ = response.into_body().collect().await;
+    (status, used, remaining)
+}
+
+/// `POST /v1/completions` on two orders_api processes sharing a real redis-server: 50
+/// completions of acme at once, each reserved at its `max_tokens` (50 to 150) and settled at
+/// the random number of tokens its answer reports. The store ends with exactly the sum of
+/// what the answers reported, and a request for more than remains is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_settle_to_what_the_answers_used_over_two_instances() {
+    let redis = RedisServer::start();
+    let servers: Vec<Server> = (0..2)
+        .map(|_| start_with(&redis.url(), "local-share", &["--store-timeout-ms", "2000"]))
+        .collect();
+    let client: Client<_, http_body_util::Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    // Within one minute's window: a window that rolls over halfway would weigh what was
+    // used in the last one.
+    while unix_millis() % 60_000 > 45_000 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..50u64 {
+        let (client, base) = (client.clone(), servers[(i % 2) as usize].base.clone());
+        tasks.push(tokio::spawn(async move {
+            complete(&client, &base, "acme", 50 + i * 2).await
+        }));
+    }
+    let mut used_in_all = 0;
+    for task in tasks {
+        let (status, used, _) = task.await.unwrap();
+        assert_eq!(status, 200);
+        used_in_all += used.expect("x-tokens-used");
+    }
+    // A request reserving nothing tells what remains.
+    let (status, _, remaining) = complete(&client, &servers[0].base, "acme", 0).await;
+    assert_eq!(status, 200);
+    let remaining = remaining.expect("the tokens policy's r");
+    println!("{used_in_all} tokens used, {remaining} left");
+    assert_eq!(remaining + used_in_all, 10_000, "used {used_in_all}");
+    let (status, ..) = complete(&client, &servers[1].base, "acme", remaining + 1).await;
+    assert_eq!(status, 429, "more than remains");
+}
+
+/// `GET /export` on a real redis-server: an export read whole is charged its bytes, one the
+/// client drops after the first chunks is charged what was sent (at most what the server
+/// wrote before it saw the client go), and with nothing left the next export is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_are_charged_the_bytes_they_sent() {
+    let redis = RedisServer::start();
+    let server = start_with(&redis.url(), "local-share", &["--store-timeout-ms", "2000"]);
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    while unix_millis() % 60_000 > 45_000 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let export = |bytes: u64| {
+        hyper::Request::get(format!("{}/export?bytes={bytes}", server.base))
+            .header("x-customer-id", "acme")
+            .body(Empty::new())
+            .expect("a request")
+    };
+    let egress = |redis: &RedisServer| -> u64 {
+        redis
+            .cli(&["HGET", "exports:{acme}:exports:egress:w60000:B", "c"])
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let whole = client.request(export(3 * 65_536)).await.expect("an answer");
+    assert_eq!(whole.status(), 200);
+    assert_eq!(
+        whole.headers()["ratelimit-policy"],
+        r#""egress";q=10485760;w=60;qu="content-bytes""#
+    );
+    let body = whole
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    assert_eq!(body.len(), 3 * 65_536);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while egress(&redis) != 3 * 65_536 {
+        assert!(Instant::now() < deadline, "charged {}", egress(&redis));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // 100 chunks asked, the client gone after reading 2: charged what the server sent, far
+    // from the 100 chunks.
+    let mut dropped = client
+        .request(export(100 * 65_536))
+        .await
+        .expect("an answer")
+        .into_body();
+    let mut read = 0;
+    while read < 2 * 65_536 {
+        let frame = dropped.frame().await.expect("a frame").expect("data");
+        read += frame.data_ref().map_or(0, Bytes::len);
+    }
+    drop(dropped);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let charged = loop {
+        let charged = egress(&redis) - 3 * 65_536;
+        if charged > 0 {
+            break charged;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dropped export was not charged"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("a download dropped after {read} bytes was charged {charged}");
+    assert!(
+        (2 * 65_536..50 * 65_536).contains(&(charged as usize)),
+        "charged {charged} for a download dropped after {read} bytes"
+    );
+
+    // Over the quota: the rest of the 10 MiB, and the export after it is refused.
+    let left = 10_485_760 - egress(&redis);
+    let last = client
+        .request(export(left + 65_536))
+        .await
+        .expect("an answer");
+    assert_eq!(last.status(), 200);
+    let _ = last.into_body().collect().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while egress(&redis) < 10_485_760 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = client.request(export(1)).await.expect("an answer");
+    assert_eq!(refused.status(), 429);
 }

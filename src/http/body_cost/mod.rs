@@ -1,0 +1,10 @@
+//! The body-cost layer: a request's cost read from a bounded buffer of its body before the
+//! rate limit decides (documented at its public path, `tollgate::cost`).
+
+mod body;
+mod layer;
+mod service;
+
+pub use body::PrefixedBody;
+pub use layer::{BodyCostLayer, RequestCost};
+pub use service::BodyCost;
