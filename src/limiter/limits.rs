@@ -7,18 +7,19 @@
 //! plain reference: loading the pointer takes and gives back a reference, two atomic
 //! read-modify-writes, a fifth of an in-process decision.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use arc_swap::ArcSwap;
 
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::telemetry::LimiterMetrics;
 use crate::store::build_error::BuildError;
-use crate::store::caller::Caller;
+use crate::store::caller::{Caller, OwnQuotas};
 use crate::store::policy::Policy;
 
 /// The policies of a limiter: the defaults, and each plan tier's. What
@@ -102,9 +103,16 @@ impl Limits {
 pub(crate) struct ActiveLimits {
     default: PolicySet,
     tiers: HashMap<Arc<str>, PolicySet>,
+    /// The sets of callers with quotas of their own, by the set they change and those
+    /// quotas: made once per distinct plan, not per request.
+    own_quotas: RwLock<HashMap<(u64, OwnQuotas), PolicySet>>,
     /// As given, for [`Limiter::limits`](crate::Limiter::limits).
     pub(super) source: Limits,
 }
+
+/// How many sets of callers' own quotas are kept: distinct plans, not callers. Past it, a
+/// caller's set is made for each of its requests.
+const MAX_OWN_QUOTA_SETS: usize = 4_096;
 
 impl ActiveLimits {
     /// Checks `limits` as [`LimiterBuilder::try_build`](crate::LimiterBuilder::try_build)
@@ -126,16 +134,45 @@ impl ActiveLimits {
         Ok(Self {
             default,
             tiers,
+            own_quotas: RwLock::default(),
             source: limits,
         })
     }
 
-    /// The set `caller` is decided against: its tier's, or the defaults.
-    pub(crate) fn for_caller(&self, caller: &Caller) -> &PolicySet {
-        caller
+    /// The set `caller` is decided against: its tier's, or the defaults, with the
+    /// caller's own quotas when it has some.
+    pub(crate) fn for_caller(&self, caller: &Caller) -> Cow<'_, PolicySet> {
+        let set = caller
             .tier()
             .and_then(|tier| self.tiers.get(tier))
-            .unwrap_or(&self.default)
+            .unwrap_or(&self.default);
+        match caller.own_quotas() {
+            None => Cow::Borrowed(set),
+            Some(quotas) => Cow::Owned(self.with_own_quotas(set, quotas)),
+        }
+    }
+
+    /// `set` with `quotas`, made once per distinct plan.
+    fn with_own_quotas(&self, set: &PolicySet, quotas: &OwnQuotas) -> PolicySet {
+        let key = (set.id, quotas.clone());
+        // Updates are single inserts: a poisoned map is still whole.
+        if let Some(found) = self
+            .own_quotas
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&key)
+        {
+            return found.clone();
+        }
+        let made = set.with_quotas(quotas);
+        let mut kept = self
+            .own_quotas
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if kept.len() < MAX_OWN_QUOTA_SETS {
+            kept.entry(key).or_insert_with(|| made.clone());
+        }
+        made
     }
 
     pub(crate) fn default_set(&self) -> &PolicySet {

@@ -136,6 +136,7 @@ impl Limiter {
         // Read once, so a swap never splits a decision.
         let active = inner.limits.load();
         let set = active.for_caller(caller);
+        let set = &*set;
         let decision = match set.unaffordable(cost) {
             Some(refusal) => refusal,
             None => match inner.path.decide_now(caller, set, cost) {

@@ -23,6 +23,38 @@ pub(crate) struct PolicySet {
 }
 
 impl PolicySet {
+    /// This set with `quotas` (a caller's own, by policy name) in place of its policies'
+    /// quotas; the counters are the same (a quota is not part of a counter's identity).
+    pub(crate) fn with_quotas(&self, quotas: &[(Arc<str>, u64)]) -> Self {
+        let limits: Arc<[Policy]> = self
+            .limits
+            .iter()
+            .map(|policy| {
+                match quotas
+                    .iter()
+                    .rev()
+                    .find(|(name, _)| name == policy.name_arc())
+                {
+                    Some((_, quota)) => {
+                        policy.with_algorithm(policy.algorithm().with_quota(*quota))
+                    }
+                    None => policy.clone(),
+                }
+            })
+            .collect();
+        let id = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            (self.id, &*limits),
+        );
+        Self {
+            // Shared by count, not stored for the process: plans come and go.
+            reported: ReportedSet::Counted(limits.clone()),
+            limits,
+            id,
+            locks_out: self.locks_out,
+        }
+    }
+
     pub(crate) fn new(
         tier: Option<&Arc<str>>,
         policies: &[Policy],

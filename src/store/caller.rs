@@ -204,7 +204,12 @@ impl From<String> for CallerKey {
 pub struct Caller {
     key: CallerKey,
     tier: Option<Arc<str>>,
+    /// Quotas of its own, by policy name, in the order given.
+    quotas: Option<OwnQuotas>,
 }
+
+/// A caller's own quotas: policy names and quotas, in the order given.
+pub(crate) type OwnQuotas = Arc<[(Arc<str>, u64)]>;
 
 impl Caller {
     /// A caller with the default quotas.
@@ -212,6 +217,7 @@ impl Caller {
         Self {
             key: key.into(),
             tier: None,
+            quotas: None,
         }
     }
 
@@ -219,6 +225,66 @@ impl Caller {
     pub fn with_tier(mut self, tier: impl Into<Arc<str>>) -> Self {
         self.tier = Some(tier.into());
         self
+    }
+
+    /// Gives the caller a quota of its own for the policy named `policy` (of the default
+    /// set, or of its tier's): `quota` units in that policy's window, whatever the policy
+    /// says, for a plan read at request time (a JWT claim, a contract in a database).
+    ///
+    /// The count is kept: the quota's units, the window and the algorithm have not
+    /// changed, so a raised quota grants the difference at once and a lowered one refuses
+    /// until the count falls under it. A token bucket's rate becomes `quota` a period and
+    /// its burst is scaled alike. The quota is advertised in the RateLimit fields, divided
+    /// by a local share like any other, and counted by both stores (the Redis script takes
+    /// each call's quotas). A name that no policy of the caller's set has changes nothing;
+    /// 0 is taken as 1 (refuse a caller outright with a key rejection instead). Several
+    /// calls give several policies their quotas; a later one for the same name wins.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(100)))
+    ///     .build();
+    /// // acme's contract says 250 a minute.
+    /// let acme = Caller::new("acme").with_quota("per-minute", 250);
+    /// let decision = limiter.check(&acme).await;
+    /// assert_eq!(decision.info().unwrap().policies().next().unwrap().quota(), 250);
+    /// assert_eq!(decision.info().unwrap().min_remaining(), Some(249));
+    /// # }
+    /// ```
+    pub fn with_quota(mut self, policy: impl Into<Arc<str>>, quota: u64) -> Self {
+        let policy = policy.into();
+        let mut quotas: Vec<(Arc<str>, u64)> = self
+            .quotas
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter(|(name, _)| *name != policy)
+            .cloned()
+            .collect();
+        quotas.push((policy, quota));
+        self.quotas = Some(quotas.into());
+        self
+    }
+
+    /// The caller's own quotas, by policy name (see [`with_quota`](Self::with_quota)).
+    ///
+    /// ```
+    /// use tollgate::Caller;
+    /// let acme = Caller::new("acme").with_quota("per-minute", 250).with_quota("per-day", 9_000);
+    /// assert_eq!(acme.quotas().collect::<Vec<_>>(), [("per-minute", 250), ("per-day", 9_000)]);
+    /// ```
+    pub fn quotas(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.quotas
+            .iter()
+            .flat_map(|quotas| quotas.iter().map(|(name, quota)| (&**name, *quota)))
+    }
+
+    /// The caller's own quotas as kept, for the limiter (`None`: it has none).
+    pub(crate) fn own_quotas(&self) -> Option<&OwnQuotas> {
+        self.quotas.as_ref()
     }
 
     /// The key the caller's counters live under.

@@ -23,6 +23,7 @@ mod axum_router;
 mod bad_input;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod bucket_expiry;
+mod caller_quotas;
 mod client_hold;
 mod client_hold_trailers;
 mod client_throttle;

@@ -500,6 +500,38 @@ impl Algorithm {
         }
     }
 
+    /// The same algorithm with a quota of `quota` units in the same window: a sliding
+    /// window's or log's limit, or a token bucket's rate, its burst scaled alike (at least
+    /// 1). Clamped to what the algorithm can count exactly (and a log's largest limit); 0 is
+    /// taken as 1.
+    pub(crate) fn with_quota(&self, quota: u64) -> Self {
+        let quota = quota.max(1);
+        let most = |window_ms: u64| ((MAX_EXACT - 1) / u128::from(window_ms.max(1))) as u64;
+        match *self {
+            Algorithm::SlidingWindow { window_ms, .. } => Algorithm::SlidingWindow {
+                limit: quota.min(most(window_ms)),
+                window_ms,
+            },
+            Algorithm::SlidingLog { window_ms, .. } => Algorithm::SlidingLog {
+                limit: quota.min(most(window_ms)).min(Self::MAX_LOG_LIMIT),
+                window_ms,
+            },
+            Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } => {
+                let rate_now = quota.min(most(period_ms));
+                let scaled = u128::from(burst) * u128::from(rate_now) / u128::from(rate);
+                Algorithm::TokenBucket {
+                    rate: rate_now,
+                    period_ms,
+                    burst: (scaled as u64).clamp(1, most(period_ms)),
+                }
+            }
+        }
+    }
+
     /// Counts `units` more against `state` at `now_ms` whether or not they fit: what a
     /// request turned out to cost beyond what it was admitted for. Past the quota the
     /// caller is in debt, and later requests are refused until it has drained. The outcome
