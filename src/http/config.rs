@@ -8,6 +8,7 @@ use http::request::Parts;
 use http::{Response, StatusCode, response};
 use metrics::Counter;
 
+use crate::http::field_forms::FieldForms;
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::MissingKey;
 use crate::limiter::decision::Decision;
@@ -19,6 +20,8 @@ pub(crate) struct Config<K> {
     pub(crate) key: K,
     pub(crate) missing_key: MissingKey,
     pub(crate) header_mode: HeaderMode,
+    /// The forms of the fields written.
+    pub(crate) field_forms: FieldForms,
     /// Whether admitted responses carry the decision too (refusals always do).
     pub(crate) decision_on_every_response: bool,
     /// The status of a fail-closed refusal: a 4xx or 5xx other than 500.

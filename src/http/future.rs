@@ -495,6 +495,7 @@ where
 fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>) -> Fields<'a> {
     Fields {
         mode: config.header_mode,
+        forms: config.field_forms,
         cache: &config.policy_fields,
         cap: config.remaining_cap,
         pk: pk.map(|pk| &pk[..]),

@@ -9,6 +9,7 @@ use http::{Response, StatusCode};
 use tower_layer::Layer;
 
 use crate::http::config::{AfterResponse, Config, CostFn, RefusalHook, Skip};
+use crate::http::field_forms::{FieldForm, FieldForms};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
 use crate::http::key::{AsyncKeyExtractor, ClientIp, MissingKey};
 use crate::http::service::RateLimit;
@@ -119,6 +120,7 @@ impl RateLimitLayer<ClientIp> {
                 key: ClientIp::new(),
                 missing_key: MissingKey::default(),
                 header_mode: HeaderMode::default(),
+                field_forms: FieldForms::default(),
                 decision_on_every_response: false,
                 unavailable_status: StatusCode::SERVICE_UNAVAILABLE,
                 policy_fields: PolicyFieldCache::default(),
@@ -144,6 +146,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
                 key,
                 missing_key: config.missing_key,
                 header_mode: config.header_mode,
+                field_forms: config.field_forms,
                 decision_on_every_response: config.decision_on_every_response,
                 unavailable_status: config.unavailable_status,
                 policy_fields: PolicyFieldCache::default(),
@@ -174,6 +177,46 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn headers(self, mode: HeaderMode) -> Self {
         let mut config = self.into_config();
         config.header_mode = mode;
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// Which forms of the rate-limit fields responses carry (default: draft 11's alone),
+    /// for the clients in the wild: draft 7's combined `RateLimit` (which has draft 11's
+    /// name and so replaces it), draft 6's three fields, and the `X-RateLimit-*` headers of
+    /// GitHub's API (`X-RateLimit-Reset` is the Unix time of the reset, in whole seconds).
+    /// The forms but draft 11's carry one limit each: the policy that refused, or on an
+    /// admitted response the one with the least left. The same [`headers`](Self::headers)
+    /// mode decides which responses carry them. See [`FieldForm`](crate::response::FieldForm)
+    /// for each form, and the [headers guide](crate::guide::headers) for which client reads
+    /// which.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tollgate::response::FieldForm;
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-minute", Quota::per_minute(50)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(Caller::new("acme"))
+    ///     .field_forms([FieldForm::Draft11, FieldForm::XRateLimit]);
+    /// let service = ServiceBuilder::new().layer(layer).service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    /// });
+    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.headers()["ratelimit-policy"], r#""per-minute";q=50;w=60"#);
+    /// assert_eq!(response.headers()["x-ratelimit-limit"], "50");
+    /// assert_eq!(response.headers()["x-ratelimit-remaining"], "49");
+    /// # }
+    /// ```
+    pub fn field_forms(self, forms: impl IntoIterator<Item = FieldForm>) -> Self {
+        let mut config = self.into_config();
+        config.field_forms = FieldForms::of(forms);
         Self {
             config: Arc::new(config),
         }
@@ -772,6 +815,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
             key: shared.key.clone(),
             missing_key: shared.missing_key,
             header_mode: shared.header_mode,
+            field_forms: shared.field_forms,
             decision_on_every_response: shared.decision_on_every_response,
             unavailable_status: shared.unavailable_status,
             policy_fields: PolicyFieldCache::default(),

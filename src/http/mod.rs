@@ -10,6 +10,7 @@ pub(crate) mod body;
 pub(crate) mod body_cost;
 pub(crate) mod byte_meter;
 pub(crate) mod config;
+pub(crate) mod field_forms;
 pub(crate) mod future;
 pub(crate) mod grpc;
 pub(crate) mod headers;

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue, Response};
 
+use crate::http::field_forms::{self, OneLimit};
 use crate::http::grpc;
 use crate::http::headers::{policy_field_of, state_field, state_field_of};
 use crate::http::refusal::Refusal;
@@ -41,6 +42,26 @@ impl Refusal<'_> {
     /// what remains is not known); for a fail-closed refusal the reduced capacity, nothing
     /// (`q=0`) in each window and `r=0` until the retry time.
     fn insert_fields(&self, headers: &mut HeaderMap, fields: Fields<'_>) {
+        if fields.forms.others() {
+            let limit = match self {
+                Refusal::Limited(info) => OneLimit::of(info, fields.cap),
+                // Nothing is admitted until the store is back: no quota, none left.
+                Refusal::Unavailable { policies, .. } => Some(OneLimit {
+                    limit: 0,
+                    window_secs: policies.first().map_or(1, |p| whole_seconds(p.window_ms())),
+                    remaining: 0,
+                    reset_secs: self.retry_after_secs().unwrap_or(1),
+                }),
+                // What remains is not known (the store was not asked), or no decision.
+                Refusal::CostExceedsQuota { .. } | Refusal::Rejected(_) => None,
+            };
+            if let Some(limit) = limit {
+                field_forms::append(headers, fields.forms, limit);
+            }
+        }
+        if !fields.forms.draft11() {
+            return;
+        }
         // Appended, not inserted: Structured Field lists may span several field lines, so
         // a response that already lists an inner layer's policies lists both layers'.
         match self {

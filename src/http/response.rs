@@ -9,6 +9,7 @@ use http::header::{CONTENT_TYPE, HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::http::body::ResponseBody;
+use crate::http::field_forms::{self, FieldForms, OneLimit};
 use crate::http::headers::{HeaderMode, PolicyFieldCache, RemainingCap, state_field};
 use crate::http::key::KeyRejection;
 use crate::http::problem_type::ProblemType;
@@ -28,6 +29,7 @@ const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fields<'a> {
     pub(crate) mode: HeaderMode,
+    pub(crate) forms: FieldForms,
     pub(crate) cache: &'a PolicyFieldCache,
     pub(crate) cap: RemainingCap,
     pub(crate) pk: Option<&'a [u8]>,
@@ -203,13 +205,20 @@ pub(crate) fn decorate_allowed(
     if let Decision::Allowed(info) | Decision::SoftLimited(info) = decision
         && fields.mode.on_allowed(status)
     {
-        // Appended, not inserted: a response that already lists an inner layer's policies
-        // lists both layers'.
-        if let Some(policy) = fields.cache.get(info, fields.pk) {
-            headers.append(RATELIMIT_POLICY, policy);
+        if fields.forms.draft11() {
+            // Appended, not inserted: a response that already lists an inner layer's
+            // policies lists both layers'.
+            if let Some(policy) = fields.cache.get(info, fields.pk) {
+                headers.append(RATELIMIT_POLICY, policy);
+            }
+            if let Some(state) = state_field(info.policies(), fields.cap, fields.pk) {
+                headers.append(RATELIMIT, state);
+            }
         }
-        if let Some(state) = state_field(info.policies(), fields.cap, fields.pk) {
-            headers.append(RATELIMIT, state);
+        if fields.forms.others()
+            && let Some(limit) = OneLimit::of(info, fields.cap)
+        {
+            field_forms::append(headers, fields.forms, limit);
         }
     }
 }

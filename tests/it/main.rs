@@ -43,6 +43,7 @@ mod denial_cache;
 mod failure_policies;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod fault_proxy;
+mod field_forms;
 mod grpc;
 #[cfg_attr(not(feature = "tonic"), path = "skipped/tonic.rs")]
 mod grpc_client_ip;
