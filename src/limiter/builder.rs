@@ -162,6 +162,33 @@ impl LimiterBuilder {
         self
     }
 
+    /// Gives the budgets at `level` (a team, an organisation) their policies, for callers
+    /// that are members of such budgets ([`Caller::within`](crate::Caller::within)): each
+    /// request of a member is decided against its own policies and every one of its
+    /// levels' at once, all or nothing, in one store call. The level's policies are named
+    /// `<level>:<name>` in the RateLimit fields and refusals. Naming a level again replaces
+    /// its policies.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .level("team", [Policy::sliding_window("per-second", Quota::per_second(120))])
+    ///     .level("org", [Policy::sliding_window("per-second", Quota::per_second(200))])
+    ///     .build();
+    /// let alice = Caller::new("alice").within("team", "sync").within("org", "acme");
+    /// # drop((limiter, alice));
+    /// ```
+    pub fn level(
+        mut self,
+        level: impl Into<Arc<str>>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        self.limits = self.limits.level(level, policies);
+        self
+    }
+
     /// Replaces the default policies and tiers given so far with `limits` (from a
     /// configuration file, say). [`Limiter::set_limits`] swaps them while the limiter
     /// runs.

@@ -39,6 +39,7 @@ use crate::store::policy::Policy;
 pub struct Limits {
     policies: Vec<Policy>,
     tiers: Vec<(Arc<str>, Vec<Policy>)>,
+    levels: Vec<(Arc<str>, Vec<Policy>)>,
 }
 
 impl Limits {
@@ -71,6 +72,31 @@ impl Limits {
         self
     }
 
+    /// Gives the budgets at `level` (a team, an organisation) their policies: a caller that
+    /// is a member of such a budget ([`Caller::within`]) is decided against its own
+    /// policies and every level's at once, all or nothing. The level's policies are named
+    /// `<level>:<name>` in the fields. Naming a level again replaces its policies.
+    pub fn level(
+        mut self,
+        level: impl Into<Arc<str>>,
+        policies: impl IntoIterator<Item = Policy>,
+    ) -> Self {
+        let level = level.into();
+        let policies = policies.into_iter().collect();
+        match self.levels.iter_mut().find(|(name, _)| *name == level) {
+            Some((_, existing)) => *existing = policies,
+            None => self.levels.push((level, policies)),
+        }
+        self
+    }
+
+    /// Each budget level with its policies, in the order they were added.
+    pub fn levels(&self) -> impl Iterator<Item = (&str, &[Policy])> {
+        self.levels
+            .iter()
+            .map(|(level, policies)| (&**level, policies.as_slice()))
+    }
+
     /// The policies of callers without a tier, in order.
     pub fn policies(&self) -> &[Policy] {
         &self.policies
@@ -90,11 +116,16 @@ impl Limits {
     }
 
     /// Every policy name, defaults first (repeated when several sets share one).
-    pub(crate) fn policy_names(&self) -> impl Iterator<Item = &Arc<str>> {
+    pub(crate) fn policy_names(&self) -> impl Iterator<Item = Arc<str>> + '_ {
         self.policies
             .iter()
             .chain(self.tiers.iter().flat_map(|(_, policies)| policies.iter()))
-            .map(Policy::name_arc)
+            .map(|policy| policy.name_arc().clone())
+            .chain(self.levels.iter().flat_map(|(level, policies)| {
+                policies
+                    .iter()
+                    .map(move |policy| policy.for_level(level).name_arc().clone())
+            }))
     }
 }
 
@@ -106,6 +137,8 @@ pub(crate) struct ActiveLimits {
     /// The sets of callers with quotas of their own, by the set they change and those
     /// quotas: made once per distinct plan, not per request.
     own_quotas: RwLock<HashMap<(u64, OwnQuotas), PolicySet>>,
+    /// Each budget level's policies, named for the level and scoped.
+    levels: HashMap<Arc<str>, Arc<[Policy]>>,
     /// As given, for [`Limiter::limits`](crate::Limiter::limits).
     pub(super) source: Limits,
 }
@@ -131,10 +164,18 @@ impl ActiveLimits {
                 PolicySet::new(Some(tier), policies, scope, generation)?,
             );
         }
+        let mut levels = HashMap::with_capacity(limits.levels.len());
+        for (level, policies) in &limits.levels {
+            let named: Vec<Policy> = policies.iter().map(|p| p.for_level(level)).collect();
+            // Checked as any set is: names valid, none twice, at least one policy.
+            let set = PolicySet::new(None, &named, scope, generation)?;
+            levels.insert(level.clone(), set.limits);
+        }
         Ok(Self {
             default,
             tiers,
             own_quotas: RwLock::default(),
+            levels,
             source: limits,
         })
     }
@@ -150,6 +191,20 @@ impl ActiveLimits {
             None => Cow::Borrowed(set),
             Some(quotas) => Cow::Owned(self.with_own_quotas(set, quotas)),
         }
+    }
+
+    /// The set a member of nested budgets is decided against: `set` (its own policies),
+    /// counted for it, and the policies of each of its levels, counted for that level's
+    /// budget; all under the outermost level's key. Made per request: members are many.
+    pub(crate) fn nested(&self, caller: &Caller, set: &PolicySet) -> PolicySet {
+        let own = caller.key().encoded();
+        let mut limits: Vec<Policy> = set.limits.iter().map(|p| p.of_member("", own)).collect();
+        for (level, key) in caller.levels() {
+            if let Some(policies) = self.levels.get(level) {
+                limits.extend(policies.iter().map(|p| p.of_member(level, key.encoded())));
+            }
+        }
+        PolicySet::nested(set, limits.into())
     }
 
     /// `set` with `quotas`, made once per distinct plan.

@@ -136,7 +136,17 @@ impl Limiter {
         // Read once, so a swap never splits a decision.
         let active = inner.limits.load();
         let set = active.for_caller(caller);
-        let set = &*set;
+        // A member of nested budgets is counted, with every level's policies, under the
+        // outermost level's key.
+        let (counted_under, nested);
+        let (caller, set) = match caller.counted_under() {
+            None => (caller, &*set),
+            Some(outermost) => {
+                nested = active.nested(caller, &set);
+                counted_under = outermost;
+                (&counted_under, &nested)
+            }
+        };
         let decision = match set.unaffordable(cost) {
             Some(refusal) => refusal,
             None => match inner.path.decide_now(caller, set, cost) {
@@ -225,6 +235,8 @@ impl Limiter {
         let refund = Refund::new(info.cost(), receipt.counted_at_ms);
         let limits = info.policy_set();
         let inner = &self.inner;
+        let counted_under = caller.counted_under();
+        let caller = counted_under.as_ref().unwrap_or(caller);
         let mut given_back = match info.source() {
             DecisionSource::LocalShare => {
                 StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
@@ -318,6 +330,8 @@ impl Limiter {
         };
         let reserved = info.cost();
         let limits = info.policy_set();
+        let counted_under = caller.counted_under();
+        let caller = counted_under.as_ref().unwrap_or(caller);
         let mut settling: StoreFuture<Result<Settlement, StoreError>> = if actual == reserved {
             StoreFuture::ready(Ok(Settlement::new(reserved, actual, None)))
         } else if actual < reserved {

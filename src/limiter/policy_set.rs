@@ -55,6 +55,21 @@ impl PolicySet {
         }
     }
 
+    /// The set of a member of nested budgets (see `ActiveLimits::nested`), derived from
+    /// `set`: its identity is the policies' own, which name the member.
+    pub(crate) fn nested(set: &PolicySet, limits: Arc<[Policy]>) -> Self {
+        let id = std::hash::BuildHasher::hash_one(
+            &std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default(),
+            (set.id, &*limits),
+        );
+        Self {
+            reported: ReportedSet::Counted(limits.clone()),
+            locks_out: limits.iter().any(|limit| limit.lockout_ms().is_some()),
+            limits,
+            id,
+        }
+    }
+
     pub(crate) fn new(
         tier: Option<&Arc<str>>,
         policies: &[Policy],

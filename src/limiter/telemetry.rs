@@ -253,15 +253,15 @@ fn decision_counter(layer: &SharedString, outcome: &'static str, policy: SharedS
 impl LimiterMetrics {
     /// Registers the handles of limiter `name`, whose policies are named `policies` (the
     /// fallbacks are counted per failure domain, by [`FallbackCounters`]).
-    pub(crate) fn new<'a>(
-        name: &Arc<str>,
-        policies: impl IntoIterator<Item = &'a Arc<str>>,
-    ) -> Self {
+    pub(crate) fn new(name: &Arc<str>, policies: impl IntoIterator<Item = Arc<str>>) -> Self {
         describe();
         let layer = SharedString::from_shared(name.clone());
         let limited = policies
             .into_iter()
-            .map(|policy| (policy.clone(), limited_counters(&layer, policy)))
+            .map(|policy| {
+                let counters = limited_counters(&layer, &policy);
+                (policy, counters)
+            })
             .collect();
         Self {
             layer: layer.clone(),
@@ -300,10 +300,10 @@ impl LimiterMetrics {
 
     /// Registers the `limited` counters of policies named `policies` that have none yet:
     /// the names of limits about to be swapped in.
-    pub(crate) fn register_policies<'a>(&self, policies: impl IntoIterator<Item = &'a Arc<str>>) {
-        let new: Vec<&Arc<str>> = policies
+    pub(crate) fn register_policies(&self, policies: impl IntoIterator<Item = Arc<str>>) {
+        let new: Vec<Arc<str>> = policies
             .into_iter()
-            .filter(|policy| !self.limited.load().contains_key(*policy))
+            .filter(|policy| !self.limited.load().contains_key(policy))
             .collect();
         if new.is_empty() {
             return;

@@ -206,7 +206,12 @@ pub struct Caller {
     tier: Option<Arc<str>>,
     /// Quotas of its own, by policy name, in the order given.
     quotas: Option<OwnQuotas>,
+    /// The budgets it belongs to, innermost first.
+    levels: Option<Budgets>,
 }
+
+/// The nested budgets a caller belongs to: (level, key), innermost first.
+type Budgets = Arc<[(Arc<str>, CallerKey)]>;
 
 /// A caller's own quotas: policy names and quotas, in the order given.
 pub(crate) type OwnQuotas = Arc<[(Arc<str>, u64)]>;
@@ -218,6 +223,7 @@ impl Caller {
             key: key.into(),
             tier: None,
             quotas: None,
+            levels: None,
         }
     }
 
@@ -280,6 +286,66 @@ impl Caller {
         self.quotas
             .iter()
             .flat_map(|quotas| quotas.iter().map(|(name, quota)| (&**name, *quota)))
+    }
+
+    /// Makes the caller a member of a nested budget: the budget `key` at `level` (a team,
+    /// an organisation), whose policies the limiter declares with
+    /// [`LimiterBuilder::level`](crate::LimiterBuilder::level). Call it from the innermost
+    /// level out (the team, then the organisation). A request is then decided against the
+    /// caller's own policies and every level's at once, all or nothing: admitted only if
+    /// every level admits it, and a refusal consumes nothing at any level. In one store
+    /// call: every counter of a budget lives under the outermost level's key (on Redis, its
+    /// hash tag), so the organisation is the unit a Redis Cluster places on a node. A level
+    /// the limiter has no policies for is counted for nothing. The RateLimit fields name
+    /// each level's policies `<level>:<name>`, and a refusal names the level's that refused.
+    ///
+    /// ```
+    /// use tollgate::{Caller, Limiter, Policy, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(3)))
+    ///     .level("org", [Policy::sliding_window("per-second", Quota::per_second(4))])
+    ///     .build();
+    /// let alice = Caller::new("alice").within("org", "acme");
+    /// let bob = Caller::new("bob").within("org", "acme");
+    /// for _ in 0..3 {
+    ///     assert!(limiter.check(&alice).await.is_allowed());
+    /// }
+    /// // alice has used her 3; bob gets the org's 4th, then the org is out.
+    /// assert!(limiter.check(&bob).await.is_allowed());
+    /// let refused = limiter.check(&bob).await;
+    /// let refusing: Vec<_> = refused.info().unwrap().violated().map(|p| p.name()).collect();
+    /// assert_eq!(refusing, ["org:per-second"]);
+    /// # }
+    /// ```
+    pub fn within(mut self, level: impl Into<Arc<str>>, key: impl Into<CallerKey>) -> Self {
+        let mut levels: Vec<(Arc<str>, CallerKey)> =
+            self.levels.as_deref().unwrap_or_default().to_vec();
+        levels.push((level.into(), key.into()));
+        self.levels = Some(levels.into());
+        self
+    }
+
+    /// The budgets the caller belongs to, innermost first (see [`within`](Self::within)).
+    ///
+    /// ```
+    /// use tollgate::Caller;
+    /// let alice = Caller::new("alice").within("team", "sync").within("org", "acme");
+    /// let levels: Vec<_> = alice.levels().map(|(level, key)| (level, key.to_string())).collect();
+    /// assert_eq!(levels, [("team", "sync".to_owned()), ("org", "acme".to_owned())]);
+    /// ```
+    pub fn levels(&self) -> impl Iterator<Item = (&str, &CallerKey)> {
+        self.levels
+            .iter()
+            .flat_map(|levels| levels.iter().map(|(level, key)| (&**level, key)))
+    }
+
+    /// The caller whose key a nested budget's counters live under: the outermost level's,
+    /// with nothing else; `None` for a caller in no budget.
+    pub(crate) fn counted_under(&self) -> Option<Caller> {
+        let (_, outermost) = self.levels.as_deref()?.last()?;
+        Some(Caller::new(outermost.clone()))
     }
 
     /// The caller's own quotas as kept, for the limiter (`None`: it has none).

@@ -617,6 +617,38 @@ impl Policy {
         self.packs_in_one_word
     }
 
+    /// The same policy under the name `<level>:<name>`, as a budget level's policies are
+    /// advertised; its counter is the member's (see [`of_member`](Self::of_member)).
+    pub(crate) fn for_level(&self, level: &str) -> Self {
+        let mut renamed = self.clone();
+        renamed.name = format!("{level}:{}", self.name).into();
+        renamed
+    }
+
+    /// The same policy counting for one member of a nested budget, `key` at `level` (the
+    /// caller's own policies at the empty level): its counters carry the member, since all
+    /// of a budget's counters live under one caller key, the outermost level's.
+    pub(crate) fn of_member(&self, level: &str, key: &[u8]) -> Self {
+        let mut prefix = String::with_capacity(level.len() + key.len() + 2);
+        push_escaped(&mut prefix, level);
+        prefix.push('=');
+        for &byte in key {
+            // The key's bytes, escaped as a counter's parts are.
+            if (0x21..0x7f).contains(&byte) && !matches!(byte, b'%' | b':' | b'{' | b'}' | b'/') {
+                prefix.push(char::from(byte));
+            } else {
+                prefix.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        prefix.push('/');
+        let mut member = self.clone();
+        member.counter = format!("{prefix}{}", self.counter).into();
+        if let Some(lockout) = &mut member.lockout {
+            lockout.counter = format!("{prefix}{}", lockout.counter).into();
+        }
+        member
+    }
+
     /// The same policy counted under `scope` (a limiter's counter scope).
     pub(crate) fn scoped(&self, scope: &Arc<str>) -> Self {
         Self::assemble(

@@ -69,6 +69,7 @@ mod memory;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod metrics;
 mod modes;
+mod nested_budgets;
 #[cfg_attr(
     not(all(feature = "axum", feature = "redis", feature = "serde")),
     path = "skipped/orders_api.rs"

@@ -763,10 +763,9 @@ async fn exports_are_charged_the_bytes_they_sent() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    // 100 chunks asked, the client gone after reading 2: charged what the server sent, far
-    // from the 100 chunks.
+    // 1,000 chunks asked, the client gone after reading 2: charged what the server sent.
     let mut dropped = client
-        .request(export(100 * 65_536))
+        .request(export(1_000 * 65_536))
         .await
         .expect("an answer")
         .into_body();
@@ -789,19 +788,24 @@ async fn exports_are_charged_the_bytes_they_sent() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     println!("a download dropped after {read} bytes was charged {charged}");
+    // What the server had written by then, kernel buffers included (a few MiB on a
+    // loopback), far from the 1,000 chunks asked.
     assert!(
-        (2 * 65_536..50 * 65_536).contains(&(charged as usize)),
+        (2 * 65_536..500 * 65_536).contains(&(charged as usize)),
         "charged {charged} for a download dropped after {read} bytes"
     );
 
-    // Over the quota: the rest of the 10 MiB, and the export after it is refused.
-    let left = 10_485_760 - egress(&redis);
-    let last = client
-        .request(export(left + 65_536))
-        .await
-        .expect("an answer");
-    assert_eq!(last.status(), 200);
-    let _ = last.into_body().collect().await;
+    // Over the quota: the rest of the 10 MiB if any is left, and the export after it is
+    // refused.
+    let left = 10_485_760u64.saturating_sub(egress(&redis));
+    if left > 0 {
+        let last = client
+            .request(export(left + 65_536))
+            .await
+            .expect("an answer");
+        assert_eq!(last.status(), 200);
+        let _ = last.into_body().collect().await;
+    }
     let deadline = Instant::now() + Duration::from_secs(5);
     while egress(&redis) < 10_485_760 {
         assert!(Instant::now() < deadline);
