@@ -12,10 +12,21 @@
 //!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //!            [--max-in-flight N] [--slot-ttl-ms N]
+//!            [--plans FILE] [--org-limit N] [--fields LIST]
 //! ```
 //!
 //! - `GET /orders`: `--limit` requests per `--window-secs` per `x-customer-id` (a missing
 //!   header is 401), with the chosen failure policy (default local share).
+//!   - With `--plans FILE` (a JSON object from customer id to requests a minute, such as
+//!     `{"acme": 250, "globex": 100}`), each listed customer also has a `per-minute` policy
+//!     of its own quota, looked up at request time and reloaded on SIGHUP; customers not
+//!     listed have no per-minute limit.
+//!   - A request with an `x-org-id` header is counted in that organisation's budget too:
+//!     its customers share `--org-limit` requests a second (default 200, the policy
+//!     `org:per-second`), each keeping its own limit, all decided together.
+//!   - `--fields LIST` chooses the forms of the rate-limit fields on /orders,
+//!     comma-separated from `draft-11` (the default), `draft-7`, `draft-6` and
+//!     `x-ratelimit`.
 //! - `POST /login`: 5 per minute per client IP, failing closed.
 //! - `POST /otp/verify`: checks a one-time code, body `{"code": "..."}`. The right code is
 //!   `424242` (200); any other is 401, a body without a string `code` is 400. Only wrong
@@ -112,6 +123,7 @@ use tollgate::config::LimiterDefinition;
 use tollgate::cost::{BodyCostLayer, RequestCost};
 use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
+use tollgate::response::FieldForm;
 use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::store::SlotStore;
 use tollgate::{
@@ -202,7 +214,35 @@ struct Options {
     /// an instance that died keeps its customers' slots taken
     #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = at_least_one)]
     slot_ttl_ms: u64,
+    /// A JSON object from customer id to requests a minute on /orders, again on SIGHUP
+    #[arg(long, value_name = "FILE")]
+    plans: Option<PathBuf>,
+    /// Requests a second an organisation's customers share on /orders (`x-org-id`)
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = at_least_one)]
+    org_limit: u64,
+    /// The forms of the rate-limit fields on /orders: draft-11, draft-7, draft-6,
+    /// x-ratelimit, comma-separated
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "draft-11"
+    )]
+    fields: Vec<FieldForm>,
 }
+
+/// Customer id to its own requests a minute on /orders (`--plans`), swapped whole on
+/// reload.
+type Quotas = HashMap<String, u64>;
+
+fn load_quotas(path: &Path) -> Result<Quotas, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// The tier of customers with a quota of their own: the default policies and a per-minute
+/// one, whose quota each customer's is.
+const PLANNED: &str = "planned";
 
 /// The node URLs of `--redis-cluster`, or the Sentinel URLs of `--redis-sentinel`: at least
 /// one.
@@ -385,6 +425,36 @@ fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollga
     }
 }
 
+/// `limits` with what the flags add to /orders: the tier of the customers `--plans` lists
+/// (the default policies and a `per-minute` one, whose quota is each customer's own), and
+/// the organisations' budget (`--org-limit` a second).
+fn with_plans_and_budgets(limits: Limits, options: &Options) -> Limits {
+    FlagsOfLimits {
+        org_limit: options.org_limit,
+        with_plans: options.plans.is_some(),
+    }
+    .apply(limits)
+}
+
+impl FlagsOfLimits {
+    fn apply(&self, limits: Limits) -> Limits {
+        let limits = limits.level(
+            "org",
+            [Policy::sliding_window(
+                "per-second",
+                Quota::per_second(self.org_limit),
+            )],
+        );
+        if !self.with_plans {
+            return limits;
+        }
+        let mut planned = limits.policies().to_vec();
+        // The quota here is never used: every customer on this tier has its own.
+        planned.push(Policy::sliding_window("per-minute", Quota::per_minute(1)));
+        limits.tier(PLANNED, planned)
+    }
+}
+
 /// `per-second`, `per-minute`, or `per-<n>s`: the name clients see in the headers.
 fn policy_name(window_secs: u64) -> String {
     match window_secs {
@@ -424,12 +494,55 @@ impl KeyExtractor for CustomerKey {
     }
 }
 
-/// The router, and what a reload of `--config` changes under it.
+/// The caller of /orders: [`CustomerKey`]'s, with its own per-minute quota from
+/// `--plans`, looked up at request time (a database would be asked here), and its
+/// organisation's budget when it names one in `x-org-id`.
+#[derive(Clone)]
+struct OrdersKey {
+    customers: CustomerKey,
+    quotas: Arc<ArcSwap<Quotas>>,
+}
+
+impl tollgate::key::AsyncKeyExtractor for OrdersKey {
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Extracted> + Send>>;
+
+    fn extract_async<B>(&self, request: &axum::http::Request<B>) -> Self::Future {
+        let extracted = self.customers.extract(request);
+        let id = request
+            .headers()
+            .get("x-customer-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let org = request
+            .headers()
+            .get("x-org-id")
+            .map(|value| value.as_bytes().to_vec())
+            .filter(|org| !org.is_empty());
+        let quotas = self.quotas.clone();
+        Box::pin(async move {
+            let Extracted::Caller(caller) = extracted else {
+                return extracted;
+            };
+            let quota = id.and_then(|id| quotas.load().get(&id).copied());
+            let caller = match quota {
+                Some(quota) => caller.with_tier(PLANNED).with_quota("per-minute", quota),
+                None => caller,
+            };
+            Extracted::Caller(match org {
+                Some(org) => caller.within("org", org),
+                None => caller,
+            })
+        })
+    }
+}
+
+/// The router, and what a reload of `--config` or `--plans` changes under it.
 struct App {
     router: Router,
     /// The /orders limiter (a clone of the one its layer holds), whose limits a reload swaps.
     orders: Limiter,
     plans: Arc<ArcSwap<Plans>>,
+    quotas: Arc<ArcSwap<Quotas>>,
 }
 
 async fn app(
@@ -478,10 +591,18 @@ async fn app(
             Plans::new(),
         ),
     };
+    let limits = with_plans_and_budgets(limits, options);
     let described = match &options.config {
         Some(path) => format!("{} (from {})", describe(&limits), path.display()),
         None => format!("{} per {} s", options.limit, options.window_secs),
     };
+    let quotas = match &options.plans {
+        Some(path) => {
+            load_quotas(path).map_err(|message| format!("--plans {}: {message}", path.display()))?
+        }
+        None => Quotas::new(),
+    };
+    let quotas = Arc::new(ArcSwap::from_pointee(quotas));
     let instances = instance_count(options, registry);
     let plans = Arc::new(ArcSwap::from_pointee(plans));
     let leased = leases(options, instances.clone());
@@ -568,10 +689,14 @@ async fn app(
         .route("/orders", get(|| async { "[]" }))
         .route_layer(
             RateLimitLayer::new(orders)
-                .key(CustomerKey {
-                    plans: plans.clone(),
+                .key(OrdersKey {
+                    customers: CustomerKey {
+                        plans: plans.clone(),
+                    },
+                    quotas: quotas.clone(),
                 })
-                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)),
+                .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+                .field_forms(options.fields.iter().copied()),
         )
         .route(
             "/login",
@@ -648,38 +773,67 @@ async fn app(
         router,
         orders: reloadable,
         plans,
+        quotas,
     })
 }
 
-/// On SIGHUP, reads `path` again and swaps its limits and plans in; a file that does not
-/// load leaves those in force. The handler is installed before this returns, so a SIGHUP
-/// from then on never ends the process.
+/// On SIGHUP, reads `--config` and `--plans` again (those given) and swaps their limits,
+/// plans and quotas in; a file that does not load leaves what is in force. The handler is
+/// installed before this returns, so a SIGHUP from then on never ends the process.
 #[cfg(unix)]
-fn reload_on_hangup(path: PathBuf, app: &App) -> std::io::Result<()> {
+fn reload_on_hangup(options: &Options, app: &App) -> std::io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
 
     let mut hangups = signal(SignalKind::hangup())?;
-    let (limits, plans) = (app.orders.clone(), app.plans.clone());
+    let (limits, plans, quotas) = (app.orders.clone(), app.plans.clone(), app.quotas.clone());
+    let (config, plans_file) = (options.config.clone(), options.plans.clone());
+    let (org_limit, with_plans) = (options.org_limit, options.plans.is_some());
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            let reloaded = load(&path).and_then(|loaded| {
-                let described = describe(&loaded.limits);
-                limits
-                    .set_limits(loaded.limits)
-                    .map_err(|e| e.to_string())?;
-                plans.store(Arc::new(loaded.plans));
-                Ok(described)
-            });
-            match reloaded {
-                Ok(described) => eprintln!("{}: reloaded: /orders: {described}", path.display()),
-                Err(message) => eprintln!(
-                    "{}: not reloaded, the limits in force stay: {message}",
-                    path.display()
-                ),
+            if let Some(path) = &config {
+                let reloaded = load(path).and_then(|loaded| {
+                    let described = describe(&loaded.limits);
+                    let flags = FlagsOfLimits {
+                        org_limit,
+                        with_plans,
+                    };
+                    limits
+                        .set_limits(flags.apply(loaded.limits))
+                        .map_err(|e| e.to_string())?;
+                    plans.store(Arc::new(loaded.plans));
+                    Ok(described)
+                });
+                match reloaded {
+                    Ok(described) => {
+                        eprintln!("{}: reloaded: /orders: {described}", path.display())
+                    }
+                    Err(message) => eprintln!(
+                        "{}: not reloaded, the limits in force stay: {message}",
+                        path.display()
+                    ),
+                }
+            }
+            if let Some(path) = &plans_file {
+                match load_quotas(path) {
+                    Ok(loaded) => {
+                        eprintln!("{}: reloaded: {} plans", path.display(), loaded.len());
+                        quotas.store(Arc::new(loaded));
+                    }
+                    Err(message) => eprintln!(
+                        "{}: not reloaded, the plans in force stay: {message}",
+                        path.display()
+                    ),
+                }
             }
         }
     });
     Ok(())
+}
+
+/// What the flags add to limits reloaded from `--config`.
+struct FlagsOfLimits {
+    org_limit: u64,
+    with_plans: bool,
 }
 
 /// The one-time code `/otp/verify` accepts.
@@ -844,8 +998,8 @@ async fn main() -> ExitCode {
         }
     };
     #[cfg(unix)]
-    if let Some(path) = &options.config
-        && let Err(e) = reload_on_hangup(path.clone(), &app)
+    if (options.config.is_some() || options.plans.is_some())
+        && let Err(e) = reload_on_hangup(&options, &app)
     {
         eprintln!("cannot watch for SIGHUP: {e}");
         return ExitCode::FAILURE;

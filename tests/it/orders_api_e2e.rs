@@ -70,7 +70,7 @@ pub(crate) fn start_with(redis: &str, policy: &str, extra: &[&str]) -> Server {
 }
 
 /// `orders_api --listen 127.0.0.1:0 ARGS`, once it listens.
-fn spawn(args: &[&str]) -> Server {
+pub(crate) fn spawn(args: &[&str]) -> Server {
     let mut child = Command::new(orders_api())
         .args(["--listen", "127.0.0.1:0"])
         .args(args)

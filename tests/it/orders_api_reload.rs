@@ -1,5 +1,8 @@
 //! End to end: `orders_api --config FILE`, its limits rewritten and reloaded on SIGHUP
-//! under traffic, and a broken file refused with the limits in force kept.
+//! under traffic, and a broken file refused with the limits in force kept; and
+//! `orders_api --plans FILE`, each customer's own quota looked up at request time and
+//! reloaded on SIGHUP, beside an organisation's budget (`x-org-id`) and the field forms
+//! chosen by `--fields`.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -54,9 +57,15 @@ struct Server {
 
 impl Server {
     fn start(file: PathBuf) -> Self {
+        Self::spawn("--config", file, &[])
+    }
+
+    /// orders_api with `file` given to `flag` (read again on SIGHUP) and `extra` flags.
+    fn spawn(flag: &str, file: PathBuf, extra: &[&str]) -> Self {
         let mut child = Command::new(tollgate_testkit::example::binary("orders_api"))
-            .args(["--listen", "127.0.0.1:0", "--config"])
+            .args(["--listen", "127.0.0.1:0", flag])
             .arg(&file)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -265,4 +274,102 @@ fn temp_file_with(text: &str) -> PathBuf {
     let file = temp_file();
     std::fs::write(&file, text).unwrap();
     file
+}
+
+/// `GET /orders` as `customer` (of `org`, when given): the status and the response's
+/// headers.
+async fn order_of(
+    client: &HttpClient,
+    base: &str,
+    customer: &str,
+    org: Option<&str>,
+) -> (u16, http::HeaderMap) {
+    let mut request =
+        hyper::Request::get(format!("{base}/orders")).header("x-customer-id", customer);
+    if let Some(org) = org {
+        request = request.header("x-org-id", org);
+    }
+    let response = client
+        .request(request.body(Empty::new()).unwrap())
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let _ = response.into_body().collect().await;
+    (status, headers)
+}
+
+/// `--plans`: acme's own 5 a minute, globex unlisted (no per-minute limit), then acme
+/// raised to 8 by a reload: the count kept, 3 more. The fields of `--fields draft-6`
+/// carry the per-minute limit, the one closest to refusing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_come_from_a_file_looked_up_at_request_time() {
+    let file = temp_file_with(r#"{"acme": 5}"#);
+    let server = Server::spawn("--plans", file, &["--limit", "1000", "--fields", "draft-6"]);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let admitted = |customer: &'static str, n: usize| {
+        let (client, base) = (client.clone(), server.base.clone());
+        async move {
+            let mut admitted = 0;
+            let mut last = None;
+            for _ in 0..n {
+                let (status, headers) = order_of(&client, &base, customer, None).await;
+                admitted += usize::from(status == 200);
+                last = Some(headers);
+            }
+            (admitted, last.unwrap())
+        }
+    };
+    // Within one minute's window.
+    while tollgate_testkit::rates::unix_millis() % 60_000 > 40_000 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (n, headers) = admitted("acme", 7).await;
+    assert_eq!(n, 5, "acme's own 5 a minute");
+    assert_eq!(headers["ratelimit-limit"], "5");
+    assert_eq!(headers["ratelimit-remaining"], "0");
+    let (n, headers) = admitted("globex", 7).await;
+    assert_eq!(n, 7, "globex has no per-minute limit");
+    assert_eq!(headers["ratelimit-limit"], "1000");
+
+    let (_, logged) = tokio::task::block_in_place(|| server.reload(r#"{"acme": 8}"#));
+    assert!(
+        logged.iter().any(|l| l.contains("reloaded: 1 plans")),
+        "{logged:?}"
+    );
+    let (n, _) = admitted("acme", 5).await;
+    assert_eq!(n, 3, "raised to 8: the 3 acme had not used");
+}
+
+/// `x-org-id`: three customers of one organisation, 15 requests each at once, share its
+/// 30 a second, each keeping its own 1,000; the refusals name the organisation's policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_organisation_shares_its_budget() {
+    let file = temp_file_with("{}");
+    let server = Server::spawn("--plans", file, &["--limit", "1000", "--org-limit", "30"]);
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    // At the start of a second: the burst lands in one window.
+    let now = tollgate_testkit::rates::unix_millis();
+    tokio::time::sleep(Duration::from_millis(1_000 - now % 1_000 + 5)).await;
+    let mut tasks = Vec::new();
+    for customer in ["c1", "c2", "c3"] {
+        for _ in 0..15 {
+            let (client, base) = (client.clone(), server.base.clone());
+            tasks.push(tokio::spawn(async move {
+                order_of(&client, &base, customer, Some("o1")).await
+            }));
+        }
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        let (status, headers) = task.await.unwrap();
+        if status == 200 {
+            admitted += 1;
+        } else {
+            assert_eq!(status, 429);
+            let state = headers["ratelimit"].to_str().unwrap();
+            assert!(state.contains("\"org:per-second\";r=0"), "{state}");
+        }
+    }
+    assert_eq!(admitted, 30);
 }
