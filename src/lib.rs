@@ -239,8 +239,8 @@ pub mod key {
     //! Who is calling: the key extractors, and what a rejected key answers.
 
     pub use crate::http::key::{
-        AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, ExtensionKey, Extracted, FnKey,
-        HeaderKey, KeyExtractor, KeyRejection, MissingKey,
+        AsyncFnKey, AsyncKeyExtractor, ClientIp, ConfiguredKey, DefinedKey, ExtensionKey,
+        Extracted, FnKey, HeaderKey, KeyExtractor, KeyRejection, MissingKey,
     };
 }
 

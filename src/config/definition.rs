@@ -8,7 +8,7 @@ use http::HeaderName;
 use serde::Deserialize;
 
 use crate::config::duration;
-use crate::http::key::{ClientIp, ConfiguredKey, HeaderKey};
+use crate::http::key::{ClientIp, ConfiguredKey, DefinedKey, HeaderKey};
 use crate::limiter::Limiter;
 use crate::limiter::builder::{LimiterBuilder, MIN_STORE_TIMEOUT};
 use crate::limiter::failure::FailurePolicy;
@@ -34,7 +34,9 @@ use crate::store::policy::Policy;
 /// | `tiers` | each tier's policies, by tier name | [`Limits::tier`](crate::reload::Limits::tier) |
 /// | `on_store_failure` | `"open"`, `"closed"`, `"static"` or `{ local_share = { instances = 4 } }` | [`LimiterBuilder::on_store_failure`] |
 /// | `store_timeout` | how long a decision waits for the store, at least `"1ms"` | [`LimiterBuilder::store_timeout`] |
-/// | `key` | `{ header = "x-customer-id" }`, `"client_ip"` (no proxy trusted; build a [`ClientIp`] in code to trust some) or `"global"`: a layer setting | [`RateLimitLayer::key`](crate::RateLimitLayer::key) |
+/// | `levels` | each budget level's policies, by level name (`org`, `team`) | [`Limits::level`](crate::reload::Limits::level) |
+/// | `quotas` | callers' own quotas, by caller key then policy name: `{ acme = { per-minute = 250 } }`; applied by the key | [`Caller::with_quota`] |
+/// | `key` | `{ header = "x-customer-id" }`, `{ client_ip = { trusted_proxies = ["10.0.0.0/8"], forwarded_header = "forwarded" } }` (both fields optional), `"client_ip"` (no proxy trusted) or `"global"`; either of the first two may add `within = [{ level = "org", header = "x-org-id" }]`, the budgets a request's headers name: a layer setting | [`RateLimitLayer::key`](crate::RateLimitLayer::key), [`DefinedKey`] |
 ///
 /// Each policy has a `name` (what clients see in the `RateLimit-Policy` field), an
 /// `algorithm` and that algorithm's numbers: `"sliding_window"` ([`Policy::sliding_window`])
@@ -66,6 +68,10 @@ pub struct LimiterDefinition {
     policies: Vec<PolicyDefinition>,
     #[serde(default)]
     tiers: BTreeMap<String, Vec<PolicyDefinition>>,
+    #[serde(default)]
+    levels: BTreeMap<String, Vec<PolicyDefinition>>,
+    #[serde(default)]
+    quotas: BTreeMap<String, BTreeMap<String, u64>>,
     on_store_failure: Option<FailureDefinition>,
     #[serde(default, deserialize_with = "duration::deserialize_option")]
     store_timeout: Option<Duration>,
@@ -108,13 +114,47 @@ enum FailureDefinition {
     LocalShare { instances: u64 },
 }
 
-/// A key, as a file names it.
+/// A key, as a file names it: a name, or a table.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
+#[serde(untagged)]
 enum KeyDefinition {
-    Header(String),
+    Named(KeyName),
+    Table(KeyTable),
+}
+
+/// The keys a file names by name alone.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum KeyName {
     ClientIp,
     Global,
+}
+
+/// A key as a table: a header or the client IP, and the budgets the request names.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct KeyTable {
+    header: Option<String>,
+    client_ip: Option<ClientIpDefinition>,
+    #[serde(default)]
+    within: Vec<BudgetDefinition>,
+}
+
+/// The client IP behind trusted proxies, read from a forwarding header.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct ClientIpDefinition {
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
+    forwarded_header: Option<String>,
+}
+
+/// A budget a request names: its level, and the header its key is in.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct BudgetDefinition {
+    level: String,
+    header: String,
 }
 
 impl LimiterDefinition {
@@ -151,6 +191,13 @@ impl LimiterDefinition {
                 .map(|policy| policy.to_policy(Some(tier)))
                 .collect::<Result<Vec<_>, _>>()?;
             limits = limits.tier(tier.as_str(), policies);
+        }
+        for (level, policies) in &self.levels {
+            let policies = policies
+                .iter()
+                .map(|policy| policy.to_policy(Some(level)))
+                .collect::<Result<Vec<_>, _>>()?;
+            limits = limits.level(level.as_str(), policies);
         }
         limits.check()?;
         Ok(limits)
@@ -190,7 +237,27 @@ impl LimiterDefinition {
     /// assert!(bad.key().is_err());
     /// ```
     pub fn key(&self) -> Result<Option<ConfiguredKey>, BuildError> {
-        self.key.as_ref().map(KeyDefinition::to_key).transpose()
+        let Some(definition) = &self.key else {
+            return if self.quotas.is_empty() {
+                Ok(None)
+            } else {
+                Err(BuildError::QuotasWithoutKey)
+            };
+        };
+        let (key, within) = definition.to_key()?;
+        if within.is_empty() && self.quotas.is_empty() {
+            return Ok(Some(key));
+        }
+        let mut defined = DefinedKey::new(key);
+        for (level, header) in within {
+            defined = defined.within(level, header);
+        }
+        for (caller, quotas) in &self.quotas {
+            for (policy, quota) in quotas {
+                defined = defined.quota(caller.as_str(), policy.as_str(), *quota);
+            }
+        }
+        Ok(Some(ConfiguredKey::Defined(defined)))
     }
 
     /// The failure policy the definition names (`on_store_failure`), as
@@ -312,15 +379,42 @@ impl FailureDefinition {
     }
 }
 
+/// A header a file names, checked.
+fn header(name: &str) -> Result<HeaderKey, BuildError> {
+    HeaderName::try_from(name)
+        .map(HeaderKey::from_name)
+        .map_err(|_| BuildError::InvalidHeaderName(name.to_owned()))
+}
+
 impl KeyDefinition {
-    fn to_key(&self) -> Result<ConfiguredKey, BuildError> {
-        Ok(match self {
-            KeyDefinition::Header(name) => HeaderName::try_from(name.as_str())
-                .map(|header| ConfiguredKey::Header(HeaderKey::from_name(header)))
-                .map_err(|_| BuildError::InvalidHeaderName(name.clone()))?,
-            KeyDefinition::ClientIp => ConfiguredKey::ClientIp(ClientIp::new()),
-            KeyDefinition::Global => ConfiguredKey::Global(Caller::new("*")),
-        })
+    /// The key, and the budgets it names by header.
+    fn to_key(&self) -> Result<(ConfiguredKey, Vec<(String, HeaderKey)>), BuildError> {
+        let table = match self {
+            KeyDefinition::Named(KeyName::ClientIp) => {
+                return Ok((ConfiguredKey::ClientIp(ClientIp::new()), Vec::new()));
+            }
+            KeyDefinition::Named(KeyName::Global) => {
+                return Ok((ConfiguredKey::Global(Caller::new("*")), Vec::new()));
+            }
+            KeyDefinition::Table(table) => table,
+        };
+        let key = match (&table.header, &table.client_ip) {
+            (Some(name), None) => ConfiguredKey::Header(header(name)?),
+            (None, Some(client_ip)) => {
+                let mut key = ClientIp::new().trusted_proxies(&client_ip.trusted_proxies)?;
+                if let Some(name) = &client_ip.forwarded_header {
+                    key = key.forwarded_header(header(name)?.name().clone());
+                }
+                ConfiguredKey::ClientIp(key)
+            }
+            _ => return Err(BuildError::AmbiguousKey),
+        };
+        let within = table
+            .within
+            .iter()
+            .map(|budget| Ok((budget.level.clone(), header(&budget.header)?)))
+            .collect::<Result<_, BuildError>>()?;
+        Ok((key, within))
     }
 }
 
@@ -339,6 +433,56 @@ mod tests {
         limit = 50
         window = "1s"
     "#;
+
+    #[test]
+    fn levels_quotas_and_a_key_behind_proxies_are_read() {
+        let definition = read(&format!(
+            r#"{WINDOW}
+            [[levels.org]]
+            name = "per-second"
+            algorithm = "sliding_window"
+            limit = 200
+            window = "1s"
+
+            [quotas]
+            acme = {{ per-second = 120 }}
+
+            [key]
+            client_ip = {{ trusted_proxies = ["10.0.0.0/8"], forwarded_header = "forwarded" }}
+            within = [{{ level = "org", header = "x-org-id" }}]
+            "#
+        ));
+        let limits = definition.limits().unwrap();
+        let (level, policies) = limits.levels().next().unwrap();
+        assert_eq!((level, policies[0].quota()), ("org", 200));
+        let Some(ConfiguredKey::Defined(key)) = definition.key().unwrap() else {
+            panic!("a defined key");
+        };
+        use crate::http::key::{Extracted, KeyExtractor};
+        let request = http::Request::get("/")
+            .header("forwarded", "for=198.51.100.7")
+            .header("x-org-id", "acme-corp")
+            .extension(std::net::SocketAddr::from(([10, 1, 2, 3], 443)))
+            .body(())
+            .unwrap();
+        let Extracted::Caller(caller) = key.extract(&request) else {
+            panic!("a caller");
+        };
+        assert_eq!(
+            caller.key(),
+            &crate::store::caller::CallerKey::new("198.51.100.7")
+        );
+        assert_eq!(caller.levels().count(), 1);
+        // A quota needs a key to find its caller by; a key reads one thing.
+        let error = read(&format!("{WINDOW}\n[quotas]\nacme = {{ per-second = 1 }}"))
+            .key()
+            .unwrap_err();
+        assert_eq!(error, BuildError::QuotasWithoutKey);
+        let error = read(r#"key = { header = "x-id", client_ip = {} }"#)
+            .key()
+            .unwrap_err();
+        assert_eq!(error, BuildError::AmbiguousKey);
+    }
 
     #[test]
     fn policies_and_tiers_become_limits() {

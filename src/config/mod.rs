@@ -43,6 +43,13 @@
 //! window = "10m"
 //! lockout = "10m"
 //!
+//! ## An organisation's budget, shared by its callers (Caller::within("org", ...)):
+//! [[levels.org]]
+//! name = "per-second"
+//! algorithm = "sliding_window"
+//! limit = 200
+//! window = "1s"
+//!
 //! ## Callers on the enterprise plan (Caller::with_tier("enterprise")):
 //! [[tiers.enterprise]]
 //! name = "per-second"

@@ -146,6 +146,11 @@ pub enum BuildError {
         /// The block as given.
         block: String,
     },
+    /// A definition gives callers quotas of their own, or budgets, but names no key to
+    /// find the callers by.
+    QuotasWithoutKey,
+    /// A definition's key names both a header and the client IP, or neither.
+    AmbiguousKey,
 }
 
 impl fmt::Display for BuildError {
@@ -232,6 +237,12 @@ impl fmt::Display for BuildError {
             }
             BuildError::ZeroInstances => f.write_str("a local share needs at least 1 instance"),
             BuildError::InvalidCidr { block } => write!(f, "invalid CIDR block {block:?}"),
+            BuildError::QuotasWithoutKey => f.write_str(
+                "callers' own quotas and budgets need a key that finds the callers (`key`)",
+            ),
+            BuildError::AmbiguousKey => {
+                f.write_str("a key reads either a `header` or the `client_ip`, one of the two")
+            }
         }
     }
 }

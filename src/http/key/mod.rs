@@ -20,7 +20,7 @@ use http::{Request, StatusCode};
 use crate::store::caller::Caller;
 
 pub use client_ip::ClientIp;
-pub use configured::ConfiguredKey;
+pub use configured::{ConfiguredKey, DefinedKey};
 pub use extension::ExtensionKey;
 pub use header::HeaderKey;
 
