@@ -12,7 +12,7 @@
 //!            [--lease-threshold N [--lease-period-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //!            [--max-in-flight N] [--slot-ttl-ms N]
-//!            [--plans FILE] [--org-limit N] [--fields LIST]
+//!            [--plans FILE] [--org-limit N] [--fields LIST] [--stamp-admissions]
 //! ```
 //!
 //! - `GET /orders`: `--limit` requests per `--window-secs` per `x-customer-id` (a missing
@@ -24,6 +24,9 @@
 //!   - A request with an `x-org-id` header is counted in that organisation's budget too:
 //!     its customers share `--org-limit` requests a second (default 200, the policy
 //!     `org:per-second`), each keeping its own limit, all decided together.
+//!   - `--stamp-admissions` adds `x-admitted-at-ms` to each admitted response: the Unix
+//!     time in milliseconds when its handler ran, right after the limiter admitted it
+//!     (for measuring admissions by when they were decided, not when they were sent).
 //!   - `--fields LIST` chooses the forms of the rate-limit fields on /orders,
 //!     comma-separated from `draft-11` (the default), `draft-7`, `draft-6` and
 //!     `x-ratelimit`.
@@ -229,6 +232,9 @@ struct Options {
         default_value = "draft-11"
     )]
     fields: Vec<FieldForm>,
+    /// Add x-admitted-at-ms (Unix milliseconds) to each admitted /orders response
+    #[arg(long)]
+    stamp_admissions: bool,
 }
 
 /// Customer id to its own requests a minute on /orders (`--plans`), swapped whole on
@@ -685,8 +691,23 @@ async fn app(
     );
     let reloadable = orders.clone();
 
+    let stamp = options.stamp_admissions;
     let router = Router::new()
-        .route("/orders", get(|| async { "[]" }))
+        .route(
+            "/orders",
+            get(move || async move {
+                let mut response = axum::response::IntoResponse::into_response("[]");
+                if stamp {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |elapsed| elapsed.as_millis() as u64);
+                    response
+                        .headers_mut()
+                        .insert("x-admitted-at-ms", now.into());
+                }
+                response
+            }),
+        )
         .route_layer(
             RateLimitLayer::new(orders)
                 .key(OrdersKey {

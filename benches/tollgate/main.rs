@@ -16,6 +16,8 @@
 //! 7. `memory`: bytes per tracked key at 1,000,000 keys (in a fresh child process, by RSS).
 //! 10. `flood`: a decision while 1,000,000 callers never seen arrive, a local share
 //!     configured, beside the same limiter deciding for 100,000 callers it has seen.
+//! 11. `settle`: a layered request reserved at an estimate and settled at what its
+//!     response reports, beside a plain one.
 //!
 //! Scenario 6 (HTTP end to end with wrk) runs in `scripts/bench` against
 //! `examples/bench_server.rs`. Criterion's filter applies to every group; the parts that
@@ -43,6 +45,7 @@ mod limits;
 mod memory;
 mod redis;
 mod report;
+mod settle;
 mod support;
 
 /// Runs before any group. A memory child measures and exits here, running no group;
@@ -73,5 +76,6 @@ criterion_group! {
         limits::bench,
         memory::bench,
         flood::bench,
+        settle::bench,
 }
 criterion_main!(setup, scenarios);
