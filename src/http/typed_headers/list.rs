@@ -4,29 +4,28 @@
 use std::borrow::Cow;
 
 use http::HeaderValue;
+use sfv::BareItem;
 
 use super::error::InvalidField;
-use super::parse::{BareItem, parse_list};
 use crate::http::headers::with_field_buffer;
 
 /// One decoded item: the policy name and its parameters.
 pub(crate) struct Item {
     pub(crate) name: String,
-    params: Vec<(String, BareItem)>,
+    params: sfv::Parameters,
 }
 
 impl Item {
     /// A non-negative integer parameter, if present.
     pub(crate) fn integer(&self, key: &str) -> Result<Option<u64>, InvalidField> {
-        match self.param(key) {
+        match self.params.get(key) {
             None => Ok(None),
-            Some(BareItem::Integer(value)) => u64::try_from(*value).map(Some).map_err(|_| {
-                InvalidField::shape(format!("`{key}` of {:?} is negative", self.name))
-            }),
-            Some(_) => Err(InvalidField::shape(format!(
-                "`{key}` of {:?} is not an integer",
-                self.name
-            ))),
+            Some(BareItem::Integer(value)) => {
+                u64::try_from(i64::from(*value)).map(Some).map_err(|_| {
+                    InvalidField::shape(format!("`{key}` of {:?} is negative", self.name))
+                })
+            }
+            Some(_) => Err(self.not_a(key, "an integer")),
         }
     }
 
@@ -38,44 +37,48 @@ impl Item {
 
     /// A string parameter, if present.
     pub(crate) fn string(&self, key: &str) -> Result<Option<String>, InvalidField> {
-        match self.param(key) {
+        match self.params.get(key) {
             None => Ok(None),
-            Some(BareItem::String(value)) => Ok(Some(value.clone())),
-            Some(_) => Err(InvalidField::shape(format!(
-                "`{key}` of {:?} is not a string",
-                self.name
-            ))),
+            Some(BareItem::String(value)) => Ok(Some(value.as_str().to_owned())),
+            Some(_) => Err(self.not_a(key, "a string")),
         }
     }
 
     /// A byte-sequence parameter, if present.
     pub(crate) fn bytes(&self, key: &str) -> Result<Option<Vec<u8>>, InvalidField> {
-        match self.param(key) {
+        match self.params.get(key) {
             None => Ok(None),
-            Some(BareItem::Bytes(value)) => Ok(Some(value.clone())),
-            Some(_) => Err(InvalidField::shape(format!(
-                "`{key}` of {:?} is not a byte sequence",
-                self.name
-            ))),
+            Some(BareItem::ByteSequence(value)) => Ok(Some(value.clone())),
+            Some(_) => Err(self.not_a(key, "a byte sequence")),
         }
     }
 
-    fn param(&self, key: &str) -> Option<&BareItem> {
-        self.params
-            .iter()
-            .find_map(|(k, value)| (k == key).then_some(value))
+    fn not_a(&self, key: &str, kind: &str) -> InvalidField {
+        InvalidField::shape(format!("`{key}` of {:?} is not {kind}", self.name))
     }
 }
 
-/// The items of a field value. Parameters the draft does not define are ignored, as it
-/// asks; an inner list, or an item that is not a string, is an error.
+/// The items of a field value, read by sfv as a Structured Field list (RFC 9651, section
+/// 4.2: a repeated parameter keeps its first place and its last value). Parameters the
+/// draft does not define are ignored, as it asks; an inner list, or an item that is not a
+/// string, is an error.
 pub(crate) fn items(input: &[u8]) -> Result<Vec<Item>, InvalidField> {
-    parse_list(input)?
-        .into_iter()
+    let list: sfv::List = sfv::Parser::new(input)
+        .parse()
+        .map_err(|error| InvalidField::syntax(&error))?;
+    list.into_iter()
         .map(|member| match member {
-            None => Err(InvalidField::shape("an inner list where a policy belongs")),
-            Some((BareItem::String(name), params)) => Ok(Item { name, params }),
-            Some(_) => Err(InvalidField::shape(
+            sfv::ListEntry::InnerList(_) => {
+                Err(InvalidField::shape("an inner list where a policy belongs"))
+            }
+            sfv::ListEntry::Item(sfv::Item {
+                bare_item: BareItem::String(name),
+                params,
+            }) => Ok(Item {
+                name: name.into(),
+                params,
+            }),
+            sfv::ListEntry::Item(_) => Err(InvalidField::shape(
                 "a list item that is not a policy name string",
             )),
         })
