@@ -10,8 +10,7 @@ use http::HeaderValue;
 use sfv::BareItem;
 
 use super::error::InvalidField;
-use super::format;
-use crate::http::headers::with_field_buffer;
+use super::format::{self, with_field_buffer};
 
 /// An item of a RateLimit field: a policy name with its parameters.
 pub(crate) trait Member: Sized {
