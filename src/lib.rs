@@ -262,7 +262,8 @@ pub mod headers {
     //! Each implements [`headers::Header`] (the `headers` crate, 0.4), so
     //! `headers::HeaderMapExt::typed_get` and axum-extra's `TypedHeader<RateLimit>` decode
     //! them. They are written by the same code that writes the layer's responses, and read
-    //! by a parser that accepts exactly the Structured Field lists RFC 9651 defines. A field
+    //! by the [`sfv`](https://docs.rs/sfv) crate, which accepts exactly the Structured Field
+    //! lists RFC 9651 defines. A field
     //! that does not decode is the `headers` crate's [`headers::Error`] wherever it is read
     //! (`decode`, or each type's `parse`); what was wrong with it goes to a debug-level
     //! `tracing` event.

@@ -1,12 +1,10 @@
 //! The layer, one backend's window shared by every service it wraps, and its settings: K, the
 //! window, what counts as a refusal, the clock and the random source.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_layer::Layer;
 
 use super::config::Config;
 use super::rejection::Shared;
@@ -92,20 +90,6 @@ impl AdaptiveThrottleLayer {
         Self::from_config(Config::default())
     }
 
-    /// A layer with an empty window, from `config`.
-    fn from_config(config: Config) -> Self {
-        Self {
-            shared: Arc::new(Shared::new(config)),
-        }
-    }
-
-    /// The same settings with `change` made, and an empty window.
-    fn configure(self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut config = self.shared.config.clone();
-        change(&mut config);
-        Self::from_config(config)
-    }
-
     /// Requests attempted in the window now, locally rejected ones included.
     ///
     /// Each reading looks at the window as it is when called: under concurrent calls,
@@ -143,27 +127,7 @@ impl AdaptiveThrottleLayer {
     }
 }
 
-impl Default for AdaptiveThrottleLayer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for AdaptiveThrottleLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveThrottleLayer")
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S> Layer<S> for AdaptiveThrottleLayer {
-    type Service = AdaptiveThrottle<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AdaptiveThrottle::new(inner, self.shared.clone())
-    }
-}
+client_layer!(AdaptiveThrottleLayer, service: AdaptiveThrottle, shared: Shared, config: Config);
 
 /// Configuration, tower-http style: each method takes the layer and returns it with the
 /// setting changed, and with an empty window (configure a layer before cloning it or

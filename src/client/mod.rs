@@ -24,6 +24,9 @@
 //! A call either layer does not send fails with tower's boxed error holding a [`NotSent`],
 //! whose [`reason`](NotSent::reason) says which layer kept it and why.
 
+#[macro_use]
+mod plumbing;
+
 mod config;
 mod error;
 pub(crate) mod future;

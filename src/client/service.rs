@@ -1,6 +1,5 @@
 //! The service: asks the window before each call whether the request goes out.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -41,64 +40,7 @@ pub struct AdaptiveThrottle<S> {
     shared: Arc<Shared>,
 }
 
-impl<S> AdaptiveThrottle<S> {
-    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
-    }
-
-    /// The wrapped service.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// assert_eq!(*AdaptiveThrottleLayer::new().layer(7).get_ref(), 7);
-    /// ```
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// let mut client = AdaptiveThrottleLayer::new().layer(7);
-    /// *client.get_mut() += 1;
-    /// assert_eq!(*client.get_ref(), 8);
-    /// ```
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    ///
-    /// ```
-    /// use tollgate::client::AdaptiveThrottleLayer;
-    /// use tower::Layer;
-    /// assert_eq!(AdaptiveThrottleLayer::new().layer(7).into_inner(), 7);
-    /// ```
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone> Clone for AdaptiveThrottle<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for AdaptiveThrottle<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveThrottle")
-            .field("inner", &self.inner)
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
+client_service!(AdaptiveThrottle, layer: AdaptiveThrottleLayer, shared: Shared);
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveThrottle<S>
 where

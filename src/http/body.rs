@@ -8,7 +8,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use crate::http::byte_meter::ByteMeter;
-use crate::store::slots::HeldSlot;
+use crate::store::held_slot::HeldSlot;
 
 pin_project! {
     /// The body of a response that went through the rate limit layer: either the inner

@@ -1,14 +1,13 @@
 //! The RateLimit-Policy and RateLimit fields of the IETF httpapi draft, as Structured Fields.
 
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
-use bytes::{BufMut, BytesMut};
+use bytes::BufMut;
 use http::{HeaderValue, StatusCode};
 
-use crate::http::typed_headers::format;
+use crate::http::typed_headers::format::{self, with_field_buffer};
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 use crate::store::digest::{DIGEST_LEN, KeyedDigest};
 use crate::store::policy::Policy;
@@ -150,15 +149,6 @@ pub(crate) fn state_field_of<'a>(
     list_field(policies, (format::REMAINING, format::RESET), pk)
 }
 
-// Fields are written into one thread-local buffer and split off it, so a response's field
-// shares an allocation with the fields of the responses before it instead of allocating
-// its own; the buffer is replaced once the fields in it have used it up.
-const FIELD_BUFFER: usize = 4096;
-
-thread_local! {
-    static FIELDS: RefCell<BytesMut> = RefCell::new(BytesMut::with_capacity(FIELD_BUFFER));
-}
-
 /// A Structured Field list of `"name";a=1;b=2` items, one per `(name, a, b)` triple, with
 /// `;pk=:...:` on each when given; `None` when no item could be written.
 ///
@@ -200,18 +190,6 @@ fn list_field_with_units<'a>(
             return None;
         }
         HeaderValue::from_maybe_shared(buffer.split().freeze()).ok()
-    })
-}
-
-/// Runs `write` on this thread's empty field buffer, whose contents `write` splits off.
-pub(crate) fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
-    FIELDS.with(|buffer| {
-        let mut buffer = buffer.borrow_mut();
-        if buffer.capacity() < FIELD_BUFFER / 4 {
-            *buffer = BytesMut::with_capacity(FIELD_BUFFER);
-        }
-        buffer.clear();
-        write(&mut buffer)
     })
 }
 

@@ -14,8 +14,9 @@ use crate::limiter::instances::InstanceCount;
 use crate::limiter::telemetry::FALLBACKS;
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
+use crate::store::held_slot::{HeldHere, HeldSlot};
 use crate::store::slot_release::{Releases, SlotId};
-use crate::store::slots::{HeldHere, HeldSlot, SlotStore};
+use crate::store::slots::SlotStore;
 
 const DECISIONS: &str = "tollgate_in_flight_decisions_total";
 pub(super) const IN_FLIGHT: &str = "tollgate_in_flight";

@@ -40,6 +40,7 @@ pub(crate) mod digest;
 pub(crate) mod domain;
 pub(crate) mod evaluate;
 pub(crate) mod future;
+pub(crate) mod held_slot;
 pub(crate) mod inline_bytes;
 pub(crate) mod lease;
 pub(crate) mod lockout;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::algorithm::{Algorithm, Divisors};
+use crate::store::algorithm::{Algorithm, Divisors, packs};
 use crate::store::build_error::BuildError;
 
 /// A number of requests over a span of time, read the way people say it:
@@ -391,7 +391,7 @@ impl Policy {
             window_ms: algorithm.window_ms(),
             retention_ms: algorithm.retention_ms(),
             divisors: Divisors::of(&algorithm),
-            packs_in_one_word: crate::store::memory::packs(&algorithm),
+            packs_in_one_word: packs(&algorithm),
             algorithm,
             scope,
             counter,

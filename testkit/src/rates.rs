@@ -5,6 +5,7 @@
 //! sliding window carries that into the next. Over the running example's 30 s phases that washes
 //! out; over the few seconds of a test it would not, so rates are measured over whole
 //! windows, aligned to the Unix epoch as tollgate's windows are, after the first full one.
+//! And the worst window of a run: the most admissions in any window of the limit's length.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,4 +42,31 @@ pub fn steady_span(
         Duration::from_millis(first - start_unix_ms),
         Duration::from_millis(last - start_unix_ms),
     )
+}
+
+/// The largest number of `admitted` send times (sorted) in any window of `window` that
+/// starts within `[from, to)`.
+pub fn worst_window(
+    admitted: &[Duration],
+    window: Duration,
+    from: Duration,
+    to: Duration,
+) -> usize {
+    // A window's count only changes at a send time: the windows starting at each send
+    // time (and at `from`) cover every count.
+    let starts =
+        std::iter::once(from).chain(admitted.iter().copied().filter(|t| *t >= from && *t < to));
+    starts
+        .map(|start| {
+            let first = admitted.partition_point(|t| *t < start);
+            let end = admitted.partition_point(|t| *t < start + window);
+            end - first
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// How many of `admitted` (send times) fall in `[from, to)`, a second.
+pub fn rate_between(admitted: &[Duration], from: Duration, to: Duration) -> f64 {
+    admitted.iter().filter(|t| **t >= from && **t < to).count() as f64 / (to - from).as_secs_f64()
 }

@@ -10,9 +10,10 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tollgate_testkit::orders_api::Server;
 use tollgate_testkit::redis::RedisServer;
 
-use crate::orders_api_e2e::{Server, start_with};
+use crate::orders_api_e2e::start_with;
 
 const SLOT_TTL: Duration = Duration::from_millis(1_000);
 

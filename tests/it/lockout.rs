@@ -15,6 +15,7 @@ use tollgate::Caller;
 use tollgate::reload::Limits;
 use tollgate::store::{Backend, CallerKey, ManualClock, Refund};
 use tollgate::{Decision, InMemoryBackend, Limiter, Policy, Quota, RateLimitLayer};
+use tollgate_testkit::checks::admitted_burst;
 use tollgate_testkit::http::{Reply, get, send};
 use tollgate_testkit::recorder::{counter, with_recorder};
 use tower::util::BoxCloneService;
@@ -183,9 +184,7 @@ async fn a_refund_of_the_request_that_used_the_quota_up_lifts_its_block() {
     let store = InMemoryBackend::new().clock(clock.clone());
     let limiter = in_process(&store, &clock);
     let ip = Caller::new("203.0.113.7");
-    for _ in 0..4 {
-        assert!(limiter.check(&ip).await.is_allowed());
-    }
+    admitted_burst(&limiter, &ip, 4, "attempt").await;
     let fifth = limiter.check(&ip).await;
     assert!(fifth.is_allowed());
     assert!(!limiter.check(&ip).await.is_allowed(), "locked out");
@@ -210,14 +209,23 @@ async fn a_refund_of_the_request_that_used_the_quota_up_lifts_its_block() {
 
 /// A token bucket locks out too: 3 attempts at once empty it, and start the block.
 async fn a_bucket_locks_out(limiter: &Limiter, lockout_secs: u64) {
-    let ip = Caller::new("198.51.100.7");
-    for i in 0..3 {
-        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
-    }
-    let Decision::Limited(info) = limiter.check(&ip).await else {
-        panic!("locked out");
+    let ip = Caller::new(BUCKET_CALLER);
+    admitted_burst(limiter, &ip, 3, "attempt").await;
+    assert_blocked(limiter.check(&ip).await, "attempts", lockout_secs);
+}
+
+const BUCKET_CALLER: &str = "198.51.100.7";
+
+fn attempts(lockout: Duration) -> Policy {
+    Policy::token_bucket("attempts", Quota::per_hour(1), 3).lock_out_for(lockout)
+}
+
+/// A refusal by `policy`'s block, whose `Retry-After` is within a second of `lockout_secs`.
+fn assert_blocked(decision: Decision, policy: &str, lockout_secs: u64) {
+    let Decision::Limited(info) = decision else {
+        panic!("locked out: {decision:?}");
     };
-    assert_eq!(info.violated().next().map(|p| p.name()), Some("attempts"));
+    assert_eq!(info.violated().next().map(|p| p.name()), Some(policy));
     assert!(
         (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
         "{}",
@@ -225,40 +233,43 @@ async fn a_bucket_locks_out(limiter: &Limiter, lockout_secs: u64) {
     );
 }
 
-fn attempts(lockout: Duration) -> Policy {
-    Policy::token_bucket("attempts", Quota::per_hour(1), 3).lock_out_for(lockout)
-}
-
-#[tokio::test]
-async fn a_token_bucket_locks_out_in_process() {
+/// `locks_out` on a limiter named "pin" with `policy` (a lockout of a minute) alone, in
+/// process; a minute later the block is over, and `afresh` attempts of `caller` pass.
+async fn in_process_for_a_minute(
+    policy: fn(Duration) -> Policy,
+    locks_out: impl AsyncFn(&Limiter, u64),
+    caller: &str,
+    afresh: usize,
+) {
     let clock = ManualClock::new(5_000);
     let limiter = Limiter::builder()
         .name("pin")
         .backend(InMemoryBackend::new().clock(clock.clone()))
         .clock(clock.clone())
-        .policy(attempts(Duration::from_secs(60)))
+        .policy(policy(Duration::from_secs(60)))
         .build();
-    a_bucket_locks_out(&limiter, 60).await;
-    // Once the block is over the bucket is full again, though an hour's refill has not
-    // passed.
+    locks_out(&limiter, 60).await;
     clock.advance(Duration::from_secs(60));
-    let ip = Caller::new("198.51.100.7");
-    for i in 0..2 {
-        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
-    }
+    admitted_burst(&limiter, &Caller::new(caller), afresh, "afresh: attempt").await;
+}
+
+/// Once the block is over the bucket is full again, though an hour's refill has not passed.
+#[tokio::test]
+async fn a_token_bucket_locks_out_in_process() {
+    in_process_for_a_minute(attempts, a_bucket_locks_out, BUCKET_CALLER, 2).await;
 }
 
 fn logged(lockout: Duration) -> Policy {
     Policy::sliding_log("logged", Quota::per_hour(3)).lock_out_for(lockout)
 }
 
+const LOG_CALLER: &str = "192.0.2.9";
+
 /// A sliding log locks out too; the refund of the check that used it up lifts the block,
 /// and the log holds its count again (the next check uses it up once more).
 async fn a_log_locks_out(limiter: &Limiter, lockout_secs: u64) {
-    let ip = Caller::new("192.0.2.9");
-    for i in 0..2 {
-        assert!(limiter.check(&ip).await.is_allowed(), "attempt {i}");
-    }
+    let ip = Caller::new(LOG_CALLER);
+    admitted_burst(limiter, &ip, 2, "attempt").await;
     let third = limiter.check(&ip).await;
     assert!(third.is_allowed());
     assert!(!limiter.check(&ip).await.is_allowed(), "locked out");
@@ -267,32 +278,12 @@ async fn a_log_locks_out(limiter: &Limiter, lockout_secs: u64) {
         limiter.check(&ip).await.is_allowed(),
         "the block went with the refund"
     );
-    let Decision::Limited(info) = limiter.check(&ip).await else {
-        panic!("locked out again");
-    };
-    assert_eq!(info.violated().next().map(|p| p.name()), Some("logged"));
-    assert!(
-        (lockout_secs - 1..=lockout_secs).contains(&info.retry_after_secs()),
-        "{}",
-        info.retry_after_secs()
-    );
+    assert_blocked(limiter.check(&ip).await, "logged", lockout_secs);
 }
 
 #[tokio::test]
 async fn a_sliding_log_locks_out_in_process() {
-    let clock = ManualClock::new(5_000);
-    let limiter = Limiter::builder()
-        .name("pin")
-        .backend(InMemoryBackend::new().clock(clock.clone()))
-        .clock(clock.clone())
-        .policy(logged(Duration::from_secs(60)))
-        .build();
-    a_log_locks_out(&limiter, 60).await;
-    clock.advance(Duration::from_secs(60));
-    let ip = Caller::new("192.0.2.9");
-    for i in 0..3 {
-        assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
-    }
+    in_process_for_a_minute(logged, a_log_locks_out, LOG_CALLER, 3).await;
 }
 
 #[test]
@@ -334,9 +325,10 @@ mod on_redis {
 
     use tokio::time::Instant;
     use tollgate::{
-        Caller, FailurePolicy, InstanceCount, Limiter, LimiterBuilder, RedisBackend,
+        Caller, FailurePolicy, InstanceCount, Limiter, LimiterBuilder, Policy, RedisBackend,
         decision::DecisionSource,
     };
+    use tollgate_testkit::checks::admitted_burst;
     use tollgate_testkit::redis::{RedisCluster, RedisServer};
 
     use super::{after_the_block, lock_out, wrong_codes};
@@ -354,11 +346,37 @@ mod on_redis {
             .policy(wrong_codes(lockout))
     }
 
-    fn on(server: &RedisServer) -> Limiter {
-        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
+    /// A single node's store, under the test timeouts.
+    fn store(server: &RedisServer) -> RedisBackend {
+        crate::redis_backend::patient(RedisBackend::builder(server.url()))
             .build()
-            .expect("valid URL");
-        limiter(store, LOCKOUT).build()
+            .expect("valid URL")
+    }
+
+    fn on(server: &RedisServer) -> Limiter {
+        limiter(store(server), LOCKOUT).build()
+    }
+
+    /// The one-time-code limiter on `server`, failing closed, its lockout `lockout`.
+    fn closed_on(server: &RedisServer, lockout: Duration) -> Limiter {
+        limiter(store(server), lockout)
+            .on_store_failure(FailurePolicy::closed())
+            .build()
+    }
+
+    /// A limiter named "pin" with `policy` alone, on `server`.
+    fn pin_on(server: &RedisServer, policy: Policy) -> Limiter {
+        Limiter::builder()
+            .name("pin")
+            .backend(store(server))
+            .store_timeout(SLOW_TEST_MACHINE)
+            .policy(policy)
+            .build()
+    }
+
+    /// The milliseconds `key` has left to live.
+    fn pttl(server: &RedisServer, key: &str) -> i64 {
+        server.must(&["PTTL", key]).trim().parse().unwrap()
     }
 
     fn on_cluster(cluster: &RedisCluster) -> Limiter {
@@ -374,17 +392,9 @@ mod on_redis {
         let (a, b) = (on(&server), on(&server));
         lock_out(&a, &b, LOCKOUT, (1, 3)).await;
         // The block is a key of its own, expiring when it ends; the counter ends with it.
-        let ttl: i64 = server
-            .must(&["PTTL", "rl:{*}:otp:wrong-codes:lock"])
-            .trim()
-            .parse()
-            .unwrap();
+        let ttl = pttl(&server, "rl:{*}:otp:wrong-codes:lock");
         assert!((1..=3_000).contains(&ttl), "PTTL {ttl}");
-        let counter_ttl: i64 = server
-            .must(&["PTTL", "rl:{*}:otp:wrong-codes:w600000"])
-            .trim()
-            .parse()
-            .unwrap();
+        let counter_ttl = pttl(&server, "rl:{*}:otp:wrong-codes:w600000");
         assert!(
             counter_ttl <= ttl,
             "the counter outlives the block: {counter_ttl} > {ttl}"
@@ -396,48 +406,24 @@ mod on_redis {
     #[tokio::test]
     async fn a_token_bucket_locks_out_on_redis() {
         let server = RedisServer::start();
-        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .build()
-            .expect("valid URL");
-        let limiter = Limiter::builder()
-            .name("pin")
-            .backend(store)
-            .store_timeout(SLOW_TEST_MACHINE)
-            .policy(super::attempts(LOCKOUT))
-            .build();
+        let limiter = pin_on(&server, super::attempts(LOCKOUT));
         super::a_bucket_locks_out(&limiter, LOCKOUT.as_secs()).await;
         // The bucket's key ends with the block, an hour's refill before it would have.
-        let ttl: i64 = server
-            .must(&["PTTL", "rl:{198.51.100.7}:pin:attempts:b3600000"])
-            .trim()
-            .parse()
-            .unwrap();
+        let ttl = pttl(&server, "rl:{198.51.100.7}:pin:attempts:b3600000");
         assert!((1..=3_000).contains(&ttl), "PTTL {ttl}");
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
-        let ip = Caller::new("198.51.100.7");
-        for i in 0..2 {
-            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
-        }
+        let ip = Caller::new(super::BUCKET_CALLER);
+        admitted_burst(&limiter, &ip, 2, "afresh: attempt").await;
     }
 
     #[tokio::test]
     async fn a_sliding_log_locks_out_on_redis() {
         let server = RedisServer::start();
-        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .build()
-            .expect("valid URL");
-        let limiter = Limiter::builder()
-            .name("pin")
-            .backend(store)
-            .store_timeout(SLOW_TEST_MACHINE)
-            .policy(super::logged(LOCKOUT))
-            .build();
+        let limiter = pin_on(&server, super::logged(LOCKOUT));
         super::a_log_locks_out(&limiter, LOCKOUT.as_secs()).await;
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
-        let ip = Caller::new("192.0.2.9");
-        for i in 0..3 {
-            assert!(limiter.check(&ip).await.is_allowed(), "afresh: attempt {i}");
-        }
+        let ip = Caller::new(super::LOG_CALLER);
+        admitted_burst(&limiter, &ip, 3, "afresh: attempt").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,15 +471,7 @@ mod on_redis {
     async fn regression_a_store_restarted_empty_keeps_a_block_only_on_the_instances_that_knew_it() {
         let lockout = Duration::from_secs(6);
         let mut server = RedisServer::start();
-        let build = |server: &RedisServer| {
-            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL");
-            limiter(store, lockout)
-                .on_store_failure(FailurePolicy::closed())
-                .build()
-        };
-        let (a, b) = (build(&server), build(&server));
+        let (a, b) = (closed_on(&server, lockout), closed_on(&server, lockout));
         let ip = Caller::new("203.0.113.7");
         for i in 0..5 {
             assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");
@@ -505,7 +483,7 @@ mod on_redis {
             Some(DecisionSource::DenialCache)
         );
         let key = "rl:{203.0.113.7}:otp:wrong-codes:lock";
-        let left: u64 = server.must(&["PTTL", key]).trim().parse().unwrap();
+        let left = u64::try_from(pttl(&server, key)).unwrap();
         let block_ends = Instant::now() + Duration::from_millis(left);
 
         server.restart();
@@ -530,7 +508,7 @@ mod on_redis {
             }
             assert!(admitted_by_b <= 5, "b admitted more than the quota");
         };
-        let left: u64 = server.must(&["PTTL", key]).trim().parse().unwrap();
+        let left = u64::try_from(pttl(&server, key)).unwrap();
         let new_block_ends = Instant::now() + Duration::from_millis(left);
 
         // `a` goes on refusing from its cache until the old block's end.
@@ -568,15 +546,7 @@ mod on_redis {
     async fn a_block_survives_a_restart_with_the_append_only_file() {
         let lockout = Duration::from_secs(600);
         let mut server = RedisServer::start_with(&["--appendonly", "yes"]);
-        let build = |server: &RedisServer| {
-            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL");
-            limiter(store, lockout)
-                .on_store_failure(FailurePolicy::closed())
-                .build()
-        };
-        let (a, b) = (build(&server), build(&server));
+        let (a, b) = (closed_on(&server, lockout), closed_on(&server, lockout));
         let ip = Caller::new("203.0.113.7");
         for i in 0..5 {
             assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");

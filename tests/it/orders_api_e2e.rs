@@ -5,17 +5,14 @@
 //! hold a hot customer to exactly its limit, `/v1/completions`, settled at the tokens each
 //! answer used, and `/export`, charged the bytes it sent, against a real redis-server.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::orders_api::{Deployments, Server, Traffic, breakers_closed, spawn};
 use tollgate_testkit::rates::{steady_span, unix_millis};
 use tollgate_testkit::redis::RedisServer;
 
@@ -35,22 +32,6 @@ const RECOVERY: Duration = Duration::from_secs(4);
 const BREAKERS_CLOSE_WITHIN: Duration = Duration::from_secs(4);
 const TOLERANCE: f64 = 0.15;
 
-fn orders_api() -> PathBuf {
-    tollgate_testkit::example::binary("orders_api")
-}
-
-pub(crate) struct Server {
-    child: Child,
-    pub(crate) base: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(redis: &str, policy: &str) -> Server {
     start_with(redis, policy, &[])
 }
@@ -69,171 +50,36 @@ pub(crate) fn start_with(redis: &str, policy: &str, extra: &[&str]) -> Server {
     spawn(&args)
 }
 
-/// `orders_api --listen 127.0.0.1:0 ARGS`, once it listens.
-pub(crate) fn spawn(args: &[&str]) -> Server {
-    let mut child = Command::new(orders_api())
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start orders_api");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("the listening line");
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
-    Server { child, base }
-}
-
-/// The `orders` layer's breaker state as an instance's /metrics reports it.
-pub(crate) async fn breaker_state<C>(client: &Client<C, Empty<Bytes>>, base: &str) -> Option<f64>
-where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
-    let response = client
-        .get(format!("{base}/metrics").parse().ok()?)
-        .await
-        .ok()?;
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find(|line| {
-            line.starts_with("tollgate_breaker_state{") && line.contains("layer=\"orders\"")
-        })
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-}
-
-struct Sample {
-    group: usize,
-    customer: usize,
-    sent: Duration,
-    status: u16,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_through_an_outage() {
     let policies = ["local-share", "closed"];
     // One Redis and one proxy per policy: the two groups share nothing but the fault.
-    let servers: Vec<RedisServer> = policies.iter().map(|_| RedisServer::start()).collect();
-    let proxies: Vec<FaultProxy> = servers
-        .iter()
-        .map(|s| FaultProxy::start(s.port()))
-        .collect();
-    let groups: Vec<Vec<Server>> = policies
-        .iter()
-        .zip(&proxies)
-        .map(|(policy, proxy)| {
-            (0..INSTANCES)
-                .map(|_| start(&proxy.url(), policy))
-                .collect()
-        })
-        .collect();
-    let bases: Arc<Vec<Vec<String>>> = Arc::new(
-        groups
-            .iter()
-            .map(|g| g.iter().map(|s| s.base.clone()).collect())
-            .collect(),
-    );
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(64)
-        .build_http();
-    let samples = Arc::new(Mutex::new(Vec::new()));
+    let deployments = Deployments::start(policies.len(), INSTANCES, |group, redis| {
+        start(redis, policies[group])
+    });
+    let bases = deployments.bases();
+    let client = tollgate_testkit::orders_api::client();
 
     // Let the instances find each other in the registry (one heartbeat a second).
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let start = Instant::now();
     let start_unix_ms = unix_millis();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let driver = {
-        let (client, bases, samples, stop) =
-            (client.clone(), bases.clone(), samples.clone(), stop.clone());
-        tokio::spawn(async move {
-            let total = NORMAL + OUTAGE + BREAKERS_CLOSE_WITHIN + RECOVERY;
-            let mut sent = vec![[0u64; 3]; bases.len()];
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            let mut tasks = Vec::new();
-            while start.elapsed() < total && !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                tick.tick().await;
-                let elapsed = start.elapsed().min(total).as_secs_f64();
-                for (group, instances) in bases.iter().enumerate() {
-                    for (customer, (name, rate)) in CUSTOMERS.iter().enumerate() {
-                        while sent[group][customer] < (elapsed * rate) as u64 {
-                            let base = &instances[sent[group][customer] as usize % INSTANCES];
-                            sent[group][customer] += 1;
-                            let request = hyper::Request::get(format!("{base}/orders"))
-                                .header("x-customer-id", *name)
-                                .body(Empty::new())
-                                .unwrap();
-                            let (client, samples) = (client.clone(), samples.clone());
-                            let sent_at = start.elapsed();
-                            tasks.push(tokio::spawn(async move {
-                                let response =
-                                    client.request(request).await.expect("an HTTP answer");
-                                let status = response.status().as_u16();
-                                let _ = response.into_body().collect().await;
-                                samples.lock().unwrap().push(Sample {
-                                    group,
-                                    customer,
-                                    sent: sent_at,
-                                    status,
-                                });
-                            }));
-                        }
-                    }
-                }
-            }
-            for task in tasks {
-                task.await.unwrap();
-            }
-        })
-    };
+    let total = NORMAL + OUTAGE + BREAKERS_CLOSE_WITHIN + RECOVERY;
+    let traffic = Traffic::start(&client, bases.clone(), &CUSTOMERS, start, total);
 
-    tokio::time::sleep_until((start + NORMAL).into()).await;
-    for proxy in &proxies {
-        proxy.set(Fault::Refuse);
-    }
-    let cut = start.elapsed();
-    tokio::time::sleep_until((start + NORMAL + OUTAGE).into()).await;
-    for proxy in &proxies {
-        proxy.set(Fault::Pass);
-    }
-    let restored = start.elapsed();
+    let (cut, restored) = deployments.outage(start, NORMAL, OUTAGE).await;
     // Recovery is measured once every instance's breaker has let a probe through and closed.
-    let deadline = Instant::now() + BREAKERS_CLOSE_WITHIN;
-    let mut closed_after: Vec<Vec<Option<Duration>>> = vec![vec![None; INSTANCES]; bases.len()];
-    while closed_after.iter().flatten().any(Option::is_none) {
-        for (g, group) in bases.iter().enumerate() {
-            for (i, base) in group.iter().enumerate() {
-                if closed_after[g][i].is_none() && breaker_state(&client, base).await == Some(0.0) {
-                    closed_after[g][i] = Some(start.elapsed() - restored);
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not every breaker closed within {BREAKERS_CLOSE_WITHIN:?} of the store's return: \
-             {closed_after:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let closed_after = breakers_closed(&client, &bases, BREAKERS_CLOSE_WITHIN).await;
     println!("each instance's breaker closed after {closed_after:?}");
     let back = start.elapsed();
     tokio::time::sleep(RECOVERY).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    driver.await.unwrap();
+    let samples = traffic.stop().await;
     let end = start.elapsed();
     println!(
         "breakers closed {:?} after the store returned",
         back - restored
     );
 
-    let samples = std::mem::take(&mut *samples.lock().unwrap());
     for sample in &samples {
         assert!(
             [200, 429, 503].contains(&sample.status),
@@ -586,7 +432,7 @@ fn leases_without_a_redis_store_are_refused() {
         &["--redis", "redis://127.0.0.1:1/", "--lease-period-ms", "50"],
         &["--redis", "redis://127.0.0.1:1/", "--lease-threshold", "0"],
     ] {
-        let output = Command::new(orders_api())
+        let output = Command::new(tollgate_testkit::example::binary("orders_api"))
             .args(args)
             .output()
             .expect("run orders_api");
@@ -598,7 +444,7 @@ fn leases_without_a_redis_store_are_refused() {
         );
         assert!(output.stdout.is_empty(), "{args:?}");
     }
-    let output = Command::new(orders_api())
+    let output = Command::new(tollgate_testkit::example::binary("orders_api"))
         .args(["--lease-threshold", "20"])
         .output()
         .expect("run orders_api");

@@ -78,15 +78,7 @@ impl Server {
                 collected.lock().unwrap().push(line);
             }
         });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the listening line");
-        let base = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-            .to_owned();
+        let base = tollgate_testkit::orders_api::listening(&mut child);
         Server {
             child,
             base,

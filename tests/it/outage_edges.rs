@@ -7,28 +7,7 @@
 use std::time::Duration;
 
 use tollgate_simulator::{AlgorithmKind, Counts, Customer, Phase, PolicyName, Scenario};
-
-/// The largest number of `admitted` send times (sorted) in any window of `window` that
-/// starts within `[from, to)`.
-pub(crate) fn worst_window(
-    admitted: &[Duration],
-    window: Duration,
-    from: Duration,
-    to: Duration,
-) -> usize {
-    // A window's count only changes at a send time: the windows starting at each send
-    // time (and at `from`) cover every count.
-    let starts =
-        std::iter::once(from).chain(admitted.iter().copied().filter(|t| *t >= from && *t < to));
-    starts
-        .map(|start| {
-            let first = admitted.partition_point(|t| *t < start);
-            let end = admitted.partition_point(|t| *t < start + window);
-            end - first
-        })
-        .max()
-        .unwrap_or(0)
-}
+use tollgate_testkit::rates::{rate_between, worst_window};
 
 struct Edges {
     start: usize,
@@ -72,12 +51,7 @@ fn edges(scenario: Scenario, customer: &str) -> Edges {
         .collect();
     let cut = normal;
     let back = normal + outage;
-    let steady_from = cut + outage / 2;
-    let steady = admitted
-        .iter()
-        .filter(|t| **t >= steady_from && **t < back)
-        .count() as f64
-        / (back - steady_from).as_secs_f64();
+    let steady = rate_between(&admitted, cut + outage / 2, back);
     Edges {
         start: worst_window(
             &admitted,

@@ -10,18 +10,12 @@
 //! these tests are ignored in the parallel run and scripts/test runs them on their own,
 //! one after the other.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use tollgate_testkit::proxy::{Fault, FaultProxy};
-use tollgate_testkit::redis::RedisServer;
+use tollgate_testkit::orders_api::{Deployments, Traffic, breakers_closed};
+use tollgate_testkit::rates::{rate_between, worst_window};
 
-use crate::orders_api_e2e::{Server, breaker_state, start_with};
-use crate::outage_edges::worst_window;
+use crate::orders_api_e2e::start_with;
 
 const INSTANCES: usize = 4;
 const RATE: f64 = 120.0;
@@ -59,102 +53,28 @@ struct Measured {
 
 /// Runs each case on its own redis-server and proxy, side by side, through one outage.
 async fn run(cases: Vec<Case>) -> Vec<Measured> {
-    let servers: Vec<RedisServer> = cases.iter().map(|_| RedisServer::start()).collect();
-    let proxies: Vec<FaultProxy> = servers
-        .iter()
-        .map(|s| FaultProxy::start(s.port()))
-        .collect();
-    let groups: Vec<Vec<Server>> = cases
-        .iter()
-        .zip(&proxies)
-        .map(|(case, proxy)| {
-            let extra: Vec<&str> = case.extra.iter().map(String::as_str).collect();
-            (0..INSTANCES)
-                .map(|_| start_with(&proxy.url(), case.policy, &extra))
-                .collect()
-        })
-        .collect();
-    let bases: Arc<Vec<Vec<String>>> = Arc::new(
-        groups
-            .iter()
-            .map(|g| g.iter().map(|s| s.base.clone()).collect())
-            .collect(),
-    );
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(64)
-        .build_http();
-    // (group, sent, admitted)
-    let samples: Arc<Mutex<Vec<(usize, Duration, bool)>>> = Arc::default();
+    let deployments = Deployments::start(cases.len(), INSTANCES, |group, redis| {
+        let extra: Vec<&str> = cases[group].extra.iter().map(String::as_str).collect();
+        start_with(redis, cases[group].policy, &extra)
+    });
+    let bases = deployments.bases();
+    let client = tollgate_testkit::orders_api::client();
     // Two heartbeats: every instance knows the others and its place among them.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let start = Instant::now();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let driver = {
-        let (client, bases, samples, stop) =
-            (client.clone(), bases.clone(), samples.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut sent = vec![0u64; bases.len()];
-            let mut tick = tokio::time::interval(Duration::from_millis(5));
-            let mut tasks = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                tick.tick().await;
-                let elapsed = start.elapsed().as_secs_f64();
-                for (group, instances) in bases.iter().enumerate() {
-                    while sent[group] < (elapsed * RATE) as u64 {
-                        let base = &instances[sent[group] as usize % INSTANCES];
-                        sent[group] += 1;
-                        let request = hyper::Request::get(format!("{base}/orders"))
-                            .header("x-customer-id", "acme")
-                            .body(Empty::new())
-                            .unwrap();
-                        let (client, samples) = (client.clone(), samples.clone());
-                        let sent_at = start.elapsed();
-                        tasks.push(tokio::spawn(async move {
-                            let response = client.request(request).await.expect("an HTTP answer");
-                            let status = response.status().as_u16();
-                            let _ = response.into_body().collect().await;
-                            assert!([200, 429, 503].contains(&status), "answered {status}");
-                            samples
-                                .lock()
-                                .unwrap()
-                                .push((group, sent_at, status == 200));
-                        }));
-                    }
-                }
-            }
-            for task in tasks {
-                task.await.unwrap();
-            }
-        })
-    };
-    tokio::time::sleep_until((start + NORMAL).into()).await;
-    for proxy in &proxies {
-        proxy.set(Fault::Refuse);
-    }
-    let cut = start.elapsed();
-    tokio::time::sleep_until((start + NORMAL + OUTAGE).into()).await;
-    for proxy in &proxies {
-        proxy.set(Fault::Pass);
-    }
-    let restored = start.elapsed();
-    let deadline = Instant::now() + BREAKERS_CLOSE_WITHIN;
-    for group in bases.iter() {
-        for base in group {
-            while breaker_state(&client, base).await != Some(0.0) {
-                assert!(
-                    Instant::now() < deadline,
-                    "a breaker stayed open {BREAKERS_CLOSE_WITHIN:?} after the store returned"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    let traffic = Traffic::start(
+        &client,
+        bases.clone(),
+        &[("acme", RATE)],
+        start,
+        Duration::MAX,
+    );
+    let (cut, restored) = deployments.outage(start, NORMAL, OUTAGE).await;
+    breakers_closed(&client, &bases, BREAKERS_CLOSE_WITHIN).await;
     let back = start.elapsed();
     tokio::time::sleep(RECOVERY).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    driver.await.unwrap();
+    let samples = traffic.stop().await;
 
-    let samples = std::mem::take(&mut *samples.lock().unwrap());
     let second = Duration::from_secs(1);
     cases
         .iter()
@@ -162,21 +82,17 @@ async fn run(cases: Vec<Case>) -> Vec<Measured> {
         .map(|(group, case)| {
             let mut admitted: Vec<Duration> = samples
                 .iter()
-                .filter(|(g, _, admitted)| *g == group && *admitted)
-                .map(|(_, sent, _)| *sent)
+                .filter(|s| s.group == group)
+                .inspect(|s| assert!([200, 429, 503].contains(&s.status), "answered {}", s.status))
+                .filter(|s| s.status == 200)
+                .map(|s| s.sent)
                 .collect();
             admitted.sort();
-            let steady_from = cut + OUTAGE / 2;
-            let steady = admitted
-                .iter()
-                .filter(|t| **t >= steady_from && **t < restored)
-                .count() as f64
-                / (restored - steady_from).as_secs_f64();
             Measured {
                 name: case.name,
                 start: worst_window(&admitted, second, cut - second, cut + 2 * second),
                 back: worst_window(&admitted, second, restored - second, back + 2 * second),
-                outage_rate: steady,
+                outage_rate: rate_between(&admitted, cut + OUTAGE / 2, restored),
             }
         })
         .collect()

@@ -15,6 +15,7 @@ use tollgate::store::{CallerKey, RedisBackendBuilder};
 use tollgate::{
     Caller, Decision, FailurePolicy, InstanceRegistry, Limiter, Policy, Quota, RedisBackend,
 };
+use tollgate_testkit::orders_api::Server;
 use tollgate_testkit::redis::{Failover, Promotion, RedisSentinels, RedisServer};
 
 /// A store timeout no healthy call reaches on a loaded 2-core machine running a debug
@@ -704,42 +705,23 @@ fn regression_a_master_demoted_under_traffic_is_left_within_a_health_check() {
 
 /// `orders_api --redis-sentinel ... --sentinel-master ...`, failing closed on `/orders`
 /// too, with a store timeout a loaded machine does not reach; its address.
-struct OrdersApi {
-    child: std::process::Child,
-    base: String,
-}
-
-impl Drop for OrdersApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn orders_api(deployment: &RedisSentinels) -> OrdersApi {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(tollgate_testkit::example::binary("orders_api"))
-        .args(["--listen", "127.0.0.1:0", "--redis-sentinel"])
-        .arg(deployment.sentinel_urls().join(","))
-        .args(["--sentinel-master", RedisSentinels::NAME])
-        .args(["--expected-instances", "1"])
-        .args(["--on-store-failure", "closed", "--store-timeout-ms", "100"])
+fn orders_api(deployment: &RedisSentinels) -> Server {
+    let sentinels = deployment.sentinel_urls().join(",");
+    tollgate_testkit::orders_api::spawn(&[
+        "--redis-sentinel",
+        &sentinels,
+        "--sentinel-master",
+        RedisSentinels::NAME,
+        "--expected-instances",
+        "1",
+        "--on-store-failure",
+        "closed",
+        "--store-timeout-ms",
+        "100",
         // Logins carry their client's address in X-Forwarded-For, from this test's loopback.
-        .args(["--trusted-proxy", "127.0.0.1/32"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start orders_api");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("the listening line");
-    let base = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-        .to_owned();
-    OrdersApi { child, base }
+        "--trusted-proxy",
+        "127.0.0.1/32",
+    ])
 }
 
 #[test]
@@ -750,7 +732,7 @@ fn orders_api_on_sentinel_answers_503_never_500_through_a_failover() {
     use hyper_util::rt::TokioExecutor;
 
     let mut deployment = RedisSentinels::start();
-    let servers: Vec<OrdersApi> = (0..2).map(|_| orders_api(&deployment)).collect();
+    let servers: Vec<Server> = (0..2).map(|_| orders_api(&deployment)).collect();
     let bases: Vec<String> = servers.iter().map(|s| s.base.clone()).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

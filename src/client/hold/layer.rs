@@ -1,12 +1,10 @@
 //! The layer, one set of holds shared by every service it wraps, and its settings: the
 //! partition, how long a call may wait, the longest hold, the clock.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use tower_layer::Layer;
 
 use super::config::Config;
 use super::service::HoldBack;
@@ -126,20 +124,6 @@ impl HoldBackLayer {
         Self::from_config(Config::default())
     }
 
-    /// A layer with no partition held, from `config`.
-    fn from_config(config: Config) -> Self {
-        Self {
-            shared: Arc::new(Shared::new(config)),
-        }
-    }
-
-    /// The same settings with `change` made, and no partition held.
-    fn configure(self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut config = self.shared.config.clone();
-        change(&mut config);
-        Self::from_config(config)
-    }
-
     /// How long calls to `partition` stay held from now, and why; `None` when they are sent.
     ///
     /// ```
@@ -161,27 +145,7 @@ impl HoldBackLayer {
     }
 }
 
-impl Default for HoldBackLayer {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for HoldBackLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HoldBackLayer")
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S> Layer<S> for HoldBackLayer {
-    type Service = HoldBack<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        HoldBack::new(inner, self.shared.clone())
-    }
-}
+client_layer!(HoldBackLayer, service: HoldBack, shared: Shared, config: Config);
 
 /// Configuration, tower-http style: each method takes the layer and returns it with the
 /// setting changed, and with no partition held (configure a layer before cloning it or

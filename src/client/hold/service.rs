@@ -1,6 +1,5 @@
 //! The service: looks up the request's partition before each call.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -35,61 +34,7 @@ pub struct HoldBack<S> {
     shared: Arc<Shared>,
 }
 
-impl<S> HoldBack<S> {
-    pub(super) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
-    }
-
-    /// The wrapped service.
-    ///
-    /// ```
-    /// use tower::Layer;
-    /// assert_eq!(*tollgate::client::HoldBackLayer::new().layer(7).get_ref(), 7);
-    /// ```
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The wrapped service, mutably.
-    ///
-    /// ```
-    /// use tower::Layer;
-    /// let mut client = tollgate::client::HoldBackLayer::new().layer(7);
-    /// *client.get_mut() += 1;
-    /// assert_eq!(*client.get_ref(), 8);
-    /// ```
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Unwraps the inner service.
-    ///
-    /// ```
-    /// use tower::Layer;
-    /// assert_eq!(tollgate::client::HoldBackLayer::new().layer(7).into_inner(), 7);
-    /// ```
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone> Clone for HoldBack<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for HoldBack<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HoldBack")
-            .field("inner", &self.inner)
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
+client_service!(HoldBack, layer: HoldBackLayer, shared: Shared);
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for HoldBack<S>
 where

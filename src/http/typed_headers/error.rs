@@ -15,11 +15,14 @@ pub(crate) struct InvalidField {
 }
 
 impl InvalidField {
-    /// A value that is not a Structured Field list, with the byte offset where it stopped.
-    pub(crate) fn syntax(what: &str, at: usize) -> Self {
-        Self {
-            what: format!("not a Structured Field list: {what} at byte {at}"),
-        }
+    /// A value that is not a Structured Field list, as sfv found it: what was wrong, and the
+    /// byte offset where it stopped.
+    pub(crate) fn syntax(error: &sfv::Error) -> Self {
+        let what = match error.index() {
+            Some(at) => format!("not a Structured Field list: {error:#} at byte {at}"),
+            None => format!("not a Structured Field list: {error:#}"),
+        };
+        Self { what }
     }
 
     /// A list, or a value, of the wrong shape.

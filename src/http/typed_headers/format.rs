@@ -1,6 +1,9 @@
-//! The one definition of the fields' format: the parameter names of draft 11 and the writer
-//! of their items. The layer's responses and the typed headers' `encode` both write through
-//! these functions, and the decoder reads the same names.
+//! The one definition of the fields' format: the parameter names of draft 11, the writer
+//! of their items and the buffer they are written into. The layer's responses and the
+//! typed headers' `encode` both write through these functions, and the decoder reads the
+//! same names.
+
+use std::cell::RefCell;
 
 use bytes::{BufMut, BytesMut};
 
@@ -19,6 +22,27 @@ pub(crate) const RESET: &str = "t";
 
 /// The largest Structured Field integer (15 digits); larger values are written as it.
 pub(crate) const MAX_INTEGER: u64 = 999_999_999_999_999;
+
+// Fields are written into one thread-local buffer and split off it, so a response's field
+// shares an allocation with the fields of the responses before it instead of allocating
+// its own; the buffer is replaced once the fields in it have used it up.
+const FIELD_BUFFER: usize = 4096;
+
+thread_local! {
+    static FIELDS: RefCell<BytesMut> = RefCell::new(BytesMut::with_capacity(FIELD_BUFFER));
+}
+
+/// Runs `write` on this thread's empty field buffer, whose contents `write` splits off.
+pub(crate) fn with_field_buffer<T>(write: impl FnOnce(&mut BytesMut) -> T) -> T {
+    FIELDS.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        if buffer.capacity() < FIELD_BUFFER / 4 {
+            *buffer = BytesMut::with_capacity(FIELD_BUFFER);
+        }
+        buffer.clear();
+        write(&mut buffer)
+    })
+}
 
 /// Whether `value` can be written as a Structured Field string: printable ASCII only.
 pub(crate) fn is_sf_string(value: &str) -> bool {

@@ -3,7 +3,6 @@
 pub(crate) mod error;
 pub(crate) mod format;
 mod list;
-mod parse;
 pub(crate) mod policy;
 pub(crate) mod retry_after;
 pub(crate) mod state;

@@ -1,10 +1,11 @@
 //! `RateLimit-Policy`: the quota policies a server applies.
 
+use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
 
 use super::error::InvalidField;
 use super::format::{self, MAX_INTEGER, PARTITION_KEY, QUOTA, QUOTA_UNIT, WINDOW};
-use super::list::{self, Item};
+use super::list::{self, Item, Member};
 
 /// The `RateLimit-Policy` field of draft 11: every quota policy that applies to the
 /// request, as a list of `"name";q=quota;w=window` items (with optional `qu`, the quota
@@ -103,7 +104,7 @@ impl RateLimitPolicyHeader {
     /// assert!(field.get("b").is_none());
     /// ```
     pub fn get(&self, name: &str) -> Option<&QuotaPolicy> {
-        self.policies.iter().find(|policy| policy.name == name)
+        list::find(&self.policies, name)
     }
 
     /// Decodes one field value (all lines joined with `, `), as
@@ -118,16 +119,7 @@ impl RateLimitPolicyHeader {
     /// assert!(RateLimitPolicyHeader::parse(b"burst;q=100").is_err()); // a token, not a string
     /// ```
     pub fn parse(value: &[u8]) -> Result<Self, headers::Error> {
-        Self::parse_with_reason(value).map_err(|error| error.into_header_error("ratelimit-policy"))
-    }
-
-    /// [`parse`](Self::parse), saying what is wrong.
-    fn parse_with_reason(value: &[u8]) -> Result<Self, InvalidField> {
-        let policies = list::items(value)?
-            .into_iter()
-            .map(|item| QuotaPolicy::from_item(&item))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { policies })
+        list::parse(value).map(|policies| Self { policies })
     }
 }
 
@@ -141,12 +133,8 @@ impl QuotaPolicy {
     /// assert_eq!(QuotaPolicy::new("big", u64::MAX).unwrap().quota(), 999_999_999_999_999);
     /// ```
     pub fn new(name: impl Into<String>, quota: u64) -> Result<Self, headers::Error> {
-        let name = name.into();
-        if !format::is_sf_string(&name) {
-            return Err(headers::Error::invalid());
-        }
         Ok(Self {
-            name,
+            name: list::checked_string(name)?,
             quota: quota.min(MAX_INTEGER),
             window: None,
             unit: None,
@@ -173,11 +161,7 @@ impl QuotaPolicy {
     /// assert_eq!(p.unit(), Some("request"));
     /// ```
     pub fn with_unit(mut self, unit: impl Into<String>) -> Result<Self, headers::Error> {
-        let unit = unit.into();
-        if !format::is_sf_string(&unit) {
-            return Err(headers::Error::invalid());
-        }
-        self.unit = Some(unit);
+        self.unit = Some(list::checked_string(unit)?);
         Ok(self)
     }
 
@@ -236,8 +220,16 @@ impl QuotaPolicy {
     pub fn partition_key(&self) -> Option<&[u8]> {
         self.partition_key.as_deref()
     }
+}
 
-    fn from_item(item: &Item) -> Result<Self, InvalidField> {
+impl Member for QuotaPolicy {
+    const FIELD: &'static str = "ratelimit-policy";
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn read(item: &Item) -> Result<Self, InvalidField> {
         Ok(Self {
             name: item.name.clone(),
             quota: item.required_integer(QUOTA)?,
@@ -245,6 +237,19 @@ impl QuotaPolicy {
             unit: item.string(QUOTA_UNIT)?,
             partition_key: item.bytes(PARTITION_KEY)?,
         })
+    }
+
+    fn write_params(&self, out: &mut BytesMut) {
+        format::push_integer(out, QUOTA, self.quota);
+        if let Some(window) = self.window {
+            format::push_integer(out, WINDOW, window);
+        }
+        if let Some(unit) = &self.unit {
+            format::push_string_param(out, QUOTA_UNIT, unit);
+        }
+        if let Some(pk) = &self.partition_key {
+            format::push_bytes(out, PARTITION_KEY, pk);
+        }
     }
 }
 
@@ -258,26 +263,10 @@ impl headers::Header for RateLimitPolicyHeader {
     where
         I: Iterator<Item = &'i HeaderValue>,
     {
-        let value = list::joined(values)?;
-        Self::parse(&value)
+        list::decode(values).map(|policies| Self { policies })
     }
 
     fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {
-        list::encode(values, |buffer| {
-            for policy in &self.policies {
-                format::push_separator(buffer);
-                format::push_string(buffer, &policy.name);
-                format::push_integer(buffer, QUOTA, policy.quota);
-                if let Some(window) = policy.window {
-                    format::push_integer(buffer, WINDOW, window);
-                }
-                if let Some(unit) = &policy.unit {
-                    format::push_string_param(buffer, QUOTA_UNIT, unit);
-                }
-                if let Some(pk) = &policy.partition_key {
-                    format::push_bytes(buffer, PARTITION_KEY, pk);
-                }
-            }
-        });
+        list::encode(&self.policies, values);
     }
 }

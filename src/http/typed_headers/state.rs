@@ -2,11 +2,12 @@
 
 use std::time::Duration;
 
+use bytes::BytesMut;
 use http::{HeaderName, HeaderValue};
 
 use super::error::InvalidField;
 use super::format::{self, MAX_INTEGER, PARTITION_KEY, REMAINING, RESET};
-use super::list::{self, Item};
+use super::list::{self, Item, Member};
 
 /// The `RateLimit` field of draft 11: each policy's state for this request, as a list of
 /// `"name";r=remaining;t=reset` items (with an optional `pk`, the partition key).
@@ -93,7 +94,7 @@ impl RateLimitHeader {
     /// assert!(field.get("a").is_some());
     /// ```
     pub fn get(&self, name: &str) -> Option<&QuotaState> {
-        self.states.iter().find(|state| state.name == name)
+        list::find(&self.states, name)
     }
 
     /// How long the field says no request will be admitted: the longest `t` among the
@@ -127,16 +128,13 @@ impl RateLimitHeader {
     /// assert!(RateLimitHeader::parse(b"\"a\";r=1;;").is_err());
     /// ```
     pub fn parse(value: &[u8]) -> Result<Self, headers::Error> {
-        Self::parse_with_reason(value).map_err(|error| error.into_header_error("ratelimit"))
+        list::parse(value).map(|states| Self { states })
     }
 
     /// [`parse`](Self::parse), saying what is wrong.
+    #[cfg(test)]
     pub(crate) fn parse_with_reason(value: &[u8]) -> Result<Self, InvalidField> {
-        let states = list::items(value)?
-            .into_iter()
-            .map(|item| QuotaState::from_item(&item))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { states })
+        list::parse_with_reason(value).map(|states| Self { states })
     }
 }
 
@@ -149,12 +147,8 @@ impl QuotaState {
     /// assert!(tollgate::headers::QuotaState::new("\n", 1).is_err());
     /// ```
     pub fn new(name: impl Into<String>, remaining: u64) -> Result<Self, headers::Error> {
-        let name = name.into();
-        if !format::is_sf_string(&name) {
-            return Err(headers::Error::invalid());
-        }
         Ok(Self {
-            name,
+            name: list::checked_string(name)?,
             remaining: remaining.min(MAX_INTEGER),
             reset: None,
             partition_key: None,
@@ -218,14 +212,32 @@ impl QuotaState {
     pub fn partition_key(&self) -> Option<&[u8]> {
         self.partition_key.as_deref()
     }
+}
 
-    fn from_item(item: &Item) -> Result<Self, InvalidField> {
+impl Member for QuotaState {
+    const FIELD: &'static str = "ratelimit";
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn read(item: &Item) -> Result<Self, InvalidField> {
         Ok(Self {
             name: item.name.clone(),
             remaining: item.required_integer(REMAINING)?,
             reset: item.integer(RESET)?,
             partition_key: item.bytes(PARTITION_KEY)?,
         })
+    }
+
+    fn write_params(&self, out: &mut BytesMut) {
+        format::push_integer(out, REMAINING, self.remaining);
+        if let Some(reset) = self.reset {
+            format::push_integer(out, RESET, reset);
+        }
+        if let Some(pk) = &self.partition_key {
+            format::push_bytes(out, PARTITION_KEY, pk);
+        }
     }
 }
 
@@ -239,23 +251,10 @@ impl headers::Header for RateLimitHeader {
     where
         I: Iterator<Item = &'i HeaderValue>,
     {
-        let value = list::joined(values)?;
-        Self::parse(&value)
+        list::decode(values).map(|states| Self { states })
     }
 
     fn encode<E: Extend<HeaderValue>>(&self, values: &mut E) {
-        list::encode(values, |buffer| {
-            for state in &self.states {
-                format::push_separator(buffer);
-                format::push_string(buffer, &state.name);
-                format::push_integer(buffer, REMAINING, state.remaining);
-                if let Some(reset) = state.reset {
-                    format::push_integer(buffer, RESET, reset);
-                }
-                if let Some(pk) = &state.partition_key {
-                    format::push_bytes(buffer, PARTITION_KEY, pk);
-                }
-            }
-        });
+        list::encode(&self.states, values);
     }
 }

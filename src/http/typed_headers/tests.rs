@@ -1,5 +1,6 @@
-//! The typed fields against the layer's writer and against sfv, a general Structured Field
-//! parser: what is written reads back, both parsers agree on any input, garbage is an error.
+//! The typed fields against the layer's writer and against a second reading of the draft,
+//! written here over sfv's parsed types: what is written reads back, both readings agree on
+//! any input, garbage is an error.
 
 use headers::Header;
 use http::HeaderValue;
@@ -426,6 +427,13 @@ fn errors_say_what_is_wrong() {
         let error: InvalidField = RateLimitHeader::parse_with_reason(input).unwrap_err();
         assert!(error.to_string().contains(what), "{input:?}: {error}");
     }
+    // A syntax error says where sfv stopped: here at the comma.
+    assert_eq!(
+        RateLimitHeader::parse_with_reason(b"\"a\";r=1,")
+            .unwrap_err()
+            .to_string(),
+        "not a Structured Field list: trailing comma at byte 7"
+    );
 }
 
 #[test]

@@ -5,12 +5,14 @@
 //! numbers are doubles, exact below 2^53, which the constructors guarantee).
 
 mod divisor;
+mod packed;
 mod share;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
 pub(crate) use divisor::{Divisor, Divisors, gcd};
+pub(crate) use packed::{Packing, packs};
 pub(crate) use share::Share;
 pub(crate) use sliding_log::AdmissionLog;
 

@@ -6,8 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
-use super::packed::Packing;
-use crate::store::algorithm::{AdmissionLog, PolicyOutcome, State};
+use crate::store::algorithm::{AdmissionLog, Packing, PolicyOutcome, State};
 use crate::store::inline_bytes::InlineBytes;
 use crate::store::policy::Policy;
 

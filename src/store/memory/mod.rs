@@ -1,5 +1,4 @@
 mod entry;
-mod packed;
 mod shard;
 mod slots;
 
@@ -10,12 +9,10 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use self::entry::{Block, Entry, PackedDecision};
-use self::packed::Packing;
-pub(crate) use self::packed::packs;
 use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
-use crate::store::algorithm::{PolicyOutcome, State};
+use crate::store::algorithm::{Packing, PolicyOutcome, State};
 use crate::store::caller::CallerKey;
 use crate::store::clock::{Clock, SystemClock};
 use crate::store::future::StoreFuture;

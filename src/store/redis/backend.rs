@@ -9,8 +9,9 @@ use redis::{ErrorKind, RedisError, Script};
 
 use super::cluster::{self, Heading};
 use super::cluster_link::ClusterLink;
+use super::connecting::LinkConfig;
 use super::eval::evaluate;
-use super::link::{Endpoint, Link, LinkConfig};
+use super::link::{Endpoint, Link};
 use super::sentinel::SentinelMaster;
 use super::topology;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};

@@ -27,7 +27,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use tokio::sync::Notify;
 
-use super::link::{Backoff, LinkConfig, race};
+use super::connecting::LinkConfig;
+use super::race::race;
 use super::topology::{Address, Topology, parse_slots};
 use crate::store::backend::StoreError;
 use crate::store::domain::FailureDomain;
@@ -156,7 +157,7 @@ impl fmt::Debug for ClusterLink {
 
 async fn keep_connected(shared: Arc<Shared>) {
     let config = shared.config;
-    let mut backoff = Backoff::new(config.reconnect_min, config.reconnect_max);
+    let mut backoff = config.backoff();
     let mut warned = false;
     let connection = loop {
         match tokio::time::timeout(config.connect_timeout, shared.client.get_async_connection())

@@ -28,10 +28,8 @@
 //! no connection, and never replayed.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::Poll;
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -39,31 +37,15 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::sync::Notify;
 
+use super::connecting::{Backoff, LinkConfig};
+use super::race::{Either, race};
 use super::sentinel::{Followed, SentinelMaster};
 use super::sentinel_announcements::Subscriptions;
 use crate::store::backend::StoreError;
 use crate::store::domain::FailureDomain;
-use crate::store::random::RandomSource;
 
 /// How long a connection may go without an answer before it is checked.
 pub(super) const HEALTH_CHECK_EVERY: Duration = Duration::from_millis(100);
-
-/// How connections are made and watched.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct LinkConfig {
-    pub(super) connect_timeout: Duration,
-    pub(super) response_timeout: Duration,
-    pub(super) reconnect_min: Duration,
-    pub(super) reconnect_max: Duration,
-}
-
-impl LinkConfig {
-    fn connection_config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-    }
-}
 
 /// Where the connection goes.
 pub(super) enum Endpoint {
@@ -294,37 +276,6 @@ fn lost(error: &RedisError, follows_the_master: bool) -> bool {
         || (follows_the_master && error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
 }
 
-/// The jittered, doubling pause between failed connection attempts.
-pub(super) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-    random: RandomSource,
-}
-
-impl Backoff {
-    pub(super) fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-            random: RandomSource::new(),
-        }
-    }
-
-    /// Between half the current ceiling and all of it; the ceiling doubles up to the
-    /// maximum.
-    pub(super) fn pause(&mut self) -> Duration {
-        let ceiling = self.next;
-        self.next = (self.next * 2).min(self.max);
-        ceiling.mul_f64(0.5 + 0.5 * self.random.next_f64())
-    }
-
-    pub(super) fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
-
 /// The task behind a link: connect, publish, watch, and again, for as long as the link
 /// lives.
 async fn keep_connected(
@@ -335,7 +286,7 @@ async fn keep_connected(
 ) {
     let connection_config = config.connection_config();
     let _subscriptions = endpoint.subscribe(config);
-    let mut backoff = Backoff::new(config.reconnect_min, config.reconnect_max);
+    let mut backoff = config.backoff();
     let mut generation = 0u64;
     let mut failing = false;
     loop {
@@ -491,29 +442,6 @@ async fn watch(
     }
 }
 
-/// Which of two futures finished first.
-pub(super) enum Either<A, B> {
-    First(A),
-    Second(B),
-}
-
-/// Waits for the first of `first` and `second` to finish (the first wins a tie), and drops
-/// the other.
-pub(super) async fn race<A: Future, B: Future>(
-    first: A,
-    second: B,
-) -> Either<A::Output, B::Output> {
-    let mut first = std::pin::pin!(first);
-    let mut second = std::pin::pin!(second);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(output) = first.as_mut().poll(cx) {
-            return Poll::Ready(Either::First(output));
-        }
-        second.as_mut().poll(cx).map(Either::Second)
-    })
-    .await
-}
-
 /// `PING`, or for a connection that must point at a master, `ROLE`: whether it still does.
 async fn healthy(
     connection: &mut MultiplexedConnection,
@@ -531,22 +459,6 @@ async fn healthy(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_backoff_doubles_to_its_cap_and_is_jittered() {
-        let mut backoff = Backoff::new(Duration::from_millis(25), Duration::from_millis(250));
-        let ceilings = [25, 50, 100, 200, 250, 250, 250];
-        for ceiling in ceilings {
-            let pause = backoff.pause();
-            let ceiling = Duration::from_millis(ceiling);
-            assert!(
-                pause >= ceiling / 2 && pause <= ceiling,
-                "{pause:?} for {ceiling:?}"
-            );
-        }
-        backoff.reset();
-        assert!(backoff.pause() <= Duration::from_millis(25));
-    }
 
     #[test]
     fn a_dropped_connection_is_lost_a_timeout_or_a_script_error_is_not() {

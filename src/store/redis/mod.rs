@@ -5,8 +5,10 @@
 pub(crate) mod backend;
 mod cluster;
 mod cluster_link;
+mod connecting;
 mod eval;
 mod link;
+mod race;
 pub(crate) mod registry;
 mod sentinel;
 mod sentinel_announcements;

@@ -23,7 +23,7 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{ConnectionAddr, ConnectionInfo, RedisResult};
 
-use super::link::LinkConfig;
+use super::connecting::LinkConfig;
 use super::sentinel_announcements::{self, Announcements, Subscriptions};
 use super::topology::Address;
 

@@ -25,7 +25,8 @@ use redis::Msg;
 use redis::aio::PubSub;
 use tokio::sync::Notify;
 
-use super::link::{Backoff, Either, LinkConfig, race};
+use super::connecting::LinkConfig;
+use super::race::{Either, race};
 use super::topology::Address;
 
 /// The announcement of a replica being promoted.
@@ -197,7 +198,7 @@ pub(super) fn subscribe(
 
 /// Listens to one Sentinel, subscribing again whenever the subscription is lost.
 async fn listen_to(sentinel: redis::Client, announcements: Arc<Announcements>, config: LinkConfig) {
-    let mut backoff = Backoff::new(config.reconnect_min, config.reconnect_max);
+    let mut backoff = config.backoff();
     loop {
         let subscribed =
             tokio::time::timeout(config.connect_timeout, subscription(&sentinel)).await;

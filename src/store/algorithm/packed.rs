@@ -1,6 +1,6 @@
-//! A counter's state in one 64-bit word, for the shapes that fit: a decision on a caller
-//! with one such policy reads the word, evaluates, and writes it back with one
-//! compare-and-swap, taking no lock of its own.
+//! A counter's state in one 64-bit word, for the shapes that fit: arithmetic on the
+//! algorithms' states, which the in-process store uses to decide a caller with one such
+//! policy by one compare-and-swap of the word, taking no lock of its own.
 //!
 //! - A sliding window packs its window's index (counted from the slot's base window), the
 //!   previous window's count and the current one's.
@@ -10,11 +10,11 @@
 //!
 //! Each packed slot covers at least 2^34 ms (about 199 days) from its base, which is set
 //! when the slot is made. A state that does not fit (a count or level too large for its
-//! bits, a time outside the span, a state of another algorithm) is never written packed:
-//! the slot goes back to the unpacked form, under the shard's write lock. Decoding is
-//! exact, so both forms decide alike.
+//! bits, a time outside the span, a state of another algorithm) has no packed form
+//! ([`Packing::encode`] answers `None`), and the store keeps it unpacked. Decoding is exact,
+//! so both forms decide alike.
 
-use crate::store::algorithm::{Algorithm, Divisors, Numbers, State, gcd};
+use super::{Algorithm, Divisors, Numbers, State, gcd};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -31,7 +31,7 @@ pub(crate) fn packs(algorithm: &Algorithm) -> bool {
 
 /// How one slot's state is packed: fixed when the slot is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Packing {
+pub(crate) enum Packing {
     /// `index << 2c | previous << c | current`, with `c` bits per count.
     Window {
         window_ms: u64,
@@ -49,10 +49,10 @@ pub(super) enum Packing {
 }
 
 /// Packing's parameters as two words, kept beside the packed state.
-pub(super) struct PackingWords {
-    pub(super) window: bool,
-    pub(super) first: u64,
-    pub(super) second: u64,
+pub(crate) struct PackingWords {
+    pub(crate) window: bool,
+    pub(crate) first: u64,
+    pub(crate) second: u64,
 }
 
 /// Where the bit count sits in the second parameter word (bases stay below 2^58).
@@ -60,7 +60,7 @@ const BITS_SHIFT: u32 = 58;
 
 impl Packing {
     /// The packing for `algorithm`'s states in a slot made at `now_ms`, if its states fit.
-    pub(super) fn of(algorithm: &Algorithm, now_ms: u64) -> Option<Self> {
+    pub(crate) fn of(algorithm: &Algorithm, now_ms: u64) -> Option<Self> {
         let base_ms = now_ms.saturating_sub(BASE_MARGIN_MS);
         match *algorithm {
             Algorithm::SlidingWindow { limit, window_ms } => {
@@ -91,7 +91,7 @@ impl Packing {
     }
 
     /// The words [`from_words`](Self::from_words) reads back.
-    pub(super) fn to_words(self) -> PackingWords {
+    pub(crate) fn to_words(self) -> PackingWords {
         match self {
             Packing::Window {
                 window_ms,
@@ -114,7 +114,7 @@ impl Packing {
         }
     }
 
-    pub(super) fn from_words(window: bool, first: u64, second: u64) -> Self {
+    pub(crate) fn from_words(window: bool, first: u64, second: u64) -> Self {
         let bits = (second >> BITS_SHIFT) as u32;
         let base = second & ((1 << BITS_SHIFT) - 1);
         if window {
@@ -133,7 +133,7 @@ impl Packing {
     }
 
     /// `state` in one word, if it fits.
-    pub(super) fn encode(self, state: &State) -> Option<u64> {
+    pub(crate) fn encode(self, state: &State) -> Option<u64> {
         match (self, state) {
             (
                 Packing::Window { .. },
@@ -153,7 +153,7 @@ impl Packing {
     /// A state given as [`Numbers`] of this packing's kind in one word, if it fits;
     /// `divisors` are the policy's, which divide faster where they are this packing's.
     #[inline]
-    pub(super) fn encode_numbers(self, numbers: Numbers, divisors: &Divisors) -> Option<u64> {
+    pub(crate) fn encode_numbers(self, numbers: Numbers, divisors: &Divisors) -> Option<u64> {
         match self {
             Packing::Window {
                 window_ms,
@@ -185,7 +185,7 @@ impl Packing {
     }
 
     /// The state a word holds.
-    pub(super) fn decode(self, word: u64) -> State {
+    pub(crate) fn decode(self, word: u64) -> State {
         match self.decode_numbers(word) {
             [window_start, previous, current] if self.is_window() => State::SlidingWindow {
                 window_start,
@@ -198,7 +198,7 @@ impl Packing {
 
     /// The state a word holds, as [`Numbers`].
     #[inline]
-    pub(super) fn decode_numbers(self, word: u64) -> Numbers {
+    pub(crate) fn decode_numbers(self, word: u64) -> Numbers {
         match self {
             Packing::Window {
                 window_ms,
@@ -225,7 +225,7 @@ impl Packing {
     }
 
     /// Whether this packs a sliding window (a token bucket otherwise).
-    pub(super) fn is_window(self) -> bool {
+    pub(crate) fn is_window(self) -> bool {
         matches!(self, Packing::Window { .. })
     }
 }
