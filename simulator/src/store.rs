@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use tollgate::InMemoryBackend;
+use tollgate::InstanceCount;
 use tollgate::Limiter;
 use tollgate::LimiterBuilder;
 use tollgate::Policy;
@@ -399,6 +400,40 @@ impl InstanceContext {
     /// table.
     pub fn jitter(&self) -> impl Fn() -> f64 + Send + Sync + 'static {
         jitter((self.group_index * 1_000 + self.instance + 1) as u64)
+    }
+
+    /// The instance count of this instance's group, for a local share or leases to divide
+    /// by: [`InstanceCount::fixed`] at the group's [`instances`](Self::instances), at this
+    /// instance's place ([`InstanceCount::at_place`]), so the shares add up to the quota
+    /// exactly, as the built-in groups' do.
+    ///
+    /// It stands in for a count the deployment keeps in its store, the Redis instance
+    /// registry's (`InstanceCount::registry`), which cannot run on the simulated store: the
+    /// registry counts the instances that send heartbeats and gives each a place, and in
+    /// a replay every instance of the group is live from start to end, so the two agree.
+    /// Give your limiter's configuration the count as an argument (production passes the
+    /// registry's, the replay this one), and leave the rest of it as it is.
+    ///
+    /// ```
+    /// use tollgate::{FailurePolicy, LimiterBuilder, InstanceCount, Policy, Quota};
+    /// use tollgate_simulator::{Customer, Scenario};
+    ///
+    /// /// The service's configuration, shared by `main` and the replay test.
+    /// fn orders(builder: LimiterBuilder, instances: InstanceCount) -> LimiterBuilder {
+    ///     builder
+    ///         .name("orders")
+    ///         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///         .on_store_failure(FailurePolicy::local_share(instances))
+    /// }
+    ///
+    /// let scenario = Scenario::new().policies([]).group("orders", |instance| {
+    ///     assert_eq!(instance.instance_count().get(), 4);
+    ///     orders(instance.limiter_builder(), instance.instance_count()).try_build()
+    /// });
+    /// assert!(scenario.validate().is_ok());
+    /// ```
+    pub fn instance_count(&self) -> InstanceCount {
+        InstanceCount::fixed(self.instances as u64).at_place(self.instance as u64)
     }
 
     /// A [`Limiter`] builder named after the group, on the group's store, the run's
