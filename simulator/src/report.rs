@@ -63,7 +63,8 @@ impl fmt::Display for Phase {
 /// ```
 /// use tollgate_simulator::{Counts, Phase, PolicyName, Scenario};
 /// let counts = Counts::default();
-/// let answered = counts.admitted + counts.refused_429 + counts.refused_503 + counts.other;
+/// let answered = counts.admitted + counts.soft_limited + counts.refused_429
+///     + counts.refused_503 + counts.other;
 /// assert_eq!(counts.sent, answered);
 ///
 /// // The busiest second that ends in the outage holds at least its average second.
@@ -81,27 +82,38 @@ impl fmt::Display for Phase {
 pub struct Counts {
     /// Requests sent in the phase.
     pub sent: u64,
-    /// Answered 200 by the service behind the layer.
+    /// Admitted by the layer: answered by the handler behind it, whatever the status the
+    /// handler answered with ([`Customer::answers_status`](crate::Customer::answers_status)).
     pub admitted: u64,
+    /// Let through to the handler by a soft limit
+    /// ([`RateLimitLayer::soft_limit`](tollgate::RateLimitLayer::soft_limit)) although the
+    /// policies refused them; not in [`admitted`](Self::admitted).
+    pub soft_limited: u64,
     /// Answered 429 by the layer.
     pub refused_429: u64,
     /// Answered 503 by the layer.
     pub refused_503: u64,
-    /// Answered with any other status (never expected).
+    /// Answered otherwise, by something else than the handler: a key rejection (a
+    /// missing or unknown key), a refusal whose status a layer of yours changed to
+    /// another, a refusal of a layer in front of the rate limit
+    /// ([`Scenario::in_front`](crate::Scenario::in_front)), an error instead of a response.
+    /// Never with the simulator's own layer.
     pub other: u64,
     /// The most admitted requests sent within one window of the scenario's length
     /// ([`Report::window`]) that ends in this phase: the largest count of admitted
     /// requests sent in `[s, s + window)`, over every `s` with `s + window` after the
-    /// phase's start and at its end at the latest. A request counts at the exact time the
-    /// schedule sends it (a customer's request `k` at `k / rate` s, the
-    /// [`Traced::sent_at`] of a traced one; the other fields put it in a phase by the same
-    /// time), not by the second it falls in; on virtual time its instance decides it
-    /// within the clock's millisecond of then. A window straddling a phase's start counts toward
-    /// that phase, so the outage's row sees the normal phase's last admissions together
-    /// with the outage's first, and the recovery's row the outage's last with the store's
-    /// first; a window longer than the phase reaches back into the phases before it. It
-    /// is at least the phase's admitted requests per window when the phase is a whole
-    /// number of windows long.
+    /// phase's start and at its end at the latest. It counts requests, whatever units
+    /// each was charged.
+    ///
+    /// A request counts at the exact time the schedule sends it (a customer's request `k`
+    /// at `k / rate` s, the [`Traced::sent_at`] of a traced one; the other fields put it in
+    /// a phase by the same time), not by the second it falls in; on virtual time its
+    /// instance decides it within the clock's millisecond of then. A window straddling a
+    /// phase's start counts toward that phase, so the outage's row sees the normal
+    /// phase's last admissions together with the outage's first, and the recovery's row
+    /// the outage's last with the store's first; a window longer than the phase reaches
+    /// back into the phases before it. It is at least the phase's admitted requests per
+    /// window when the phase is a whole number of windows long.
     pub worst_window_admitted: u64,
 }
 
@@ -173,10 +185,11 @@ impl GroupReport {
 }
 
 /// One request of the traced customer (see [`Scenario::trace`](super::Scenario::trace)):
-/// when it went out, how it was answered, and the state of the scenario's quota right
-/// after the decision, as the limiter that decided reported it. That state is what the
-/// algorithm looks like from outside: a token bucket's tokens left, a sliding window's
-/// quota minus its weighted count.
+/// when it went out, how it was answered, and the state of the first policy (the
+/// scenario's quota in a built-in group) right after the decision, as the limiter that
+/// decided reported it. That state is what the algorithm looks like from outside: a token
+/// bucket's tokens left, a sliding window's quota minus its weighted count; after a
+/// settlement, what the settlement left.
 ///
 /// ```
 /// use tollgate_simulator::{PolicyName, Scenario};
@@ -190,9 +203,10 @@ impl GroupReport {
 /// assert_eq!(trace.len(), 3 * 20);
 /// // The first request of the run finds the whole quota: 49 of 50 left after it.
 /// assert_eq!((trace[0].status, trace[0].quota, trace[0].remaining), (200, Some(50), Some(49)));
+/// assert!(trace[0].handled && trace[0].cost == Some(1));
 /// // Failing closed, the outage's requests are refused without a count.
 /// let outage = &trace[20];
-/// assert_eq!((outage.status, outage.remaining), (503, None));
+/// assert_eq!((outage.status, outage.remaining, outage.handled), (503, None, false));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
@@ -211,6 +225,17 @@ pub struct Traced {
     pub quota: Option<u64>,
     /// What the quota had left after the decision; `None` when no counter took part.
     pub remaining: Option<u64>,
+    /// Whether the request reached the handler: admitted, or let through by a soft limit.
+    pub handled: bool,
+    /// Whether a soft limit let it through over its limit.
+    pub soft_limited: bool,
+    /// The units the decision counted (or would have: a refusal's): 1 unless the layer
+    /// gives a [`cost`](tollgate::RateLimitLayer::cost); `None` when no counter took part.
+    pub cost: Option<u64>,
+    /// What the request was settled at, when the layer
+    /// [`settle`](tollgate::RateLimitLayer::settle)s what its response cost and the
+    /// request had counted units to settle; `None` otherwise.
+    pub settled: Option<u64>,
 }
 
 /// One line of the results: one group, one phase, one customer.
@@ -248,6 +273,9 @@ pub struct Row {
     pub refused_429: u64,
     /// Requests answered 503 in the phase.
     pub refused_503: u64,
+    /// Let through by a soft limit over the limit in the phase:
+    /// [`Counts::soft_limited`].
+    pub soft_limited: u64,
     /// The most requests admitted within one window of the scenario's length that ends in
     /// the phase, straddling its start included: [`Counts::worst_window_admitted`].
     pub worst_window_admitted: u64,
@@ -312,6 +340,7 @@ impl Report {
                         admitted_per_sec: counts.admitted as f64 / secs,
                         refused_429: counts.refused_429,
                         refused_503: counts.refused_503,
+                        soft_limited: counts.soft_limited,
                         worst_window_admitted: counts.worst_window_admitted,
                         all_breakers_closed_after: match phase {
                             Phase::Recovery => group.closed_after,
@@ -331,7 +360,8 @@ impl Report {
             .find(|r| r.policy == policy && r.phase == phase && r.customer == customer)
     }
 
-    /// Requests answered with a status other than 200, 429 or 503 (never expected).
+    /// Requests answered by something else than the handler, with a status other than
+    /// 429 and 503 ([`Counts::other`]): never with the simulator's own layer.
     pub fn unexpected_statuses(&self) -> u64 {
         self.groups
             .iter()
