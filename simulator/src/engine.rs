@@ -18,7 +18,7 @@ use tollgate::Decision;
 use tollgate::InMemoryBackend;
 use tollgate::Limiter;
 use tollgate::decision::BreakerState;
-use tollgate::store::Backend;
+use tollgate::store::{Algorithm, Backend};
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
 use crate::scenario::{CUSTOMER_HEADER, GroupKind, Prepared, Scenario, ScenarioError};
@@ -127,6 +127,8 @@ struct Group {
     instances: Vec<Endpoint>,
     /// The limiter each instance's layer decides with.
     limiters: Vec<Limiter>,
+    /// The policies the worst windows are measured in, by name.
+    windows: Vec<(String, Duration)>,
 }
 
 impl Scenario {
@@ -332,6 +334,7 @@ impl Scenario {
             }
             groups.push(Group {
                 pin_first: matches!(kind, GroupKind::Builtin(p) if p.pins_first_customer()),
+                windows: limiters.first().map(policy_windows).unwrap_or_default(),
                 instances,
                 limiters,
             });
@@ -375,6 +378,8 @@ impl Scenario {
                         per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
                         closed_after: None,
                         trace: Vec::new(),
+                        windows: Vec::new(),
+                        worst: Vec::new(),
                     },
                     admitted: customers
                         .iter()
@@ -513,16 +518,18 @@ impl Scenario {
             done.map_err(|e| SimulationError::Runtime(format!("a request task failed: {e}")))?;
         }
         let tallies = std::mem::take(&mut *lock(&tallies));
-        let window_ns = self.window_secs * 1_000_000_000;
         let ends_ns = [
             self.normal_secs * 1_000_000_000,
             (self.normal_secs + self.outage_secs) * 1_000_000_000,
             self.total_secs() * 1_000_000_000,
         ];
         let mut reports = Vec::with_capacity(tallies.len());
-        for (tally, closed_after) in tallies.into_iter().zip(back_on_store) {
+        for ((tally, closed_after), deployed) in
+            tallies.into_iter().zip(back_on_store).zip(groups.iter())
+        {
             let mut group = tally.report;
             group.closed_after = closed_after;
+            group.windows = deployed.windows.clone();
             // The answers came in the order they were decided; a blackholed or slow store
             // decides late.
             group.trace.sort_by_key(|t| t.sent_at);
@@ -531,10 +538,17 @@ impl Scenario {
                 let sent: Vec<u64> = admitted_requests(bits)
                     .map(|k| sent_at(sent_at_ms(k, rate)).as_nanos() as u64)
                     .collect();
-                let worst = worst_windows(&sent, window_ns, ends_ns);
-                for (counts, worst) in group.phases[c].iter_mut().zip(worst) {
-                    counts.worst_window_admitted = worst;
+                let worst: Vec<[u64; 3]> = group
+                    .windows
+                    .iter()
+                    .map(|(_, window)| worst_windows(&sent, window.as_nanos() as u64, ends_ns))
+                    .collect();
+                if let Some(first) = worst.first() {
+                    for (counts, worst) in group.phases[c].iter_mut().zip(first) {
+                        counts.worst_window_admitted = *worst;
+                    }
                 }
+                group.worst.push(worst);
             }
             reports.push(group);
         }
@@ -578,6 +592,26 @@ fn request_of(prepared: &Prepared) -> Request<SimBody> {
     *request.headers_mut() = prepared.headers.clone();
     request.extensions_mut().insert(prepared.answering.clone());
     request
+}
+
+/// The policies of `limiter` whose windows the report measures, by name: the defaults,
+/// then each tier's not among them yet, each with its window (a token bucket's refill
+/// period).
+fn policy_windows(limiter: &Limiter) -> Vec<(String, Duration)> {
+    let limits = limiter.limits();
+    let mut windows: Vec<(String, Duration)> = Vec::new();
+    let tiers = limits.tiers().flat_map(|(_, policies)| policies.iter());
+    for policy in limits.policies().iter().chain(tiers) {
+        let window_ms = match *policy.algorithm() {
+            Algorithm::TokenBucket { period_ms, .. } => period_ms,
+            ref other => other.window_ms(),
+        };
+        let entry = (policy.name().to_owned(), Duration::from_millis(window_ms));
+        if !windows.contains(&entry) {
+            windows.push(entry);
+        }
+    }
+    windows
 }
 
 /// When request `k` of a customer sending `rate` per second goes out, in milliseconds from

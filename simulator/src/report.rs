@@ -99,11 +99,15 @@ pub struct Counts {
     /// ([`Scenario::in_front`](crate::Scenario::in_front)), an error instead of a response.
     /// Never with the simulator's own layer.
     pub other: u64,
-    /// The most admitted requests sent within one window of the scenario's length
-    /// ([`Report::window`]) that ends in this phase: the largest count of admitted
-    /// requests sent in `[s, s + window)`, over every `s` with `s + window` after the
-    /// phase's start and at its end at the latest. It counts requests, whatever units
-    /// each was charged.
+    /// The most admitted requests sent within one window of the group's first policy
+    /// that ends in this phase: the largest count of admitted requests sent in
+    /// `[s, s + window)`, over every `s` with `s + window` after the phase's start and at
+    /// its end at the latest. The window is the policy's own (a sliding window's, a
+    /// token bucket's refill period): the scenario's
+    /// [`window_secs`](crate::Scenario::window_secs) for a built-in group
+    /// ([`Report::window`]), the limiter's first policy for callers without a tier for a
+    /// group of your own; [`GroupReport::worst_windows`] has every policy's. It counts
+    /// requests, whatever units each was charged.
     ///
     /// A request counts at the exact time the schedule sends it (a customer's request `k`
     /// at `k / rate` s, the [`Traced::sent_at`] of a traced one; the other fields put it in
@@ -115,6 +119,33 @@ pub struct Counts {
     /// back into the phases before it. It is at least the phase's admitted requests per
     /// window when the phase is a whole number of windows long.
     pub worst_window_admitted: u64,
+}
+
+/// The most requests admitted within one window of a policy's length that ends in a
+/// phase ([`Counts::worst_window_admitted`], for any of the group's policies).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_simulator::{Phase, PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::Closed])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .run_blocking()
+///     .unwrap();
+/// let worst = &report.groups()[0].worst_windows(1, Phase::Normal)[0];
+/// assert_eq!((worst.policy.as_str(), worst.window), ("per-second", Duration::from_secs(1)));
+/// assert_eq!(worst.admitted, 20);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorstWindow {
+    /// The policy's name.
+    pub policy: String,
+    /// Its window: a sliding window's (or sliding log's), or a token bucket's refill
+    /// period.
+    pub window: Duration,
+    /// The most admitted requests in one such window ending in the phase.
+    pub admitted: u64,
 }
 
 /// What one group's customers got.
@@ -147,6 +178,10 @@ pub struct GroupReport {
     pub(crate) closed_after: Option<Duration>,
     /// The traced customer's requests, in the order they were sent.
     pub(crate) trace: Vec<Traced>,
+    /// The group's policies, by name, and the windows they are measured in.
+    pub(crate) windows: Vec<(String, Duration)>,
+    /// Per customer, per policy of `windows`, per phase: the worst window.
+    pub(crate) worst: Vec<Vec<[u64; 3]>>,
 }
 
 impl GroupReport {
@@ -181,6 +216,87 @@ impl GroupReport {
     /// in the order they were sent; empty when the scenario traces no one.
     pub fn trace(&self) -> &[Traced] {
         &self.trace
+    }
+
+    /// For the customer at index `customer`, the most requests admitted within one window
+    /// of each of the group's policies that ends in `phase`, each in its own window: the
+    /// policies of callers without a tier in their order, then each tier's that are not
+    /// among them (by name and window), as the group's limiter holds them. A built-in
+    /// group has one, the scenario's quota. Empty for an index out of range.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FailurePolicy, Policy, Quota};
+    /// use tollgate_simulator::{Customer, Phase, Scenario};
+    ///
+    /// let report = Scenario::new()
+    ///     .policies([])
+    ///     .instances(2)
+    ///     .traffic([Customer::new("acme", 5.0)])
+    ///     .normal_secs(3).outage_secs(3).recovery_secs(3)
+    ///     .group("mine", |instance| {
+    ///         instance
+    ///             .limiter_builder()
+    ///             .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
+    ///             .policy(Policy::sliding_window("per-minute", Quota::per_minute(40)))
+    ///             .on_store_failure(FailurePolicy::open())
+    ///             .try_build()
+    ///     })
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// let group = &report.groups()[0];
+    /// let windows: Vec<(String, Duration)> = group
+    ///     .worst_windows(0, Phase::Normal)
+    ///     .into_iter()
+    ///     .map(|w| (w.policy, w.window))
+    ///     .collect();
+    /// assert_eq!(windows, [
+    ///     ("per-second".to_owned(), Duration::from_secs(1)),
+    ///     ("per-minute".to_owned(), Duration::from_secs(60)),
+    /// ]);
+    /// // Every request is admitted, 5 a second, 15 a phase: a minute-long window ending in
+    /// // the outage holds the normal phase's and the outage's, one ending in the recovery
+    /// // all three phases'.
+    /// assert_eq!(group.worst_window(0, Phase::Normal, "per-minute"), Some(15));
+    /// assert_eq!(group.worst_window(0, Phase::Outage, "per-minute"), Some(30));
+    /// assert_eq!(group.worst_window(0, Phase::Recovery, "per-minute"), Some(45));
+    /// assert_eq!(group.worst_window(0, Phase::Outage, "per-second"), Some(5));
+    /// ```
+    pub fn worst_windows(&self, customer: usize, phase: Phase) -> Vec<WorstWindow> {
+        let Some(worst) = self.worst.get(customer) else {
+            return Vec::new();
+        };
+        self.windows
+            .iter()
+            .zip(worst)
+            .map(|((policy, window), worst)| WorstWindow {
+                policy: policy.clone(),
+                window: *window,
+                admitted: worst[phase.index()],
+            })
+            .collect()
+    }
+
+    /// The worst window of the group's policy named `policy` (the first of that name, as
+    /// [`worst_windows`](Self::worst_windows) lists them) for the customer at index
+    /// `customer` in `phase`; `None` when the group has no such policy or the index is out
+    /// of range.
+    ///
+    /// ```
+    /// use tollgate_simulator::{Phase, PolicyName, Scenario};
+    /// let report = Scenario::new()
+    ///     .policies([PolicyName::Open])
+    ///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// let open = &report.groups()[0];
+    /// let outage = open.counts(0, Phase::Outage);
+    /// assert_eq!(open.worst_window(0, Phase::Outage, "per-second"), Some(outage.worst_window_admitted));
+    /// assert_eq!(open.worst_window(0, Phase::Outage, "per-minute"), None);
+    /// ```
+    pub fn worst_window(&self, customer: usize, phase: Phase, policy: &str) -> Option<u64> {
+        let index = self.windows.iter().position(|(name, _)| name == policy)?;
+        Some(self.worst.get(customer)?.get(index)?[phase.index()])
     }
 }
 
@@ -276,9 +392,11 @@ pub struct Row {
     /// Let through by a soft limit over the limit in the phase:
     /// [`Counts::soft_limited`].
     pub soft_limited: u64,
-    /// The most requests admitted within one window of the scenario's length that ends in
-    /// the phase, straddling its start included: [`Counts::worst_window_admitted`].
+    /// The most requests admitted within one window of the group's first policy that ends
+    /// in the phase, straddling its start included: [`Counts::worst_window_admitted`].
     pub worst_window_admitted: u64,
+    /// The same in each policy's own window: [`GroupReport::worst_windows`].
+    pub worst_windows: Vec<WorstWindow>,
     /// On the recovery rows, how long after the store came back every breaker of the
     /// group was closed again; `None` on the other rows, and when they did not close
     /// within the phase.
@@ -318,8 +436,10 @@ impl Report {
         &self.customers
     }
 
-    /// The scenario's window: the length of the windows that
-    /// [`Counts::worst_window_admitted`] counts in.
+    /// The scenario's window ([`Scenario::window_secs`](crate::Scenario::window_secs)):
+    /// the length of the windows that [`Counts::worst_window_admitted`] counts in for the
+    /// built-in groups. A group of your own is measured in its own policies' windows
+    /// ([`GroupReport::worst_windows`]).
     pub fn window(&self) -> Duration {
         self.window
     }
@@ -342,6 +462,7 @@ impl Report {
                         refused_503: counts.refused_503,
                         soft_limited: counts.soft_limited,
                         worst_window_admitted: counts.worst_window_admitted,
+                        worst_windows: group.worst_windows(c, phase),
                         all_breakers_closed_after: match phase {
                             Phase::Recovery => group.closed_after,
                             _ => None,
