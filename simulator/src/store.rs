@@ -17,7 +17,7 @@ use tollgate::Policy;
 use tollgate::future::StoreFuture;
 use tollgate::store::CallerKey;
 use tollgate::store::Clock;
-use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
+use tollgate::store::{Backend, CheckOutcome, FailureDomain, LeaseGrant, Refund, StoreError};
 
 /// How the store fails during the outage.
 ///
@@ -258,6 +258,18 @@ impl Backend for FaultyStore {
         }
     }
 
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        match self.fault.get() {
+            None => self.counters.charge(caller, limits, units),
+            Some(_) => StoreFuture::ready(Err(StoreError::unavailable("store down (simulated)"))),
+        }
+    }
+
     fn is_remote(&self) -> bool {
         true
     }
@@ -308,6 +320,15 @@ impl Backend for SharedStore {
         self.0.refund(caller, limits, refund)
     }
 
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        self.0.charge(caller, limits, units)
+    }
+
     fn lease(
         &self,
         caller: &CallerKey,
@@ -320,6 +341,14 @@ impl Backend for SharedStore {
 
     fn is_remote(&self) -> bool {
         self.0.is_remote()
+    }
+
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        self.0.failure_domain(caller)
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        self.0.failure_domain_label(id)
     }
 }
 
