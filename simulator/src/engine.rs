@@ -17,7 +17,7 @@ use tollgate::BuildError;
 use tollgate::Decision;
 use tollgate::InMemoryBackend;
 use tollgate::Limiter;
-use tollgate::decision::BreakerState;
+use tollgate::decision::{BreakerState, Settlement};
 use tollgate::store::{Algorithm, Backend};
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
@@ -566,6 +566,7 @@ impl Scenario {
 fn traced_request(t_ms: f64, instance: usize, answer: &Answer) -> Traced {
     let info = answer.decision.as_ref().and_then(Decision::info);
     let policy = info.and_then(|info| info.policy(0));
+    let settled = answer.settlement.as_ref().filter(|s| s.counted());
     Traced {
         sent_at: sent_at(t_ms),
         instance,
@@ -575,12 +576,12 @@ fn traced_request(t_ms: f64, instance: usize, answer: &Answer) -> Traced {
         remaining: policy.map(|p| p.remaining()),
         handled: answer.handled.is_some(),
         soft_limited: answer.handled.is_some_and(|h| h.soft_limited),
-        cost: info.map(|info| info.cost()),
-        settled: answer
-            .settlement
-            .as_ref()
-            .filter(|s| s.counted())
-            .map(|s| s.actual()),
+        // A settled decision reports what it was settled at: the reservation is the
+        // settlement's.
+        cost: settled
+            .map(Settlement::reserved)
+            .or(info.map(|info| info.cost())),
+        settled: settled.map(Settlement::actual),
     }
 }
 

@@ -345,8 +345,9 @@ pub struct Traced {
     pub handled: bool,
     /// Whether a soft limit let it through over its limit.
     pub soft_limited: bool,
-    /// The units the decision counted (or would have: a refusal's): 1 unless the layer
-    /// gives a [`cost`](tollgate::RateLimitLayer::cost); `None` when no counter took part.
+    /// The units the decision counted (or would have: a refusal's), before any
+    /// settlement: 1 unless the layer gives a [`cost`](tollgate::RateLimitLayer::cost);
+    /// `None` when no counter took part.
     pub cost: Option<u64>,
     /// What the request was settled at, when the layer
     /// [`settle`](tollgate::RateLimitLayer::settle)s what its response cost and the
