@@ -447,7 +447,7 @@ impl Customer {
     }
 
     /// The handler's answers to this customer have a body of `bytes` bytes (default 0, at
-    /// most 64 MiB), read to the end by the simulated client: what a layer with
+    /// most 64 MiB, sent in frames of up to 64 KiB), read to the end by the simulated client: what a layer with
     /// [`count_response_bytes`](tollgate::RateLimitLayer::count_response_bytes) charges.
     ///
     /// ```
@@ -535,7 +535,7 @@ impl Customer {
             answering: Arc::new(Answering {
                 status,
                 headers: headers(&self.answer_headers, "answers_header")?,
-                body: Bytes::from(vec![0; self.answer_bytes]),
+                body_len: self.answer_bytes,
             }),
         })
     }

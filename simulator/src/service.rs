@@ -23,12 +23,16 @@ use tollgate::decision::Settlement;
 use tollgate::key::AsyncKeyExtractor;
 use tollgate::response::ResponseBody;
 
+/// What the handler's answer bodies are made of, a frame at a time.
+static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
+
 /// The error of a [`SimBody`] that carries another body: that body's error, boxed.
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body of the simulated requests and of the handler's answers: the bytes a
-/// [`Customer`](crate::Customer) sends ([`body`](crate::Customer::body)) or is answered
-/// with ([`answers_bytes`](crate::Customer::answers_bytes)), in one frame, or nothing. A
+/// [`Customer`](crate::Customer) sends ([`body`](crate::Customer::body)), in one frame,
+/// or is answered with ([`answers_bytes`](crate::Customer::answers_bytes)), in frames of
+/// up to 64 KiB, or nothing. A
 /// layer given to [`Scenario::in_front`](crate::Scenario::in_front) that hands the
 /// request on with a body of its own (a [`BodyCostLayer`](tollgate::cost::BodyCostLayer)
 /// does) has it carried in one of these too.
@@ -47,6 +51,8 @@ pub struct SimBody {
 
 enum Kind {
     Full(Option<Bytes>),
+    /// This many zero bytes to come, in frames of at most [`ZEROS`]' length.
+    Zeros(usize),
     Boxed(Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send + 'static>>),
 }
 
@@ -74,6 +80,13 @@ impl SimBody {
         let bytes = bytes.into();
         Self {
             kind: Kind::Full((!bytes.is_empty()).then_some(bytes)),
+        }
+    }
+
+    /// A body of `len` zero bytes, sent in frames of up to 64 KiB, as a download is.
+    pub(crate) fn zeros(len: usize) -> Self {
+        Self {
+            kind: Kind::Zeros(len),
         }
     }
 
@@ -109,6 +122,12 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().kind {
             Kind::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            Kind::Zeros(0) => Poll::Ready(None),
+            Kind::Zeros(left) => {
+                let frame = (*left).min(ZEROS.len());
+                *left -= frame;
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&ZEROS[..frame])))))
+            }
             Kind::Boxed(body) => body.as_mut().poll_frame(cx),
         }
     }
@@ -116,6 +135,7 @@ impl Body for SimBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(bytes) => bytes.is_none(),
+            Kind::Zeros(left) => *left == 0,
             Kind::Boxed(body) => body.is_end_stream(),
         }
     }
@@ -123,6 +143,7 @@ impl Body for SimBody {
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            Kind::Zeros(left) => SizeHint::with_exact(*left as u64),
             Kind::Boxed(body) => body.size_hint(),
         }
     }
@@ -135,6 +156,7 @@ impl fmt::Debug for SimBody {
                 .debug_struct("SimBody")
                 .field("len", &bytes.as_ref().map_or(0, Bytes::len))
                 .finish(),
+            Kind::Zeros(left) => f.debug_struct("SimBody").field("len", left).finish(),
             Kind::Boxed(_) => f.debug_struct("SimBody").finish_non_exhaustive(),
         }
     }
@@ -175,7 +197,8 @@ where
 pub(crate) struct Answering {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
-    pub(crate) body: Bytes,
+    /// The length of the answer's body.
+    pub(crate) body_len: usize,
 }
 
 /// The handler's mark on its answers, so that an answer of the handler is told from a
@@ -207,7 +230,7 @@ impl<B> Service<Request<B>> for Handler {
         );
         let mut response = match request.extensions().get::<Arc<Answering>>() {
             Some(answering) => {
-                let mut response = Response::new(SimBody::from_bytes(answering.body.clone()));
+                let mut response = Response::new(SimBody::zeros(answering.body_len));
                 *response.status_mut() = answering.status;
                 *response.headers_mut() = answering.headers.clone();
                 response
