@@ -34,7 +34,7 @@
 //! - [`redis_deployments`]: Redis on a single node, behind Sentinel, or as a Cluster, and
 //!   what each failure does to decisions (this page needs the `redis` feature).
 //! - [`simulator`]: the outage simulator, its command line, page and tables, and replaying
-//!   an outage against your own limiter in a test (`tollgate-simulator`).
+//!   an outage through your own limiter and layer in a test (`tollgate-simulator`).
 
 #[doc = include_str!("../docs/guide/getting_started.md")]
 pub mod getting_started {}

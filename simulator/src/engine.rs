@@ -2,39 +2,30 @@
 //! sends every customer's requests on schedule, switches the fault at the phase
 //! boundaries and tallies the answers.
 
-use std::convert::Infallible;
 use std::fmt;
-use std::future::{Future, Ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::Request;
+use http::StatusCode;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tower_layer::Layer;
-use tower_service::Service;
 
 use tollgate::BuildError;
 use tollgate::Decision;
 use tollgate::InMemoryBackend;
 use tollgate::Limiter;
-use tollgate::RateLimit;
-use tollgate::RateLimitLayer;
-use tollgate::decision::BreakerState;
-use tollgate::key::HeaderKey;
-use tollgate::store::Backend;
+use tollgate::decision::{BreakerState, Settlement};
+use tollgate::store::{Algorithm, Backend};
 
 use crate::report::{Counts, GroupReport, Report, Traced, worst_windows};
-use crate::scenario::{GroupKind, Scenario, ScenarioError};
+use crate::scenario::{CUSTOMER_HEADER, GroupKind, Prepared, Scenario, ScenarioError};
+use crate::service::{Answer, Endpoint, SimBody, UserLayer, endpoint};
 use crate::store::{
     FaultCell, FaultKind, FaultyStore, InstanceContext, SharedStore, SimClock, VIRTUAL_EPOCH_MS,
 };
-
-/// The header each request carries its customer's name in.
-const CUSTOMER_HEADER: &str = "x-customer-id";
 
 /// Why a run failed.
 ///
@@ -122,47 +113,6 @@ impl FaultSwitch for FaultCell {
     }
 }
 
-/// A body with nothing in it, for the requests and the inner service's answers.
-#[derive(Clone, Copy, Debug, Default)]
-struct NoBody;
-
-impl http_body::Body for NoBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        true
-    }
-}
-
-/// The inner service: answers every request 200.
-#[derive(Clone, Copy, Debug)]
-struct Orders;
-
-impl Service<Request<NoBody>> for Orders {
-    type Response = Response<NoBody>;
-    type Error = Infallible;
-    type Future = Ready<Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, _: Request<NoBody>) -> Self::Future {
-        std::future::ready(Ok(Response::new(NoBody)))
-    }
-}
-
-/// One instance: the rate-limit layer (keyed on the customer header) around the service.
-type Instance = RateLimit<Orders, HeaderKey>;
-
 /// What the requests of one group's customers found, while the run goes on.
 struct Tally {
     report: GroupReport,
@@ -174,8 +124,11 @@ struct Tally {
 /// One group's deployment.
 struct Group {
     pin_first: bool,
-    instances: Vec<Instance>,
+    instances: Vec<Endpoint>,
+    /// The limiter each instance's layer decides with.
     limiters: Vec<Limiter>,
+    /// The policies the worst windows are measured in, by name.
+    windows: Vec<(String, Duration)>,
 }
 
 impl Scenario {
@@ -334,9 +287,12 @@ impl Scenario {
         clock: SimClock,
         mut store: impl FnMut(usize, usize) -> SharedStore,
     ) -> Result<Vec<Group>, SimulationError> {
+        let own_layer = UserLayer::keyed_on(CUSTOMER_HEADER);
+        let layer = self.layer.as_ref().unwrap_or(&own_layer);
         let mut groups = Vec::new();
         for (g, (name, kind)) in self.groups().enumerate() {
             let running = self.running(&kind);
+            let mut instances = Vec::with_capacity(running);
             let mut limiters = Vec::with_capacity(running);
             for i in 0..running {
                 let context = InstanceContext {
@@ -369,21 +325,17 @@ impl Scenario {
                     group: name.clone(),
                     error,
                 })?;
-                limiters.push(limiter);
+                let (limited, deciding) = layer.build(limiter);
+                instances.push(match &self.front {
+                    Some(front) => front.wrap(limited),
+                    None => endpoint(limited),
+                });
+                limiters.push(deciding);
             }
             groups.push(Group {
                 pin_first: matches!(kind, GroupKind::Builtin(p) if p.pins_first_customer()),
-                instances: limiters
-                    .iter()
-                    .cloned()
-                    .map(|limiter| {
-                        // The trace reads each admitted request's decision too.
-                        RateLimitLayer::new(limiter)
-                            .key(HeaderKey::new(CUSTOMER_HEADER))
-                            .decision_on_every_response(true)
-                            .layer(Orders)
-                    })
-                    .collect(),
+                windows: limiters.first().map(policy_windows).unwrap_or_default(),
+                instances,
                 limiters,
             });
         }
@@ -409,12 +361,10 @@ impl Scenario {
         start: Instant,
     ) -> Result<Report, SimulationError> {
         let customers = &self.traffic;
-        let mut headers = Vec::with_capacity(customers.len());
-        for customer in customers {
-            let header = HeaderValue::from_str(customer.name())
-                .map_err(|_| ScenarioError::BadCustomerName(customer.name().to_owned()))?;
-            headers.push(header);
-        }
+        let prepared = customers
+            .iter()
+            .map(|customer| customer.prepare().map(Arc::new))
+            .collect::<Result<Vec<_>, ScenarioError>>()?;
         let total_ms = (self.total_secs() * 1_000) as f64;
         let boundaries = self.boundaries_ms();
         let names = self.group_names();
@@ -428,6 +378,8 @@ impl Scenario {
                         per_second: vec![vec![0; self.total_secs() as usize]; customers.len()],
                         closed_after: None,
                         trace: Vec::new(),
+                        windows: Vec::new(),
+                        worst: Vec::new(),
                     },
                     admitted: customers
                         .iter()
@@ -479,30 +431,23 @@ impl Scenario {
                         let phase = phase_of(t_ms, boundaries);
                         let second = (t_ms / 1_000.0) as usize;
                         lock(&tallies)[g].report.phases[c][phase].sent += 1;
-                        let service = group.instances[instance].clone();
-                        let header = headers[c].clone();
+                        let call = (group.instances[instance])(request_of(&prepared[c]));
                         let tallies = tallies.clone();
                         let is_traced = traced == Some(c);
                         tasks.spawn(async move {
-                            let mut request = Request::new(NoBody);
-                            *request.uri_mut() = http::Uri::from_static("/orders");
-                            request.headers_mut().insert(CUSTOMER_HEADER, header);
-                            let response = match oneshot(service, request).await {
-                                Ok(response) => response,
-                                Err(never) => match never {},
-                            };
-                            let status = response.status();
+                            let answer = call.await;
                             let mut tallies = lock(&tallies);
                             let Tally {
                                 report: tally,
                                 admitted,
                             } = &mut tallies[g];
                             if is_traced {
-                                tally.trace.push(traced_request(t_ms, instance, &response));
+                                tally.trace.push(traced_request(t_ms, instance, &answer));
                             }
                             let counts = &mut tally.phases[c][phase];
-                            match status {
-                                StatusCode::OK => {
+                            match answer.handled {
+                                Some(handled) if handled.soft_limited => counts.soft_limited += 1,
+                                Some(_) => {
                                     counts.admitted += 1;
                                     if let Some(slot) = tally.per_second[c].get_mut(second) {
                                         *slot += 1;
@@ -511,9 +456,12 @@ impl Scenario {
                                         *word |= 1u64 << (k % 64);
                                     }
                                 }
-                                StatusCode::TOO_MANY_REQUESTS => counts.refused_429 += 1,
-                                StatusCode::SERVICE_UNAVAILABLE => counts.refused_503 += 1,
-                                _ => counts.other += 1,
+                                None if answer.failed => counts.other += 1,
+                                None => match answer.status {
+                                    StatusCode::TOO_MANY_REQUESTS => counts.refused_429 += 1,
+                                    StatusCode::SERVICE_UNAVAILABLE => counts.refused_503 += 1,
+                                    _ => counts.other += 1,
+                                },
                             }
                         });
                     }
@@ -570,16 +518,18 @@ impl Scenario {
             done.map_err(|e| SimulationError::Runtime(format!("a request task failed: {e}")))?;
         }
         let tallies = std::mem::take(&mut *lock(&tallies));
-        let window_ns = self.window_secs * 1_000_000_000;
         let ends_ns = [
             self.normal_secs * 1_000_000_000,
             (self.normal_secs + self.outage_secs) * 1_000_000_000,
             self.total_secs() * 1_000_000_000,
         ];
-        let mut groups = Vec::with_capacity(tallies.len());
-        for (tally, closed_after) in tallies.into_iter().zip(back_on_store) {
+        let mut reports = Vec::with_capacity(tallies.len());
+        for ((tally, closed_after), deployed) in
+            tallies.into_iter().zip(back_on_store).zip(groups.iter())
+        {
             let mut group = tally.report;
             group.closed_after = closed_after;
+            group.windows = deployed.windows.clone();
             // The answers came in the order they were decided; a blackholed or slow store
             // decides late.
             group.trace.sort_by_key(|t| t.sent_at);
@@ -588,38 +538,81 @@ impl Scenario {
                 let sent: Vec<u64> = admitted_requests(bits)
                     .map(|k| sent_at(sent_at_ms(k, rate)).as_nanos() as u64)
                     .collect();
-                let worst = worst_windows(&sent, window_ns, ends_ns);
-                for (counts, worst) in group.phases[c].iter_mut().zip(worst) {
-                    counts.worst_window_admitted = worst;
+                let worst: Vec<[u64; 3]> = group
+                    .windows
+                    .iter()
+                    .map(|(_, window)| worst_windows(&sent, window.as_nanos() as u64, ends_ns))
+                    .collect();
+                if let Some(first) = worst.first() {
+                    for (counts, worst) in group.phases[c].iter_mut().zip(first) {
+                        counts.worst_window_admitted = *worst;
+                    }
                 }
+                group.worst.push(worst);
             }
-            groups.push(group);
+            reports.push(group);
         }
         Ok(Report {
             customers: customers.clone(),
             phase_secs: [self.normal_secs, self.outage_secs, self.recovery_secs],
             window: Duration::from_secs(self.window_secs),
-            groups,
+            groups: reports,
         })
     }
 }
 
 /// What the layer decided for one request of the traced customer, from the decision it
 /// leaves in the response's extensions.
-fn traced_request(t_ms: f64, instance: usize, response: &Response<impl Sized>) -> Traced {
-    let info = response
-        .extensions()
-        .get::<Decision>()
-        .and_then(Decision::info);
+fn traced_request(t_ms: f64, instance: usize, answer: &Answer) -> Traced {
+    let info = answer.decision.as_ref().and_then(Decision::info);
     let policy = info.and_then(|info| info.policy(0));
+    let settled = answer.settlement.as_ref().filter(|s| s.counted());
     Traced {
         sent_at: sent_at(t_ms),
         instance,
-        status: response.status().as_u16(),
+        status: answer.status.as_u16(),
         source: info.map(|info| info.source()),
         quota: policy.map(|p| p.quota()),
         remaining: policy.map(|p| p.remaining()),
+        handled: answer.handled.is_some(),
+        soft_limited: answer.handled.is_some_and(|h| h.soft_limited),
+        // A settled decision reports what it was settled at: the reservation is the
+        // settlement's.
+        cost: settled
+            .map(Settlement::reserved)
+            .or(info.map(|info| info.cost())),
+        settled: settled.map(Settlement::actual),
     }
+}
+
+/// One request of a customer, from its template.
+fn request_of(prepared: &Prepared) -> Request<SimBody> {
+    let mut request = Request::new(SimBody::from_bytes(prepared.body.clone()));
+    *request.method_mut() = prepared.method.clone();
+    *request.uri_mut() = prepared.uri.clone();
+    *request.headers_mut() = prepared.headers.clone();
+    request.extensions_mut().insert(prepared.answering.clone());
+    request
+}
+
+/// The policies of `limiter` whose windows the report measures, by name: the defaults,
+/// then each tier's not among them yet, each with its window (a token bucket's refill
+/// period).
+fn policy_windows(limiter: &Limiter) -> Vec<(String, Duration)> {
+    let limits = limiter.limits();
+    let mut windows: Vec<(String, Duration)> = Vec::new();
+    let tiers = limits.tiers().flat_map(|(_, policies)| policies.iter());
+    for policy in limits.policies().iter().chain(tiers) {
+        let window_ms = match *policy.algorithm() {
+            Algorithm::TokenBucket { period_ms, .. } => period_ms,
+            ref other => other.window_ms(),
+        };
+        let entry = (policy.name().to_owned(), Duration::from_millis(window_ms));
+        if !windows.contains(&entry) {
+            windows.push(entry);
+        }
+    }
+    windows
 }
 
 /// When request `k` of a customer sending `rate` per second goes out, in milliseconds from
@@ -651,13 +644,4 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn phase_of(t_ms: f64, boundaries: [f64; 2]) -> usize {
     boundaries.iter().take_while(|&&b| t_ms >= b).count()
-}
-
-/// Waits for the service to be ready, then calls it once.
-async fn oneshot<S, R>(mut service: S, request: R) -> Result<S::Response, S::Error>
-where
-    S: Service<R>,
-{
-    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
-    service.call(request).await
 }

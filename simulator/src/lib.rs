@@ -3,9 +3,11 @@
 mod engine;
 mod report;
 mod scenario;
+mod service;
 mod store;
 
 pub use engine::{FaultSwitch, SimulationError};
-pub use report::{Counts, GroupReport, Phase, Report, Row, Traced};
+pub use report::{Counts, GroupReport, Phase, Report, Row, Traced, WorstWindow};
 pub use scenario::{AlgorithmKind, Customer, PolicyName, Scenario, ScenarioError};
+pub use service::{RateLimited, SimBody};
 pub use store::{FaultKind, InstanceContext, SharedStore, SimClock};

@@ -63,7 +63,8 @@ impl fmt::Display for Phase {
 /// ```
 /// use tollgate_simulator::{Counts, Phase, PolicyName, Scenario};
 /// let counts = Counts::default();
-/// let answered = counts.admitted + counts.refused_429 + counts.refused_503 + counts.other;
+/// let answered = counts.admitted + counts.soft_limited + counts.refused_429
+///     + counts.refused_503 + counts.other;
 /// assert_eq!(counts.sent, answered);
 ///
 /// // The busiest second that ends in the outage holds at least its average second.
@@ -81,28 +82,70 @@ impl fmt::Display for Phase {
 pub struct Counts {
     /// Requests sent in the phase.
     pub sent: u64,
-    /// Answered 200 by the service behind the layer.
+    /// Admitted by the layer: answered by the handler behind it, whatever the status the
+    /// handler answered with ([`Customer::answers_status`](crate::Customer::answers_status)).
     pub admitted: u64,
+    /// Let through to the handler by a soft limit
+    /// ([`RateLimitLayer::soft_limit`](tollgate::RateLimitLayer::soft_limit)) although the
+    /// policies refused them; not in [`admitted`](Self::admitted).
+    pub soft_limited: u64,
     /// Answered 429 by the layer.
     pub refused_429: u64,
     /// Answered 503 by the layer.
     pub refused_503: u64,
-    /// Answered with any other status (never expected).
+    /// Answered otherwise, by something else than the handler: a key rejection (a
+    /// missing or unknown key), a refusal whose status a layer of yours changed to
+    /// another, a refusal of a layer in front of the rate limit
+    /// ([`Scenario::in_front`](crate::Scenario::in_front)), an error instead of a response.
+    /// Never with the simulator's own layer.
     pub other: u64,
-    /// The most admitted requests sent within one window of the scenario's length
-    /// ([`Report::window`]) that ends in this phase: the largest count of admitted
-    /// requests sent in `[s, s + window)`, over every `s` with `s + window` after the
-    /// phase's start and at its end at the latest. A request counts at the exact time the
-    /// schedule sends it (a customer's request `k` at `k / rate` s, the
-    /// [`Traced::sent_at`] of a traced one; the other fields put it in a phase by the same
-    /// time), not by the second it falls in; on virtual time its instance decides it
-    /// within the clock's millisecond of then. A window straddling a phase's start counts toward
-    /// that phase, so the outage's row sees the normal phase's last admissions together
-    /// with the outage's first, and the recovery's row the outage's last with the store's
-    /// first; a window longer than the phase reaches back into the phases before it. It
-    /// is at least the phase's admitted requests per window when the phase is a whole
-    /// number of windows long.
+    /// The most admitted requests sent within one window of the group's first policy
+    /// that ends in this phase: the largest count of admitted requests sent in
+    /// `[s, s + window)`, over every `s` with `s + window` after the phase's start and at
+    /// its end at the latest. The window is the policy's own (a sliding window's, a
+    /// token bucket's refill period): the scenario's
+    /// [`window_secs`](crate::Scenario::window_secs) for a built-in group
+    /// ([`Report::window`]), the limiter's first policy for callers without a tier for a
+    /// group of your own; [`GroupReport::worst_windows`] has every policy's. It counts
+    /// requests, whatever units each was charged.
+    ///
+    /// A request counts at the exact time the schedule sends it (a customer's request `k`
+    /// at `k / rate` s, the [`Traced::sent_at`] of a traced one; the other fields put it in
+    /// a phase by the same time), not by the second it falls in; on virtual time its
+    /// instance decides it within the clock's millisecond of then. A window straddling a
+    /// phase's start counts toward that phase, so the outage's row sees the normal
+    /// phase's last admissions together with the outage's first, and the recovery's row
+    /// the outage's last with the store's first; a window longer than the phase reaches
+    /// back into the phases before it. It is at least the phase's admitted requests per
+    /// window when the phase is a whole number of windows long.
     pub worst_window_admitted: u64,
+}
+
+/// The most requests admitted within one window of a policy's length that ends in a
+/// phase ([`Counts::worst_window_admitted`], for any of the group's policies).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_simulator::{Phase, PolicyName, Scenario};
+/// let report = Scenario::new()
+///     .policies([PolicyName::Closed])
+///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+///     .run_blocking()
+///     .unwrap();
+/// let worst = &report.groups()[0].worst_windows(1, Phase::Normal)[0];
+/// assert_eq!((worst.policy.as_str(), worst.window), ("per-second", Duration::from_secs(1)));
+/// assert_eq!(worst.admitted, 20);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorstWindow {
+    /// The policy's name.
+    pub policy: String,
+    /// Its window: a sliding window's (or sliding log's), or a token bucket's refill
+    /// period.
+    pub window: Duration,
+    /// The most admitted requests in one such window ending in the phase.
+    pub admitted: u64,
 }
 
 /// What one group's customers got.
@@ -135,6 +178,10 @@ pub struct GroupReport {
     pub(crate) closed_after: Option<Duration>,
     /// The traced customer's requests, in the order they were sent.
     pub(crate) trace: Vec<Traced>,
+    /// The group's policies, by name, and the windows they are measured in.
+    pub(crate) windows: Vec<(String, Duration)>,
+    /// Per customer, per policy of `windows`, per phase: the worst window.
+    pub(crate) worst: Vec<Vec<[u64; 3]>>,
 }
 
 impl GroupReport {
@@ -170,13 +217,95 @@ impl GroupReport {
     pub fn trace(&self) -> &[Traced] {
         &self.trace
     }
+
+    /// For the customer at index `customer`, the most requests admitted within one window
+    /// of each of the group's policies that ends in `phase`, each in its own window: the
+    /// policies of callers without a tier in their order, then each tier's that are not
+    /// among them (by name and window), as the group's limiter holds them. A built-in
+    /// group has one, the scenario's quota. Empty for an index out of range.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::{FailurePolicy, Policy, Quota};
+    /// use tollgate_simulator::{Customer, Phase, Scenario};
+    ///
+    /// let report = Scenario::new()
+    ///     .policies([])
+    ///     .instances(2)
+    ///     .traffic([Customer::new("acme", 5.0)])
+    ///     .normal_secs(3).outage_secs(3).recovery_secs(3)
+    ///     .group("mine", |instance| {
+    ///         instance
+    ///             .limiter_builder()
+    ///             .policy(Policy::sliding_window("per-second", Quota::per_second(10)))
+    ///             .policy(Policy::sliding_window("per-minute", Quota::per_minute(40)))
+    ///             .on_store_failure(FailurePolicy::open())
+    ///             .try_build()
+    ///     })
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// let group = &report.groups()[0];
+    /// let windows: Vec<(String, Duration)> = group
+    ///     .worst_windows(0, Phase::Normal)
+    ///     .into_iter()
+    ///     .map(|w| (w.policy, w.window))
+    ///     .collect();
+    /// assert_eq!(windows, [
+    ///     ("per-second".to_owned(), Duration::from_secs(1)),
+    ///     ("per-minute".to_owned(), Duration::from_secs(60)),
+    /// ]);
+    /// // Every request is admitted, 5 a second, 15 a phase: a minute-long window ending in
+    /// // the outage holds the normal phase's and the outage's, one ending in the recovery
+    /// // all three phases'.
+    /// assert_eq!(group.worst_window(0, Phase::Normal, "per-minute"), Some(15));
+    /// assert_eq!(group.worst_window(0, Phase::Outage, "per-minute"), Some(30));
+    /// assert_eq!(group.worst_window(0, Phase::Recovery, "per-minute"), Some(45));
+    /// assert_eq!(group.worst_window(0, Phase::Outage, "per-second"), Some(5));
+    /// ```
+    pub fn worst_windows(&self, customer: usize, phase: Phase) -> Vec<WorstWindow> {
+        let Some(worst) = self.worst.get(customer) else {
+            return Vec::new();
+        };
+        self.windows
+            .iter()
+            .zip(worst)
+            .map(|((policy, window), worst)| WorstWindow {
+                policy: policy.clone(),
+                window: *window,
+                admitted: worst[phase.index()],
+            })
+            .collect()
+    }
+
+    /// The worst window of the group's policy named `policy` (the first of that name, as
+    /// [`worst_windows`](Self::worst_windows) lists them) for the customer at index
+    /// `customer` in `phase`; `None` when the group has no such policy or the index is out
+    /// of range.
+    ///
+    /// ```
+    /// use tollgate_simulator::{Phase, PolicyName, Scenario};
+    /// let report = Scenario::new()
+    ///     .policies([PolicyName::Open])
+    ///     .normal_secs(1).outage_secs(1).recovery_secs(1)
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// let open = &report.groups()[0];
+    /// let outage = open.counts(0, Phase::Outage);
+    /// assert_eq!(open.worst_window(0, Phase::Outage, "per-second"), Some(outage.worst_window_admitted));
+    /// assert_eq!(open.worst_window(0, Phase::Outage, "per-minute"), None);
+    /// ```
+    pub fn worst_window(&self, customer: usize, phase: Phase, policy: &str) -> Option<u64> {
+        let index = self.windows.iter().position(|(name, _)| name == policy)?;
+        Some(self.worst.get(customer)?.get(index)?[phase.index()])
+    }
 }
 
 /// One request of the traced customer (see [`Scenario::trace`](super::Scenario::trace)):
-/// when it went out, how it was answered, and the state of the scenario's quota right
-/// after the decision, as the limiter that decided reported it. That state is what the
-/// algorithm looks like from outside: a token bucket's tokens left, a sliding window's
-/// quota minus its weighted count.
+/// when it went out, how it was answered, and the state of the first policy (the
+/// scenario's quota in a built-in group) right after the decision, as the limiter that
+/// decided reported it. That state is what the algorithm looks like from outside: a token
+/// bucket's tokens left, a sliding window's quota minus its weighted count; after a
+/// settlement, what the settlement left.
 ///
 /// ```
 /// use tollgate_simulator::{PolicyName, Scenario};
@@ -190,9 +319,10 @@ impl GroupReport {
 /// assert_eq!(trace.len(), 3 * 20);
 /// // The first request of the run finds the whole quota: 49 of 50 left after it.
 /// assert_eq!((trace[0].status, trace[0].quota, trace[0].remaining), (200, Some(50), Some(49)));
+/// assert!(trace[0].handled && trace[0].cost == Some(1));
 /// // Failing closed, the outage's requests are refused without a count.
 /// let outage = &trace[20];
-/// assert_eq!((outage.status, outage.remaining), (503, None));
+/// assert_eq!((outage.status, outage.remaining, outage.handled), (503, None, false));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
@@ -211,6 +341,18 @@ pub struct Traced {
     pub quota: Option<u64>,
     /// What the quota had left after the decision; `None` when no counter took part.
     pub remaining: Option<u64>,
+    /// Whether the request reached the handler: admitted, or let through by a soft limit.
+    pub handled: bool,
+    /// Whether a soft limit let it through over its limit.
+    pub soft_limited: bool,
+    /// The units the decision counted (or would have: a refusal's), before any
+    /// settlement: 1 unless the layer gives a [`cost`](tollgate::RateLimitLayer::cost);
+    /// `None` when no counter took part.
+    pub cost: Option<u64>,
+    /// What the request was settled at, when the layer
+    /// [`settle`](tollgate::RateLimitLayer::settle)s what its response cost and the
+    /// request had counted units to settle; `None` otherwise.
+    pub settled: Option<u64>,
 }
 
 /// One line of the results: one group, one phase, one customer.
@@ -248,9 +390,14 @@ pub struct Row {
     pub refused_429: u64,
     /// Requests answered 503 in the phase.
     pub refused_503: u64,
-    /// The most requests admitted within one window of the scenario's length that ends in
-    /// the phase, straddling its start included: [`Counts::worst_window_admitted`].
+    /// Let through by a soft limit over the limit in the phase:
+    /// [`Counts::soft_limited`].
+    pub soft_limited: u64,
+    /// The most requests admitted within one window of the group's first policy that ends
+    /// in the phase, straddling its start included: [`Counts::worst_window_admitted`].
     pub worst_window_admitted: u64,
+    /// The same in each policy's own window: [`GroupReport::worst_windows`].
+    pub worst_windows: Vec<WorstWindow>,
     /// On the recovery rows, how long after the store came back every breaker of the
     /// group was closed again; `None` on the other rows, and when they did not close
     /// within the phase.
@@ -290,8 +437,10 @@ impl Report {
         &self.customers
     }
 
-    /// The scenario's window: the length of the windows that
-    /// [`Counts::worst_window_admitted`] counts in.
+    /// The scenario's window ([`Scenario::window_secs`](crate::Scenario::window_secs)):
+    /// the length of the windows that [`Counts::worst_window_admitted`] counts in for the
+    /// built-in groups. A group of your own is measured in its own policies' windows
+    /// ([`GroupReport::worst_windows`]).
     pub fn window(&self) -> Duration {
         self.window
     }
@@ -312,7 +461,9 @@ impl Report {
                         admitted_per_sec: counts.admitted as f64 / secs,
                         refused_429: counts.refused_429,
                         refused_503: counts.refused_503,
+                        soft_limited: counts.soft_limited,
                         worst_window_admitted: counts.worst_window_admitted,
+                        worst_windows: group.worst_windows(c, phase),
                         all_breakers_closed_after: match phase {
                             Phase::Recovery => group.closed_after,
                             _ => None,
@@ -331,7 +482,8 @@ impl Report {
             .find(|r| r.policy == policy && r.phase == phase && r.customer == customer)
     }
 
-    /// Requests answered with a status other than 200, 429 or 503 (never expected).
+    /// Requests answered by something else than the handler, with a status other than
+    /// 429 and 503 ([`Counts::other`]): never with the simulator's own layer.
     pub fn unexpected_statuses(&self) -> u64 {
         self.groups
             .iter()

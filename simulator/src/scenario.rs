@@ -12,8 +12,17 @@ use tollgate::FailurePolicy;
 use tollgate::InstanceCount;
 use tollgate::Leases;
 use tollgate::Limiter;
+use tollgate::RateLimitLayer;
+use tollgate::key::AsyncKeyExtractor;
 use tollgate::{Policy, Quota};
+use tower_layer::Layer;
+use tower_service::Service;
 
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
+
+use crate::service::{Answering, FrontLayer, RateLimited, SimBody, UserLayer};
 use crate::store::{FaultKind, InstanceContext};
 
 /// Past this many simulated requests, a run takes too long to be worth it.
@@ -238,17 +247,42 @@ impl FromStr for AlgorithmKind {
 
 /// A caller sending requests at a steady rate: request `k` goes out at `k / rate` s.
 ///
+/// Each request is a `GET /orders` without a body that carries the customer's name in
+/// `x-customer-id` (the header the simulator's own layer is keyed on), and the handler
+/// answers it 200 with no header and no body. For a layer of your own
+/// ([`Scenario::layer`]), say what it reads: the headers
+/// ([`header`](Self::header)), the method and path ([`request`](Self::request)) and the
+/// body ([`body`](Self::body)) each request carries, and how the handler answers
+/// ([`answers_status`](Self::answers_status), [`answers_header`](Self::answers_header),
+/// [`answers_bytes`](Self::answers_bytes)), for the `count_only`, `settle` or
+/// `count_response_bytes` that reads the answer.
+///
 /// ```
 /// use tollgate_simulator::Customer;
 /// let acme: Customer = "acme=120".parse().unwrap();
 /// assert_eq!((acme.name(), acme.rate()), ("acme", 120.0));
 /// assert!("acme".parse::<Customer>().is_err());
 /// assert!("a b=3".parse::<Customer>().is_err());
+///
+/// // A completion request reserved at its max_tokens, settled at what the answer used.
+/// let acme = Customer::new("acme", 2.0)
+///     .request("POST", "/v1/completions")
+///     .header("x-api-key", "sk_acme")
+///     .header("x-max-tokens", "2000")
+///     .answers_header("x-tokens-used", "500");
+/// # drop(acme);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Customer {
     name: String,
     rate: f64,
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Bytes,
+    answer_status: u16,
+    answer_headers: Vec<(String, String)>,
+    answer_bytes: usize,
 }
 
 impl Customer {
@@ -263,6 +297,13 @@ impl Customer {
         Self {
             name: name.into(),
             rate,
+            method: "GET".to_owned(),
+            path: "/orders".to_owned(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+            answer_status: 200,
+            answer_headers: Vec::new(),
+            answer_bytes: 0,
         }
     }
 
@@ -286,6 +327,148 @@ impl Customer {
         self.rate
     }
 
+    /// Sends `name: value` with every request, after `x-customer-id` (a header of that
+    /// name given here replaces it). Give a name twice and both values are sent.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// let acme = Customer::new("acme", 10.0).header("x-api-key", "sk_acme");
+    /// assert_eq!(acme.headers(), [("x-api-key".to_owned(), "sk_acme".to_owned())]);
+    /// ```
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The headers given with [`header`](Self::header), in order.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert!(Customer::new("acme", 10.0).headers().is_empty());
+    /// ```
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// Sends each request with this method to this path, a query string allowed (default
+    /// `GET /orders`).
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// let batch = Customer::new("acme", 10.0).request("POST", "/batch?items=30");
+    /// assert_eq!(batch.request_line(), ("POST", "/batch?items=30"));
+    /// ```
+    pub fn request(mut self, method: impl Into<String>, path: impl Into<String>) -> Self {
+        self.method = method.into();
+        self.path = path.into();
+        self
+    }
+
+    /// The method and path of each request.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert_eq!(Customer::new("acme", 1.0).request_line(), ("GET", "/orders"));
+    /// ```
+    pub fn request_line(&self) -> (&str, &str) {
+        (&self.method, &self.path)
+    }
+
+    /// Sends `body` with every request (default: none), for a layer that reads it, such
+    /// as a [`BodyCostLayer`](tollgate::cost::BodyCostLayer) given to
+    /// [`Scenario::in_front`].
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// let acme = Customer::new("acme", 1.0).body(r#"{"max_tokens": 2000}"#);
+    /// assert_eq!(acme.body_bytes(), br#"{"max_tokens": 2000}"#);
+    /// ```
+    pub fn body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// The body each request carries.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert!(Customer::new("acme", 1.0).body_bytes().is_empty());
+    /// ```
+    pub fn body_bytes(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The handler answers this customer's requests with `status` (default 200): a 401
+    /// for a login route whose layer counts only failed attempts, say. An answer of the
+    /// handler counts as admitted whatever its status.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert_eq!(Customer::new("mallory", 1.0).answers_status(401).answer_status(), 401);
+    /// ```
+    pub fn answers_status(mut self, status: u16) -> Self {
+        self.answer_status = status;
+        self
+    }
+
+    /// The status the handler answers with.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert_eq!(Customer::new("acme", 1.0).answer_status(), 200);
+    /// ```
+    pub fn answer_status(&self) -> u16 {
+        self.answer_status
+    }
+
+    /// The handler's answers to this customer carry `name: value`, for a layer that reads
+    /// its responses: a [`settle`](tollgate::RateLimitLayer::settle) reading the tokens a
+    /// completion used, a [`count_only`](tollgate::RateLimitLayer::count_only) reading
+    /// whether it counts.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// let acme = Customer::new("acme", 1.0).answers_header("x-tokens-used", "420");
+    /// assert_eq!(acme.answer_headers(), [("x-tokens-used".to_owned(), "420".to_owned())]);
+    /// ```
+    pub fn answers_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.answer_headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The headers given with [`answers_header`](Self::answers_header), in order.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert!(Customer::new("acme", 1.0).answer_headers().is_empty());
+    /// ```
+    pub fn answer_headers(&self) -> &[(String, String)] {
+        &self.answer_headers
+    }
+
+    /// The handler's answers to this customer have a body of `bytes` bytes (default 0, at
+    /// most 64 MiB, sent in frames of up to 64 KiB), read to the end by the simulated client: what a layer with
+    /// [`count_response_bytes`](tollgate::RateLimitLayer::count_response_bytes) charges.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert_eq!(Customer::new("acme", 1.0).answers_bytes(65_536).answer_bytes(), 65_536);
+    /// ```
+    pub fn answers_bytes(mut self, bytes: usize) -> Self {
+        self.answer_bytes = bytes;
+        self
+    }
+
+    /// The length of the handler's answers' bodies.
+    ///
+    /// ```
+    /// use tollgate_simulator::Customer;
+    /// assert_eq!(Customer::new("acme", 1.0).answer_bytes(), 0);
+    /// ```
+    pub fn answer_bytes(&self) -> usize {
+        self.answer_bytes
+    }
+
     fn check(&self) -> Result<(), ScenarioError> {
         let name = &self.name;
         let valid_name = !name.is_empty()
@@ -302,8 +485,75 @@ impl Customer {
                 rate: self.rate,
             });
         }
-        Ok(())
+        self.prepare().map(drop)
     }
+
+    /// The request template and the answer of this customer, or the first setting HTTP
+    /// cannot carry.
+    pub(crate) fn prepare(&self) -> Result<Prepared, ScenarioError> {
+        let bad = |setting: &'static str, value: &str| ScenarioError::BadCustomerSetting {
+            customer: self.name.clone(),
+            setting,
+            value: value.to_owned(),
+        };
+        let method = Method::from_bytes(self.method.as_bytes())
+            .map_err(|_| bad("request (method)", &self.method))?;
+        let uri: Uri = self
+            .path
+            .parse()
+            .ok()
+            .filter(|uri: &Uri| uri.scheme().is_none() && uri.path().starts_with('/'))
+            .ok_or_else(|| bad("request (path)", &self.path))?;
+        let headers = |pairs: &[(String, String)], setting: &'static str| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                let name =
+                    HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad(setting, name))?;
+                let value = HeaderValue::from_str(value).map_err(|_| bad(setting, value))?;
+                map.append(name, value);
+            }
+            Ok(map)
+        };
+        let mut request_headers = headers(&self.headers, "header")?;
+        if !request_headers.contains_key(CUSTOMER_HEADER) {
+            let id = HeaderValue::from_str(&self.name)
+                .map_err(|_| ScenarioError::BadCustomerName(self.name.clone()))?;
+            request_headers.insert(CUSTOMER_HEADER, id);
+        }
+        let status = StatusCode::from_u16(self.answer_status)
+            .ok()
+            .filter(|s| !s.is_informational())
+            .ok_or_else(|| bad("answers_status", &self.answer_status.to_string()))?;
+        if self.answer_bytes > MAX_ANSWER_BYTES {
+            return Err(bad("answers_bytes", &self.answer_bytes.to_string()));
+        }
+        Ok(Prepared {
+            method,
+            uri,
+            headers: request_headers,
+            body: self.body.clone(),
+            answering: Arc::new(Answering {
+                status,
+                headers: headers(&self.answer_headers, "answers_header")?,
+                body_len: self.answer_bytes,
+            }),
+        })
+    }
+}
+
+/// The header each request carries its customer's name in.
+pub(crate) const CUSTOMER_HEADER: &str = "x-customer-id";
+/// The longest answer body a customer can be given.
+const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// One customer's request, ready to copy for each request it sends, and its answer.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) method: Method,
+    pub(crate) uri: Uri,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) answering: Arc<Answering>,
 }
 
 impl FromStr for Customer {
@@ -386,6 +636,8 @@ pub struct Scenario {
     pub(crate) traffic: Vec<Customer>,
     pub(crate) policies: Vec<PolicyName>,
     pub(crate) custom: Vec<CustomGroup>,
+    pub(crate) layer: Option<UserLayer>,
+    pub(crate) front: Option<FrontLayer>,
     pub(crate) fault: FaultKind,
     pub(crate) store_timeout_ms: u64,
     pub(crate) breaker_base_open_ms: Option<u64>,
@@ -411,6 +663,8 @@ impl Default for Scenario {
             ],
             policies: PolicyName::ALL.to_vec(),
             custom: Vec::new(),
+            layer: None,
+            front: None,
             fault: FaultKind::Refuse,
             store_timeout_ms: 20,
             breaker_base_open_ms: None,
@@ -578,6 +832,127 @@ impl Scenario {
             name: name.into(),
             factory: Arc::new(factory),
         });
+        self
+    }
+
+    /// Runs every group's instances behind the [`RateLimitLayer`] that `build` makes
+    /// around the instance's limiter, instead of the simulator's own (keyed on
+    /// `x-customer-id`, one unit a request, nothing else): your key extractor, plan tiers,
+    /// cost, `count_only`, `settle`, `count_response_bytes`, `soft_limit`, skip predicate,
+    /// refusal hook and every other setting of your layer take part in the replay. `build`
+    /// runs once per instance, with the [`Limiter`] that the group made for it (a group of
+    /// your own's from its factory, a built-in group's from the scenario's quota and its
+    /// failure policy), on the group's simulated store and the run's clock; build the layer
+    /// around that limiter, or the instance does not see the outage.
+    ///
+    /// The requests carry what each [`Customer`] says ([`header`](Customer::header),
+    /// [`body`](Customer::body), [`request`](Customer::request)) and the handler answers
+    /// as it says ([`answers_header`](Customer::answers_header) and the like). The
+    /// simulator turns on
+    /// [`decision_on_every_response`](RateLimitLayer::decision_on_every_response) to read
+    /// each decision; nothing else of the layer changes.
+    ///
+    /// ```
+    /// use tollgate::key::{FnKey, KeyRejection};
+    /// use tollgate::{Caller, FailurePolicy, Policy, Quota, RateLimitLayer};
+    /// use tollgate_simulator::{Customer, Phase, Scenario};
+    ///
+    /// // The API key names the customer and its plan.
+    /// let by_api_key = FnKey::new(|request: &http::Request<()>| {
+    ///     match request.headers().get("x-api-key")?.to_str().ok()? {
+    ///         "sk_acme" => Some(Caller::new("acme").with_tier("gold")),
+    ///         "sk_globex" => Some(Caller::new("globex")),
+    ///         _ => None,
+    ///     }
+    /// });
+    /// let report = Scenario::new()
+    ///     .policies([])
+    ///     .traffic([
+    ///         Customer::new("acme", 40.0).header("x-api-key", "sk_acme"),
+    ///         Customer::new("globex", 40.0).header("x-api-key", "sk_globex"),
+    ///     ])
+    ///     .normal_secs(2).outage_secs(2).recovery_secs(2)
+    ///     .group("mine", |instance| {
+    ///         instance
+    ///             .limiter_builder()
+    ///             .policy(Policy::sliding_window("per-second", Quota::per_second(20)))
+    ///             .tier("gold", [Policy::sliding_window("per-second", Quota::per_second(100))])
+    ///             .on_store_failure(FailurePolicy::local_share(instance.instance_count()))
+    ///             .try_build()
+    ///     })
+    ///     .layer(move |limiter| RateLimitLayer::new(limiter).key(by_api_key.clone()))
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// // acme's plan lets all of its 40 a second through; globex is held to 20.
+    /// assert_eq!(report.row("mine", Phase::Normal, "acme").unwrap().admitted_per_sec, 40.0);
+    /// let globex = report.row("mine", Phase::Normal, "globex").unwrap();
+    /// assert!(globex.admitted_per_sec <= 20.0, "{globex:?}");
+    /// ```
+    pub fn layer<K, F>(mut self, build: F) -> Self
+    where
+        K: AsyncKeyExtractor,
+        F: Fn(Limiter) -> RateLimitLayer<K> + Send + Sync + 'static,
+    {
+        self.layer = Some(UserLayer::new(build));
+        self
+    }
+
+    /// Puts `layer` in front of each instance's rate limit, so that requests meet it first,
+    /// as a router's later `route_layer` runs before an earlier one: a
+    /// [`BodyCostLayer`](tollgate::cost::BodyCostLayer) that estimates a request's cost
+    /// from its body for [`RequestCost::of_request`](tollgate::cost::RequestCost::of_request),
+    /// an authentication middleware that leaves the caller in the request's extensions for
+    /// an [`ExtensionKey`](tollgate::key::ExtensionKey). For several layers, give one that
+    /// stacks them (`tower::ServiceBuilder`, `tower_layer::Stack`). Its service takes a
+    /// `Request<`[`SimBody`]`>` and calls the [`RateLimited`] it wraps; the simulated client
+    /// reads every response's body to the end. An answer that neither reached the handler
+    /// nor is a 429 or 503 (a 413 of the body-cost layer, a 401 of the authentication) is
+    /// counted in [`Counts::other`](crate::Counts::other).
+    ///
+    /// ```
+    /// use tollgate::cost::{BodyCostLayer, RequestCost};
+    /// use tollgate::key::HeaderKey;
+    /// use tollgate::{FailurePolicy, Policy, Quota, RateLimitLayer};
+    /// use tollgate_simulator::{Customer, Phase, Scenario};
+    ///
+    /// let max_tokens = |body: &[u8]| {
+    ///     let body = std::str::from_utf8(body).ok()?;
+    ///     body.strip_prefix("max_tokens=")?.parse().ok()
+    /// };
+    /// let report = Scenario::new()
+    ///     .policies([])
+    ///     .instances(1)
+    ///     .traffic([Customer::new("acme", 10.0).request("POST", "/v1/completions").body("max_tokens=300")])
+    ///     .normal_secs(2).outage_secs(1).recovery_secs(1)
+    ///     .group("tokens", |instance| {
+    ///         instance
+    ///             .limiter_builder()
+    ///             .policy(Policy::sliding_window("tokens", Quota::per_second(1_000)))
+    ///             .on_store_failure(FailurePolicy::closed())
+    ///             .try_build()
+    ///     })
+    ///     .layer(|limiter| {
+    ///         RateLimitLayer::new(limiter)
+    ///             .key(HeaderKey::new("x-customer-id"))
+    ///             .cost(RequestCost::of_request)
+    ///     })
+    ///     .in_front(BodyCostLayer::new(1_024, max_tokens))
+    ///     .run_blocking()
+    ///     .unwrap();
+    /// // 1,000 tokens a second at 300 a request: 3 of the 10 each second.
+    /// let normal = report.row("tokens", Phase::Normal, "acme").unwrap();
+    /// assert_eq!(normal.admitted_per_sec, 3.0);
+    /// ```
+    pub fn in_front<L, B>(mut self, layer: L) -> Self
+    where
+        L: Layer<RateLimited> + Send + Sync + 'static,
+        L::Service:
+            Service<Request<SimBody>, Response = Response<B>> + Clone + Send + Sync + 'static,
+        <L::Service as Service<Request<SimBody>>>::Future: Send + 'static,
+        <L::Service as Service<Request<SimBody>>>::Error: Send + 'static,
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+    {
+        self.front = Some(FrontLayer::new(layer));
         self
     }
 
@@ -1015,6 +1390,15 @@ pub enum ScenarioError {
     },
     /// Two customers with one name.
     DuplicateCustomer(String),
+    /// A customer's header, method, path or answer that HTTP cannot carry.
+    BadCustomerSetting {
+        /// The customer.
+        customer: String,
+        /// The [`Customer`] method that set it, such as `header`.
+        setting: &'static str,
+        /// The value given.
+        value: String,
+    },
     /// A customer that is not `NAME=RATE`.
     NotNameRate(String),
     /// The traced customer is not in the traffic.
@@ -1067,6 +1451,14 @@ impl fmt::Display for ScenarioError {
                 "rate {rate} of {customer} must be above 0 and at most 100000 per second"
             ),
             ScenarioError::DuplicateCustomer(name) => write!(f, "customer {name:?} given twice"),
+            ScenarioError::BadCustomerSetting {
+                customer,
+                setting,
+                value,
+            } => write!(
+                f,
+                "{setting} of {customer}: {value:?} cannot go in an HTTP message"
+            ),
             ScenarioError::NotNameRate(value) => write!(f, "{value:?} is not NAME=RATE"),
             ScenarioError::UnknownTraced(name) => {
                 write!(f, "the traced customer {name:?} is not in the traffic")

@@ -10,13 +10,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 use tollgate::InMemoryBackend;
+use tollgate::InstanceCount;
 use tollgate::Limiter;
 use tollgate::LimiterBuilder;
 use tollgate::Policy;
 use tollgate::future::StoreFuture;
 use tollgate::store::CallerKey;
 use tollgate::store::Clock;
-use tollgate::store::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
+use tollgate::store::{Backend, CheckOutcome, FailureDomain, LeaseGrant, Refund, StoreError};
 
 /// How the store fails during the outage.
 ///
@@ -257,6 +258,18 @@ impl Backend for FaultyStore {
         }
     }
 
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        match self.fault.get() {
+            None => self.counters.charge(caller, limits, units),
+            Some(_) => StoreFuture::ready(Err(StoreError::unavailable("store down (simulated)"))),
+        }
+    }
+
     fn is_remote(&self) -> bool {
         true
     }
@@ -307,6 +320,15 @@ impl Backend for SharedStore {
         self.0.refund(caller, limits, refund)
     }
 
+    fn charge(
+        &self,
+        caller: &CallerKey,
+        limits: &Arc<[Policy]>,
+        units: u64,
+    ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
+        self.0.charge(caller, limits, units)
+    }
+
     fn lease(
         &self,
         caller: &CallerKey,
@@ -319,6 +341,14 @@ impl Backend for SharedStore {
 
     fn is_remote(&self) -> bool {
         self.0.is_remote()
+    }
+
+    fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
+        self.0.failure_domain(caller)
+    }
+
+    fn failure_domain_label(&self, id: u32) -> Option<String> {
+        self.0.failure_domain_label(id)
     }
 }
 
@@ -399,6 +429,40 @@ impl InstanceContext {
     /// table.
     pub fn jitter(&self) -> impl Fn() -> f64 + Send + Sync + 'static {
         jitter((self.group_index * 1_000 + self.instance + 1) as u64)
+    }
+
+    /// The instance count of this instance's group, for a local share or leases to divide
+    /// by: [`InstanceCount::fixed`] at the group's [`instances`](Self::instances), at this
+    /// instance's place ([`InstanceCount::at_place`]), so the shares add up to the quota
+    /// exactly, as the built-in groups' do.
+    ///
+    /// It stands in for a count the deployment keeps in its store, the Redis instance
+    /// registry's (`InstanceCount::registry`), which cannot run on the simulated store: the
+    /// registry counts the instances that send heartbeats and gives each a place, and in
+    /// a replay every instance of the group is live from start to end, so the two agree.
+    /// Give your limiter's configuration the count as an argument (production passes the
+    /// registry's, the replay this one), and leave the rest of it as it is.
+    ///
+    /// ```
+    /// use tollgate::{FailurePolicy, LimiterBuilder, InstanceCount, Policy, Quota};
+    /// use tollgate_simulator::{Customer, Scenario};
+    ///
+    /// /// The service's configuration, shared by `main` and the replay test.
+    /// fn orders(builder: LimiterBuilder, instances: InstanceCount) -> LimiterBuilder {
+    ///     builder
+    ///         .name("orders")
+    ///         .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///         .on_store_failure(FailurePolicy::local_share(instances))
+    /// }
+    ///
+    /// let scenario = Scenario::new().policies([]).group("orders", |instance| {
+    ///     assert_eq!(instance.instance_count().get(), 4);
+    ///     orders(instance.limiter_builder(), instance.instance_count()).try_build()
+    /// });
+    /// assert!(scenario.validate().is_ok());
+    /// ```
+    pub fn instance_count(&self) -> InstanceCount {
+        InstanceCount::fixed(self.instances as u64).at_place(self.instance as u64)
     }
 
     /// A [`Limiter`] builder named after the group, on the group's store, the run's

@@ -102,6 +102,7 @@ mod redis_sentinel;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod refused_connections;
 mod reload;
+mod replay;
 mod request_cost;
 mod settle;
 mod shed;
