@@ -186,6 +186,10 @@ pub(crate) struct Receipt {
     pub(crate) counted_at_ms: u64,
     /// The identity of the policy set that counted it (for the denial cache).
     pub(crate) set_id: u64,
+    /// Whether this instance's local share counted it too (a caller decided by both while
+    /// what the share counted in an outage still weighs): what is given back or charged
+    /// goes to both.
+    pub(crate) shared: bool,
 }
 
 /// Who made a decision.
@@ -292,6 +296,14 @@ impl RateLimitInfo {
             cost: settlement.actual(),
             receipt: self.receipt,
         }
+    }
+
+    /// The same report, of an admission this instance's local share counted too.
+    pub(crate) fn counted_by_share_too(mut self) -> Self {
+        if let Some(receipt) = &mut self.receipt {
+            receipt.shared = true;
+        }
+        self
     }
 
     /// The same report, of an admission that `receipt` can give back.

@@ -453,6 +453,34 @@ impl Fallback {
         self.local.charge_at(caller.key(), limits, units, now)
     }
 
+    /// Gives back, or charges (`charge` units), on this instance's share of `limits` what a
+    /// request the store admitted while the share's count still weighed changed: the
+    /// share counted it too ([`recovering`](Self::recovering)), and decides the caller
+    /// beside the store until that count no longer weighs.
+    pub(super) fn settle_share_too(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        refund: Option<Refund>,
+        charge: u64,
+    ) {
+        let Some(instances) = share_count(&self.policy) else {
+            return;
+        };
+        let share = self.share_of(limits, instances);
+        if let Some(refund) = refund {
+            let _ = self
+                .local
+                .refund(caller.key(), &share.policies, refund)
+                .try_take_ready();
+        }
+        if charge > 0 {
+            let now = self.clock.now_millis();
+            self.local
+                .charge_at(caller.key(), &share.policies, charge, now);
+        }
+    }
+
     /// A refusal the store made that still holds, for a request of `cost` or more.
     fn cached_refusal(
         &self,
@@ -549,6 +577,7 @@ impl Fallback {
         let receipt = outcome.admitted().then(|| Receipt {
             counted_at_ms: outcome.counted_at_ms(),
             set_id: set.id,
+            shared: false,
         });
         let info = RateLimitInfo::of_store(
             share.reported.clone(),

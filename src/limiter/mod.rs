@@ -243,6 +243,11 @@ impl Limiter {
             }
             // A lease's units were counted by the store: they go back there.
             DecisionSource::Store | DecisionSource::Lease => {
+                if receipt.shared {
+                    inner
+                        .path
+                        .settle_share_too(caller, limits, Some(refund), 0);
+                }
                 inner.path.refund(caller, receipt, limits, refund)
             }
             _ => return StoreFuture::ready(Ok(())),
@@ -340,7 +345,14 @@ impl Limiter {
                 DecisionSource::LocalShare => {
                     StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
                 }
-                _ => inner.path.refund(caller, receipt, limits, refund),
+                _ => {
+                    if receipt.shared {
+                        inner
+                            .path
+                            .settle_share_too(caller, limits, Some(refund), 0);
+                    }
+                    inner.path.refund(caller, receipt, limits, refund)
+                }
             };
             let settled = move |result: Result<(), StoreError>| {
                 result.map(|()| Settlement::new(reserved, actual, None))
@@ -355,7 +367,12 @@ impl Limiter {
                 DecisionSource::LocalShare => {
                     StoreFuture::ready(Ok(inner.path.charge_share(caller, limits, units)))
                 }
-                _ => inner.path.charge(caller, limits, units),
+                _ => {
+                    if receipt.shared {
+                        inner.path.settle_share_too(caller, limits, None, units);
+                    }
+                    inner.path.charge(caller, limits, units)
+                }
             };
             let settled = move |result: Result<CheckOutcome, StoreError>| {
                 result.map(|after| Settlement::new(reserved, actual, Some(after)))

@@ -249,14 +249,14 @@ fn a_layer_of_your_own_replays_the_outage_in_each_policys_window() {
 }
 
 /// The store's return: a request decided while what a local share counted still weighs
-/// is counted by the store and by the share, but a count_only refund, a settlement or the
-/// bytes of a body counted after it reach the store only. The share keeps units that were
-/// given back, and misses units that were charged. Measured: initech, whose answers never
-/// count, admitted 622 of its 3,600 requests in the 60 s after the store's return (every
-/// one before), refused by the share (quota 5) while the store says 19 remain; a byte
-/// quota of 1,000,000 a minute had 18 answers of 100,000 in one minute across the return.
+/// is counted by the store and by the share, so a count_only refund, a settlement or the
+/// bytes of a body counted after it go to both. Before, they reached the store only: the
+/// share kept units that were given back and missed units that were charged. initech,
+/// whose answers never count, admitted 622 of its 3,600 requests in the 60 s after the
+/// store's return (every one before), refused by the share (quota 5) while the store said
+/// 19 remained; a byte quota of 1,000,000 a minute had 18 answers of 100,000 in one minute
+/// across the return.
 #[test]
-#[ignore = "after the store's return, refunds, settlements and byte charges reach the store, not the share that counted the request too"]
 fn regression_what_is_given_back_or_charged_after_the_stores_return_reaches_the_share() {
     let report = Scenario::new()
         .policies([])

@@ -372,6 +372,7 @@ fn leased_info(
         .with_receipt(Receipt {
             counted_at_ms,
             set_id: set.id,
+            shared: false,
         })
 }
 

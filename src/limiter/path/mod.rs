@@ -97,6 +97,19 @@ impl Path {
         self.fallback().charge(caller, limits, units)
     }
 
+    /// Gives back (`refund`) or charges (`charge` units) on the local share what changed of
+    /// a request the store admitted and the share counted too.
+    pub(super) fn settle_share_too(
+        &self,
+        caller: &Caller,
+        limits: &Arc<[Policy]>,
+        refund: Option<Refund>,
+        charge: u64,
+    ) {
+        self.fallback()
+            .settle_share_too(caller, limits, refund, charge);
+    }
+
     /// Gives back to the local share what a request it admitted consumed.
     pub(super) fn refund_share(
         &self,
@@ -174,6 +187,7 @@ fn answered_as(
     let receipt = admitted.then_some(Receipt {
         counted_at_ms,
         set_id: set.id,
+        shared: false,
     });
     RateLimitInfo::of_store(
         set.reported.clone(),

@@ -185,13 +185,22 @@ impl RemotePath {
             }
             (Ok(outcome), None) => {
                 permit.success();
-                match held {
+                let shared = match held {
                     Some(held) if outcome.admitted() => {
                         self.fallback.reconcile(caller, &held, &outcome);
+                        true
                     }
-                    held => self.release(caller, held),
+                    held => {
+                        self.release(caller, held);
+                        false
+                    }
+                };
+                match self.decided(caller, set, &outcome, asked_ms, cost) {
+                    Decision::Allowed(info) if shared => {
+                        Decision::Allowed(info.counted_by_share_too())
+                    }
+                    decision => decision,
                 }
-                self.decided(caller, set, &outcome, asked_ms, cost)
             }
             (Err(error), _) => {
                 let elsewhere = self.charge_failure(domain.id, permit, &error);
