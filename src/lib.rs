@@ -297,6 +297,7 @@ pub mod headers {
     //! ```
 
     pub use crate::http::typed_headers::policy::{QuotaPolicy, RateLimitPolicyHeader};
+    pub use crate::http::typed_headers::single_limit::SingleLimit;
     pub use crate::http::typed_headers::state::{QuotaState, RateLimitHeader};
 }
 

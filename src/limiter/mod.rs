@@ -244,9 +244,7 @@ impl Limiter {
             // A lease's units were counted by the store: they go back there.
             DecisionSource::Store | DecisionSource::Lease => {
                 if receipt.shared {
-                    inner
-                        .path
-                        .settle_share_too(caller, limits, Some(refund), 0);
+                    inner.path.settle_share_too(caller, limits, Some(refund), 0);
                 }
                 inner.path.refund(caller, receipt, limits, refund)
             }
@@ -347,9 +345,7 @@ impl Limiter {
                 }
                 _ => {
                     if receipt.shared {
-                        inner
-                            .path
-                            .settle_share_too(caller, limits, Some(refund), 0);
+                        inner.path.settle_share_too(caller, limits, Some(refund), 0);
                     }
                     inner.path.refund(caller, receipt, limits, refund)
                 }

@@ -268,3 +268,27 @@ async fn draft_11_alone_is_read_by_neither_client_parser() {
         assert_eq!(read_by_python(headers), serde_json::Value::Null);
     }
 }
+
+/// tollgate's own readers read every form it writes: `SingleLimit` (and so the
+/// `HoldBackLayer`) the single-limit ones, `RateLimitHeader` draft 11's.
+#[tokio::test]
+async fn tollgate_reads_back_every_form_it_writes() {
+    use tollgate::headers::{RateLimitHeader, SingleLimit};
+    for form in [FieldForm::Draft7, FieldForm::Draft6, FieldForm::XRateLimit] {
+        let (admitted, refused) = replies(&[form]).await;
+        let now = now_ms() as u64;
+        let read = SingleLimit::read(&admitted, now).expect("the admitted response's limit");
+        assert_eq!((read.limit(), read.remaining()), (Some(50), 49), "{form:?}");
+        assert_eq!(read.exhausted_for(), None);
+        let read = SingleLimit::read(&refused, now).expect("the refusal's limit");
+        assert_eq!(read.remaining(), 0, "{form:?}");
+        let wait = read.exhausted_for().expect("a wait");
+        assert!(
+            wait <= std::time::Duration::from_secs(121),
+            "{form:?}: {wait:?}"
+        );
+    }
+    let (_, refused) = replies(&[FieldForm::Draft11]).await;
+    let state: RateLimitHeader = headers::HeaderMapExt::typed_get(&refused).expect("draft 11");
+    assert!(state.exhausted_for().is_some());
+}

@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use crate::client::error::HoldReason;
 use crate::http::response::RATELIMIT;
 use crate::http::typed_headers::retry_after::RetryAfter;
+use crate::http::typed_headers::single_limit::SingleLimit;
 use crate::http::typed_headers::state::RateLimitHeader;
 
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
@@ -44,6 +45,10 @@ pub(super) fn advertised_wait(
     if let Ok(state) = <RateLimitHeader as headers::Header>::decode(&mut lines)
         && let Some(wait) = state.exhausted_for()
     {
+        consider(wait, HoldReason::RateLimitHeader);
+    }
+    // The forms of the fields that carry one limit: draft 7's, draft 6's, X-RateLimit-*.
+    if let Some(wait) = SingleLimit::read(headers, now_ms).and_then(|l| l.exhausted_for()) {
         consider(wait, HoldReason::RateLimitHeader);
     }
     if let Some((wait, reason)) = grpc_pushback(headers) {
@@ -100,6 +105,34 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.parse::<HeaderName>().unwrap(), v.parse().unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn the_single_limit_forms_hold_too() {
+        let now_ms = 1_700_000_000_000;
+        for (pairs, wait) in [
+            (vec![("ratelimit", "limit=50, remaining=0, reset=4")], 4),
+            (
+                vec![("ratelimit-remaining", "0"), ("ratelimit-reset", "5")],
+                5,
+            ),
+            (
+                vec![
+                    ("x-ratelimit-remaining", "0"),
+                    ("x-ratelimit-reset", "1700000006"),
+                ],
+                6,
+            ),
+        ] {
+            assert_eq!(
+                advertised_wait(StatusCode::OK, &headers(&pairs), now_ms),
+                Some((Duration::from_secs(wait), HoldReason::RateLimitHeader)),
+                "{pairs:?}"
+            );
+        }
+        // Something left: no wait.
+        let left = headers(&[("ratelimit", "limit=50, remaining=3, reset=4")]);
+        assert_eq!(advertised_wait(StatusCode::OK, &left, now_ms), None);
     }
 
     #[test]

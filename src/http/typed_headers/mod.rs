@@ -5,6 +5,7 @@ pub(crate) mod format;
 mod list;
 pub(crate) mod policy;
 pub(crate) mod retry_after;
+pub(crate) mod single_limit;
 pub(crate) mod state;
 
 #[cfg(test)]
