@@ -156,3 +156,41 @@ mod on_redis {
         raised_and_lowered(&on(store)).await;
     }
 }
+
+/// With leases, a hot caller's own quota is what its leases are taken from: two instances
+/// leasing for acme's 300 a day admit exactly 300 between them, where the default is 100.
+#[tokio::test]
+async fn leases_are_taken_from_the_callers_own_quota() {
+    use tollgate::Leases;
+    let clock = ManualClock::new(3_600_000);
+    let shared = Remote::new(InMemoryBackend::new().clock(clock.clone()));
+    let instances: Vec<Limiter> = (0..2)
+        .map(|_| {
+            Limiter::builder()
+                .name("plans")
+                .backend(shared.clone())
+                .clock(clock.clone())
+                .policy(per_day())
+                .leases(
+                    Leases::new()
+                        .threshold_per_sec(5)
+                        .period(Duration::from_millis(500))
+                        .instances(InstanceCount::fixed(2)),
+                )
+                .build()
+        })
+        .collect();
+    let acme = Caller::new("acme").with_quota("per-day", 300);
+    let mut admitted = 0;
+    let mut leased = 0;
+    for i in 0..1_000u64 {
+        clock.advance(Duration::from_millis(7));
+        let decision = instances[(i % 2) as usize].check(&acme).await;
+        if let Decision::Allowed(info) = &decision {
+            admitted += 1;
+            leased += usize::from(info.source() == tollgate::decision::DecisionSource::Lease);
+        }
+    }
+    assert_eq!(admitted, 300);
+    assert!(leased > 0, "decided from leases too");
+}
