@@ -131,14 +131,16 @@ impl Deployments {
 }
 
 /// One request of the traffic: to which group, as which customer (indices into what
-/// [`Traffic::start`] was given), when it was sent (from the traffic's start) and its
-/// status.
+/// [`Traffic::start`] was given), when it was sent (from the traffic's start), its status,
+/// and when the server admitted it (Unix ms, from `x-admitted-at-ms`, which orders_api
+/// writes under `--stamp-admissions`).
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
     pub group: usize,
     pub customer: usize,
     pub sent: Duration,
     pub status: u16,
+    pub admitted_at_ms: Option<u64>,
 }
 
 /// `GET /orders` to groups of instances, each customer at its own steady rate (request `k`
@@ -193,12 +195,17 @@ impl Traffic {
                                     let response =
                                         client.request(request).await.expect("an HTTP answer");
                                     let status = response.status().as_u16();
+                                    let admitted_at_ms = response
+                                        .headers()
+                                        .get("x-admitted-at-ms")
+                                        .and_then(|v| v.to_str().ok()?.parse().ok());
                                     let _ = response.into_body().collect().await;
                                     samples.lock().unwrap().push(Sample {
                                         group,
                                         customer,
                                         sent,
                                         status,
+                                        admitted_at_ms,
                                     });
                                 }));
                             }
