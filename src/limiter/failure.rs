@@ -263,6 +263,12 @@ impl Fallback {
     ) {
         if let Some(last) = &self.last_answers {
             last.record(caller.key(), set, outcome, at_ms);
+            // Decided by the store alone, the caller's share counters no longer say what
+            // it has used: when the store goes away again, its share starts from this
+            // answer, not from counters that refilled while the store was admitting.
+            if self.may_weigh() && !self.share_weighs(at_ms) {
+                self.local.forget(caller.key());
+            }
         }
     }
 

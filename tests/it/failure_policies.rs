@@ -250,3 +250,94 @@ async fn instances_with_skewed_clocks_agree_because_time_comes_from_redis() {
     let expected: Vec<u64> = (0..10).rev().chain([u64::MAX; 4]).collect();
     assert_eq!(remaining, expected);
 }
+
+/// A caller's share counters that the store's return left behind, and that the store then
+/// decided alone while they refilled, do not decide the caller when the store goes away
+/// again: its share starts from the store's last answer. (They used to be found still
+/// tracked, refilled as if nobody had spent, and admitted a full part of the burst on top
+/// of what the store had just admitted: the worst second at an outage's start went over.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regression_a_share_left_from_an_earlier_outage_starts_from_the_stores_last_answer() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let clock = ManualClock::new(tollgate_testkit::rates::unix_millis());
+    let limiter = Limiter::builder()
+        .name("orders")
+        .backend(store(&proxy.url(), "orders"))
+        .clock(clock.clone())
+        // 40 per 10 s, a burst of 40: 10 per 10 s each of 4 instances.
+        .policy(Policy::token_bucket(
+            "bucket",
+            Quota::per_seconds(40, 10),
+            40,
+        ))
+        .on_store_failure(FailurePolicy::local_share(
+            InstanceCount::fixed(4).at_place(0),
+        ))
+        // Every request asks the store: a failed call falls back by itself.
+        .breaker(BreakerConfig::default().failure_threshold(1_000))
+        .build();
+    let acme = Caller::new("acme");
+    let source = |decision: &Decision| decision.info().map(|info| info.source());
+    let decide_until = |wanted: DecisionSource| {
+        let limiter = limiter.clone();
+        let acme = acme.clone();
+        async move {
+            for _ in 0..200 {
+                let decision = limiter.check(&acme).await;
+                if source(&decision) == Some(wanted) {
+                    return decision;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("never decided by {wanted:?}");
+        }
+    };
+
+    // The store answers once; then it goes away, and the share counts acme.
+    assert!(decide_until(DecisionSource::Store).await.is_allowed());
+    proxy.set(Fault::Refuse);
+    assert!(decide_until(DecisionSource::LocalShare).await.is_allowed());
+    // Back 5 s later (the share may decide once more while the connection comes back):
+    // acme's share decides beside the store while what it counted weighs (10 s from its
+    // last decision), its counters written until then and 10 s on.
+    clock.advance(Duration::from_secs(5));
+    proxy.set(Fault::Pass);
+    assert!(decide_until(DecisionSource::Store).await.is_allowed());
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(
+        source(&limiter.check(&acme).await),
+        Some(DecisionSource::Store)
+    );
+    // The share's count no longer weighs, its counters are still kept: the store alone
+    // decides acme, up to its limit.
+    clock.advance(Duration::from_millis(8_500));
+    let mut used_up = false;
+    for _ in 0..60 {
+        let decision = limiter.check(&acme).await;
+        // The store's last admission left nothing: the refusal it announced is cached.
+        if source(&decision) == Some(DecisionSource::DenialCache) {
+            used_up = true;
+            break;
+        }
+        assert_eq!(source(&decision), Some(DecisionSource::Store));
+        if !decision.is_allowed() {
+            used_up = true;
+            break;
+        }
+    }
+    assert!(used_up, "the store never refused acme");
+
+    // Gone again, past the store's refusal: the share starts from the store's answer
+    // (nothing left), not from its own counters of 9 s ago.
+    clock.advance(Duration::from_millis(300));
+    proxy.set(Fault::Refuse);
+    let first = decide_until(DecisionSource::LocalShare).await;
+    let mut admitted = usize::from(first.is_allowed());
+    for _ in 0..10 {
+        let decision = limiter.check(&acme).await;
+        assert_eq!(source(&decision), Some(DecisionSource::LocalShare));
+        admitted += usize::from(decision.is_allowed());
+    }
+    assert!(admitted <= 1, "the share admitted {admitted} of 11");
+}

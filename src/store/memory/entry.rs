@@ -467,6 +467,13 @@ impl Entry {
         self.idle_at_ms.load(Relaxed)
     }
 
+    /// Whether the entry's counters no longer affect a decision at `now_ms`: the caller is
+    /// decided as one never seen (swept or not yet), so a caller seeded from elsewhere
+    /// starts from the seed, not from a state that has long run out.
+    pub(super) fn is_idle(&self, now_ms: u64) -> bool {
+        self.idle_at_ms() <= now_ms
+    }
+
     /// Keeps the entry until `idle_at_ms` at least. Decisions that take no lock race here:
     /// the later time always wins, so no caller is swept while its counters still matter.
     pub(super) fn keep_until(&self, idle_at_ms: u64) {

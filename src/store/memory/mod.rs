@@ -179,6 +179,9 @@ impl InMemoryBackend {
         let Some(position) = shard.find(hash, caller.encoded()) else {
             return;
         };
+        if shard.entries[position].is_idle(now) {
+            return;
+        }
         for limit in limits {
             // A counter the shard never stored holds nothing to give back.
             let Some(counter) = shard.counter(limit.counter_arc()) else {
@@ -222,7 +225,7 @@ impl InMemoryBackend {
         let (hash, lock) = self.shard(caller);
         let mut guard = write(lock);
         let shard = &mut *guard;
-        let position = shard.find(hash, caller.encoded());
+        let position = shard.find_live(hash, caller.encoded(), now, &self.shared.hasher);
         let (entries, counters) = shard.parts();
         let mut store = Decision {
             entry: position.map(|p| &mut entries[p]),
@@ -231,18 +234,22 @@ impl InMemoryBackend {
             key: caller.encoded(),
             now,
         };
+        let mut idle_at = idle_at(limits, now);
         let outcomes: Vec<PolicyOutcome> = limits
             .iter()
             .map(|limit| {
                 let state = find_counter(store.counters, limit.counter_arc())
                     .and_then(|counter| store.entry.as_deref()?.state(counter));
                 let charged = limit.algorithm().charge_state(state, now, units);
+                // A bucket charged into debt refills from a time ahead of now.
+                if let State::TokenBucket { updated_ms, .. } = charged.admitted_state {
+                    idle_at = idle_at.max(updated_ms.saturating_add(limit.retention_ms()));
+                }
                 store.admit(limit, charged.admitted_state);
                 charged.outcome
             })
             .collect();
         let mut outcome = CheckOutcome::collect(limits.len(), outcomes.into_iter()).counted_at(now);
-        let mut idle_at = idle_at(limits, now);
         if limits.iter().any(|limit| limit.lockout_ms().is_some()) {
             // Only blocks that begin: a standing one is left as it is.
             lockout::start_blocks(limits, &mut outcome, now, units, |i, since_ms, until_ms| {
@@ -261,6 +268,18 @@ impl InMemoryBackend {
             (None, None) => {}
         }
         outcome
+    }
+
+    /// Forgets `caller`'s counters, if it has any (the write lock only then).
+    pub(crate) fn forget(&self, caller: &CallerKey) {
+        let (hash, lock) = self.shard(caller);
+        if read(lock).find(hash, caller.encoded()).is_none() {
+            return;
+        }
+        let mut shard = write(lock);
+        if let Some(position) = shard.find(hash, caller.encoded()) {
+            shard.remove(position, &self.shared.hasher);
+        }
     }
 
     /// Decides a request of `cost` units now: what [`Backend::check`] answers, unwrapped.
@@ -343,11 +362,12 @@ impl InMemoryBackend {
         // Not decided under the read lock: more policies than it takes, a counter the
         // caller lacks, or the slot of a lockout newly added to a policy it has.
         let known = shard.find(hash, caller.encoded()).is_some_and(|position| {
-            limits.iter().all(|limit| {
-                shard
-                    .counter(limit.counter_arc())
-                    .is_some_and(|counter| shard.entries[position].has(counter))
-            })
+            !shard.entries[position].is_idle(now)
+                && limits.iter().all(|limit| {
+                    shard
+                        .counter(limit.counter_arc())
+                        .is_some_and(|counter| shard.entries[position].has(counter))
+                })
         });
         drop(shard);
         known.then(|| self.decide_at(caller, limits, cost, now))
@@ -366,7 +386,8 @@ impl InMemoryBackend {
         let shard = read(lock);
         let entry = shard
             .find(hash, caller.encoded())
-            .map(|position| &shard.entries[position]);
+            .map(|position| &shard.entries[position])
+            .filter(|entry| !entry.is_idle(now));
         CheckOutcome::collect(
             limits.len(),
             limits.iter().map(|limit| {
@@ -409,8 +430,9 @@ impl InMemoryBackend {
             shard.sweep(now, &self.shared.hasher);
         }
 
-        // One lookup for a known caller: evaluate, then write through the same entry.
-        let position = shard.find(hash, caller.encoded());
+        // One lookup for a known caller: evaluate, then write through the same entry. An
+        // idle one is forgotten first, so that it starts from its seed.
+        let position = shard.find_live(hash, caller.encoded(), now, &self.shared.hasher);
         let (entries, counters) = shard.parts();
         let mut store = Decision {
             entry: position.map(|p| &mut entries[p]),
@@ -489,6 +511,9 @@ fn decide_packed_alone(
         return PackedDecision::NotPacked;
     };
     let entry = &shard.entries[position];
+    if entry.is_idle(now) {
+        return PackedDecision::NotPacked;
+    }
     let decided = entry.decide_packed(counter, limit, now, cost);
     if let PackedDecision::Decided(outcome) = decided {
         // A refused caller is as active as an admitted one.
@@ -525,6 +550,9 @@ fn decide_tracked(
         }
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
+    if entry.is_idle(now) {
+        return None;
+    }
     let mut counters = [0u32; INLINE_POLICIES];
     // Each locking policy's block slot; the fast path needs the caller to have them all.
     let mut blocks = [None; INLINE_POLICIES];
@@ -812,5 +840,75 @@ mod tests {
         // acme, busy throughout, is still limited.
         let outcome = backend.decide(&acme, &limits, 1);
         assert!(!outcome.admitted());
+    }
+
+    fn bucket(per_second: u64) -> Arc<[Policy]> {
+        vec![Policy::new(
+            "bucket",
+            Algorithm::token_bucket(per_second, Duration::from_secs(1), per_second),
+        )]
+        .into()
+    }
+
+    #[test]
+    fn an_idle_caller_starts_from_its_seed_not_from_its_refilled_state() {
+        let clock = ManualClock::new(1_000);
+        let backend = InMemoryBackend::new().clock(clock.clone());
+        let limits = bucket(5);
+        let acme = CallerKey::new("acme");
+        assert!(backend.decide(&acme, &limits, 1).admitted());
+        // Past the bucket's refill, unswept: the caller's state affects nothing.
+        clock.advance(Duration::from_secs(2));
+        let now = backend.now_ms();
+        assert!(backend.decide_one_at(&acme, &limits[0], 1, now).is_none());
+        assert!(backend.decide_tracked_at(&acme, &limits, 1, now).is_none());
+        // Seeded empty (what another counter knew of the caller), it is refused.
+        let empty = State::TokenBucket {
+            level: 0,
+            updated_ms: now,
+        };
+        let outcome = backend.decide_seeded_at(&acme, &limits, 1, now, |_| Some(empty.clone()));
+        assert!(!outcome.admitted());
+    }
+
+    #[test]
+    fn forgetting_idle_callers_keeps_the_others_counted() {
+        let clock = ManualClock::new(1_000);
+        let backend = InMemoryBackend::new().shards(1).clock(clock.clone());
+        let limits = per_second(3);
+        for i in 0..50 {
+            backend.decide(&CallerKey::new(format!("idle{i}")), &limits, 1);
+        }
+        clock.advance(Duration::from_secs(5));
+        for i in 0..50 {
+            backend.decide(&CallerKey::new(format!("busy{i}")), &limits, 3);
+        }
+        // Every idle caller comes back (and is forgotten first, the last moving into its
+        // place): each is fresh, and each busy one still has nothing left.
+        for i in 0..50 {
+            assert!(
+                backend
+                    .decide(&CallerKey::new(format!("idle{i}")), &limits, 3)
+                    .admitted()
+            );
+        }
+        for i in 0..50 {
+            let key = CallerKey::new(format!("busy{i}"));
+            assert!(!backend.decide(&key, &limits, 1).admitted(), "busy{i}");
+        }
+        assert_eq!(backend.tracked_keys(), 100);
+    }
+
+    #[test]
+    fn a_bucket_in_debt_is_kept_until_it_has_refilled() {
+        let clock = ManualClock::new(1_000);
+        let backend = InMemoryBackend::new().clock(clock.clone());
+        let limits = bucket(5);
+        let acme = CallerKey::new("acme");
+        assert!(backend.decide(&acme, &limits, 1).admitted());
+        // 20 units more than it had: four seconds of refill owed.
+        backend.charge_at(&acme, &limits, 20, backend.now_ms());
+        clock.advance(Duration::from_secs(2));
+        assert!(!backend.decide(&acme, &limits, 1).admitted());
     }
 }

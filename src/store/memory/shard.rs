@@ -93,6 +93,45 @@ impl Shard {
         }
     }
 
+    /// The position of the caller whose counters still affect a decision at `now_ms`; an
+    /// idle one is forgotten on the way (with the write lock), so that it is decided as
+    /// never seen rather than from states that have long run out.
+    pub(super) fn find_live(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        now_ms: u64,
+        hasher: &KeyHasher,
+    ) -> Option<usize> {
+        let position = self.find(hash, key)?;
+        if self.entries[position].is_idle(now_ms) {
+            self.remove(position, hasher);
+            return None;
+        }
+        Some(position)
+    }
+
+    /// Forgets the caller at `position`; the last caller takes its place.
+    pub(super) fn remove(&mut self, position: usize, hasher: &KeyHasher) {
+        let last = self.entries.len() - 1;
+        self.unindex(position, hasher);
+        if position != last {
+            self.unindex(last, hasher);
+        }
+        self.entries.swap_remove(position);
+        if position != last {
+            let entries = &self.entries;
+            self.index.insert_unique(
+                hasher.hash_one(entries[position].key()),
+                position as u32,
+                |&i| hasher.hash_one(entries[i as usize].key()),
+            );
+        }
+        if self.hand >= self.entries.len() {
+            self.hand = 0;
+        }
+    }
+
     /// Moves the hand to the first caller not seen since it last passed, clearing the marks
     /// on the way; that caller's position. Ends within two rounds: the first clears every
     /// mark. The shard holds at least one caller.
