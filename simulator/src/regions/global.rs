@@ -331,3 +331,81 @@ pub(crate) fn sliding_window(limits: &[Policy]) -> (u64, u64) {
         _ => (0, 1),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tollgate::{Policy, Quota};
+
+    use super::*;
+
+    fn call(region: usize, ack: Option<Snapshot>, demand: u64, want: u64) -> Call {
+        Call {
+            region,
+            ack,
+            owed: Window::default(),
+            moved: Window::default(),
+            returns: Vec::new(),
+            demand,
+            want,
+        }
+    }
+
+    #[test]
+    fn the_room_of_a_regions_share_stays_in_reserve() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = SimClock::virtual_time(1_000_000, tokio::time::Instant::now());
+            let global = GlobalStore::new(clock, ShareBy::Demand, vec![1, 1]);
+            let limits: Arc<[Policy]> =
+                vec![Policy::sliding_window("per-second", Quota::per_second(50))].into();
+            let acme = CallerKey::new("acme");
+
+            // Region 0 alone has asked: all of the demand is its, so is the whole limit.
+            let first = global.serve(&acme, &limits, call(0, None, 40, 40));
+            assert_eq!(first.granted, 40);
+            assert_eq!((first.snapshot.used, first.snapshot.share), (40, 50));
+            // Cut off with that snapshot, region 0 could still admit 10 on its share:
+            // region 1 gets nothing of the 10 left.
+            let second = global.serve(&acme, &limits, call(1, None, 10, 20));
+            assert_eq!(second.granted, 0);
+            // Region 0 calls again: its share is 40 now (40 of a demand of 50). Until it
+            // says it holds the new snapshot, the old one's room stays in reserve.
+            let third = global.serve(&acme, &limits, call(0, Some(first.snapshot), 40, 0));
+            assert_eq!((third.snapshot.used, third.snapshot.share), (40, 40));
+            assert_eq!(
+                global.serve(&acme, &limits, call(1, None, 10, 20)).granted,
+                0
+            );
+            // Once it does, its share's room is 40 - ceil(40 * 40 / 50) = 8: region 1
+            // gets the other 2.
+            global.serve(&acme, &limits, call(0, Some(third.snapshot), 40, 0));
+            assert_eq!(
+                global.serve(&acme, &limits, call(1, None, 10, 20)).granted,
+                2
+            );
+
+            // Region 0 falls silent (cut off). Half a window into the next one, the 42
+            // counted weigh 21, and region 0's share could admit 40 - 32 / 2 = 24: region
+            // 1 gets 5.
+            tokio::time::advance(Duration::from_millis(1_500)).await;
+            assert_eq!(
+                global.serve(&acme, &limits, call(1, None, 10, 20)).granted,
+                5
+            );
+            // A window later the seed has slid out: region 0's whole share (40) stays in
+            // reserve, and region 1 leases what the other 10 leave, its 5 of the last
+            // window still weighing half: 7, however often it asks.
+            tokio::time::advance(Duration::from_millis(1_000)).await;
+            let granted: u64 = (0..4)
+                .map(|_| global.serve(&acme, &limits, call(1, None, 10, 20)).granted)
+                .sum();
+            assert_eq!(granted, 7);
+        });
+    }
+}

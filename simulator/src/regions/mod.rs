@@ -664,6 +664,11 @@ impl Regions {
         if self.counting.is_empty() {
             return Err(ScenarioError::NoGroups);
         }
+        for (i, counting) in self.counting.iter().enumerate() {
+            if self.counting[..i].contains(counting) {
+                return Err(ScenarioError::DuplicateGroup(counting.name().to_owned()));
+            }
+        }
         let period_ms = u128::from(self.window_secs) * 1_000;
         if u128::from(self.limit) * period_ms >= 1 << 53 {
             return Err(ScenarioError::QuotaTooLarge);
