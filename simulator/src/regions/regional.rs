@@ -330,8 +330,10 @@ impl Regional {
             u64::try_from((u128::from(demand) * u128::from(ms)).div_ceil(u128::from(DEMAND_MS)))
                 .unwrap_or(u64::MAX)
         };
-        // What a lease should cover: the demand over a round trip and the horizon.
-        let mut want = over(rtt + self.link.horizon_ms)
+        // What a lease should cover: the demand over a round trip and the horizon (topped
+        // up by any call, so that a call made only to give units back does not hold up the
+        // next refill).
+        let want = over(rtt + self.link.horizon_ms)
             .saturating_sub(state.held())
             .min(limit);
         if state.cut_off.is_none() {
@@ -345,9 +347,6 @@ impl Regional {
                 || !state.moved.is_empty(window_ms, now);
             if !refill_due && !owes {
                 return;
-            }
-            if !refill_due {
-                want = 0;
             }
         }
         let call = Call {
