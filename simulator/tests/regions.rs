@@ -155,12 +155,10 @@ fn the_bound_across_round_trips() {
     // bunch more: the sliding window counter, which takes a window's count as spread
     // evenly over it, lets 53 through in one second (6% over); at 150 ms, 48 at most.
     let worst = |rtt: u64| {
-        let report = run(
-            Regions::default()
-                .wan_rtt_ms(rtt)
-                .wan_timeout_ms(rtt * 3)
-                .counting([Counting::TwoTier]),
-        );
+        let report = run(Regions::default()
+            .wan_rtt_ms(rtt)
+            .wan_timeout_ms(rtt * 3)
+            .counting([Counting::TwoTier]));
         global(&report, "two-tier", ACME)
     };
     assert_eq!(worst(50), ([53, 49, 51], [1_323, 1_403, 1_306]));
