@@ -108,7 +108,7 @@ pub(crate) fn parse_fault(value: &str) -> Result<RegionFault, String> {
 }
 
 pub(crate) fn parse_share_by(value: &str) -> Result<ShareBy, String> {
-    value.parse()
+    value.parse().map_err(|e: ScenarioError| e.to_string())
 }
 
 /// The fault phase's name in the tables.

@@ -1422,6 +1422,8 @@ pub enum ScenarioError {
     BadRegionName(String),
     /// A region the scenario does not have (the fault names it).
     UnknownRegion(String),
+    /// An unknown [`ShareBy`](crate::ShareBy) name.
+    UnknownShareBy(String),
     /// A customer's spread over the regions is not one fraction per region, each from 0
     /// to 1, adding up to 1.
     BadSpread {
@@ -1502,6 +1504,9 @@ impl fmt::Display for ScenarioError {
                 "region name {name:?} must be 1 to 32 letters, digits, '-', '_' or '.'"
             ),
             ScenarioError::UnknownRegion(name) => write!(f, "no region is called {name:?}"),
+            ScenarioError::UnknownShareBy(name) => {
+                write!(f, "unknown share {name:?} (demand or weight)")
+            }
             ScenarioError::BadSpread { customer, spread } => write!(
                 f,
                 "the spread of {customer} ({spread:?}) must give each region a fraction from \

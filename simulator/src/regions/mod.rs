@@ -31,6 +31,7 @@ pub use report::{GlobalRow, RegionRow, RegionsGroup, RegionsReport};
 /// use tollgate_simulator::ShareBy;
 /// assert_eq!("weight".parse::<ShareBy>().unwrap(), ShareBy::Weight);
 /// assert_eq!(ShareBy::Demand.name(), "demand");
+/// assert!("luck".parse::<ShareBy>().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -57,13 +58,13 @@ impl ShareBy {
 }
 
 impl FromStr for ShareBy {
-    type Err = String;
+    type Err = ScenarioError;
 
-    fn from_str(name: &str) -> Result<Self, String> {
+    fn from_str(name: &str) -> Result<Self, ScenarioError> {
         match name {
             "demand" => Ok(ShareBy::Demand),
             "weight" => Ok(ShareBy::Weight),
-            other => Err(format!("unknown share {other:?} (demand or weight)")),
+            other => Err(ScenarioError::UnknownShareBy(other.to_owned())),
         }
     }
 }
@@ -261,7 +262,9 @@ impl RegionalCustomer {
 /// tollgate's real `RateLimitLayer` (keyed on `x-customer-id`) around a handler, its
 /// limiter on its region's store with a local share as its failure policy (the limit
 /// divided among all regions' instances for the two-tier store, among the region's own
-/// instances when each region counts alone).
+/// instances when each region counts alone). The two-tier store's limiters have no denial
+/// cache: the regional store sees every request, the refused ones too, and sizes leases
+/// and shares by that demand.
 ///
 /// ```
 /// use tollgate_simulator::{Phase, Regions};
