@@ -35,6 +35,9 @@
 //!   what each failure does to decisions (this page needs the `redis` feature).
 //! - [`simulator`]: the outage simulator, its command line, page and tables, and replaying
 //!   an outage through your own limiter and layer in a test (`tollgate-simulator`).
+//! - [`regions`]: one limit across regions, each with a Redis of its own: the two-tier
+//!   store designed and measured in the simulator, what it guarantees through a partition
+//!   and what it costs.
 
 #[doc = include_str!("../docs/guide/getting_started.md")]
 pub mod getting_started {}
@@ -92,3 +95,13 @@ pub mod redis_deployments {}
 #[doc = ""]
 #[doc = "</div>"]
 pub mod simulator {}
+
+// The chart is inlined, as the simulator page's is.
+#[doc = include_str!("../docs/guide/regions.md")]
+#[doc = ""]
+#[doc = "<div style=\"overflow-x: auto\">"]
+#[doc = ""]
+#[doc = include_str!("../docs/regions.svg")]
+#[doc = ""]
+#[doc = "</div>"]
+pub mod regions {}

@@ -10,7 +10,7 @@ use crate::Options;
 use crate::output::{policy_note, rate_text};
 
 /// The customers' colours in the chart, in the order of `--traffic`.
-const COLORS: [RGBColor; 8] = [
+pub(crate) const COLORS: [RGBColor; 8] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xff, 0x7f, 0x0e),
     RGBColor(0x2c, 0xa0, 0x2c),
@@ -21,9 +21,9 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(0x7f, 0x7f, 0x7f),
 ];
 /// The store outage in the chart.
-const OUTAGE_SHADE: RGBColor = RGBColor(0xfd, 0xe2, 0xe2);
+pub(crate) const OUTAGE_SHADE: RGBColor = RGBColor(0xfd, 0xe2, 0xe2);
 /// The frame around each panel of the chart.
-const FRAME: RGBColor = RGBColor(0x88, 0x88, 0x88);
+pub(crate) const FRAME: RGBColor = RGBColor(0x88, 0x88, 0x88);
 
 /// The admitted rate over time as an SVG drawn with plotters: one panel per policy, one
 /// line per customer, the store outage shaded, and one legend for all panels at the top.
@@ -185,7 +185,7 @@ pub(crate) fn chart(
 /// plotters' SVG puts each text on a line of its own between its `<text ...>` and
 /// `</text>` tags; SVG drops those line breaks anyway, so take them out and keep each text
 /// element on one line: `<text ...>closed</text>`.
-fn tight_text(svg: &str) -> String {
+pub(crate) fn tight_text(svg: &str) -> String {
     let mut out = String::with_capacity(svg.len());
     for line in svg.lines() {
         out.push_str(line);

@@ -21,9 +21,15 @@
 //! `--serve ADDR` serves a page instead (see `serve.rs`) whose controls edit the same
 //! scenario and rerun it on every change.
 //!
+//! `--regions` replays the running example across three regions instead, one limit per
+//! customer across them: the two-tier store (regional stores leasing each caller's global
+//! quota from a global store a WAN round trip away) beside each region counting alone,
+//! with the busiest region cut off from the global store (see `regions.rs`).
+//!
 //! Run with `--help` for the flags. The engine is the `tollgate-simulator` crate; this
 //! file parses the flags, `output.rs` prints the tables and the JSON, `chart.rs` draws the
-//! chart, `real.rs` runs against Redis, and `serve.rs` with `api.rs` serves the page.
+//! chart, `real.rs` runs against Redis, `regions.rs` prints and draws the regions' run, and
+//! `serve.rs` with `api.rs` serves the page.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -32,8 +38,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tollgate_simulator::{
-    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError,
-    SimulationError,
+    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, RegionFault, Report, Scenario,
+    ScenarioError, ShareBy, SimulationError,
 };
 
 mod api;
@@ -41,6 +47,7 @@ mod chart;
 mod output;
 #[cfg(feature = "redis")]
 mod real;
+mod regions;
 mod serve;
 
 // ---------------------------------------------------------------------------------------
@@ -115,6 +122,34 @@ struct Flags {
     /// reruns on every change. Prints the address it listens on
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["json", "chart", "redis"])]
     serve: Option<SocketAddr>,
+    /// One limit across regions instead: the running example on three regions (us-east,
+    /// eu-west, ap-south, 4 instances each), acme's requests spread 80/15/5 over them
+    /// (globex 25/50/25, initech all in ap-south), us-east cut off from the global store
+    /// during the outage; the two-tier store (regional stores leasing the global quota)
+    /// beside each region counting alone. Takes --limit, --window-secs, the phases and
+    /// --chart
+    #[arg(long, conflicts_with_all = [
+        "instances", "algorithm", "burst", "traffic", "policy", "fault", "store_timeout_ms",
+        "breaker_base_open_ms", "breaker_max_open_ms", "json", "redis", "serve",
+    ])]
+    regions: bool,
+    /// With --regions: the WAN round trip between a region and the global store
+    /// [default: 100]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "regions",
+        allow_negative_numbers = true
+    )]
+    wan_rtt_ms: Option<u64>,
+    /// With --regions: what fails during the outage: partition:REGION (default
+    /// partition:us-east), store-lost:REGION or global-lost
+    #[arg(long, value_name = "F", requires = "regions", value_parser = regions::parse_fault)]
+    region_fault: Option<RegionFault>,
+    /// With --regions: a region cut off falls back to its share of the limit by demand
+    /// (default) or weight
+    #[arg(long, value_name = "S", requires = "regions", value_parser = regions::parse_share_by)]
+    share_by: Option<ShareBy>,
 }
 
 fn parse_algorithm(value: &str) -> Result<AlgorithmKind, String> {
@@ -332,6 +367,9 @@ fn main() -> ExitCode {
         // --help and --version print on stdout and succeed; a bad flag exits with 2.
         Err(error) => error.exit(),
     };
+    if flags.regions {
+        return regions::run(&flags);
+    }
     let options = match Options::from_flags(flags) {
         Ok(options) => options,
         Err(message) => {

@@ -586,7 +586,7 @@ fn traced_request(t_ms: f64, instance: usize, answer: &Answer) -> Traced {
 }
 
 /// One request of a customer, from its template.
-fn request_of(prepared: &Prepared) -> Request<SimBody> {
+pub(crate) fn request_of(prepared: &Prepared) -> Request<SimBody> {
     let mut request = Request::new(SimBody::from_bytes(prepared.body.clone()));
     *request.method_mut() = prepared.method.clone();
     *request.uri_mut() = prepared.uri.clone();
@@ -617,18 +617,18 @@ fn policy_windows(limiter: &Limiter) -> Vec<(String, Duration)> {
 
 /// When request `k` of a customer sending `rate` per second goes out, in milliseconds from
 /// the start.
-fn sent_at_ms(k: u64, rate: f64) -> f64 {
+pub(crate) fn sent_at_ms(k: u64, rate: f64) -> f64 {
     k as f64 * 1_000.0 / rate
 }
 
 /// A send time as the report gives it: the trace's and the worst windows' are the same.
-fn sent_at(t_ms: f64) -> Duration {
+pub(crate) fn sent_at(t_ms: f64) -> Duration {
     Duration::from_secs_f64(t_ms / 1_000.0)
 }
 
 /// The numbers of a customer's admitted requests, in the order they were sent, from a set
 /// with bit `k` for its request `k`.
-fn admitted_requests(bits: &[u64]) -> impl Iterator<Item = u64> + '_ {
+pub(crate) fn admitted_requests(bits: &[u64]) -> impl Iterator<Item = u64> + '_ {
     bits.iter().enumerate().flat_map(|(i, &word)| {
         (0..64u64)
             .filter(move |b| word & (1u64 << b) != 0)
@@ -636,12 +636,12 @@ fn admitted_requests(bits: &[u64]) -> impl Iterator<Item = u64> + '_ {
     })
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn phase_of(t_ms: f64, boundaries: [f64; 2]) -> usize {
+pub(crate) fn phase_of(t_ms: f64, boundaries: [f64; 2]) -> usize {
     boundaries.iter().take_while(|&&b| t_ms >= b).count()
 }

@@ -26,7 +26,7 @@ use crate::service::{Answering, FrontLayer, RateLimited, SimBody, UserLayer};
 use crate::store::{FaultKind, InstanceContext};
 
 /// Past this many simulated requests, a run takes too long to be worth it.
-const MAX_REQUESTS: f64 = 50_000_000.0;
+pub(crate) const MAX_REQUESTS: f64 = 50_000_000.0;
 /// At most this many limiter instances in one group.
 const MAX_INSTANCES: usize = 2_000;
 
@@ -469,7 +469,7 @@ impl Customer {
         self.answer_bytes
     }
 
-    fn check(&self) -> Result<(), ScenarioError> {
+    pub(crate) fn check(&self) -> Result<(), ScenarioError> {
         let name = &self.name;
         let valid_name = !name.is_empty()
             && name.len() <= 64
@@ -1321,7 +1321,12 @@ impl Scenario {
     }
 }
 
-fn range(setting: &'static str, value: u64, min: u64, max: u64) -> Result<(), ScenarioError> {
+pub(crate) fn range(
+    setting: &'static str,
+    value: u64,
+    min: u64,
+    max: u64,
+) -> Result<(), ScenarioError> {
     if value < min || value > max {
         return Err(ScenarioError::OutOfRange {
             setting,
@@ -1409,6 +1414,24 @@ pub enum ScenarioError {
     UnknownFault(String),
     /// An unknown algorithm name.
     UnknownAlgorithm(String),
+    /// A [`Regions`](crate::Regions) scenario without regions.
+    NoRegions,
+    /// Two regions with one name.
+    DuplicateRegion(String),
+    /// A region name that is not 1 to 32 letters, digits, `-`, `_` or `.`.
+    BadRegionName(String),
+    /// A region the scenario does not have (the fault names it).
+    UnknownRegion(String),
+    /// An unknown [`ShareBy`](crate::ShareBy) name.
+    UnknownShareBy(String),
+    /// A customer's spread over the regions is not one fraction per region, each from 0
+    /// to 1, adding up to 1.
+    BadSpread {
+        /// The customer.
+        customer: String,
+        /// The fractions given.
+        spread: Vec<f64>,
+    },
 }
 
 impl fmt::Display for ScenarioError {
@@ -1473,6 +1496,21 @@ impl fmt::Display for ScenarioError {
             ScenarioError::UnknownAlgorithm(name) => write!(
                 f,
                 "unknown algorithm {name:?} (sliding-window or token-bucket)"
+            ),
+            ScenarioError::NoRegions => f.write_str("no regions"),
+            ScenarioError::DuplicateRegion(name) => write!(f, "region {name:?} given twice"),
+            ScenarioError::BadRegionName(name) => write!(
+                f,
+                "region name {name:?} must be 1 to 32 letters, digits, '-', '_' or '.'"
+            ),
+            ScenarioError::UnknownRegion(name) => write!(f, "no region is called {name:?}"),
+            ScenarioError::UnknownShareBy(name) => {
+                write!(f, "unknown share {name:?} (demand or weight)")
+            }
+            ScenarioError::BadSpread { customer, spread } => write!(
+                f,
+                "the spread of {customer} ({spread:?}) must give each region a fraction from \
+                 0 to 1, adding up to 1"
             ),
         }
     }

@@ -479,7 +479,7 @@ impl InstanceContext {
 /// A reproducible jitter source seeded with `seed`: numbers in `[0, 1)` from a xorshift64
 /// generator, the small seeds spread over the state space by the 64-bit golden ratio (and
 /// the state made odd, since xorshift never leaves 0).
-fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
+pub(crate) fn jitter(seed: u64) -> impl Fn() -> f64 + Send + Sync + 'static {
     let state = AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     move || {
         let mut x = state.load(Ordering::Relaxed);

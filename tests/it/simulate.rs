@@ -28,8 +28,8 @@ use tollgate::{FailurePolicy, InstanceCount, Policy, Quota};
 #[cfg(feature = "redis")]
 use tollgate_simulator::FaultSwitch;
 use tollgate_simulator::{
-    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Report, Scenario, ScenarioError,
-    SimulationError,
+    AlgorithmKind, Customer, FaultKind, Phase, PolicyName, Regions, Report, Scenario,
+    ScenarioError, SimulationError,
 };
 #[cfg(feature = "redis")]
 use tollgate_testkit::proxy::{Fault, FaultProxy};
@@ -948,6 +948,90 @@ fn the_table_explains_itself() {
     );
 }
 
+/// `--regions`: one table per customer, the two-tier store beside each region counting
+/// alone by phase (the fault's named after it), the numbers of the library's run, and the
+/// chart of acme's admissions by region.
+#[test]
+fn the_command_line_replays_one_limit_across_regions() {
+    let chart = std::env::temp_dir().join(format!(
+        "tollgate-simulate-regions-{}.svg",
+        std::process::id()
+    ));
+    let args = [
+        "--regions",
+        "--normal-secs",
+        "4",
+        "--outage-secs",
+        "4",
+        "--recovery-secs",
+        "4",
+        "--chart",
+        chart.to_str().expect("a UTF-8 temp path"),
+    ];
+    let output = simulate(&args);
+    assert!(
+        output.status.success(),
+        "simulate {args:?} failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    for heading in [
+        "## acme: 120/s sent (us-east 96/s, eu-west 18/s, ap-south 6/s)",
+        "## globex",
+        "## initech: 5/s sent (ap-south 5/s)",
+        "| us-east (96/s) |",
+        "WAN calls/request",
+        "us-east cut off from the global store, from 4 s to 8 s",
+    ] {
+        assert!(text.contains(heading), "{heading:?} not in\n{text}");
+    }
+    // The library's run, on the same virtual time: the same numbers in the table.
+    let report = Regions::default()
+        .normal_secs(4)
+        .fault_secs(4)
+        .recovery_secs(4)
+        .run_blocking()
+        .expect("the library's run");
+    for (group, phase, label) in [
+        ("two-tier", Phase::Normal, "normal"),
+        ("two-tier", Phase::Outage, "partition"),
+        ("per-region", Phase::Recovery, "recovery"),
+    ] {
+        let row = report.row(group, phase, "acme").expect("a row");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| {group:<10} | {label:<9} |")))
+            .unwrap_or_else(|| panic!("no {group} {label} row in\n{text}"));
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        assert_eq!(cells[3], format!("{:.1}", row.admitted_per_sec), "{line}");
+        assert!(
+            cells[4].starts_with(&format!("{} (", row.worst_window_admitted)),
+            "{line}"
+        );
+        assert_eq!(
+            cells[5],
+            format!("{:.1}", row.regions[0].admitted_per_sec),
+            "{line}"
+        );
+    }
+    let svg = std::fs::read_to_string(&chart).expect("the chart was written");
+    let _ = std::fs::remove_file(&chart);
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    assert!(
+        svg.contains(">two-tier<") && svg.contains(">per-region<"),
+        "{svg}"
+    );
+    // Per panel a line per region and one for all of them, and the limit in dashes of its
+    // own colour.
+    let lines = svg
+        .lines()
+        .filter(|l| l.starts_with("<polyline") && !l.contains("#C02020"))
+        .count();
+    assert_eq!(lines, 2 * 4);
+    assert!(svg.contains("the limit (50/s)"), "{svg}");
+}
+
 #[test]
 fn bad_flags_exit_with_2_and_say_why() {
     let cases: &[(&[&str], &str)] = &[
@@ -975,6 +1059,15 @@ fn bad_flags_exit_with_2_and_say_why() {
         (&["--breaker-base-open-ms", "0"], "--breaker-base-open-ms"),
         (&["--redis", "redis://10.1.2.3:6379/"], "--redis"),
         (&["--chart", ""], "--chart"),
+        (&["--wan-rtt-ms", "50"], "--regions"),
+        (&["--regions", "--policy", "closed"], "--policy"),
+        (&["--regions", "--region-fault", "fire"], "--region-fault"),
+        (
+            &["--regions", "--region-fault", "partition:mars"],
+            "--region-fault: no region is called \"mars\"",
+        ),
+        (&["--regions", "--share-by", "luck"], "--share-by"),
+        (&["--regions", "--outage-secs", "0"], "--outage-secs"),
     ];
     for (args, says) in cases {
         let output = simulate(args);
@@ -1011,6 +1104,10 @@ fn help_prints_the_flags() {
         "--redis",
         "--breaker-base-open-ms",
         "--breaker-max-open-ms",
+        "--regions",
+        "--wan-rtt-ms",
+        "--region-fault",
+        "--share-by",
     ] {
         assert!(usage.contains(flag), "--help does not mention {flag}");
     }
