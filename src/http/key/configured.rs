@@ -42,8 +42,8 @@ pub enum ConfiguredKey {
 /// A key as a limiter definition declares it beyond the built-ins: the caller found by
 /// another key, made a member of the budgets whose keys its request's headers name
 /// ([`Caller::within`]), and given the quotas listed for its key
-/// ([`Caller::with_quota`]). Built by
-/// [`LimiterDefinition::key`](crate::config::LimiterDefinition::key) (the `serde` feature).
+/// ([`Caller::with_quota`]). Built by `tollgate::config::LimiterDefinition::key` (the
+/// `serde` feature), or by hand as below.
 ///
 /// ```
 /// use tollgate::Caller;
