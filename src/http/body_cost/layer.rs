@@ -1,19 +1,16 @@
-//! The body-cost layer, its settings, and the estimate it leaves in a request.
+//! The body-cost layer and its builder.
 
 use std::fmt;
 use std::sync::Arc;
 
-use http::request::Parts;
 use tower_layer::Layer;
 
+use super::estimate::Settings;
 use super::service::BodyCost;
-
-/// The estimator: a cost from a body's bytes, `None` when they say nothing.
-pub(crate) type EstimateFn = dyn Fn(&[u8]) -> Option<u64> + Send + Sync;
 
 /// A layer that reads each request's body into a buffer of at most `max_bytes`, estimates
 /// its cost from it, and puts the estimate in the request's extensions as a
-/// [`RequestCost`] before the request goes on, its body unchanged (see
+/// [`RequestCost`](super::RequestCost) before the request goes on, its body unchanged (see
 /// [the module](crate::cost) for where it goes in a router).
 ///
 /// ```
@@ -36,16 +33,6 @@ pub(crate) type EstimateFn = dyn Fn(&[u8]) -> Option<u64> + Send + Sync;
 #[derive(Clone)]
 pub struct BodyCostLayer {
     pub(super) settings: Arc<Settings>,
-}
-
-/// What a body-cost layer was built with.
-pub(super) struct Settings {
-    pub(super) max_bytes: usize,
-    pub(super) estimate: Box<EstimateFn>,
-    pub(super) default_estimate: u64,
-    /// The estimate of a body longer than the buffer; `None`: such a request is refused
-    /// with 413.
-    pub(super) too_large: Option<u64>,
 }
 
 impl BodyCostLayer {
@@ -105,38 +92,5 @@ impl fmt::Debug for BodyCostLayer {
             .field("default_estimate", &self.settings.default_estimate)
             .field("too_large_estimate", &self.settings.too_large)
             .finish_non_exhaustive()
-    }
-}
-
-/// The cost a [`BodyCostLayer`] estimated for a request, in its extensions.
-///
-/// ```
-/// use tollgate::cost::RequestCost;
-/// let (mut parts, ()) = http::Request::new(()).into_parts();
-/// assert_eq!(RequestCost::of_request(&parts), 1);
-/// parts.extensions.insert(RequestCost::new(300));
-/// assert_eq!(RequestCost::of_request(&parts), 300);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RequestCost(u64);
-
-impl RequestCost {
-    /// An estimate of `units`.
-    pub fn new(units: u64) -> Self {
-        Self(units)
-    }
-
-    /// The units estimated.
-    pub fn units(&self) -> u64 {
-        self.0
-    }
-
-    /// The estimate in a request's extensions, or 1 without one: a
-    /// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost) function as it is.
-    pub fn of_request(request: &Parts) -> u64 {
-        request
-            .extensions
-            .get::<RequestCost>()
-            .map_or(1, RequestCost::units)
     }
 }

@@ -2,9 +2,11 @@
 //! rate limit decides (documented at its public path, `tollgate::cost`).
 
 mod body;
+mod estimate;
 mod layer;
 mod service;
 
 pub use body::PrefixedBody;
-pub use layer::{BodyCostLayer, RequestCost};
+pub use estimate::RequestCost;
+pub use layer::BodyCostLayer;
 pub use service::BodyCost;

@@ -12,7 +12,7 @@ use http_body::{Body, Frame};
 use tower_service::Service;
 
 use super::body::PrefixedBody;
-use super::layer::{RequestCost, Settings};
+use super::estimate::{RequestCost, Settings};
 use crate::http::body::ResponseBody;
 use crate::http::key::KeyRejection;
 use crate::http::refusal::Refusal;
