@@ -103,6 +103,7 @@ mod redis_sentinel;
 mod refused_connections;
 mod reload;
 mod replay;
+mod repository_map;
 mod request_cost;
 mod settle;
 mod shed;
