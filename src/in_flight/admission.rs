@@ -16,7 +16,7 @@ use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::held_slot::{HeldHere, HeldSlot};
 use crate::store::slot_release::{Releases, SlotId};
-use crate::store::slots::SlotStore;
+use crate::store::slots::{Slot, SlotStore};
 
 const DECISIONS: &str = "tollgate_in_flight_decisions_total";
 pub(super) const IN_FLIGHT: &str = "tollgate_in_flight";
@@ -104,12 +104,9 @@ impl Shared {
         } = &self.settings;
         let id = SlotId {
             store: store.clone(),
-            caller: caller.clone(),
-            name: name.clone(),
-            slot: self.ids.next(),
-            ttl: *ttl,
+            slot: Slot::new(caller.clone(), name.clone(), self.ids.next(), *ttl),
         };
-        let asked = store.acquire(caller, name, id.slot, *limit, *ttl);
+        let asked = store.acquire(&id.slot, *limit);
         let answer = if store.is_remote() {
             // The store may still take the slot after the answer stops mattering (the
             // timeout fired, the request went away): unless it says how it decided, the

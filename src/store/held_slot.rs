@@ -84,7 +84,7 @@ impl HeldSlot {
             .map(|runtime| runtime.spawn(renew_while_held(id.clone())));
         Self {
             here,
-            caller: id.caller.clone(),
+            caller: id.slot.caller.clone(),
             in_store: Some(InStore {
                 id,
                 releases,
@@ -105,20 +105,20 @@ impl HeldSlot {
 /// longer holds it. A failed renewal is tried again at the next period: the slot lives
 /// until its expiry meanwhile.
 async fn renew_while_held(id: SlotId) {
-    let period = (id.ttl / 3).max(Duration::from_millis(1));
+    let period = (id.slot.ttl / 3).max(Duration::from_millis(1));
     loop {
         tokio::time::sleep(period).await;
-        match id.store.renew(&id.caller, &id.name, id.slot, id.ttl).await {
+        match id.store.renew(&id.slot).await {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(
-                    layer = %id.name,
+                    layer = %id.slot.name,
                     "a request in flight lost its slot: it was not renewed within its time to live"
                 );
                 return;
             }
             Err(error) => {
-                tracing::debug!(layer = %id.name, %error, "could not renew a slot; trying again");
+                tracing::debug!(layer = %id.slot.name, %error, "could not renew a slot; trying again");
             }
         }
     }

@@ -60,5 +60,5 @@ pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
-pub use slots::SlotStore;
+pub use slots::{Slot, SlotStore};
 pub use state::PolicyState;

@@ -8,8 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::caller::CallerKey;
-use crate::store::slots::SlotStore;
+use crate::store::slots::{Slot, SlotStore};
 
 /// The first wait before a failed release is sent again; it doubles up to a third of the
 /// slot's time to live.
@@ -22,14 +21,11 @@ pub(crate) struct Releases {
     settled: Notify,
 }
 
-/// What identifies one slot in a store.
+/// One slot and the store that holds it.
 #[derive(Clone, Debug)]
 pub(crate) struct SlotId {
     pub(crate) store: Arc<dyn SlotStore>,
-    pub(crate) caller: CallerKey,
-    pub(crate) name: Arc<str>,
-    pub(crate) slot: u128,
-    pub(crate) ttl: Duration,
+    pub(crate) slot: Slot,
 }
 
 impl Releases {
@@ -38,7 +34,7 @@ impl Releases {
     /// until the slot would have expired anyway. Freeing a slot the store does not hold
     /// does nothing, so a release is always safe to send.
     pub(crate) fn send(self: &Arc<Self>, id: SlotId) {
-        let mut release = id.store.release(&id.caller, &id.name, id.slot);
+        let mut release = id.store.release(&id.slot);
         if release.try_take_ready().is_some() {
             return;
         }
@@ -49,28 +45,28 @@ impl Releases {
         self.pending.fetch_add(1, Ordering::AcqRel);
         let pending = Pending {
             releases: self.clone(),
-            name: id.name.clone(),
+            name: id.slot.name.clone(),
             done: false,
         };
         runtime.spawn(async move {
             let mut pending = pending;
-            let give_up = Instant::now() + id.ttl;
+            let give_up = Instant::now() + id.slot.ttl;
             let mut wait = FIRST_RETRY;
             let mut attempt = Some(release);
             loop {
                 let sent = attempt
                     .take()
-                    .unwrap_or_else(|| id.store.release(&id.caller, &id.name, id.slot));
+                    .unwrap_or_else(|| id.store.release(&id.slot));
                 match tokio::time::timeout_at(give_up, sent).await {
                     Ok(Ok(())) => break,
                     Ok(Err(error)) if Instant::now() + wait < give_up => {
-                        tracing::debug!(layer = %id.name, %error, "could not free a slot; trying again");
+                        tracing::debug!(layer = %id.slot.name, %error, "could not free a slot; trying again");
                         tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(id.ttl / 3).max(FIRST_RETRY);
+                        wait = (wait * 2).min(id.slot.ttl / 3).max(FIRST_RETRY);
                     }
                     _ => {
                         tracing::debug!(
-                            layer = %id.name,
+                            layer = %id.slot.name,
                             "could not free a slot: it frees itself at its expiry"
                         );
                         break;

@@ -394,34 +394,20 @@ mod on_redis {
     /// a slot that is renewed stays taken however long its request runs.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unrenewed_slots_expire_and_renewed_ones_stay() {
-        use tollgate::store::SlotStore;
+        use tollgate::store::{Slot, SlotStore};
 
         let server = RedisServer::start();
         let store = RedisBackend::builder(server.url()).build().unwrap();
         store.ping().await.unwrap();
-        let acme = CallerKey::new("acme");
         let ttl = Duration::from_millis(600);
+        let slot = |id, ttl| Slot::new(CallerKey::new("acme"), "reports", id, ttl);
         // A dead instance's slots: taken, never renewed.
-        assert_eq!(
-            store.acquire(&acme, "reports", 1, 2, ttl).await.unwrap(),
-            Some(1)
-        );
-        assert_eq!(
-            store.acquire(&acme, "reports", 2, 2, ttl).await.unwrap(),
-            Some(2)
-        );
+        assert_eq!(store.acquire(&slot(1, ttl), 2).await.unwrap(), Some(1));
+        assert_eq!(store.acquire(&slot(2, ttl), 2).await.unwrap(), Some(2));
         let taken = Instant::now();
-        assert_eq!(
-            store.acquire(&acme, "reports", 3, 2, ttl).await.unwrap(),
-            None
-        );
+        assert_eq!(store.acquire(&slot(3, ttl), 2).await.unwrap(), None);
         let freed = loop {
-            if store
-                .acquire(&acme, "reports", 3, 2, ttl)
-                .await
-                .unwrap()
-                .is_some()
-            {
+            if store.acquire(&slot(3, ttl), 2).await.unwrap().is_some() {
                 break taken.elapsed();
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -437,20 +423,14 @@ mod on_redis {
         // A renewed slot outlives many ttls (renewed every third of a longer one, as the
         // layer does); a renewal of an expired one says so.
         let long = Duration::from_secs(3);
-        assert!(store.renew(&acme, "reports", 3, long).await.unwrap());
+        assert!(store.renew(&slot(3, long)).await.unwrap());
         for _ in 0..3 {
             tokio::time::sleep(long / 3).await;
-            assert!(store.renew(&acme, "reports", 3, long).await.unwrap());
+            assert!(store.renew(&slot(3, long)).await.unwrap());
         }
-        assert!(!store.renew(&acme, "reports", 1, ttl).await.unwrap());
-        assert_eq!(
-            store.acquire(&acme, "reports", 4, 2, ttl).await.unwrap(),
-            Some(2)
-        );
-        assert_eq!(
-            store.acquire(&acme, "reports", 5, 2, ttl).await.unwrap(),
-            None
-        );
+        assert!(!store.renew(&slot(1, ttl)).await.unwrap());
+        assert_eq!(store.acquire(&slot(4, ttl), 2).await.unwrap(), Some(2));
+        assert_eq!(store.acquire(&slot(5, ttl), 2).await.unwrap(), None);
         // The key lives as long as its last slot, not for ever.
         let pttl: i64 = server
             .must(&["PTTL", "rl:{acme}:reports:in-flight"])
@@ -458,8 +438,8 @@ mod on_redis {
             .parse()
             .unwrap();
         assert!((1..=3_000).contains(&pttl), "PTTL {pttl}");
-        store.release(&acme, "reports", 3).await.unwrap();
-        store.release(&acme, "reports", 4).await.unwrap();
+        store.release(&slot(3, ttl)).await.unwrap();
+        store.release(&slot(4, ttl)).await.unwrap();
         assert_eq!(
             server
                 .must(&["EXISTS", "rl:{acme}:reports:in-flight"])

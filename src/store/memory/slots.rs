@@ -3,13 +3,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use super::InMemoryBackend;
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
-use crate::store::slots::SlotStore;
+use crate::store::slots::{Slot, SlotStore};
 
 /// The slot ids held, by limit name and caller; a set is removed when its last slot is
 /// freed, so only callers with requests in flight take memory.
@@ -27,56 +26,43 @@ impl Slots {
     }
 }
 
+/// Where `slot`'s set is kept.
+fn set_of(slot: &Slot) -> (Box<str>, CallerKey) {
+    (slot.name.as_ref().into(), slot.caller.clone())
+}
+
 impl SlotStore for InMemoryBackend {
-    fn acquire(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-        limit: u64,
-        _ttl: Duration,
-    ) -> StoreFuture<Result<Option<u64>, StoreError>> {
+    fn acquire(&self, slot: &Slot, limit: u64) -> StoreFuture<Result<Option<u64>, StoreError>> {
         let taken = self.shared.slots.with(|held| {
-            let slots = held.entry((name.into(), caller.clone())).or_default();
-            if slots.contains(&slot) {
+            let slots = held.entry(set_of(slot)).or_default();
+            if slots.contains(&slot.id) {
                 return Some(slots.len() as u64);
             }
             if slots.len() as u64 >= limit {
                 if slots.is_empty() {
-                    held.remove(&(name.into(), caller.clone()));
+                    held.remove(&set_of(slot));
                 }
                 return None;
             }
-            slots.push(slot);
+            slots.push(slot.id);
             Some(slots.len() as u64)
         });
         StoreFuture::ready(Ok(taken))
     }
 
-    fn renew(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-        _ttl: Duration,
-    ) -> StoreFuture<Result<bool, StoreError>> {
+    fn renew(&self, slot: &Slot) -> StoreFuture<Result<bool, StoreError>> {
         let held = self.shared.slots.with(|held| {
-            held.get(&(name.into(), caller.clone()))
-                .is_some_and(|slots| slots.contains(&slot))
+            held.get(&set_of(slot))
+                .is_some_and(|slots| slots.contains(&slot.id))
         });
         StoreFuture::ready(Ok(held))
     }
 
-    fn release(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-    ) -> StoreFuture<Result<(), StoreError>> {
+    fn release(&self, slot: &Slot) -> StoreFuture<Result<(), StoreError>> {
         self.shared.slots.with(|held| {
-            let key = (name.into(), caller.clone());
+            let key = set_of(slot);
             if let Some(slots) = held.get_mut(&key) {
-                slots.retain(|&s| s != slot);
+                slots.retain(|&id| id != slot.id);
                 if slots.is_empty() {
                     held.remove(&key);
                 }
@@ -102,28 +88,43 @@ mod tests {
 
     #[test]
     fn slots_are_counted_per_caller_and_name_and_freed_once() {
+        use std::time::Duration;
+
         let store = InMemoryBackend::new();
-        let ttl = Duration::from_secs(1);
-        let (acme, globex) = (CallerKey::new("acme"), CallerKey::new("globex"));
-        assert_eq!(now(store.acquire(&acme, "a", 1, 1, ttl)).unwrap(), Some(1));
-        assert_eq!(now(store.acquire(&acme, "a", 2, 1, ttl)).unwrap(), None);
-        // Another caller, another name: their own slots.
+        let slot = |caller: &str, name: &str, id| {
+            Slot::new(CallerKey::new(caller), name, id, Duration::from_secs(1))
+        };
         assert_eq!(
-            now(store.acquire(&globex, "a", 3, 1, ttl)).unwrap(),
+            now(store.acquire(&slot("acme", "a", 1), 1)).unwrap(),
             Some(1)
         );
-        assert_eq!(now(store.acquire(&acme, "b", 4, 1, ttl)).unwrap(), Some(1));
+        assert_eq!(now(store.acquire(&slot("acme", "a", 2), 1)).unwrap(), None);
+        // Another caller, another name: their own slots.
+        assert_eq!(
+            now(store.acquire(&slot("globex", "a", 3), 1)).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            now(store.acquire(&slot("acme", "b", 4), 1)).unwrap(),
+            Some(1)
+        );
         // Taking a slot already held is not a second slot.
-        assert_eq!(now(store.acquire(&acme, "a", 1, 1, ttl)).unwrap(), Some(1));
-        assert!(now(store.renew(&acme, "a", 1, ttl)).unwrap());
-        now(store.release(&acme, "a", 1)).unwrap();
-        now(store.release(&acme, "a", 1)).unwrap();
-        assert!(!now(store.renew(&acme, "a", 1, ttl)).unwrap());
-        assert_eq!(now(store.acquire(&acme, "a", 2, 1, ttl)).unwrap(), Some(1));
+        assert_eq!(
+            now(store.acquire(&slot("acme", "a", 1), 1)).unwrap(),
+            Some(1)
+        );
+        assert!(now(store.renew(&slot("acme", "a", 1))).unwrap());
+        now(store.release(&slot("acme", "a", 1))).unwrap();
+        now(store.release(&slot("acme", "a", 1))).unwrap();
+        assert!(!now(store.renew(&slot("acme", "a", 1))).unwrap());
+        assert_eq!(
+            now(store.acquire(&slot("acme", "a", 2), 1)).unwrap(),
+            Some(1)
+        );
         // Nothing is kept for a caller without slots.
-        now(store.release(&acme, "a", 2)).unwrap();
-        now(store.release(&acme, "b", 4)).unwrap();
-        now(store.release(&globex, "a", 3)).unwrap();
+        now(store.release(&slot("acme", "a", 2))).unwrap();
+        now(store.release(&slot("acme", "b", 4))).unwrap();
+        now(store.release(&slot("globex", "a", 3))).unwrap();
         assert!(store.shared.slots.with(|held| held.is_empty()));
     }
 }

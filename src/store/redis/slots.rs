@@ -2,7 +2,6 @@
 //! scored by each slot's expiry on Redis's clock, changed by lua/in_flight.lua.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use redis::Script;
 
@@ -10,7 +9,7 @@ use super::backend::RedisBackend;
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::future::StoreFuture;
-use crate::store::slots::SlotStore;
+use crate::store::slots::{Slot, SlotStore};
 
 const SLOTS_SOURCE: &str = concat!(
     include_str!("../../../lua/clock.lua"),
@@ -40,11 +39,16 @@ impl RedisBackend {
 
     fn run_slots<T: redis::FromRedisValue + Send + 'static>(
         &self,
-        caller: &CallerKey,
-        name: &str,
-        args: Vec<Vec<u8>>,
+        slot: &Slot,
+        op: &str,
+        rest: &[u64],
     ) -> StoreFuture<Result<T, StoreError>> {
-        let keys = [self.slots_key(caller, name)];
+        let keys = [self.slots_key(&slot.caller, &slot.name)];
+        let mut args = vec![
+            op.as_bytes().to_vec(),
+            format!("{:032x}", slot.id).into_bytes(),
+        ];
+        args.extend(rest.iter().map(|n| n.to_string().into_bytes()));
         let connection = self.connection().clone();
         let timeout = self.response_timeout();
         StoreFuture::boxed(async move {
@@ -55,27 +59,16 @@ impl RedisBackend {
     }
 }
 
-fn args(op: &str, slot: u128, rest: &[u64]) -> Vec<Vec<u8>> {
-    let mut args = vec![op.as_bytes().to_vec(), format!("{slot:032x}").into_bytes()];
-    args.extend(rest.iter().map(|n| n.to_string().into_bytes()));
-    args
-}
-
-fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+/// A slot's time to live as Redis takes it: whole milliseconds, at least one.
+fn ttl_ms(slot: &Slot) -> u64 {
+    u64::try_from(slot.ttl.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 impl SlotStore for RedisBackend {
-    fn acquire(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-        limit: u64,
-        ttl: Duration,
-    ) -> StoreFuture<Result<Option<u64>, StoreError>> {
-        let reply =
-            self.run_slots::<Vec<i64>>(caller, name, args("acquire", slot, &[ttl_ms(ttl), limit]));
+    fn acquire(&self, slot: &Slot, limit: u64) -> StoreFuture<Result<Option<u64>, StoreError>> {
+        let reply = self.run_slots::<Vec<i64>>(slot, "acquire", &[ttl_ms(slot), limit]);
         StoreFuture::boxed(async move {
             match reply.await?.as_slice() {
                 [1, held] => Ok(Some(u64::try_from(*held).unwrap_or(0))),
@@ -87,24 +80,13 @@ impl SlotStore for RedisBackend {
         })
     }
 
-    fn renew(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-        ttl: Duration,
-    ) -> StoreFuture<Result<bool, StoreError>> {
-        let reply = self.run_slots::<i64>(caller, name, args("renew", slot, &[ttl_ms(ttl)]));
+    fn renew(&self, slot: &Slot) -> StoreFuture<Result<bool, StoreError>> {
+        let reply = self.run_slots::<i64>(slot, "renew", &[ttl_ms(slot)]);
         StoreFuture::boxed(async move { Ok(reply.await? == 1) })
     }
 
-    fn release(
-        &self,
-        caller: &CallerKey,
-        name: &str,
-        slot: u128,
-    ) -> StoreFuture<Result<(), StoreError>> {
-        let reply = self.run_slots::<i64>(caller, name, args("release", slot, &[]));
+    fn release(&self, slot: &Slot) -> StoreFuture<Result<(), StoreError>> {
+        let reply = self.run_slots::<i64>(slot, "release", &[]);
         StoreFuture::boxed(async move { reply.await.map(|_| ()) })
     }
 }
