@@ -2,7 +2,7 @@
 //! rate-limit layers, for the HTTP benchmark in `scripts/bench` (wrk on loopback).
 //!
 //! ```text
-//! bench_server [--listen ADDR] [--limit N] [--no-limit] [--no-fields]
+//! bench_server [--listen ADDR] [--limit N] [--no-limit] [--no-fields] [--tower-governor]
 //! ```
 //!
 //! The router is `orders_api`'s without `--redis`: `GET /orders` limited to `--limit`
@@ -11,8 +11,12 @@
 //! `GET /healthz`, and `GET /metrics` from an installed Prometheus recorder. With
 //! `--no-limit` the same router is built without the two rate-limit layers, the recorder
 //! still installed; with `--no-fields` the layers stay but admitted responses carry no
-//! RateLimit fields. Prints `listening on http://ADDR` once it accepts connections; use
-//! `--listen 127.0.0.1:0` for a free port.
+//! RateLimit fields. With `--tower-governor`, `GET /orders` is limited by tower_governor
+//! instead, the peer a user would pick: keyed on the same header as its docs show, at the
+//! same rate (a burst of `--limit`, one more every 1/limit s), with its `x-ratelimit-*`
+//! headers unless `--no-fields`; `POST /login` then has no layer, as wrk never calls it.
+//! Prints `listening on http://ADDR` once it accepts connections; use `--listen
+//! 127.0.0.1:0` for a free port.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -46,11 +50,54 @@ struct Options {
     /// the layer's own cost from the fields' encoding and parsing.
     #[arg(long = "no-fields")]
     no_fields: bool,
+    /// Limits GET /orders with tower_governor in place of tollgate's layer.
+    #[arg(long = "tower-governor", conflicts_with = "limited")]
+    tower_governor: bool,
+}
+
+/// tower_governor's key extractor for the customer header, written as its docs suggest.
+#[derive(Clone, Debug)]
+struct CustomerHeader;
+
+impl tower_governor::key_extractor::KeyExtractor for CustomerHeader {
+    type Key = String;
+
+    fn extract<T>(
+        &self,
+        request: &axum::http::Request<T>,
+    ) -> Result<String, tower_governor::GovernorError> {
+        request
+            .headers()
+            .get("x-customer-id")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+/// GET /orders limited per customer by tower_governor, at `--limit` a second.
+fn governed_orders(options: &Options) -> Router {
+    let limit = u32::try_from(options.limit).unwrap_or(u32::MAX);
+    let mut builder = tower_governor::governor::GovernorConfigBuilder::default()
+        .period(Duration::from_secs(1) / limit)
+        .burst_size(limit)
+        .key_extractor(CustomerHeader);
+    let orders = Router::new().route("/orders", get(|| async { "[]" }));
+    // A period and a burst above zero always make a configuration.
+    if options.no_fields {
+        let config = builder.finish().expect("a configuration");
+        orders.route_layer(tower_governor::GovernorLayer::new(config))
+    } else {
+        let config = builder.use_headers().finish().expect("a configuration");
+        orders.route_layer(tower_governor::GovernorLayer::new(config))
+    }
 }
 
 fn app(options: &Options, metrics: PrometheusHandle) -> Router {
     let mut app = Router::new().route("/orders", get(|| async { "[]" }));
-    if options.limited {
+    if options.tower_governor {
+        app = governed_orders(options);
+    } else if options.limited {
         let orders = Limiter::builder()
             .name("orders")
             .backend(InMemoryBackend::new())
@@ -70,7 +117,7 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
         app = app.route_layer(layer);
     }
     let login = post(|| async { "welcome" });
-    let login = if options.limited {
+    let login = if options.limited && !options.tower_governor {
         let limiter = Limiter::builder()
             .name("login")
             .backend(InMemoryBackend::new())
