@@ -29,7 +29,12 @@ pub(crate) fn patient(builder: RedisBackendBuilder) -> RedisBackendBuilder {
         .response_timeout(SLOW_TEST_MACHINE)
 }
 
-fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
+/// A limiter on its own connection to `server`, once that connection answers: decisions
+/// made before it is there fall back at once, and 256 of them at a test's start on a busy
+/// machine did.
+async fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
+    let backend = backend(server);
+    backend.ping().await.expect("redis-server answers");
     policies
         .iter()
         .cloned()
@@ -37,7 +42,7 @@ fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
             Limiter::builder()
                 .name("redis-backend")
                 .store_timeout(SLOW_TEST_MACHINE)
-                .backend(backend(server)),
+                .backend(backend),
             |b, p| b.policy(p),
         )
         .build()
@@ -46,9 +51,10 @@ fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
 /// 4 limiter instances, each with its own connection, 256 concurrent requests for one
 /// fresh key: exactly the limit is admitted.
 async fn admitted_under_contention(server: &RedisServer, policy: Policy, caller: &str) -> usize {
-    let limiters: Vec<Limiter> = (0..4)
-        .map(|_| limiter(server, std::slice::from_ref(&policy)))
-        .collect();
+    let mut limiters = Vec::new();
+    for _ in 0..4 {
+        limiters.push(limiter(server, std::slice::from_ref(&policy)).await);
+    }
     let mut tasks = Vec::new();
     for i in 0..256 {
         let limiter = limiters[i % 4].clone();
@@ -91,7 +97,8 @@ async fn a_refused_request_consumes_nothing() {
             Policy::sliding_window("per-hour", Quota::per_hour(5)),
             Policy::sliding_window("per-day", Quota::per_day(3)),
         ],
-    );
+    )
+    .await;
     let acme = Caller::new("acme");
     for _ in 0..3 {
         assert!(limiter.check(&acme).await.is_allowed());
@@ -162,7 +169,8 @@ async fn braces_and_separators_never_collide() {
     let limiter = limiter(
         &server,
         &[Policy::sliding_window("per-hour", Quota::per_hour(1))],
-    );
+    )
+    .await;
     let callers = [
         "acme",
         "acme}",
@@ -199,7 +207,8 @@ async fn script_flush_mid_traffic_costs_no_decision() {
             "per-hour",
             Quota::per_hour(1_000_000),
         )],
-    );
+    )
+    .await;
     let mut tasks = Vec::new();
     for i in 0..400 {
         let limiter = limiter.clone();
