@@ -530,6 +530,9 @@ async fn a_server_without_connect_info_is_reported_once() {
     let warnings = Warnings::default();
     // A current-thread runtime: every request below runs on this thread, under this subscriber.
     let _subscriber = tracing::subscriber::set_default(warnings.clone());
+    // Whether an event is wanted is cached per callsite for the whole process: a test on
+    // another thread that reached one first, with no subscriber, may have left it off.
+    tracing::callsite::rebuild_interest_cache();
 
     let ip = ClientIp::new();
     let mut svc = service(ip.clone());

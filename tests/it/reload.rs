@@ -289,6 +289,9 @@ impl tracing::Subscriber for Logged {
 fn a_swap_is_logged_at_info() {
     let logged = Logged::default();
     tracing::subscriber::with_default(logged.clone(), || {
+        // Whether an event is wanted is cached per callsite for the whole process: a test
+        // on another thread that reached one first, with no subscriber, may have left it off.
+        tracing::callsite::rebuild_interest_cache();
         let limiter = Limiter::builder().name("plans").policy(per_day(50)).build();
         limiter.set_limits(limits(per_day(100))).unwrap();
         limiter.set_limits(limits(per_day(50))).unwrap();
