@@ -5,10 +5,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
 
 use crate::http::headers::RemainingCap;
+use crate::http::response::{
+    RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY, RATELIMIT_REMAINING, RATELIMIT_RESET,
+    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 use crate::limiter::decision::{PolicyReport, RateLimitInfo};
 
 /// A form of the rate-limit fields a layer writes (see
@@ -123,15 +126,6 @@ impl FieldForms {
         self.0 & form.bit() != 0
     }
 }
-
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// One limit, as the single-limit forms carry it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,6 +21,14 @@ use crate::store::policy::Policy;
 pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// The `RateLimit` field name.
 pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+// The single-limit forms' field names: draft 6's three fields and `X-RateLimit-*`.
+pub(crate) const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+pub(crate) const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+pub(crate) const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 

@@ -4,15 +4,11 @@
 
 use std::time::Duration;
 
+use crate::http::response::{
+    RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
 use http::{HeaderMap, HeaderName};
-
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
-const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
-const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
-const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
-const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// One limit as the single-limit forms of the fields carry it, read from a response's
 /// headers: draft 7's combined `RateLimit: limit=50, remaining=0, reset=3`, draft 6's
