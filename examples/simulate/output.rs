@@ -328,49 +328,54 @@ pub(crate) fn table(options: &Options, report: &Report) -> String {
             }
             rows.push(row);
         }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|i| {
-                rows.iter()
-                    .map(|r| r[i].len())
-                    .chain([header[i].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: &[String]| -> String {
-            let cells: Vec<String> = cells
-                .iter()
-                .enumerate()
-                .map(|(i, cell)| {
-                    if i == 0 {
-                        format!("{cell:<w$}", w = widths[i])
-                    } else {
-                        format!("{cell:>w$}", w = widths[i])
-                    }
-                })
-                .collect();
-            format!("| {} |", cells.join(" | "))
-        };
-        let _ = writeln!(out, "{}", line(&header));
-        let rule: Vec<String> = widths
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                if i == 0 {
-                    "-".repeat(w + 2)
-                } else {
-                    format!("{}:", "-".repeat(w + 1))
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "|{}|", rule.join("|"));
-        for row in &rows {
-            let _ = writeln!(out, "{}", line(row));
-        }
+        markdown(&mut out, &header, &rows, 1);
     }
     out
 }
 
 pub(crate) fn per_sec(count: u64, secs: u64) -> f64 {
     count as f64 / secs as f64
+}
+
+/// A Markdown table, its first `left` columns left-aligned, the others right-aligned.
+pub(crate) fn markdown(out: &mut String, header: &[String], rows: &[Vec<String>], left: usize) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String]| -> String {
+        let cells: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| {
+                if i < left {
+                    format!("{cell:<w$}", w = widths[i])
+                } else {
+                    format!("{cell:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        format!("| {} |", cells.join(" | "))
+    };
+    let _ = writeln!(out, "{}", line(header));
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            if i < left {
+                "-".repeat(w + 2)
+            } else {
+                format!("{}:", "-".repeat(w + 1))
+            }
+        })
+        .collect();
+    let _ = writeln!(out, "|{}|", rule.join("|"));
+    for row in rows {
+        let _ = writeln!(out, "{}", line(row));
+    }
 }

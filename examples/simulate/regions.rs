@@ -15,7 +15,7 @@ use tollgate_simulator::{
 };
 
 use crate::chart::{COLORS, FRAME, OUTAGE_SHADE, tight_text};
-use crate::output::rate_text;
+use crate::output::{markdown, rate_text};
 
 /// Runs `--regions`: the scenario the flags describe, its tables on stdout, its chart
 /// where `--chart` says.
@@ -247,52 +247,9 @@ pub(crate) fn table(scenario: &Regions, report: &RegionsReport) -> String {
                 rows.push(cells);
             }
         }
-        markdown(&mut out, &header, &rows);
+        markdown(&mut out, &header, &rows, 2);
     }
     out
-}
-
-/// A Markdown table, the first two columns left-aligned, the others right-aligned.
-fn markdown(out: &mut String, header: &[String], rows: &[Vec<String>]) {
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| {
-            rows.iter()
-                .map(|r| r[i].len())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let line = |cells: &[String]| -> String {
-        let cells: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, cell)| {
-                if i < 2 {
-                    format!("{cell:<w$}", w = widths[i])
-                } else {
-                    format!("{cell:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        format!("| {} |", cells.join(" | "))
-    };
-    let _ = writeln!(out, "{}", line(header));
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            if i < 2 {
-                "-".repeat(w + 2)
-            } else {
-                format!("{}:", "-".repeat(w + 1))
-            }
-        })
-        .collect();
-    let _ = writeln!(out, "|{}|", rule.join("|"));
-    for row in rows {
-        let _ = writeln!(out, "{}", line(row));
-    }
 }
 
 /// The first customer's admitted requests per second over the run, one panel per way of
