@@ -1,8 +1,10 @@
 //! The `--chart` SVG, drawn with plotters.
 
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::{
-    ChartBuilder, Color, FontStyle, IntoDrawingArea, IntoFont, LineSeries, RGBColor, Rectangle,
-    SVGBackend, TRANSPARENT, Text, WHITE,
+    Cartesian2d, ChartBuilder, ChartContext, Color, DrawingArea, FontStyle, IntoDrawingArea,
+    IntoFont, LineSeries, RGBColor, Rectangle, SVGBackend, TRANSPARENT, Text, WHITE,
 };
 use tollgate_simulator::Report;
 
@@ -135,35 +137,7 @@ pub(crate) fn chart(
                 Some(note) => format!("{} ({note})", policy.name()),
                 None => policy.name().to_owned(),
             };
-            let mut panel = ChartBuilder::on(cell)
-                .caption(title, ("sans-serif", 17, FontStyle::Bold))
-                .margin(10)
-                .x_label_area_size(38)
-                .y_label_area_size(50)
-                .build_cartesian_2d(0.0..total, 0.0..y_max)?;
-            panel.draw_series(std::iter::once(Rectangle::new(
-                [(normal_end, 0.0), (outage_end, y_max)],
-                OUTAGE_SHADE.filled(),
-            )))?;
-            panel
-                .configure_mesh()
-                .x_desc("time (s)")
-                .y_desc("admitted/s")
-                .x_labels(10)
-                .y_labels(6)
-                .light_line_style(TRANSPARENT)
-                // No axis lines nor tick marks: the frame below stands for them, and the
-                // SVG's only polylines are the customers' lines.
-                .axis_style(TRANSPARENT)
-                .label_style(("sans-serif", 14))
-                .axis_desc_style(("sans-serif", 14))
-                .x_label_formatter(&|secs| format!("{secs:.0}"))
-                .y_label_formatter(&|rate| rate_text(*rate))
-                .draw()?;
-            panel.draw_series(std::iter::once(Rectangle::new(
-                [(0.0, 0.0), (total, y_max)],
-                FRAME.stroke_width(1),
-            )))?;
+            let mut panel = panel(cell, &title, total, y_max, (normal_end, outage_end))?;
             for (c, seconds) in (0..customers)
                 .map(|c| tally.admitted_each_second(c))
                 .enumerate()
@@ -181,6 +155,52 @@ pub(crate) fn chart(
     }
     Ok(tight_text(&svg))
 }
+
+/// One panel of a chart, ready for its lines: the caption, seconds up to `total` across,
+/// admitted requests a second up to `y_max` up, the span `fault` shaded, the axes labelled
+/// and a frame.
+pub(crate) fn panel<'a, 'b>(
+    cell: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+    total: f64,
+    y_max: f64,
+    fault: (f64, f64),
+) -> Result<Panel<'a, 'b>, Box<dyn std::error::Error>> {
+    let mut panel = ChartBuilder::on(cell)
+        .caption(title, ("sans-serif", 17, FontStyle::Bold))
+        .margin(10)
+        .x_label_area_size(38)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..total, 0.0..y_max)?;
+    panel.draw_series(std::iter::once(Rectangle::new(
+        [(fault.0, 0.0), (fault.1, y_max)],
+        OUTAGE_SHADE.filled(),
+    )))?;
+    panel
+        .configure_mesh()
+        .x_desc("time (s)")
+        .y_desc("admitted/s")
+        .x_labels(10)
+        .y_labels(6)
+        .light_line_style(TRANSPARENT)
+        // No axis lines nor tick marks: the frame below stands for them, and the SVG's
+        // only polylines are the data's lines.
+        .axis_style(TRANSPARENT)
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 14))
+        .x_label_formatter(&|secs| format!("{secs:.0}"))
+        .y_label_formatter(&|rate| rate_text(*rate))
+        .draw()?;
+    panel.draw_series(std::iter::once(Rectangle::new(
+        [(0.0, 0.0), (total, y_max)],
+        FRAME.stroke_width(1),
+    )))?;
+    Ok(panel)
+}
+
+/// A chart panel: seconds across, admitted requests a second up.
+pub(crate) type Panel<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// plotters' SVG puts each text on a line of its own between its `<text ...>` and
 /// `</text>` tags; SVG drops those line breaks anyway, so take them out and keep each text

@@ -7,14 +7,14 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use plotters::prelude::{
-    ChartBuilder, Color, DashedLineSeries, FontStyle, IntoDrawingArea, IntoFont, LineSeries,
-    RGBColor, Rectangle, SVGBackend, ShapeStyle, TRANSPARENT, Text, WHITE,
+    Color, DashedLineSeries, FontStyle, IntoDrawingArea, IntoFont, LineSeries, RGBColor, Rectangle,
+    SVGBackend, ShapeStyle, Text, WHITE,
 };
 use tollgate_simulator::{
     Counting, Phase, RegionFault, Regions, RegionsReport, ScenarioError, ShareBy,
 };
 
-use crate::chart::{COLORS, FRAME, OUTAGE_SHADE, tight_text};
+use crate::chart::{COLORS, panel, tight_text};
 use crate::output::{markdown, rate_text};
 
 /// Runs `--regions`: the scenario the flags describe, its tables on stdout, its chart
@@ -333,33 +333,7 @@ pub(crate) fn chart(
         }
         let cells = body.split_evenly((report.groups().len(), 1));
         for (group, cell) in report.groups().iter().zip(&cells) {
-            let mut panel = ChartBuilder::on(cell)
-                .caption(group.name(), ("sans-serif", 17, FontStyle::Bold))
-                .margin(10)
-                .x_label_area_size(38)
-                .y_label_area_size(50)
-                .build_cartesian_2d(0.0..total, 0.0..y_max)?;
-            panel.draw_series(std::iter::once(Rectangle::new(
-                [(normal_end, 0.0), (fault_end, y_max)],
-                OUTAGE_SHADE.filled(),
-            )))?;
-            panel
-                .configure_mesh()
-                .x_desc("time (s)")
-                .y_desc("admitted/s")
-                .x_labels(10)
-                .y_labels(6)
-                .light_line_style(TRANSPARENT)
-                .axis_style(TRANSPARENT)
-                .label_style(("sans-serif", 14))
-                .axis_desc_style(("sans-serif", 14))
-                .x_label_formatter(&|secs| format!("{secs:.0}"))
-                .y_label_formatter(&|rate| rate_text(*rate))
-                .draw()?;
-            panel.draw_series(std::iter::once(Rectangle::new(
-                [(0.0, 0.0), (total, y_max)],
-                FRAME.stroke_width(1),
-            )))?;
+            let mut panel = panel(cell, group.name(), total, y_max, (normal_end, fault_end))?;
             panel.draw_series(DashedLineSeries::new(
                 [(0.0, limit_per_sec), (total, limit_per_sec)],
                 6,
