@@ -96,6 +96,38 @@ pin_project! {
     }
 }
 
+/// The inner service driven to readiness. Borrowed from the layer while the request is
+/// decided within `call`, so that a request admitted at once is handed to it with no clone
+/// (behind an axum router's `layer`, a clone is an allocation); taken out, with a fresh
+/// clone left in its place, only when the request has to wait.
+enum Ready<'a, S> {
+    Borrowed(&'a mut S, fn(&S) -> S),
+    Owned(S),
+}
+
+impl<S> Ready<'_, S> {
+    fn call<R>(self, request: R) -> S::Future
+    where
+        S: Service<R>,
+    {
+        match self {
+            Ready::Borrowed(inner, _) => inner.call(request),
+            Ready::Owned(mut inner) => inner.call(request),
+        }
+    }
+
+    /// The ready service, to keep while the request waits.
+    fn into_owned(self) -> S {
+        match self {
+            Ready::Borrowed(inner, clone) => {
+                let fresh = clone(inner);
+                std::mem::replace(inner, fresh)
+            }
+            Ready::Owned(inner) => inner,
+        }
+    }
+}
+
 /// Where a request goes after a step. A request that waits is boxed at once, so that the
 /// steps of one decided within `call` (moved whole from function to function) stay small.
 enum Step<InnerFuture, KeyFuture, S, ReqBody> {
@@ -110,14 +142,19 @@ where
     K: AsyncKeyExtractor,
 {
     /// Decides `request` (of `cost` units) as far as can be done now, and calls `inner`
-    /// if it is admitted by then.
+    /// (driven to readiness) if it is admitted by then. A request that waits takes `inner`
+    /// along and leaves a clone in its place.
     #[inline(always)]
     pub(crate) fn new(
         request: Request<ReqBody>,
-        inner: S,
+        inner: &mut S,
         config: Arc<Config<K>>,
         cost: u64,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Clone,
+    {
+        let inner = Ready::Borrowed(inner, S::clone);
         let mut head = Head {
             config,
             pk: None,
@@ -129,7 +166,7 @@ where
             None => Step::Wait(Box::pin(Waiting::Key {
                 key: head.config.key.extract_async(&request),
                 request: Some(request),
-                inner: Some(inner),
+                inner: Some(inner.into_owned()),
             })),
         };
         let (state, waiting) = match step {
@@ -182,7 +219,7 @@ fn after_key<K, S, ReqBody>(
     head: &mut Head<K>,
     key: Extracted,
     request: Request<ReqBody>,
-    mut inner: S,
+    inner: Ready<'_, S>,
 ) -> Step<S::Future, K::Future, S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -225,7 +262,7 @@ where
         None => Step::Wait(Box::pin(Waiting::Decision {
             decision,
             request: Some(request),
-            inner: Some(inner),
+            inner: Some(inner.into_owned()),
         })),
     }
 }
@@ -236,7 +273,7 @@ fn after_decision<K, S, ReqBody, KeyFuture>(
     head: &Head<K>,
     decision: Decision,
     mut request: Request<ReqBody>,
-    mut inner: S,
+    inner: Ready<'_, S>,
 ) -> Step<S::Future, KeyFuture, S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -385,7 +422,7 @@ where
         } => {
             let key = ready!(key.poll(cx));
             let (request, inner) = take(request, inner);
-            after_key(head, key, request, inner)
+            after_key(head, key, request, Ready::Owned(inner))
         }
         WaitingProj::Decision {
             decision,
@@ -394,7 +431,7 @@ where
         } => {
             let decision = ready!(Pin::new(decision).poll(cx));
             let (request, inner) = take(request, inner);
-            after_decision(head, decision, request, inner)
+            after_decision(head, decision, request, Ready::Owned(inner))
         }
     })
 }

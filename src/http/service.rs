@@ -87,10 +87,6 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The decision may take a while; hand the future the service that was driven to
-        // readiness and keep a fresh clone here.
-        let clone = self.inner.clone();
-        let mut ready = std::mem::replace(&mut self.inner, clone);
         let mut request = match &self.config.skip {
             Some(skip) => {
                 // The predicate reads the parts only, whatever the body type.
@@ -99,7 +95,7 @@ where
                 let request = Request::from_parts(parts, body);
                 if skipped {
                     skip.counter.increment(1);
-                    let future = ready.call(request);
+                    let future = self.inner.call(request);
                     return ResponseFuture::skipped(future, self.config.clone());
                 }
                 request
@@ -115,6 +111,8 @@ where
             }
             None => 1,
         };
-        ResponseFuture::new(request, ready, self.config.clone(), cost)
+        // A decision that takes a while takes the service driven to readiness along, and
+        // leaves a fresh clone here.
+        ResponseFuture::new(request, &mut self.inner, self.config.clone(), cost)
     }
 }

@@ -17,7 +17,7 @@ use tollgate::{
     key::{ClientIp, MissingKey},
 };
 use tollgate_testkit::http::{Reply, exchange, get, parse_response, send};
-use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 /// The inner service's own error type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -269,4 +269,100 @@ async fn without_a_peer_address_the_request_is_refused_with_a_4xx() {
     let reply = send(&mut service, get("/", &[])).await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert_eq!(reply.json()["status"], 403);
+}
+
+/// A service that counts its clones, and that must be called on the very instance driven to
+/// readiness (as tower's contract asks: a `Buffer` or `ConcurrencyLimit` holds its permit
+/// in the instance that was polled).
+#[derive(Debug)]
+struct ReadyOnce {
+    clones: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ready: bool,
+}
+
+impl Clone for ReadyOnce {
+    fn clone(&self) -> Self {
+        self.clones
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self {
+            clones: self.clones.clone(),
+            ready: false,
+        }
+    }
+}
+
+impl<B> Service<Request<B>> for ReadyOnce {
+    type Response = Response<Full<Bytes>>;
+    type Error = AppError;
+    type Future = std::future::Ready<Result<Self::Response, AppError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), AppError>> {
+        self.ready = true;
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<B>) -> Self::Future {
+        assert!(self.ready, "called without being driven to readiness");
+        self.ready = false;
+        std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
+    }
+}
+
+#[tokio::test]
+async fn a_request_decided_at_once_calls_the_ready_service_without_cloning_it() {
+    let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = ReadyOnce {
+        clones: clones.clone(),
+        ready: false,
+    };
+    let mut service = RateLimitLayer::new(login_limiter(2))
+        .key(tollgate::Caller::new("*"))
+        .layer(inner);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let response = ServiceExt::<Request<()>>::ready(&mut service)
+            .await
+            .unwrap()
+            .call(Request::new(()))
+            .await
+            .unwrap();
+        statuses.push(response.status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    assert_eq!(clones.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_request_whose_key_waits_takes_the_ready_service_along_and_leaves_a_clone() {
+    let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inner = ReadyOnce {
+        clones: clones.clone(),
+        ready: false,
+    };
+    let key = tollgate::key::AsyncFnKey::new(|_: &Request<()>| async {
+        tokio::task::yield_now().await;
+        tollgate::Caller::new("*").into()
+    });
+    let mut service = RateLimitLayer::new(login_limiter(2)).key(key).layer(inner);
+    for _ in 0..2 {
+        let waiting = ServiceExt::<Request<()>>::ready(&mut service)
+            .await
+            .unwrap()
+            .call(Request::new(()));
+        // The service that was driven to readiness is the one called, once the key is
+        // known; the layer keeps the clone, and drives it to readiness for the next.
+        let response = waiting.await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert_eq!(clones.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
