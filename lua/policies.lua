@@ -51,26 +51,18 @@
 -- keeps the expiry. Older versions of this script set it 2w after their own time, at or
 -- after s: never earlier than this rule.
 --
--- The token bucket. Its key holds a hash:
+-- The token bucket. Its key holds a string, "<l>:<t>":
 --   l = level in units where one token is `period` units and `rate` units flow in per ms,
 --   t = when the level was computed (ms); after `now` while the caller is in debt (a
---       charge took more tokens than there were): the level, 0, refills only from then,
---   x = a time (ms) before which the key does not expire.
--- A state matters until it has refilled: after writing level l at `now` the key must live
--- until now + ceil_div(capacity - l, rate) at least. A write whose x reaches that far
--- writes l and t only; any other sets x = now + one full refill and the key's expiry to
--- exactly x (PEXPIREAT, on the same clock as `now`). So a busy key that stays well above
--- empty sets its expiry about once per full refill instead of on every write; one kept
--- near empty (at its limit) still sets it on most admitted writes.
--- x stays a lower bound of the key's expiry whatever writes the key: a write that skips
--- leaves the expiry alone; a write that sets x sets the expiry to x with it; the key's
--- expiry or deletion takes x with it. Older versions of this script leave x alone and on
--- every write set the expiry one full refill after a moment of their own run (PEXPIRE is
--- relative): Redis runs one script at a time, so on a clock that does not go back that
--- moment is at or after the `now` that wrote x, and the expiry they set is at or after x.
--- That is also why x is one full refill ahead and no more: with a longer x, an older
--- version's write could bring the expiry before it, and a later write trusting x could
--- outlive the key.
+--       charge took more tokens than there were): the level, 0, refills only from then.
+-- A state matters until it has refilled: every write sets the value and the key's end in
+-- one command, SET with PXAT t + ceil_div(capacity - l, rate) (on the same clock as
+-- `now`), when a missing key reads the same as the state, a full bucket. A lockout may
+-- bring that end forward to the block's; the next write sets it again.
+-- Older versions of this script kept a hash (l, t, and x, a time before which the key did
+-- not expire): such a key is read through HMGET when GET finds a hash, and the first write
+-- replaces it, its expiry with it. An older version meeting the new form answers with
+-- Redis's WRONGTYPE error, as a failed store call.
 --
 -- The sliding log. Its key holds a sorted set, one member per admitted unit, scored by the
 -- time of its admission (ms); a member scored t counts while t > now - window. A request of
@@ -217,8 +209,19 @@ for i = 1, policies do
   elseif kind == '2' then
     local rate, period, burst = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3]), tonumber(ARGV[argv + 4])
     local capacity = burst * period
-    local stored = redis.call('HMGET', KEYS[i], 'l', 't', 'x')
-    local level, updated = tonumber(stored[1]), tonumber(stored[2])
+    local level, updated
+    local stored = redis.pcall('GET', KEYS[i])
+    if type(stored) == 'string' then
+      local split = string.find(stored, ':', 1, true)
+      if split then
+        level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
+      end
+    elseif stored then
+      -- a hash, written by an earlier version of this script: its l and t are read, and
+      -- the write below replaces it
+      stored = redis.call('HMGET', KEYS[i], 'l', 't')
+      level, updated = tonumber(stored[1]), tonumber(stored[2])
+    end
     if level == nil or updated == nil then
       level = capacity
     else
@@ -246,8 +249,6 @@ for i = 1, policies do
         level = math.min(capacity, owed - paid * rate)
       end
       fits = paid > 0 or level > 0
-      -- x is then more than a full refill after the time: written again with it
-      stored[3] = nil
     elseif refunding then
       -- puts back as many tokens as a bucket that never counted the request would hold
       -- more: its cost, less what flowed in between the count and the last write (that
@@ -267,7 +268,7 @@ for i = 1, policies do
       remaining = floor_div(level, period)
     end
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
-    loaded[base + 6], loaded[base + 7], loaded[base + 8] = level, updated, tonumber(stored[3])
+    loaded[base + 6], loaded[base + 7] = level, updated
   elseif kind == '3' then
     local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
     local count = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now - window), '+inf')
@@ -443,14 +444,9 @@ for i = 1, policies do
         at = at + ceil_div(-level, rate)
         level = 0
       end
-      local x = loaded[base + 8]
-      if x and x - at >= ceil_div(burst * period - level, rate) then
-        redis.call('HSET', KEYS[i], 'l', level, 't', at)
-      else
-        x = at + ceil_div(burst * period, rate)
-        redis.call('HSET', KEYS[i], 'l', level, 't', at, 'x', x)
-        redis.call('PEXPIREAT', KEYS[i], x)
-      end
+      -- one command: the state, and the key's end when the level has refilled (a missing
+      -- key reads as a full bucket)
+      redis.call('SET', KEYS[i], string.format('%d:%d', level, at), 'PXAT', at + ceil_div(burst * period - level, rate))
     end
     if not ((fits and remaining >= burst) or wanted > burst or refunding) then
       local missing = wanted * period - level
@@ -471,16 +467,9 @@ for i = 1, policies do
       if loaded[base + 5] + 2 * loaded[base + 4] > ends then
         redis.call('PEXPIREAT', KEYS[i], ends)
       end
-    elseif loaded[base + 2] == '3' then
+    else
       local left = redis.call('PTTL', KEYS[i])
       if left < 0 or now + left > ends then
-        redis.call('PEXPIREAT', KEYS[i], ends)
-      end
-    else
-      local x = tonumber(redis.call('HGET', KEYS[i], 'x'))
-      if x == nil or x > ends then
-        -- x stays a lower bound of the key's expiry
-        redis.call('HSET', KEYS[i], 'x', ends)
         redis.call('PEXPIREAT', KEYS[i], ends)
       end
     end

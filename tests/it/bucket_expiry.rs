@@ -1,6 +1,7 @@
-//! A token bucket's key in Redis outlives its state's refill, whichever script wrote it
-//! last (a decision, a lease, a refund, or an older version of the decision script), yet
-//! a busy key sets its expiry about once per full refill rather than on every write.
+//! A token bucket's key in Redis holds its level and time in one value, written with its
+//! end in one command: it ends exactly when its state has refilled, whichever operation wrote
+//! it last (a decision, a lease, a refund), and a key an older version of the script wrote
+//! (a hash) is read, then replaced.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,39 +34,39 @@ impl Bucket {
         }
     }
 
-    /// Asserts that `key` expires no earlier than its stored level has refilled:
+    /// Asserts that `key` ends exactly when its stored level has refilled:
     /// t + ceil((capacity - l) / rate), on the server's clock.
-    fn assert_covered(&self, server: &RedisServer, key: &str, after: &str) {
-        let stored = server.must(&["HMGET", key, "l", "t"]);
-        let stored: Vec<u64> = stored
-            .lines()
-            .map(|v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("{after}: {key} holds {v:?}"))
-            })
-            .collect();
-        let (level, updated) = (stored[0], stored[1]);
+    fn assert_ends_when_refilled(&self, server: &RedisServer, key: &str, after: &str) {
+        // The value and its absolute expiry, read together by one script.
+        let read = server.must(&[
+            "EVAL",
+            "return { redis.call('PEXPIRETIME', KEYS[1]), redis.call('GET', KEYS[1]) }",
+            "1",
+            key,
+        ]);
+        let mut lines = read.lines();
+        let expires_at: i64 = lines.next().unwrap().trim().parse().unwrap();
+        let stored = lines.next().unwrap_or_default().trim().to_owned();
+        let (level, updated) = stored
+            .split_once(':')
+            .and_then(|(l, t)| Some((l.parse::<u64>().ok()?, t.parse::<u64>().ok()?)))
+            .unwrap_or_else(|| panic!("after {after}: {key} holds {stored:?}"));
         let refilled_at = updated + (self.burst * self.period_ms - level).div_ceil(self.rate);
-        // The absolute expiry: no clock reading between the write and this check to
-        // round.
-        let expires_at: i64 = server.must(&["PEXPIRETIME", key]).trim().parse().unwrap();
-        assert!(
-            expires_at >= 0 && expires_at as u64 >= refilled_at,
-            "after {after}: {key} expires at {expires_at}, but its level {level} at {updated} \
-             refills only at {refilled_at}"
+        assert_eq!(
+            expires_at, refilled_at as i64,
+            "after {after}: {key} holds level {level} at {updated}, which refills at \
+             {refilled_at}, but ends at {expires_at}"
         );
     }
 }
 
-/// How many times redis-server ran a command that sets a key's expiry (scripts' own calls
-/// included).
-fn expiry_calls(server: &RedisServer) -> u64 {
+/// How many times redis-server ran `command` (scripts' own calls included).
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
     server
         .must(&["INFO", "commandstats"])
         .lines()
-        .filter(|line| {
-            line.starts_with("cmdstat_pexpire:") || line.starts_with("cmdstat_pexpireat:")
-        })
+        .filter(|line| line.starts_with(&prefix))
         .map(|line| {
             let calls = line.split_once("calls=").unwrap().1;
             calls.split(',').next().unwrap().parse::<u64>().unwrap()
@@ -80,7 +81,7 @@ fn bucket_store(server: &RedisServer, policy: &Policy) -> (RedisBackend, Arc<[Po
 }
 
 #[tokio::test]
-async fn the_key_outlives_every_state_written() {
+async fn the_key_ends_when_each_state_written_has_refilled() {
     let server = RedisServer::start();
     // 10 tokens a second, 20 at most: a full refill takes 2 s.
     let policy = Policy::new(
@@ -91,8 +92,7 @@ async fn the_key_outlives_every_state_written() {
     let (store, limits, key) = bucket_store(&server, &policy);
     let acme = CallerKey::new("acme");
 
-    // Drained to empty in steps of 1 to 3 tokens: the first writes find the expiry set by
-    // the first one long enough, the last ones (nearly 2 s of refill ahead) do not.
+    // Drained to empty in steps of 1 to 3 tokens: each write moves the key's end further.
     let mut admitted = Vec::new();
     for cost in [1, 2, 3].into_iter().cycle() {
         let outcome = store.check(&acme, &limits, cost).await.unwrap();
@@ -100,7 +100,7 @@ async fn the_key_outlives_every_state_written() {
             break;
         }
         admitted.push((cost, outcome.counted_at_ms()));
-        bucket.assert_covered(&server, &key, &format!("a decision of cost {cost}"));
+        bucket.assert_ends_when_refilled(&server, &key, &format!("a decision of cost {cost}"));
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     assert!(admitted.len() >= 9, "{admitted:?}");
@@ -110,14 +110,14 @@ async fn the_key_outlives_every_state_written() {
         .refund(&acme, &limits, Refund::new(cost, counted_at))
         .await
         .unwrap();
-    bucket.assert_covered(&server, &key, "a refund");
+    bucket.assert_ends_when_refilled(&server, &key, "a refund");
 
     // Whatever has refilled, leased at once: the bucket is empty again.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let grant = store.lease(&acme, &limits, 1, 100).unwrap().await.unwrap();
     assert!(grant.granted() >= 3, "{grant:?}");
     assert_eq!(grant.outcome().limits()[0].remaining, 0, "{grant:?}");
-    bucket.assert_covered(&server, &key, "a lease");
+    bucket.assert_ends_when_refilled(&server, &key, "a lease");
 
     store
         .refund(
@@ -127,22 +127,22 @@ async fn the_key_outlives_every_state_written() {
         )
         .await
         .unwrap();
-    bucket.assert_covered(&server, &key, "a refund of a lease");
+    bucket.assert_ends_when_refilled(&server, &key, "a refund of a lease");
 }
 
-/// An older version of the decision script set the expiry to a full refill from its own time on
-/// every write; one writing between two of today's decisions may bring the expiry earlier
-/// than today's scripts last set it, and the next decision must still be covered.
+/// An older version of the script kept a bucket in a hash (l, t, and x, a time before which
+/// the key did not expire): its state goes on, read from the hash, until a write replaces it.
 #[tokio::test]
-async fn the_key_outlives_its_state_after_an_older_script_wrote_it() {
+async fn a_bucket_an_older_script_wrote_is_read_then_replaced() {
     const OLDER_WRITE: &str = r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-redis.call('HSET', KEYS[1], 'l', ARGV[1], 't', now)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[1], 'l', ARGV[1], 't', now, 'x', now + ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], now + ARGV[2])
 return now
 ";
     let server = RedisServer::start();
+    // 10 tokens a second, 20 at most: one token every 100 ms.
     let policy = Policy::new(
         "bucket",
         Algorithm::token_bucket(10, Duration::from_secs(1), 20),
@@ -152,14 +152,14 @@ return now
     let (store, limits, key) = bucket_store(&server, &policy);
     let acme = CallerKey::new("acme");
 
-    assert!(store.check(&acme, &limits, 1).await.unwrap().admitted());
-    bucket.assert_covered(&server, &key, "the first decision");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The older script takes the last token: its expiry, a full refill from now, covers its
-    // own state.
+    // The older script leaves the bucket empty.
     server.must(&["EVAL", OLDER_WRITE, "1", &key, "0", &full_ms.to_string()]);
-    bucket.assert_covered(&server, &key, "the older script's write");
-    // The next token, taken as soon as it is there, leaves nearly a full refill ahead.
+    let refused = store.check(&acme, &limits, 1).await.unwrap();
+    assert!(!refused.admitted(), "{refused:?}");
+    assert_eq!(refused.limits()[0].remaining, 0);
+    // A refusal writes nothing: the hash stands.
+    assert_eq!(server.must(&["TYPE", &key]).trim(), "hash");
+    // The first token refills from the hash's time, within its 100 ms.
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -168,11 +168,12 @@ return now
         }
         assert!(Instant::now() < deadline, "no token came back in 1 s");
     }
-    bucket.assert_covered(&server, &key, "a decision after the older script's write");
+    assert_eq!(server.must(&["TYPE", &key]).trim(), "string");
+    bucket.assert_ends_when_refilled(&server, &key, "a decision after the older script's write");
 }
 
 #[tokio::test]
-async fn a_busy_bucket_sets_its_expiry_about_once_per_refill() {
+async fn a_bucket_is_written_with_its_end_in_one_command() {
     let server = RedisServer::start();
     // 1,000 tokens a second, 1,000 at most: a full refill takes 1 s.
     let policy = Policy::new(
@@ -184,12 +185,13 @@ async fn a_busy_bucket_sets_its_expiry_about_once_per_refill() {
     let acme = CallerKey::new("acme");
 
     server.must(&["CONFIG", "RESETSTAT"]);
-    let start = Instant::now();
     let mut last = 0;
+    let mut writes = 0;
     for i in 0..300 {
         if i % 10 == 9 {
             let grant = store.lease(&acme, &limits, 1, 5).unwrap().await.unwrap();
             assert_eq!(grant.granted(), 5);
+            writes += 1;
         } else if i % 10 == 5 {
             store
                 .refund(&acme, &limits, Refund::new(1, last))
@@ -199,17 +201,18 @@ async fn a_busy_bucket_sets_its_expiry_about_once_per_refill() {
             let outcome = store.check(&acme, &limits, 1).await.unwrap();
             assert!(outcome.admitted());
             last = outcome.counted_at_ms();
+            writes += 1;
         }
     }
-    let elapsed = start.elapsed();
-    bucket.assert_covered(&server, &key, "300 calls");
-    // Each expiry set covers a full refill, less the refill its own state still needs
-    // (under 500 tokens taken in all: under half of it), so at most one more per half a
-    // refill that passed.
-    let calls = expiry_calls(&server);
-    let most = 1 + elapsed.as_millis() / 500;
+    bucket.assert_ends_when_refilled(&server, &key, "300 calls");
+    // Every write is one SET (its end with it); refunds write too, unless the bucket had
+    // refilled by then. Nothing else writes the key or its expiry.
+    let sets = command_calls(&server, "set");
     assert!(
-        (1..=most as u64).contains(&calls),
-        "{calls} expiries set in 300 calls over {elapsed:?}"
+        (writes..=writes + 30).contains(&sets),
+        "{sets} SETs for {writes} decisions and leases and 30 refunds"
     );
+    for command in ["pexpire", "pexpireat", "hset", "hmget"] {
+        assert_eq!(command_calls(&server, command), 0, "{command}");
+    }
 }
