@@ -98,8 +98,8 @@ pin_project! {
 
 /// The inner service driven to readiness. Borrowed from the layer while the request is
 /// decided within `call`, so that a request admitted at once is handed to it with no clone
-/// (behind an axum router's `layer`, a clone is an allocation); taken out, with a fresh
-/// clone left in its place, only when the request has to wait.
+/// (reference counts, or an allocation, for services that share state); taken out, with a
+/// fresh clone left in its place, only when the request has to wait.
 enum Ready<'a, S> {
     Borrowed(&'a mut S, fn(&S) -> S),
     Owned(S),

@@ -2,6 +2,8 @@
 //! and client IPs from the peer address that the accept loop puts in the extensions.
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -276,14 +278,25 @@ async fn without_a_peer_address_the_request_is_refused_with_a_4xx() {
 /// in the instance that was polled).
 #[derive(Debug)]
 struct ReadyOnce {
-    clones: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    clones: Arc<AtomicUsize>,
     ready: bool,
+}
+
+impl ReadyOnce {
+    /// A service not yet driven to readiness, and the count of its clones.
+    fn new() -> (Self, Arc<AtomicUsize>) {
+        let clones = Arc::new(AtomicUsize::new(0));
+        let service = Self {
+            clones: clones.clone(),
+            ready: false,
+        };
+        (service, clones)
+    }
 }
 
 impl Clone for ReadyOnce {
     fn clone(&self) -> Self {
-        self.clones
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.clones.fetch_add(1, SeqCst);
         Self {
             clones: self.clones.clone(),
             ready: false,
@@ -313,11 +326,7 @@ impl<B> Service<Request<B>> for ReadyOnce {
 
 #[tokio::test]
 async fn a_request_decided_at_once_calls_the_ready_service_without_cloning_it() {
-    let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let inner = ReadyOnce {
-        clones: clones.clone(),
-        ready: false,
-    };
+    let (inner, clones) = ReadyOnce::new();
     let mut service = RateLimitLayer::new(login_limiter(2))
         .key(tollgate::Caller::new("*"))
         .layer(inner);
@@ -339,16 +348,12 @@ async fn a_request_decided_at_once_calls_the_ready_service_without_cloning_it() 
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
-    assert_eq!(clones.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(clones.load(SeqCst), 0);
 }
 
 #[tokio::test]
 async fn a_request_whose_key_waits_takes_the_ready_service_along_and_leaves_a_clone() {
-    let clones = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let inner = ReadyOnce {
-        clones: clones.clone(),
-        ready: false,
-    };
+    let (inner, clones) = ReadyOnce::new();
     let key = tollgate::key::AsyncFnKey::new(|_: &Request<()>| async {
         tokio::task::yield_now().await;
         tollgate::Caller::new("*").into()
@@ -364,5 +369,5 @@ async fn a_request_whose_key_waits_takes_the_ready_service_along_and_leaves_a_cl
         let response = waiting.await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
     }
-    assert_eq!(clones.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(clones.load(SeqCst), 2);
 }
