@@ -304,7 +304,9 @@ struct Pumped {
 }
 
 /// Copies one direction, obeying the fault before each chunk is forwarded; the first
-/// chunk waits `first_delay` more.
+/// chunk waits `first_delay` more. A delay holds each chunk that long after it arrived,
+/// while the chunks behind it keep arriving: latency, as a long link has, not a narrow one
+/// (a large command read in several chunks takes the delay once, not once per chunk).
 async fn pump(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
@@ -317,42 +319,56 @@ async fn pump(
         mut first_delay,
         mut first,
     } = pumped;
-    let mut buffer = vec![0u8; 16 * 1024];
-    loop {
-        let read = match first.take() {
-            Some(chunk) => {
-                buffer[..chunk.len()].copy_from_slice(&chunk);
-                chunk.len()
-            }
-            None => match from.read(&mut buffer).await {
-                Ok(0) | Err(_) => return,
-                Ok(read) => read,
-            },
-        };
-        if !first_delay.is_zero() {
-            tokio::time::sleep(std::mem::take(&mut first_delay)).await;
-        }
+    let (forward, mut forwarded) =
+        tokio::sync::mpsc::unbounded_channel::<(Option<tokio::time::Instant>, Vec<u8>)>();
+    let reader = async move {
+        let mut buffer = vec![0u8; 16 * 1024];
         loop {
-            let fault = state.borrow_and_update().fault_for(name.as_deref());
-            match fault {
-                Fault::Pass => break,
-                Fault::Delay(delay) if requests => {
-                    tokio::time::sleep(delay).await;
-                    break;
+            let read = match first.take() {
+                Some(chunk) => {
+                    buffer[..chunk.len()].copy_from_slice(&chunk);
+                    chunk.len()
                 }
-                Fault::Delay(_) => break,
-                // Hold the data; the connection is cut when the fault changes.
-                Fault::Blackhole | Fault::Refuse => {
-                    if state.changed().await.is_err() {
-                        return;
+                None => match from.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(read) => read,
+                },
+            };
+            if !first_delay.is_zero() {
+                tokio::time::sleep(std::mem::take(&mut first_delay)).await;
+            }
+            let due = loop {
+                let fault = state.borrow_and_update().fault_for(name.as_deref());
+                match fault {
+                    Fault::Pass => break None,
+                    Fault::Delay(delay) if requests => {
+                        break Some(tokio::time::Instant::now() + delay);
+                    }
+                    Fault::Delay(_) => break None,
+                    // Hold the data; the connection is cut when the fault changes.
+                    Fault::Blackhole | Fault::Refuse => {
+                        if state.changed().await.is_err() {
+                            return;
+                        }
                     }
                 }
+            };
+            if forward.send((due, buffer[..read].to_vec())).is_err() {
+                return;
             }
         }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
+    };
+    let writer = async {
+        while let Some((due, chunk)) = forwarded.recv().await {
+            if let Some(due) = due {
+                tokio::time::sleep_until(due).await;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return;
+            }
         }
-    }
+    };
+    tokio::join!(reader, writer);
 }
 
 /// Whether a TCP connection to `port` on loopback succeeds now.
