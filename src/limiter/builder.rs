@@ -246,7 +246,8 @@ impl LimiterBuilder {
     }
 
     /// Caps the denial cache at `capacity` callers (default 100,000), or turns it off with
-    /// 0. Fail static needs it.
+    /// 0. Fail static needs it. A store whose refusals do not hold until their reset
+    /// ([`Backend::refusals_hold`](crate::store::Backend::refusals_hold)) gets none.
     pub fn denial_cache(mut self, capacity: usize) -> Self {
         self.denial_cache = (capacity > 0).then_some(capacity);
         self
@@ -372,6 +373,7 @@ impl LimiterBuilder {
             }
         };
         let remote = backend.is_remote();
+        let refusals_hold = backend.refusals_hold();
         let store = StoreCall::new(backend, self.store_timeout, metrics.clone());
         let fallback = Fallback::new(self.on_store_failure, self.clock.clone());
         // Chosen once: an in-process store cannot be down, so it gets no breaker, denial
@@ -390,7 +392,10 @@ impl LimiterBuilder {
                 store,
                 clock: self.clock,
                 domains,
-                denials: self.denial_cache.map(DenialCache::new),
+                denials: self
+                    .denial_cache
+                    .filter(|_| refusals_hold)
+                    .map(DenialCache::new),
                 fallback,
                 leases: self.leases.map(|leases| Leasing::new(leases, &name)),
                 metrics: metrics.clone(),

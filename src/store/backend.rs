@@ -184,6 +184,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         true
     }
 
+    /// Whether a refusal holds until its reset (default `true`), so that the limiter's denial
+    /// cache may answer for the store meanwhile. A store whose refusals can end sooner and
+    /// that must hear every request says `false`: the two-tier store (`TwoTierBackend`,
+    /// with the `redis` feature), whose next lease may come any moment and whose leases are sized by the requests it is asked, refused ones included.
+    ///
+    /// ```
+    /// use tollgate::{InMemoryBackend, store::Backend};
+    /// assert!(InMemoryBackend::new().refusals_hold());
+    /// ```
+    fn refusals_hold(&self) -> bool {
+        true
+    }
+
     /// The part of the store that decides `caller`, and whether it is connected (default:
     /// the whole store, [`FailureDomain::WHOLE`], connected). A remote store's limiter keeps
     /// one circuit breaker per domain, and falls back at once, without a call, for a caller
@@ -252,6 +265,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
     fn is_remote(&self) -> bool {
         (**self).is_remote()
+    }
+
+    fn refusals_hold(&self) -> bool {
+        (**self).refusals_hold()
     }
 
     fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {

@@ -108,6 +108,18 @@ pub enum BuildError {
     /// An instance registry was started outside a Tokio runtime, where its background task
     /// cannot run.
     NoRuntime,
+    /// A two-tier store's region (`TwoTierBackend::builder`, with the `redis` feature) has
+    /// an empty name or one with a control character, or its weights
+    /// (`TwoTierBuilder::share_by_weight`) have no regions (`all` is 0) or a weight above
+    /// them all.
+    InvalidRegion {
+        /// The region's name.
+        region: String,
+        /// The region's weight (0 when none was given).
+        weight: u32,
+        /// The weights of all regions together (0 when none was given).
+        all: u32,
+    },
 
     /// A policy of a definition read from a file cannot work: one of the policy errors
     /// above ([`ZeroLimit`](Self::ZeroLimit), [`Inexact`](Self::Inexact),
@@ -179,6 +191,15 @@ impl fmt::Display for BuildError {
             BuildError::InvalidPolicyName(name) => write!(
                 f,
                 "a policy name must be 1 to 64 printable ASCII characters, got {name:?}"
+            ),
+            BuildError::InvalidRegion {
+                region,
+                weight,
+                all,
+            } => write!(
+                f,
+                "a region needs a name of printable characters, and a weight of at most all \
+                 regions' weights, all above 0: got {region:?}, {weight} of {all}"
             ),
             BuildError::ZeroLimit => {
                 f.write_str("a sliding window or log needs a limit of at least 1")

@@ -60,5 +60,7 @@ pub use clock::{Clock, ManualClock};
 pub use domain::FailureDomain;
 #[cfg(feature = "redis")]
 pub use redis::backend::RedisBackendBuilder;
+#[cfg(feature = "redis")]
+pub use redis::two_tier::{TwoTierBackend, TwoTierBuilder};
 pub use slots::{Slot, SlotStore};
 pub use state::PolicyState;

@@ -111,6 +111,8 @@ mod simulate;
 mod simulator_page;
 mod skip_and_refusal;
 mod sliding_log;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod two_tier;
 mod typed_headers;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod window_expiry;

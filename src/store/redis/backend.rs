@@ -325,10 +325,7 @@ impl RedisBackend {
     /// # }
     /// ```
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let waited = tokio::time::Instant::now();
-        while !self.connection.is_connected() && waited.elapsed() < self.connect_timeout {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.connected().await;
         let reply: i64 = self
             .connection
             .clone()
@@ -349,6 +346,16 @@ impl RedisBackend {
 
     pub(super) fn connection(&self) -> &Connection {
         &self.connection
+    }
+
+    /// Waits until the connection is made, for at most the connect timeout; whether it
+    /// is.
+    pub(super) async fn connected(&self) -> bool {
+        let waited = tokio::time::Instant::now();
+        while !self.connection.is_connected() && waited.elapsed() < self.connect_timeout {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.connection.is_connected()
     }
 
     pub(super) fn response_timeout(&self) -> Duration {

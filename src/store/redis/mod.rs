@@ -1,6 +1,6 @@
 //! Counters in Redis: the backend with its decision script, its connections (a single node,
-//! a Sentinel master, a cluster with its slot map), and the registry of live instances kept
-//! by heartbeats.
+//! a Sentinel master, a cluster with its slot map), the registry of live instances kept by
+//! heartbeats, and the two-tier store that keeps one limit across regions.
 
 pub(crate) mod backend;
 mod cluster;
@@ -14,3 +14,4 @@ mod sentinel;
 mod sentinel_announcements;
 mod slots;
 mod topology;
+pub(crate) mod two_tier;

@@ -1,0 +1,190 @@
+-- tollgate: the global store of the two-tier store, one call per region's call: units given
+-- back, what the region's share admitted counted, and a lease of the caller's global
+-- quota, as far as it leaves room for any other region to fall back to its share.
+--
+-- KEYS[1]  the caller's global record, a hash:
+--            s, p, c     the sliding window counter of the caller's limit (window start,
+--                        previous count, current count), as lua/policies.lua keeps one
+--            <region>:ku, :ks, :ka   the snapshot the region said it holds (the count it
+--                        was told, its share, when): what it starts its share from if cut
+--                        off; absent when it holds none
+--            <region>:su, :ss, :sa   the snapshot this store sent it last
+--            <region>:d  its demand per window, as it last reported it
+--            <region>:w  its weight, as it last reported it
+--            <region>:xs, :xp, :xc   what it reported admitting on its share since the
+--                        snapshot it holds (a sliding window counter)
+-- ARGV     limit, window_ms, region, by ('weight' or 'demand'), weight, all weights,
+--          ack used, ack share, ack time (-1 for no snapshot), what the region's share
+--          admitted as a sliding window counter (start, previous, current), demand, want,
+--          given back, given at
+-- Returns  { granted, used (the count after the grant, rounded up), share, now }
+--
+-- The rule. A region cut off from this store admits up to its share's room: its share
+-- of the limit less its part of the count it was last told, that part weighing as the
+-- current window of that answer, the rest freeing as the window slides. This store never
+-- learns that a region is cut off (a partition looks like a region that has not called
+-- yet), so it grants a lease only if the caller's count after it, plus the room of any one
+-- other region's share, fits in the limit. A region that calls often has seen a count
+-- close to the current one, and its room is small; a region cut off keeps its room, and
+-- the others lease what is left. Which snapshot a region holds, it says with each call;
+-- the answer, which may be lost, carries a newer one: the larger room of the two counts.
+
+local key = KEYS[1]
+local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
+local region, by = ARGV[3], ARGV[4]
+local weight, all = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ack_used, ack_share, ack_at = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local os, op, oc = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local demand, want = tonumber(ARGV[13]), tonumber(ARGV[14])
+local given, given_at = tonumber(ARGV[15]), tonumber(ARGV[16])
+
+local function rolled(start, previous, current, t)
+  local s = t - t % window
+  if start >= s then
+    return start, previous, current
+  elseif start + window == s then
+    return s, current, 0
+  end
+  return s, 0, 0
+end
+
+local function used_scaled(start, previous, current, t)
+  start, previous, current = rolled(start, previous, current, t)
+  local elapsed = math.min(t - start, window)
+  return previous * (window - elapsed) + current * window
+end
+
+local function room(share, start, previous, current, t)
+  local left = share * window - used_scaled(start, previous, current, t)
+  if left <= 0 then
+    return 0
+  end
+  return floor_div(left, window)
+end
+
+-- Every field, by region.
+local fields = redis.call('HGETALL', key)
+local s, p, c = 0, 0, 0
+local regions = {}
+for i = 1, #fields, 2 do
+  local name, value = fields[i], tonumber(fields[i + 1])
+  if name == 's' then
+    s = value
+  elseif name == 'p' then
+    p = value
+  elseif name == 'c' then
+    c = value
+  else
+    local at = string.find(name, ':[^:]*$')
+    if at then
+      local owner, field = string.sub(name, 1, at - 1), string.sub(name, at + 1)
+      regions[owner] = regions[owner] or {}
+      regions[owner][field] = value
+    end
+  end
+end
+local mine = regions[region] or {}
+regions[region] = mine
+
+-- 1. Units given back, to the window they were counted in while it still weighs; what
+--    the share admitted, in the windows it admitted it in, as much as it still weighs.
+s, p, c = rolled(s, p, c, now)
+os, op, oc = rolled(os, op, oc, now)
+if given > 0 then
+  if given_at >= s then
+    c = math.max(0, c - given)
+  elseif given_at >= s - window then
+    p = math.max(0, p - given)
+  end
+end
+p, c = p + op, c + oc
+
+-- 2. The region's record: its snapshot, what it admitted on its share since, its demand.
+local holds = ack_at >= 0
+local same = holds and mine.ka == ack_at and mine.ku == ack_used and mine.ks == ack_share
+if same then
+  mine.xs, mine.xp, mine.xc = rolled(mine.xs or 0, mine.xp or 0, mine.xc or 0, now)
+  mine.xs, mine.xp, mine.xc = math.max(mine.xs, os), mine.xp + op, mine.xc + oc
+else
+  mine.xs, mine.xp, mine.xc = 0, 0, 0
+end
+if holds then
+  mine.ku, mine.ks, mine.ka = ack_used, ack_share, ack_at
+else
+  mine.ku, mine.ks, mine.ka = nil, nil, nil
+end
+mine.d, mine.w = demand, weight
+
+-- A region's share of the limit: its weight's part, or its part of the regions' demand.
+local function share_of(record)
+  if by == 'weight' then
+    return floor_div(limit * (record.w or 0), math.max(all, 1))
+  end
+  local total = 0
+  for _, other in pairs(regions) do
+    total = total + (other.d or 0)
+  end
+  if total == 0 then
+    return 0
+  end
+  return floor_div(limit * (record.d or 0), total)
+end
+
+-- The room a share started from a snapshot has at `now`: its part of the count then, all
+-- of it in that answer's window, then what it admitted since.
+local function room_from(used, share, at, xs, xp, xc)
+  local seed = ceil_div(math.min(used, limit) * share, math.max(limit, 1))
+  local ss, sp, sc = rolled(at - at % window, 0, seed, now)
+  xs, xp, xc = rolled(xs, xp, xc, now)
+  return room(share, math.max(ss, xs), sp + xp, sc + xc, now)
+end
+
+-- The most a region could admit on its share from now on, were it cut off now.
+local function room_of(record)
+  local known
+  if record.ka then
+    known = room_from(record.ku, record.ks, record.ka, record.xs or 0, record.xp or 0,
+      record.xc or 0)
+  else
+    -- No snapshot: it starts from nothing, at its whole share (by demand, a region that
+    -- never reported any has none).
+    known = room_from(0, share_of(record), now, record.xs or 0, record.xp or 0, record.xc or 0)
+  end
+  local sent = 0
+  if record.sa then
+    sent = room_from(record.su, record.ss, record.sa, 0, 0, 0)
+  end
+  return math.max(known, sent)
+end
+
+-- 3. The grant: what the region wants, as far as the count has room, less the room of
+--    the other region that could admit the most on its share.
+local used = ceil_div(used_scaled(s, p, c, now), window)
+local reserved = 0
+for name, record in pairs(regions) do
+  if name ~= region then
+    reserved = math.max(reserved, room_of(record))
+  end
+end
+local granted = math.max(0, math.min(want, limit - reserved - used))
+c = c + granted
+used = ceil_div(used_scaled(s, p, c, now), window)
+local share = share_of(mine)
+mine.su, mine.ss, mine.sa = used, share, now
+
+-- 4. Written back. Nothing here weighs past two windows, but for the region records,
+--    which a region cut off for longer no longer needs reserved (its share's seed has
+--    slid out, and its room is its whole share either way).
+local out = { 's', s, 'p', p, 'c', c }
+for _, field in ipairs({ 'ku', 'ks', 'ka', 'su', 'ss', 'sa', 'd', 'w', 'xs', 'xp', 'xc' }) do
+  if mine[field] ~= nil then
+    table.insert(out, region .. ':' .. field)
+    table.insert(out, mine[field])
+  end
+end
+if not holds then
+  redis.call('HDEL', key, region .. ':ku', region .. ':ks', region .. ':ka')
+end
+redis.call('HSET', key, unpack(out))
+redis.call('PEXPIRE', key, 2 * window + 60000)
+return { granted, used, share, now }

@@ -1,0 +1,222 @@
+//! The region's record of each caller, in the region's Redis, changed by lua/regional.lua:
+//! a decision, and the outcome of a call to the global store written back.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use super::TwoTier;
+use crate::store::algorithm::PolicyOutcome;
+use crate::store::backend::{CheckOutcome, StoreError};
+use crate::store::caller::CallerKey;
+use crate::store::policy::Policy;
+
+const REGIONAL_SOURCE: &str = concat!(
+    include_str!("../../../../lua/clock.lua"),
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/regional.lua"),
+);
+
+static REGIONAL: LazyLock<Script> = LazyLock::new(|| Script::new(REGIONAL_SOURCE));
+
+/// A call to the global store that a decision handed to this instance.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Refill {
+    /// Units to lease.
+    pub(super) want: u64,
+    /// Units to give back, and when the global store counted them.
+    pub(super) give_back: u64,
+    pub(super) given_at_ms: u64,
+    /// What the region's share admitted, for the global store to count in the windows it
+    /// was admitted in: a sliding window counter (start, previous, current).
+    pub(super) owed: [u64; 3],
+    /// The region's demand per window of the limit.
+    pub(super) demand: u64,
+    /// The snapshot the region holds (the count it was told, its share, when the global
+    /// store counted it), or `None`.
+    pub(super) ack: Option<Snapshot>,
+    pub(super) limit: u64,
+    pub(super) window_ms: u64,
+}
+
+/// What the global store told a region: the caller's count, the region's share, and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Snapshot {
+    pub(super) used: u64,
+    pub(super) share: u64,
+    pub(super) at_ms: u64,
+}
+
+/// The region's decision, and the call it hands over, if any.
+#[derive(Debug)]
+pub(super) struct Decided {
+    pub(super) outcome: CheckOutcome,
+    pub(super) refill: Option<Refill>,
+}
+
+/// The record's key: `<prefix>:{<caller>}:<policy>:regional`, beside the caller's other keys
+/// in the region's Redis.
+fn key(two_tier: &TwoTier, caller: &CallerKey, limits: &[Policy]) -> Vec<u8> {
+    let name = limits.first().map_or("", Policy::name);
+    let mut suffix = Vec::with_capacity(name.len() + 9);
+    suffix.extend_from_slice(name.as_bytes());
+    suffix.extend_from_slice(b":regional");
+    two_tier.regional.tagged_key(caller, &suffix)
+}
+
+async fn run(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    args: &[String],
+) -> Result<Vec<i64>, StoreError> {
+    let keys = [key(two_tier, caller, limits)];
+    two_tier
+        .regional
+        .connection()
+        .clone()
+        .run(
+            &REGIONAL,
+            REGIONAL_SOURCE,
+            &keys,
+            &args,
+            two_tier.regional.response_timeout(),
+        )
+        .await
+}
+
+fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// Decides a request of `cost` units on the region's record: one round trip to the
+/// region's Redis.
+pub(super) async fn decide(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    cost: u64,
+    limit: u64,
+    window_ms: u64,
+) -> Result<Decided, StoreError> {
+    let rtt_ms = two_tier.rtt_ms();
+    let claim_ms = u64::try_from(two_tier.wan_timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(2)
+        .max(1);
+    let horizon_ms = u64::try_from(two_tier.horizon.as_millis()).unwrap_or(u64::MAX);
+    let args = [
+        "decide".to_owned(),
+        cost.to_string(),
+        limit.to_string(),
+        window_ms.to_string(),
+        rtt_ms.to_string(),
+        horizon_ms.to_string(),
+        claim_ms.to_string(),
+    ];
+    let reply = run(two_tier, caller, limits, &args).await?;
+    let &[
+        admitted,
+        remaining,
+        reset_ms,
+        now,
+        refill,
+        want,
+        give_back,
+        given_at,
+        owed_start,
+        owed_previous,
+        owed_current,
+        demand,
+        ack_used,
+        ack_share,
+        ack_at,
+    ] = reply.as_slice()
+    else {
+        return Err(StoreError::other(format!(
+            "the regional script answered {reply:?} to a decision"
+        )));
+    };
+    let outcome = CheckOutcome::new(vec![PolicyOutcome {
+        admitted: admitted == 1,
+        remaining: unsigned(remaining),
+        reset_ms: unsigned(reset_ms),
+    }])
+    .counted_at(unsigned(now));
+    let refill = (refill == 1).then(|| Refill {
+        want: unsigned(want),
+        give_back: unsigned(give_back),
+        given_at_ms: unsigned(given_at),
+        owed: [owed_start, owed_previous, owed_current].map(unsigned),
+        demand: unsigned(demand),
+        ack: (ack_at >= 0).then(|| Snapshot {
+            used: unsigned(ack_used),
+            share: unsigned(ack_share),
+            at_ms: unsigned(ack_at),
+        }),
+        limit,
+        window_ms,
+    });
+    Ok(Decided { outcome, refill })
+}
+
+/// What the global store answered a call, as the region writes it down.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Answered {
+    pub(super) granted: u64,
+    pub(super) asked: u64,
+    /// How long, from the answer's arrival, the units may be spent: until the end of the
+    /// global window they were counted in.
+    pub(super) spendable_ms: u64,
+    /// When the global store counted them, on its clock.
+    pub(super) counted_at_ms: u64,
+    /// The caller's count there after the grant, and the region's share.
+    pub(super) used: u64,
+    pub(super) share: u64,
+}
+
+/// Writes an answer into the region's record: the units leased, and the count the region
+/// starts its share from should it be cut off.
+pub(super) async fn answered(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    refill: &Refill,
+    answer: Answered,
+) -> Result<(), StoreError> {
+    let horizon_ms = u64::try_from(two_tier.horizon.as_millis()).unwrap_or(u64::MAX);
+    let args = [
+        "answered".to_owned(),
+        answer.granted.to_string(),
+        answer.spendable_ms.to_string(),
+        answer.counted_at_ms.to_string(),
+        answer.used.to_string(),
+        answer.share.to_string(),
+        answer.asked.to_string(),
+        refill.window_ms.to_string(),
+        horizon_ms.to_string(),
+    ];
+    run(two_tier, caller, limits, &args).await.map(drop)
+}
+
+/// Writes a call without an answer into the region's record: the region is cut off (or
+/// stays so) and owes again what the call was to have counted.
+pub(super) async fn failed(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    refill: &Refill,
+) -> Result<(), StoreError> {
+    let probe_ms = u64::try_from(two_tier.probe.as_millis()).unwrap_or(u64::MAX);
+    let args = [
+        "failed".to_owned(),
+        refill.limit.to_string(),
+        refill.window_ms.to_string(),
+        two_tier.share_of(refill.limit).to_string(),
+        probe_ms.to_string(),
+        refill.owed[0].to_string(),
+        refill.owed[1].to_string(),
+        refill.owed[2].to_string(),
+    ];
+    run(two_tier, caller, limits, &args).await.map(drop)
+}

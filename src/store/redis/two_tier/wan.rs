@@ -1,0 +1,160 @@
+//! The call to the global store, one WAN round trip and one atomic call of lua/global.lua:
+//! what the region gives back, what its share admitted, and the lease; then its outcome
+//! written back into the region's record.
+
+use std::sync::{Arc, LazyLock};
+
+use redis::Script;
+use tokio::time::Instant;
+
+use super::TwoTier;
+use super::regional::{self, Answered, Refill};
+use crate::store::backend::StoreError;
+use crate::store::caller::CallerKey;
+use crate::store::policy::Policy;
+
+const GLOBAL_SOURCE: &str = concat!(
+    include_str!("../../../../lua/clock.lua"),
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/global.lua"),
+);
+
+static GLOBAL: LazyLock<Script> = LazyLock::new(|| Script::new(GLOBAL_SOURCE));
+
+/// The global store's answer: units granted, the caller's count after them, the region's
+/// share, and when (its clock).
+struct Grant {
+    granted: u64,
+    used: u64,
+    share: u64,
+    at_ms: u64,
+}
+
+/// Makes the call a decision handed to this instance, and writes its outcome back. Errors
+/// writing it back are left: the region's claim on the call runs out, and the next
+/// decision hands the call to an instance again (a lease lost that way is counted at the
+/// global store and never spent, which only lowers what the regions admit).
+pub(super) async fn call(
+    two_tier: Arc<TwoTier>,
+    caller: CallerKey,
+    limits: Arc<[Policy]>,
+    refill: Refill,
+) {
+    // A connection being made (at start, after a partition: several round trips) is
+    // waited for, as long as the global store's connect timeout: the call's own timeout
+    // is for the call. Without a connection by then, the call fails at once.
+    two_tier.global.connected().await;
+    let started = Instant::now();
+    let answer = tokio::time::timeout(
+        two_tier.wan_timeout,
+        global_call(&two_tier, &caller, &limits, &refill),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    match answer {
+        Ok(Ok(grant)) => {
+            two_tier.measured(elapsed);
+            let window_ms = refill.window_ms.max(1);
+            // The units may be spent until their global window ends; the answer spent
+            // about half the round trip on its way back.
+            let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+            let spendable_ms =
+                (window_ms - grant.at_ms % window_ms).saturating_sub(elapsed_ms.div_ceil(2));
+            let answer = Answered {
+                granted: grant.granted,
+                asked: refill.want,
+                spendable_ms,
+                counted_at_ms: grant.at_ms,
+                used: grant.used,
+                share: grant.share,
+            };
+            let _ = regional::answered(&two_tier, &caller, &limits, &refill, answer).await;
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(%error, region = %two_tier.region, "tollgate: the global store failed a lease; the region counts itself cut off");
+            let _ = regional::failed(&two_tier, &caller, &limits, &refill).await;
+        }
+        Err(_) => {
+            tracing::debug!(
+                timeout = ?two_tier.wan_timeout,
+                region = %two_tier.region,
+                "tollgate: the global store did not answer a lease in time; the region counts itself cut off"
+            );
+            let _ = regional::failed(&two_tier, &caller, &limits, &refill).await;
+        }
+    }
+}
+
+/// The global record's key: `<prefix>:{<caller>}:<policy>:two-tier` in the global store.
+fn key(two_tier: &TwoTier, caller: &CallerKey, limits: &[Policy]) -> Vec<u8> {
+    let name = limits.first().map_or("", Policy::name);
+    let mut suffix = Vec::with_capacity(name.len() + 9);
+    suffix.extend_from_slice(name.as_bytes());
+    suffix.extend_from_slice(b":two-tier");
+    two_tier.global.tagged_key(caller, &suffix)
+}
+
+/// One call of the global script. What was to be counted is owed again when it fails,
+/// and what was to be given back is not sent again (it stays counted, never spent).
+async fn global_call(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    refill: &Refill,
+) -> Result<Grant, StoreError> {
+    let (by, weight, all) = match two_tier.weights {
+        Some((weight, all)) => ("weight", weight, all),
+        None => ("demand", 0, 0),
+    };
+    let (ack_used, ack_share, ack_at) = match refill.ack {
+        Some(snapshot) => (
+            snapshot.used.to_string(),
+            snapshot.share.to_string(),
+            snapshot.at_ms.to_string(),
+        ),
+        None => ("0".to_owned(), "0".to_owned(), "-1".to_owned()),
+    };
+    let args = [
+        refill.limit.to_string(),
+        refill.window_ms.to_string(),
+        two_tier.region.clone(),
+        by.to_owned(),
+        weight.to_string(),
+        all.to_string(),
+        ack_used,
+        ack_share,
+        ack_at,
+        refill.owed[0].to_string(),
+        refill.owed[1].to_string(),
+        refill.owed[2].to_string(),
+        refill.demand.to_string(),
+        refill.want.to_string(),
+        refill.give_back.to_string(),
+        refill.given_at_ms.to_string(),
+    ];
+    let keys = [key(two_tier, caller, limits)];
+    let reply: Vec<i64> = two_tier
+        .global
+        .connection()
+        .clone()
+        .run(
+            &GLOBAL,
+            GLOBAL_SOURCE,
+            &keys,
+            &args.as_slice(),
+            two_tier.global.response_timeout(),
+        )
+        .await?;
+    let unsigned = |value: i64| u64::try_from(value).unwrap_or(0);
+    match reply.as_slice() {
+        &[granted, used, share, at] => Ok(Grant {
+            granted: unsigned(granted),
+            used: unsigned(used),
+            share: unsigned(share),
+            at_ms: unsigned(at),
+        }),
+        other => Err(StoreError::other(format!(
+            "the global script answered {other:?} to a lease"
+        ))),
+    }
+}

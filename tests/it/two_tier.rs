@@ -1,0 +1,306 @@
+//! One limit across regions, on real redis-servers: a Redis per region and a global one
+//! behind the fault proxy, 80 ms each way (160 ms a round trip), two instances per region
+//! on the two-tier store. The running example's acme (50 a second) sends 120 a second,
+//! 80/15/5 over three regions; the busiest is cut off from the global store for a while.
+//! Admissions are counted by all regions together in each second of the limit's window
+//! (aligned to the epoch, as the store's windows are) and in the worst second anywhere.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tollgate::store::TwoTierBackend;
+use tollgate::{Caller, Limiter, Policy, Quota, RedisBackend};
+use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::rates::unix_millis;
+use tollgate_testkit::redis::RedisServer;
+
+const WAN_RTT: Duration = Duration::from_millis(160);
+const LIMIT: u64 = 50;
+const WINDOW_MS: u64 = 1_000;
+
+/// A region: its Redis, its way to the global store, and its instances' limiters.
+struct Region {
+    name: &'static str,
+    _redis: RedisServer,
+    wan: FaultProxy,
+    stores: Vec<TwoTierBackend>,
+    limiters: Vec<Limiter>,
+}
+
+impl Region {
+    fn start(name: &'static str, global: &RedisServer, quota: Quota) -> Self {
+        let redis = RedisServer::start();
+        let wan = FaultProxy::start(global.port());
+        wan.set(Fault::Delay(WAN_RTT));
+        let mut stores = Vec::new();
+        let mut limiters = Vec::new();
+        for _ in 0..2 {
+            let regional = RedisBackend::builder(redis.url())
+                .response_timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid URL");
+            let global = RedisBackend::builder(wan.url())
+                .response_timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid URL");
+            let store = TwoTierBackend::builder(name, regional, global)
+                .wan_rtt(WAN_RTT)
+                .build()
+                .expect("a valid region");
+            let limiter = Limiter::builder()
+                .name("orders")
+                .backend(store.clone())
+                .store_timeout(Duration::from_secs(1))
+                .policy(Policy::sliding_window("acme-quota", quota))
+                .build();
+            stores.push(store);
+            limiters.push(limiter);
+        }
+        Self {
+            name,
+            _redis: redis,
+            wan,
+            stores,
+            limiters,
+        }
+    }
+
+    fn wan_calls(&self) -> u64 {
+        self.stores.iter().map(TwoTierBackend::wan_calls).sum()
+    }
+}
+
+/// What a run saw: each region's requests, as (unix ms of the decision, admitted).
+#[derive(Default)]
+struct Seen {
+    decisions: Vec<Vec<(u64, bool)>>,
+}
+
+impl Seen {
+    /// Admissions by all regions together in each window of the limit that lies whole
+    /// within `[from, to)` (unix ms).
+    fn per_window(&self, from: u64, to: u64) -> Vec<usize> {
+        let first = from.div_ceil(WINDOW_MS) * WINDOW_MS;
+        (first..to.saturating_sub(WINDOW_MS - 1))
+            .step_by(WINDOW_MS as usize)
+            .map(|start| {
+                self.decisions
+                    .iter()
+                    .flatten()
+                    .filter(|(at, admitted)| *admitted && (start..start + WINDOW_MS).contains(at))
+                    .count()
+            })
+            .collect()
+    }
+
+    /// The most admissions by all regions together in any window of the limit's length
+    /// that starts in `[from, to)`.
+    fn worst_window(&self, from: u64, to: u64) -> usize {
+        let mut admitted: Vec<u64> = self
+            .decisions
+            .iter()
+            .flatten()
+            .filter(|(_, admitted)| *admitted)
+            .map(|(at, _)| *at)
+            .collect();
+        admitted.sort_unstable();
+        admitted
+            .iter()
+            .filter(|at| (from..to).contains(*at))
+            .map(|&start| {
+                let first = admitted.partition_point(|t| *t < start);
+                let end = admitted.partition_point(|t| *t < start + WINDOW_MS);
+                end - first
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Region `region`'s admissions per second in `[from, to)`.
+    fn rate(&self, region: usize, from: u64, to: u64) -> f64 {
+        let admitted = self.decisions[region]
+            .iter()
+            .filter(|(at, admitted)| *admitted && (from..to).contains(at))
+            .count();
+        admitted as f64 * 1_000.0 / (to - from) as f64
+    }
+
+    fn requests(&self) -> usize {
+        self.decisions.iter().map(Vec::len).sum()
+    }
+}
+
+/// Sends `rate` requests a second for `caller` to `region`'s instances in turn, each
+/// decision on its own task, until `until` (unix ms).
+async fn send(
+    regions: Arc<[Region; 3]>,
+    region: usize,
+    caller: &'static str,
+    rate: f64,
+    until: u64,
+    seen: Arc<Mutex<Vec<(u64, bool)>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::new();
+    let mut next = 0;
+    let region = &regions[region];
+    while unix_millis() < until {
+        tick.tick().await;
+        let limiter = region.limiters[next % region.limiters.len()].clone();
+        next += 1;
+        let seen = Arc::clone(&seen);
+        tasks.push(tokio::spawn(async move {
+            let decision = limiter.check(&Caller::new(caller)).await;
+            let at = unix_millis();
+            seen.lock().unwrap().push((at, decision.is_allowed()));
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a decision task");
+    }
+}
+
+/// A run of three regions of two instances: acme sending `rate` a second, 80/15/5, against
+/// `quota`, for `total` ms, the first region cut off from the global store over `cut` (ms
+/// from the start), if given.
+async fn run(
+    quota: Quota,
+    rate: f64,
+    total: u64,
+    cut: Option<(u64, u64)>,
+) -> (Arc<[Region; 3]>, Seen, u64) {
+    let global = RedisServer::start();
+    let regions = Arc::new([
+        Region::start("us-east", &global, quota),
+        Region::start("eu-west", &global, quota),
+        Region::start("ap-south", &global, quota),
+    ]);
+    let spread = [0.80, 0.15, 0.05];
+    let start = unix_millis();
+    let end = start + total;
+    let logs: Vec<_> = regions
+        .iter()
+        .map(|_| Arc::new(Mutex::new(Vec::new())))
+        .collect();
+    let senders: Vec<_> = (0..regions.len())
+        .map(|region| {
+            let sent = send(
+                Arc::clone(&regions),
+                region,
+                "acme",
+                rate * spread[region],
+                end,
+                Arc::clone(&logs[region]),
+            );
+            tokio::spawn(sent)
+        })
+        .collect();
+    if let Some((from, to)) = cut {
+        tokio::time::sleep(Duration::from_millis(
+            (start + from).saturating_sub(unix_millis()),
+        ))
+        .await;
+        regions[0].wan.set(Fault::Blackhole);
+        tokio::time::sleep(Duration::from_millis(
+            (start + to).saturating_sub(unix_millis()),
+        ))
+        .await;
+        regions[0].wan.set(Fault::Delay(WAN_RTT));
+    }
+    for sender in senders {
+        sender.await.expect("a sender");
+    }
+    let seen = Seen {
+        decisions: logs
+            .iter()
+            .map(|log| std::mem::take(&mut *log.lock().unwrap()))
+            .collect(),
+    };
+    drop(global);
+    (regions, seen, start)
+}
+
+/// WAN calls per request, by region.
+fn wan_calls_per_request(regions: &[Region], seen: &Seen) -> Vec<f64> {
+    regions
+        .iter()
+        .zip(&seen.decisions)
+        .map(|(region, decisions)| region.wan_calls() as f64 / decisions.len().max(1) as f64)
+        .collect()
+}
+
+/// The running example across three regions: acme at 2.4x its limit of 50 a second,
+/// us-east cut off from the global store from 8 s to 16 s, the run ending at 24 s. In no
+/// second of the limit's window do the regions together admit more than 50.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_regions_keep_one_limit_through_a_partition() {
+    let (cut, back, end) = (8_000, 16_000, 24_000);
+    let (regions, seen, start) = run(Quota::per_second(LIMIT), 120.0, end, Some((cut, back))).await;
+    let phases = [
+        ("normal", start + 2_000, start + cut),
+        ("partition", start + cut, start + back),
+        ("recovery", start + back, start + end),
+    ];
+    for (phase, from, to) in phases {
+        let windows = seen.per_window(from, to);
+        let worst = seen.worst_window(from, to.saturating_sub(WINDOW_MS));
+        let rates: Vec<String> = regions
+            .iter()
+            .enumerate()
+            .map(|(i, region)| format!("{} {:.1}/s", region.name, seen.rate(i, from, to)))
+            .collect();
+        println!(
+            "{phase}: per second {windows:?}, worst second {worst}, {}",
+            rates.join(", ")
+        );
+        assert!(
+            windows.iter().all(|&n| n as u64 <= LIMIT),
+            "{phase}: a second of the limit's window admitted more than {LIMIT}: {windows:?}"
+        );
+    }
+    // Cut off, us-east admitted on its share all through the partition.
+    let partition = seen.rate(0, start + cut + 1_000, start + back);
+    assert!(partition > 10.0, "us-east on its share: {partition:.1}/s");
+    let calls: u64 = regions.iter().map(Region::wan_calls).sum();
+    println!(
+        "WAN calls per request: {:.3} ({calls} for {}), by region {:.3?}",
+        calls as f64 / seen.requests() as f64,
+        seen.requests(),
+        wan_calls_per_request(&*regions, &seen)
+    );
+}
+
+/// A hot caller within its limit (100 a second against 10,000 a minute, 80 of them in
+/// us-east): every decision is one regional round trip, and us-east calls the global store
+/// for a few of its requests in a hundred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_caller_costs_few_wan_calls() {
+    let (regions, seen, start) = run(Quota::per_minute(10_000), 100.0, 10_000, None).await;
+    let by_region = wan_calls_per_request(&*regions, &seen);
+    let refused: Vec<usize> = seen
+        .decisions
+        .iter()
+        .map(|d| d.iter().filter(|(_, admitted)| !admitted).count())
+        .collect();
+    println!(
+        "WAN calls per request by region: {by_region:.3?}; refused by region {refused:?} of {}",
+        seen.requests()
+    );
+    // A hot region's leases cover a round trip and a horizon of its demand: 80 a second
+    // for 360 ms, a call for every 29 requests. The bound leaves room for a busy machine.
+    assert!(by_region[0] <= 0.1, "us-east: {:.3}", by_region[0]);
+    // Within its limit, a caller is refused only until its first leases come, two round
+    // trips at the start (the first call also caches the script at the global store).
+    let late: Vec<u64> = seen
+        .decisions
+        .iter()
+        .flatten()
+        .filter(|(at, admitted)| !admitted && *at >= start + 2_000)
+        .map(|(at, _)| at - start)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "refused after the start, at (ms): {late:?}"
+    );
+}
