@@ -10,6 +10,7 @@
 //!            [--on-store-failure open|closed|local-share|static|static-then-local-share]
 //!            [--instances N | --expected-instances N]
 //!            [--lease-threshold N [--lease-period-ms N]]
+//!            [--region NAME --global-redis URL [--wan-rtt-ms N]]
 //!            [--store-timeout-ms N] [--trusted-proxy CIDR]...
 //!            [--max-in-flight N] [--slot-ttl-ms N]
 //!            [--plans FILE] [--org-limit N] [--fields LIST] [--stamp-admissions]
@@ -82,6 +83,17 @@
 //! instances the local share divides by. `/metrics` counts them in `tollgate_leases_total`
 //! and `tollgate_leased_decisions_total`.
 //!
+//! With `--region NAME --global-redis URL` (only with `--redis`, the region's own Redis),
+//! `/orders` keeps one limit across regions: each region's instances decide on their
+//! region's Redis against units leased of each customer's quota from the global Redis at
+//! URL (`tollgate::store::TwoTierBackend`), one regional round trip per request and a WAN
+//! call now and then in the background, expected to take `--wan-rtt-ms` (default 100)
+//! until measured. Give each region another NAME. A region cut off from the global Redis
+//! falls back to its share of the limit (its part of the regions' demand). `/orders` then
+//! decides its one policy per customer on the two-tier store; plans (`--plans`, `--config`
+//! tiers) and organisations' budgets, which add policies, are refused there, as a store
+//! error its failure policy answers.
+//!
 //! With `--config FILE` (instead of `--limit` and `--window-secs`), the policies of
 //! `/orders`, its plan tiers and which customer is on which plan come from a TOML file
 //! (`tollgate::config`'s format under `[orders]`):
@@ -128,7 +140,7 @@ use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
 use tollgate::response::FieldForm;
 use tollgate::shed::ConcurrencyShedLayer;
-use tollgate::store::SlotStore;
+use tollgate::store::{SlotStore, TwoTierBackend};
 use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
@@ -203,6 +215,16 @@ struct Options {
     /// The longest a lease of --lease-threshold lasts, in milliseconds [default: 100]
     #[arg(long, value_name = "N", value_parser = at_least_one, requires = "lease_threshold")]
     lease_period_ms: Option<u64>,
+    /// Keep one limit of /orders across regions: this instance's region, whose Redis is
+    /// --redis, leasing from --global-redis
+    #[arg(long, value_name = "NAME", requires_all = ["redis", "global_redis"], conflicts_with = "lease_threshold")]
+    region: Option<String>,
+    /// The global Redis the regions of --region lease each customer's quota from
+    #[arg(long, value_name = "URL", requires = "region")]
+    global_redis: Option<String>,
+    /// The round trip to --global-redis to expect until one is measured, in milliseconds
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = at_least_one)]
+    wan_rtt_ms: u64,
     /// How long a decision waits for the store before its failure policy applies
     #[arg(long, value_name = "N", default_value_t = 20)]
     store_timeout_ms: u64,
@@ -419,6 +441,28 @@ fn store(options: &Options, prefix: &str) -> Result<Option<RedisBackend>, String
             .map_err(|e| format!("--redis-sentinel: {e}"));
     }
     Ok(None)
+}
+
+/// The two-tier store of `--region`, on `regional` (the store of `--redis`) and a
+/// connection of its own to `--global-redis`.
+fn two_tier(
+    options: &Options,
+    regional: Option<RedisBackend>,
+) -> Result<Option<TwoTierBackend>, String> {
+    let (Some(region), Some(global), Some(regional)) =
+        (&options.region, &options.global_redis, regional)
+    else {
+        return Ok(None);
+    };
+    let global = RedisBackend::builder(global.as_str())
+        .prefix("orders")
+        .build()
+        .map_err(|e| format!("--global-redis: {e}"))?;
+    TwoTierBackend::builder(region.as_str(), regional, global)
+        .wan_rtt(Duration::from_millis(options.wan_rtt_ms))
+        .build()
+        .map(Some)
+        .map_err(|e| format!("--region: {e}"))
 }
 
 fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollgate::LimiterBuilder {
@@ -644,9 +688,12 @@ async fn app(
         .on_store_failure(failure_policy(options, instances.clone()))
         .try_build()
         .map_err(|e| e.to_string())?;
-    let orders = limiter("orders", orders_store, options)
-        .limits(limits)
-        .on_store_failure(failure_policy(options, instances));
+    let orders = match two_tier(options, orders_store.clone())? {
+        Some(store) => limiter("orders", None, options).backend(store),
+        None => limiter("orders", orders_store, options),
+    }
+    .limits(limits)
+    .on_store_failure(failure_policy(options, instances));
     let orders = match leased {
         Some(leases) => orders.leases(leases),
         None => orders,
@@ -684,6 +731,12 @@ async fn app(
             sentinels.join(",")
         ),
         (None, None, None) => "this process".to_owned(),
+    };
+    let where_ = match (&options.region, &options.global_redis) {
+        (Some(region), Some(global)) => {
+            format!("region {region}'s {where_}, leased from the global Redis at {global}")
+        }
+        _ => where_,
     };
     eprintln!(
         "/orders: {described} per customer, counters in {where_}, on store failure: {}{leasing}",

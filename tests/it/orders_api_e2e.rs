@@ -662,3 +662,117 @@ async fn exports_are_charged_the_bytes_they_sent() {
     let refused = client.request(export(1)).await.expect("an answer");
     assert_eq!(refused.status(), 429);
 }
+
+/// One limit across two regions (`--region`, `--global-redis`): a Redis per region and a
+/// global one 80 ms each way behind a proxy per region, two processes per region, acme
+/// sending 40 a second to each region against its 50; the first region cut off from the
+/// global Redis from 6 s to 12 s. In no second of the limit's window do the regions
+/// together admit more than 50, before, through or after the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_regions_keep_one_limit_through_a_partition() {
+    use tollgate_testkit::proxy::{Fault, FaultProxy};
+
+    let wan_rtt = Duration::from_millis(160);
+    let global = RedisServer::start();
+    let regional: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let wans: Vec<FaultProxy> = (0..2)
+        .map(|_| {
+            let proxy = FaultProxy::start(global.port());
+            proxy.set(Fault::Delay(wan_rtt));
+            proxy
+        })
+        .collect();
+    let names = ["us-east", "eu-west"];
+    let instances: Vec<Vec<Server>> = (0..2)
+        .map(|region| {
+            let (redis, wan) = (regional[region].url(), wans[region].url());
+            (0..2)
+                .map(|_| {
+                    spawn(&[
+                        "--redis",
+                        &redis,
+                        "--region",
+                        names[region],
+                        "--global-redis",
+                        &wan,
+                        "--wan-rtt-ms",
+                        "160",
+                        "--instances",
+                        "2",
+                        // The regional Redis is on this machine: a busy one, not a slow store.
+                        "--store-timeout-ms",
+                        "1000",
+                        "--stamp-admissions",
+                    ])
+                })
+                .collect()
+        })
+        .collect();
+    let bases: Vec<Vec<String>> = instances
+        .iter()
+        .map(|region| region.iter().map(|s| s.base.clone()).collect())
+        .collect();
+    let client = tollgate_testkit::orders_api::client();
+    let start = Instant::now();
+    let start_unix_ms = unix_millis();
+    let (cut, back, total) = (
+        Duration::from_secs(6),
+        Duration::from_secs(12),
+        Duration::from_secs(18),
+    );
+    let traffic = Traffic::start(&client, bases, &[("acme", 40.0)], start, total);
+    tokio::time::sleep_until((start + cut).into()).await;
+    wans[0].set(Fault::Blackhole);
+    tokio::time::sleep_until((start + back).into()).await;
+    wans[0].set(Fault::Delay(wan_rtt));
+    tokio::time::sleep_until((start + total).into()).await;
+    let samples = traffic.stop().await;
+
+    for sample in &samples {
+        assert!(
+            [200, 429].contains(&sample.status),
+            "answered {}",
+            sample.status
+        );
+    }
+    let admitted: Vec<(usize, u64)> = samples
+        .iter()
+        .filter(|s| s.status == 200)
+        .map(|s| {
+            let at = s
+                .admitted_at_ms
+                .expect("x-admitted-at-ms on an admitted answer");
+            (s.group, at)
+        })
+        .collect();
+    // Every whole second of the run after the first, all regions together.
+    let first = (start_unix_ms + 1_000).div_ceil(1_000) * 1_000;
+    let last = (start_unix_ms + total.as_millis() as u64) / 1_000 * 1_000;
+    let mut seconds = Vec::new();
+    for second in (first..last).step_by(1_000) {
+        let by_region: Vec<usize> = (0..2)
+            .map(|region| {
+                admitted
+                    .iter()
+                    .filter(|(group, at)| *group == region && (second..second + 1_000).contains(at))
+                    .count()
+            })
+            .collect();
+        seconds.push(by_region);
+    }
+    println!("admitted per second, by region: {seconds:?}");
+    for (i, by_region) in seconds.iter().enumerate() {
+        let together: usize = by_region.iter().sum();
+        assert!(
+            together <= 50,
+            "second {i}: the regions together admitted {together} ({by_region:?}) of 50"
+        );
+    }
+    // Through the partition the cut-off region keeps to its share (its part of the
+    // demand, about half), and admits all the while.
+    let partition = &seconds[(cut.as_secs() as usize)..(back.as_secs() as usize - 1)];
+    assert!(
+        partition.iter().all(|by_region| by_region[0] > 0),
+        "the cut-off region admitted on its share: {partition:?}"
+    );
+}
