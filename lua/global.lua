@@ -86,6 +86,25 @@ end
 local mine = regions[region] or {}
 regions[region] = mine
 
+-- A region silent for five minutes (or two windows, when longer) is forgotten, its share
+-- no longer reserved: a region whose traffic has moved elsewhere would otherwise keep its
+-- part of the limit from the others for as long as they call. A partition that long ends
+-- the guarantee: the region cut off still admits its share, which the others may now
+-- lease too.
+local forget = math.max(2 * window, 300000)
+for name, record in pairs(regions) do
+  if name ~= region and (record.sa or 0) < now - forget then
+    regions[name] = nil
+    local stale = {}
+    for field in pairs(record) do
+      table.insert(stale, name .. ':' .. field)
+    end
+    if #stale > 0 then
+      redis.call('HDEL', key, unpack(stale))
+    end
+  end
+end
+
 -- 1. Units given back, to the window they were counted in while it still weighs; what
 --    the share admitted, in the windows it admitted it in, as much as it still weighs.
 s, p, c = rolled(s, p, c, now)
@@ -130,13 +149,17 @@ local function share_of(record)
   return floor_div(limit * (record.d or 0), total)
 end
 
--- The room a share started from a snapshot has at `now`: its part of the count then, all
--- of it in that answer's window, then what it admitted since.
+-- The room a share started from a snapshot reaches by the end of the current window: its
+-- part of the count then, all of it in that answer's window, then what it admitted since.
+-- Not its room now: a seed from the previous window frees as the window slides, and what
+-- the share admits late in this window counts in it as fully as what the others leased
+-- early.
+local window_end = now - now % window + window - 1
 local function room_from(used, share, at, xs, xp, xc)
   local seed = ceil_div(math.min(used, limit) * share, math.max(limit, 1))
-  local ss, sp, sc = rolled(at - at % window, 0, seed, now)
-  xs, xp, xc = rolled(xs, xp, xc, now)
-  return room(share, math.max(ss, xs), sp + xp, sc + xc, now)
+  local ss, sp, sc = rolled(at - at % window, 0, seed, window_end)
+  xs, xp, xc = rolled(xs, xp, xc, window_end)
+  return room(share, math.max(ss, xs), sp + xp, sc + xc, window_end)
 end
 
 -- The most a region could admit on its share from now on, were it cut off now.
@@ -172,9 +195,7 @@ used = ceil_div(used_scaled(s, p, c, now), window)
 local share = share_of(mine)
 mine.su, mine.ss, mine.sa = used, share, now
 
--- 4. Written back. Nothing here weighs past two windows, but for the region records,
---    which a region cut off for longer no longer needs reserved (its share's seed has
---    slid out, and its room is its whole share either way).
+-- 4. Written back; the record lasts as long as a region could still be remembered.
 local out = { 's', s, 'p', p, 'c', c }
 for _, field in ipairs({ 'ku', 'ks', 'ka', 'su', 'ss', 'sa', 'd', 'w', 'xs', 'xp', 'xc' }) do
   if mine[field] ~= nil then
@@ -186,5 +207,5 @@ if not holds then
   redis.call('HDEL', key, region .. ':ku', region .. ':ks', region .. ':ka')
 end
 redis.call('HSET', key, unpack(out))
-redis.call('PEXPIRE', key, 2 * window + 60000)
+redis.call('PEXPIRE', key, forget + 2 * window)
 return { granted, used, share, now }
