@@ -18,6 +18,9 @@
 //!     configured, beside the same limiter deciding for 100,000 callers it has seen.
 //! 11. `settle`: a layered request reserved at an estimate and settled at what its
 //!     response reports, beside a plain one.
+//! 12. `regions`: one limit across three regions on the two-tier store, 80 ms each way to
+//!     the global Redis: WAN calls and regional calls per request, and the limit under
+//!     overload.
 //!
 //! Scenario 6 (HTTP end to end with wrk) runs in `scripts/bench` against
 //! `examples/bench_server.rs`. Criterion's filter applies to every group; the parts that
@@ -44,6 +47,7 @@ mod leases;
 mod limits;
 mod memory;
 mod redis;
+mod regions;
 mod report;
 mod settle;
 mod support;
@@ -77,5 +81,6 @@ criterion_group! {
         memory::bench,
         flood::bench,
         settle::bench,
+        regions::bench,
 }
 criterion_main!(setup, scenarios);
