@@ -38,30 +38,6 @@ local os, op, oc = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local demand, want = tonumber(ARGV[13]), tonumber(ARGV[14])
 local given, given_at = tonumber(ARGV[15]), tonumber(ARGV[16])
 
-local function rolled(start, previous, current, t)
-  local s = t - t % window
-  if start >= s then
-    return start, previous, current
-  elseif start + window == s then
-    return s, current, 0
-  end
-  return s, 0, 0
-end
-
-local function used_scaled(start, previous, current, t)
-  start, previous, current = rolled(start, previous, current, t)
-  local elapsed = math.min(t - start, window)
-  return previous * (window - elapsed) + current * window
-end
-
-local function room(share, start, previous, current, t)
-  local left = share * window - used_scaled(start, previous, current, t)
-  if left <= 0 then
-    return 0
-  end
-  return floor_div(left, window)
-end
-
 -- Every field, by region.
 local fields = redis.call('HGETALL', key)
 local s, p, c = 0, 0, 0
@@ -107,8 +83,8 @@ end
 
 -- 1. Units given back, to the window they were counted in while it still weighs; what
 --    the share admitted, in the windows it admitted it in, as much as it still weighs.
-s, p, c = rolled(s, p, c, now)
-os, op, oc = rolled(os, op, oc, now)
+s, p, c = rolled(s, p, c, window, now)
+os, op, oc = rolled(os, op, oc, window, now)
 if given > 0 then
   if given_at >= s then
     c = math.max(0, c - given)
@@ -122,7 +98,7 @@ p, c = p + op, c + oc
 local holds = ack_at >= 0
 local same = holds and mine.ka == ack_at and mine.ku == ack_used and mine.ks == ack_share
 if same then
-  mine.xs, mine.xp, mine.xc = rolled(mine.xs or 0, mine.xp or 0, mine.xc or 0, now)
+  mine.xs, mine.xp, mine.xc = rolled(mine.xs or 0, mine.xp or 0, mine.xc or 0, window, now)
   mine.xs, mine.xp, mine.xc = math.max(mine.xs, os), mine.xp + op, mine.xc + oc
 else
   mine.xs, mine.xp, mine.xc = 0, 0, 0
@@ -157,9 +133,9 @@ end
 local window_end = now - now % window + window - 1
 local function room_from(used, share, at, xs, xp, xc)
   local seed = ceil_div(math.min(used, limit) * share, math.max(limit, 1))
-  local ss, sp, sc = rolled(at - at % window, 0, seed, window_end)
-  xs, xp, xc = rolled(xs, xp, xc, window_end)
-  return room(share, math.max(ss, xs), sp + xp, sc + xc, window_end)
+  local ss, sp, sc = rolled(at - at % window, 0, seed, window, window_end)
+  xs, xp, xc = rolled(xs, xp, xc, window, window_end)
+  return room(share, math.max(ss, xs), sp + xp, sc + xc, window, window_end)
 end
 
 -- The most a region could admit on its share from now on, were it cut off now.
@@ -182,7 +158,7 @@ end
 
 -- 3. The grant: what the region wants, as far as the count has room, less the room of
 --    the other region that could admit the most on its share.
-local used = ceil_div(used_scaled(s, p, c, now), window)
+local used = ceil_div(used_scaled(s, p, c, window, now), window)
 local reserved = 0
 for name, record in pairs(regions) do
   if name ~= region then
@@ -191,7 +167,7 @@ for name, record in pairs(regions) do
 end
 local granted = math.max(0, math.min(want, limit - reserved - used))
 c = c + granted
-used = ceil_div(used_scaled(s, p, c, now), window)
+used = ceil_div(used_scaled(s, p, c, window, now), window)
 local share = share_of(mine)
 mine.su, mine.ss, mine.sa = used, share, now
 

@@ -49,33 +49,6 @@ local r = {
   sg = n(f[18]), op = n(f[19]), oc = n(f[20]), df = f[21] and n(f[21]),
 }
 
--- A sliding window counter (start, previous, current) moved on to `t`.
-local function rolled(start, previous, current, window, t)
-  local s = t - t % window
-  if start >= s then
-    return start, previous, current
-  elseif start + window == s then
-    return s, current, 0
-  end
-  return s, 0, 0
-end
-
--- What it holds at `t`, times the window (exact in integers).
-local function used_scaled(start, previous, current, window, t)
-  start, previous, current = rolled(start, previous, current, window, t)
-  local elapsed = math.min(t - start, window)
-  return previous * (window - elapsed) + current * window
-end
-
--- How many more units a counter of `limit` per window has room for at `t`.
-local function room(limit, start, previous, current, window, t)
-  local left = limit * window - used_scaled(start, previous, current, window, t)
-  if left <= 0 then
-    return 0
-  end
-  return floor_div(left, window)
-end
-
 -- Units counted at `at` go back to the global store with the next call. One time per
 -- record: units of another time are kept counted (never spent), which only makes the
 -- global count stricter.

@@ -282,6 +282,22 @@ impl TwoTier {
     }
 }
 
+/// A caller's record of the two-tier store in `store`: `<prefix>:{<caller>}:<policy><suffix>`,
+/// beside the caller's other keys (`:regional` in the region's Redis, `:two-tier` in the
+/// global one).
+fn record_key(
+    store: &RedisBackend,
+    caller: &CallerKey,
+    limits: &[Policy],
+    suffix: &[u8],
+) -> Vec<u8> {
+    let name = limits.first().map_or("", Policy::name);
+    let mut key_suffix = Vec::with_capacity(name.len() + suffix.len());
+    key_suffix.extend_from_slice(name.as_bytes());
+    key_suffix.extend_from_slice(suffix);
+    store.tagged_key(caller, &key_suffix)
+}
+
 /// The limit and window of the one sliding window policy a two-tier store decides.
 fn sliding_window(limits: &[Policy]) -> Result<(u64, u64), StoreError> {
     match limits {

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::TwoTier;
+use super::{TwoTier, record_key};
 use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{CheckOutcome, StoreError};
 use crate::store::caller::CallerKey;
@@ -14,6 +14,7 @@ use crate::store::policy::Policy;
 const REGIONAL_SOURCE: &str = concat!(
     include_str!("../../../../lua/clock.lua"),
     include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/window.lua"),
     include_str!("../../../../lua/regional.lua"),
 );
 
@@ -54,23 +55,13 @@ pub(super) struct Decided {
     pub(super) refill: Option<Refill>,
 }
 
-/// The record's key: `<prefix>:{<caller>}:<policy>:regional`, beside the caller's other keys
-/// in the region's Redis.
-fn key(two_tier: &TwoTier, caller: &CallerKey, limits: &[Policy]) -> Vec<u8> {
-    let name = limits.first().map_or("", Policy::name);
-    let mut suffix = Vec::with_capacity(name.len() + 9);
-    suffix.extend_from_slice(name.as_bytes());
-    suffix.extend_from_slice(b":regional");
-    two_tier.regional.tagged_key(caller, &suffix)
-}
-
 async fn run(
     two_tier: &TwoTier,
     caller: &CallerKey,
     limits: &[Policy],
     args: &[String],
 ) -> Result<Vec<i64>, StoreError> {
-    let keys = [key(two_tier, caller, limits)];
+    let keys = [record_key(&two_tier.regional, caller, limits, b":regional")];
     two_tier
         .regional
         .connection()

@@ -7,8 +7,8 @@ use std::sync::{Arc, LazyLock};
 use redis::Script;
 use tokio::time::Instant;
 
-use super::TwoTier;
 use super::regional::{self, Answered, Refill};
+use super::{TwoTier, record_key};
 use crate::store::backend::StoreError;
 use crate::store::caller::CallerKey;
 use crate::store::policy::Policy;
@@ -16,6 +16,7 @@ use crate::store::policy::Policy;
 const GLOBAL_SOURCE: &str = concat!(
     include_str!("../../../../lua/clock.lua"),
     include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/window.lua"),
     include_str!("../../../../lua/global.lua"),
 );
 
@@ -85,15 +86,6 @@ pub(super) async fn call(
     }
 }
 
-/// The global record's key: `<prefix>:{<caller>}:<policy>:two-tier` in the global store.
-fn key(two_tier: &TwoTier, caller: &CallerKey, limits: &[Policy]) -> Vec<u8> {
-    let name = limits.first().map_or("", Policy::name);
-    let mut suffix = Vec::with_capacity(name.len() + 9);
-    suffix.extend_from_slice(name.as_bytes());
-    suffix.extend_from_slice(b":two-tier");
-    two_tier.global.tagged_key(caller, &suffix)
-}
-
 /// One call of the global script. What was to be counted is owed again when it fails,
 /// and what was to be given back is not sent again (it stays counted, never spent).
 async fn global_call(
@@ -132,7 +124,7 @@ async fn global_call(
         refill.give_back.to_string(),
         refill.given_at_ms.to_string(),
     ];
-    let keys = [key(two_tier, caller, limits)];
+    let keys = [record_key(&two_tier.global, caller, limits, b":two-tier")];
     let reply: Vec<i64> = two_tier
         .global
         .connection()
