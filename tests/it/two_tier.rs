@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tollgate::store::TwoTierBackend;
-use tollgate::{Caller, Limiter, Policy, Quota, RedisBackend};
+use tollgate::{Caller, Decision, FailurePolicy, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::rates::unix_millis;
 use tollgate_testkit::redis::RedisServer;
@@ -303,4 +303,64 @@ async fn a_hot_caller_costs_few_wan_calls() {
         late.is_empty(),
         "refused after the start, at (ms): {late:?}"
     );
+}
+
+/// The region's own Redis lost: the limiter's failure policy answers, as for any store
+/// (here failing closed); back, the region decides on its leases again. And a policy the
+/// two-tier store does not decide (a token bucket) is a store error, which the failure
+/// policy answers too, never an admission the global store did not count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regions_own_redis_lost_meets_the_failure_policy() {
+    let global = RedisServer::start();
+    let mut regional = RedisServer::start();
+    let store = || {
+        let connect = |url: String| {
+            RedisBackend::builder(url)
+                .response_timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid URL")
+        };
+        TwoTierBackend::builder("us-east", connect(regional.url()), connect(global.url()))
+            .build()
+            .expect("a valid region")
+    };
+    let limiter = |policy: Policy| {
+        Limiter::builder()
+            .name("orders")
+            .backend(store())
+            .store_timeout(Duration::from_secs(1))
+            .policy(policy)
+            .on_store_failure(FailurePolicy::closed())
+            .build()
+    };
+    let windowed = limiter(Policy::sliding_window("per-minute", Quota::per_minute(600)));
+    let bucket = limiter(Policy::token_bucket("bucket", Quota::per_second(10), 10));
+    let acme = Caller::new("acme");
+    // The first lease comes back a round trip after the first request.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !windowed.check(&acme).await.is_allowed() {
+        assert!(std::time::Instant::now() < deadline, "no lease came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = bucket.check(&acme).await;
+    assert!(
+        matches!(refused, Decision::Unavailable { .. }),
+        "{refused:?}"
+    );
+
+    regional.kill();
+    let refused = windowed.check(&acme).await;
+    assert!(
+        matches!(refused, Decision::Unavailable { .. }),
+        "{refused:?}"
+    );
+    regional.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !windowed.check(&acme).await.is_allowed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not back after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
