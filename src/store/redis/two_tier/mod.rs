@@ -46,8 +46,9 @@ use crate::store::policy::Policy;
 /// It decides callers with one sliding window policy (the limiter's others, or a token
 /// bucket, are refused as a store error, which the failure policy answers). A new
 /// caller's first requests in a region are refused until its first lease is back, a round
-/// trip later; a refusal says to retry a round trip later. The limiter keeps no denial
-/// cache in front of it ([`Backend::refusals_hold`]). The guide's page on
+/// trip later; a refusal says to retry a round trip later. It neither refunds nor charges
+/// after the fact (a layer's `count_only` or `settle` meets a store error there). The
+/// limiter keeps no denial cache in front of it ([`Backend::refusals_hold`]). The guide's page on
 /// [regions](crate::guide::regions) says when to use it, what it guarantees and what it
 /// costs.
 ///
