@@ -358,6 +358,10 @@ impl RedisBackend {
         self.connection.is_connected()
     }
 
+    pub(super) fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     pub(super) fn response_timeout(&self) -> Duration {
         self.response_timeout
     }

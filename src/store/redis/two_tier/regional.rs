@@ -91,10 +91,13 @@ pub(super) async fn decide(
     window_ms: u64,
 ) -> Result<Decided, StoreError> {
     let rtt_ms = two_tier.rtt_ms();
-    let claim_ms = u64::try_from(two_tier.wan_timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_mul(2)
-        .max(1);
+    // The claim outlasts the longest a call can take before its outcome is written back
+    // (the wait for the global connection, the call, the write), so that one instance of
+    // the region calls for a caller at a time.
+    let claim = two_tier.global.connect_timeout()
+        + two_tier.wan_timeout
+        + two_tier.regional.response_timeout();
+    let claim_ms = u64::try_from(claim.as_millis()).unwrap_or(u64::MAX).max(1);
     let horizon_ms = u64::try_from(two_tier.horizon.as_millis()).unwrap_or(u64::MAX);
     let args = [
         "decide".to_owned(),
