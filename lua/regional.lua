@@ -64,8 +64,9 @@ end
 
 local function save(window)
   redis.call('HSET', key, 'h', r.h, 'he', r.he, 'ha', r.ha, 'rt', r.rt, 'ra', r.ra,
-    'os', r.os, 'op', r.op, 'oc', r.oc, 'df', r.df, 'ds', r.ds, 'dp', r.dp, 'dc', r.dc, 'cl', r.cl, 'np', r.np, 'cut', r.cut,
-    'sh', r.sh, 'ss', r.ss, 'sp', r.sp, 'sc', r.sc, 'sg', r.sg)
+    'os', r.os, 'op', r.op, 'oc', r.oc, 'df', r.df, 'ds', r.ds, 'dp', r.dp, 'dc', r.dc,
+    'cl', r.cl, 'np', r.np, 'cut', r.cut, 'sh', r.sh, 'ss', r.ss, 'sp', r.sp, 'sc', r.sc,
+    'sg', r.sg)
   if r.su then
     redis.call('HSET', key, 'su', r.su)
   end

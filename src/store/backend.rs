@@ -187,7 +187,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Whether a refusal holds until its reset (default `true`), so that the limiter's denial
     /// cache may answer for the store meanwhile. A store whose refusals can end sooner and
     /// that must hear every request says `false`: the two-tier store (`TwoTierBackend`,
-    /// with the `redis` feature), whose next lease may come any moment and whose leases are sized by the requests it is asked, refused ones included.
+    /// with the `redis` feature), whose next lease may come any moment and whose leases
+    /// are sized by the requests it is asked, refused ones included.
     ///
     /// ```
     /// use tollgate::{InMemoryBackend, store::Backend};

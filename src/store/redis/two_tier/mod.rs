@@ -87,8 +87,13 @@ struct TwoTier {
     /// shares by demand.
     weights: Option<(u32, u32)>,
     wan_timeout: Duration,
-    horizon: Duration,
-    probe: Duration,
+    /// The settings the regional script reads, in whole milliseconds, made once here: the
+    /// lease horizon, the probe interval while cut off, and how long a refill's claim
+    /// lasts (longer than the wait for the global connection, the call and the write
+    /// back, so that one instance of the region calls for a caller at a time).
+    horizon_ms: u64,
+    probe_ms: u64,
+    claim_ms: u64,
     /// The WAN round trip, in microseconds: the configured one, then a moving average of
     /// the calls that were answered.
     rtt_us: AtomicU64,
@@ -242,15 +247,19 @@ impl TwoTierBuilder {
             });
         }
         let rtt_us = u64::try_from(self.wan_rtt.as_micros()).unwrap_or(u64::MAX);
+        let wan_timeout = self.wan_timeout.unwrap_or(self.wan_rtt * 3);
+        let millis = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        let claim = self.global.connect_timeout() + wan_timeout + self.regional.response_timeout();
         Ok(TwoTierBackend {
             inner: Arc::new(TwoTier {
                 region: self.region,
                 regional: self.regional,
                 global: self.global,
                 weights: self.weights,
-                wan_timeout: self.wan_timeout.unwrap_or(self.wan_rtt * 3),
-                horizon: self.horizon,
-                probe: self.probe,
+                wan_timeout,
+                horizon_ms: millis(self.horizon),
+                probe_ms: millis(self.probe),
+                claim_ms: millis(claim).max(1),
                 rtt_us: AtomicU64::new(rtt_us),
                 calls: AtomicU64::new(0),
             }),

@@ -59,7 +59,7 @@ async fn run(
     two_tier: &TwoTier,
     caller: &CallerKey,
     limits: &[Policy],
-    args: &[String],
+    args: &(impl redis::ToRedisArgs + Sync),
 ) -> Result<Vec<i64>, StoreError> {
     let keys = [record_key(&two_tier.regional, caller, limits, b":regional")];
     two_tier
@@ -70,7 +70,7 @@ async fn run(
             &REGIONAL,
             REGIONAL_SOURCE,
             &keys,
-            &args,
+            args,
             two_tier.regional.response_timeout(),
         )
         .await
@@ -90,24 +90,17 @@ pub(super) async fn decide(
     limit: u64,
     window_ms: u64,
 ) -> Result<Decided, StoreError> {
-    let rtt_ms = two_tier.rtt_ms();
-    // The claim outlasts the longest a call can take before its outcome is written back
-    // (the wait for the global connection, the call, the write), so that one instance of
-    // the region calls for a caller at a time.
-    let claim = two_tier.global.connect_timeout()
-        + two_tier.wan_timeout
-        + two_tier.regional.response_timeout();
-    let claim_ms = u64::try_from(claim.as_millis()).unwrap_or(u64::MAX).max(1);
-    let horizon_ms = u64::try_from(two_tier.horizon.as_millis()).unwrap_or(u64::MAX);
-    let args = [
-        "decide".to_owned(),
-        cost.to_string(),
-        limit.to_string(),
-        window_ms.to_string(),
-        rtt_ms.to_string(),
-        horizon_ms.to_string(),
-        claim_ms.to_string(),
-    ];
+    let args = (
+        "decide",
+        &[
+            cost,
+            limit,
+            window_ms,
+            two_tier.rtt_ms(),
+            two_tier.horizon_ms,
+            two_tier.claim_ms,
+        ],
+    );
     let reply = run(two_tier, caller, limits, &args).await?;
     let &[
         admitted,
@@ -178,18 +171,19 @@ pub(super) async fn answered(
     refill: &Refill,
     answer: Answered,
 ) -> Result<(), StoreError> {
-    let horizon_ms = u64::try_from(two_tier.horizon.as_millis()).unwrap_or(u64::MAX);
-    let args = [
-        "answered".to_owned(),
-        answer.granted.to_string(),
-        answer.spendable_ms.to_string(),
-        answer.counted_at_ms.to_string(),
-        answer.used.to_string(),
-        answer.share.to_string(),
-        answer.asked.to_string(),
-        refill.window_ms.to_string(),
-        horizon_ms.to_string(),
-    ];
+    let args = (
+        "answered",
+        &[
+            answer.granted,
+            answer.spendable_ms,
+            answer.counted_at_ms,
+            answer.used,
+            answer.share,
+            answer.asked,
+            refill.window_ms,
+            two_tier.horizon_ms,
+        ],
+    );
     run(two_tier, caller, limits, &args).await.map(drop)
 }
 
@@ -201,16 +195,18 @@ pub(super) async fn failed(
     limits: &[Policy],
     refill: &Refill,
 ) -> Result<(), StoreError> {
-    let probe_ms = u64::try_from(two_tier.probe.as_millis()).unwrap_or(u64::MAX);
-    let args = [
-        "failed".to_owned(),
-        refill.limit.to_string(),
-        refill.window_ms.to_string(),
-        two_tier.share_of(refill.limit).to_string(),
-        probe_ms.to_string(),
-        refill.owed[0].to_string(),
-        refill.owed[1].to_string(),
-        refill.owed[2].to_string(),
-    ];
+    let [owed_start, owed_previous, owed_current] = refill.owed;
+    let args = (
+        "failed",
+        &[
+            refill.limit,
+            refill.window_ms,
+            two_tier.share_of(refill.limit),
+            two_tier.probe_ms,
+            owed_start,
+            owed_previous,
+            owed_current,
+        ],
+    );
     run(two_tier, caller, limits, &args).await.map(drop)
 }
