@@ -63,8 +63,9 @@ local function give_back(units, at)
 end
 
 local function save(window)
+  -- The record may have expired under a call that took long: its first sight is now.
   redis.call('HSET', key, 'h', r.h, 'he', r.he, 'ha', r.ha, 'rt', r.rt, 'ra', r.ra,
-    'os', r.os, 'op', r.op, 'oc', r.oc, 'df', r.df, 'ds', r.ds, 'dp', r.dp, 'dc', r.dc,
+    'os', r.os, 'op', r.op, 'oc', r.oc, 'df', r.df or now, 'ds', r.ds, 'dp', r.dp, 'dc', r.dc,
     'cl', r.cl, 'np', r.np, 'cut', r.cut, 'sh', r.sh, 'ss', r.ss, 'sp', r.sp, 'sc', r.sc,
     'sg', r.sg)
   if r.su then

@@ -364,3 +364,57 @@ async fn a_regions_own_redis_lost_meets_the_failure_policy() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A call answered after the region's record of the caller has expired (the caller sent
+/// nothing while it was on its way) is still written down: the answer makes the record
+/// again, as a first sight of the caller (the write had failed on the record's missing
+/// first-sight time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_the_record_expired_is_written_down() {
+    let global = RedisServer::start();
+    let regional = RedisServer::start();
+    let wan = FaultProxy::start(global.port());
+    let connect = |url: String| {
+        RedisBackend::builder(url)
+            .response_timeout(Duration::from_secs(10))
+            .build()
+            .expect("valid URL")
+    };
+    let to_global = connect(wan.url());
+    to_global.ping().await.expect("the global store answers");
+    // Longer than the record lives without requests: two windows and two seconds.
+    wan.set(Fault::Delay(Duration::from_millis(4_500)));
+    let store = TwoTierBackend::builder("us-east", connect(regional.url()), to_global)
+        .wan_rtt(Duration::from_millis(160))
+        .wan_timeout(Duration::from_secs(10))
+        .build()
+        .expect("a valid region");
+    let limiter = Limiter::builder()
+        .name("orders")
+        .backend(store.clone())
+        .store_timeout(Duration::from_secs(1))
+        .policy(Policy::sliding_window(
+            "per-second",
+            Quota::per_second(LIMIT),
+        ))
+        .build();
+    let key = "rl:{acme}:per-second:regional";
+    let refused = limiter.check(&Caller::new("acme")).await;
+    assert!(!refused.is_allowed(), "no lease yet: {refused:?}");
+    assert_eq!(store.wan_calls(), 1);
+    tokio::time::sleep(Duration::from_millis(4_200)).await;
+    assert_eq!(
+        regional.must(&["EXISTS", key]).trim(),
+        "0",
+        "the record expired"
+    );
+    // The first call also caches the script at the global store: two delayed round trips.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while regional.must(&["EXISTS", key]).trim() != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the answer did not make the record again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
