@@ -11,7 +11,7 @@ use std::time::Duration;
 use tollgate::store::TwoTierBackend;
 use tollgate::{Caller, Decision, FailurePolicy, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
-use tollgate_testkit::rates::unix_millis;
+use tollgate_testkit::rates::{self, unix_millis};
 use tollgate_testkit::redis::RedisServer;
 
 const WAN_RTT: Duration = Duration::from_millis(160);
@@ -93,36 +93,36 @@ impl Seen {
             .collect()
     }
 
-    /// The most admissions by all regions together in any window of the limit's length
-    /// that starts in `[from, to)`.
-    fn worst_window(&self, from: u64, to: u64) -> usize {
-        let mut admitted: Vec<u64> = self
-            .decisions
-            .iter()
-            .flatten()
+    /// The admissions of `regions`, as offsets from the epoch, sorted.
+    fn admitted(&self, regions: impl IntoIterator<Item = usize>) -> Vec<Duration> {
+        let mut admitted: Vec<Duration> = regions
+            .into_iter()
+            .flat_map(|region| &self.decisions[region])
             .filter(|(_, admitted)| *admitted)
-            .map(|(at, _)| *at)
+            .map(|(at, _)| Duration::from_millis(*at))
             .collect();
         admitted.sort_unstable();
         admitted
-            .iter()
-            .filter(|at| (from..to).contains(*at))
-            .map(|&start| {
-                let first = admitted.partition_point(|t| *t < start);
-                let end = admitted.partition_point(|t| *t < start + WINDOW_MS);
-                end - first
-            })
-            .max()
-            .unwrap_or(0)
+    }
+
+    /// The most admissions by all regions together in any window of the limit's length
+    /// that starts in `[from, to)`.
+    fn worst_window(&self, from: u64, to: u64) -> usize {
+        rates::worst_window(
+            &self.admitted(0..self.decisions.len()),
+            Duration::from_millis(WINDOW_MS),
+            Duration::from_millis(from),
+            Duration::from_millis(to),
+        )
     }
 
     /// Region `region`'s admissions per second in `[from, to)`.
     fn rate(&self, region: usize, from: u64, to: u64) -> f64 {
-        let admitted = self.decisions[region]
-            .iter()
-            .filter(|(at, admitted)| *admitted && (from..to).contains(at))
-            .count();
-        admitted as f64 * 1_000.0 / (to - from) as f64
+        rates::rate_between(
+            &self.admitted([region]),
+            Duration::from_millis(from),
+            Duration::from_millis(to),
+        )
     }
 
     fn requests(&self) -> usize {
