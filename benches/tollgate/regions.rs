@@ -5,11 +5,12 @@
 //! kept under overload by all regions together.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tollgate::store::TwoTierBackend;
 use tollgate::{Caller, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
+use tollgate_testkit::rates::unix_millis;
 use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, write_rows};
@@ -61,12 +62,6 @@ fn region(name: &str, global: &RedisServer, quota: Quota) -> Region {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Scripts run by a redis-server so far (`EVALSHA` and `EVAL`).
 fn scripts_run(server: &RedisServer) -> u64 {
     let stats = server.must(&["INFO", "commandstats"]);
@@ -100,7 +95,7 @@ async fn run(quota: Quota, rate: f64) -> Seen {
             .collect(),
     );
     let before: Vec<u64> = regions.iter().map(|r| scripts_run(&r.redis)).collect();
-    let end = unix_ms() + RUN.as_millis() as u64;
+    let end = unix_millis() + RUN.as_millis() as u64;
     let senders: Vec<_> = (0..regions.len())
         .map(|index| {
             let regions = Arc::clone(&regions);
@@ -111,14 +106,14 @@ async fn run(quota: Quota, rate: f64) -> Seen {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
                 let mut tasks = Vec::new();
                 let mut next = 0;
-                while unix_ms() < end {
+                while unix_millis() < end {
                     tick.tick().await;
                     let limiter = regions[index].limiters[next % 2].clone();
                     next += 1;
                     let log = Arc::clone(&log);
                     tasks.push(tokio::spawn(async move {
                         let allowed = limiter.check(&Caller::new("acme")).await.is_allowed();
-                        log.lock().unwrap().push((unix_ms(), allowed));
+                        log.lock().unwrap().push((unix_millis(), allowed));
                     }));
                 }
                 for task in tasks {
