@@ -140,7 +140,7 @@ use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
 use tollgate::response::FieldForm;
 use tollgate::shed::ConcurrencyShedLayer;
-use tollgate::store::{SlotStore, TwoTierBackend};
+use tollgate::store::{Backend, SlotStore, TwoTierBackend};
 use tollgate::{
     Caller, FailurePolicy, InMemoryBackend, InstanceCount, InstanceRegistry, Leases, Limiter,
     Policy, Quota, RateLimitLayer, RedisBackend,
@@ -466,13 +466,17 @@ fn two_tier(
 }
 
 fn limiter(name: &str, store: Option<RedisBackend>, options: &Options) -> tollgate::LimiterBuilder {
-    let builder = Limiter::builder()
-        .name(name)
-        .store_timeout(Duration::from_millis(options.store_timeout_ms));
     match store {
-        Some(store) => builder.backend(store),
-        None => builder.backend(InMemoryBackend::new()),
+        Some(store) => limiter_on(name, store, options),
+        None => limiter_on(name, InMemoryBackend::new(), options),
     }
+}
+
+fn limiter_on(name: &str, store: impl Backend, options: &Options) -> tollgate::LimiterBuilder {
+    Limiter::builder()
+        .name(name)
+        .store_timeout(Duration::from_millis(options.store_timeout_ms))
+        .backend(store)
 }
 
 /// `limits` with what the flags add to /orders: the tier of the customers `--plans` lists
@@ -689,7 +693,7 @@ async fn app(
         .try_build()
         .map_err(|e| e.to_string())?;
     let orders = match two_tier(options, orders_store.clone())? {
-        Some(store) => limiter("orders", None, options).backend(store),
+        Some(store) => limiter_on("orders", store, options),
         None => limiter("orders", orders_store, options),
     }
     .limits(limits)
