@@ -16,7 +16,8 @@
 -- ARGV     limit, window_ms, region, by ('weight' or 'demand'), weight, all weights,
 --          ack used, ack share, ack time (-1 for no snapshot), what the region's share
 --          admitted as a sliding window counter (start, previous, current), demand, want,
---          given back, given at
+--          given back, given at, leased units it spent after their window as the same kind
+--          of counter (start, previous, current)
 -- Returns  { granted, used (the count after the grant, rounded up), share, now }
 --
 -- The rule. A region cut off from this store admits up to its share's room: its share
@@ -37,6 +38,7 @@ local ack_used, ack_share, ack_at = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumb
 local os, op, oc = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local demand, want = tonumber(ARGV[13]), tonumber(ARGV[14])
 local given, given_at = tonumber(ARGV[15]), tonumber(ARGV[16])
+local ms, mp, mc = tonumber(ARGV[17]), tonumber(ARGV[18]), tonumber(ARGV[19])
 
 -- Every field, by region.
 local fields = redis.call('HGETALL', key)
@@ -82,9 +84,11 @@ for name, record in pairs(regions) do
 end
 
 -- 1. Units given back, to the window they were counted in while it still weighs; what
---    the share admitted, in the windows it admitted it in, as much as it still weighs.
+--    the share admitted and leased units spent late, in the windows they were admitted
+--    in, as much as they still weigh.
 s, p, c = rolled(s, p, c, window, now)
 os, op, oc = rolled(os, op, oc, window, now)
+ms, mp, mc = rolled(ms, mp, mc, window, now)
 if given > 0 then
   if given_at >= s then
     c = math.max(0, c - given)
@@ -92,7 +96,7 @@ if given > 0 then
     p = math.max(0, p - given)
   end
 end
-p, c = p + op, c + oc
+p, c = p + op + mp, c + oc + mc
 
 -- 2. The region's record: its snapshot, what it admitted on its share since, its demand.
 local holds = ack_at >= 0
@@ -125,47 +129,52 @@ local function share_of(record)
   return floor_div(limit * (record.d or 0), total)
 end
 
--- The room a share started from a snapshot reaches by the end of the current window: its
--- part of the count then, all of it in that answer's window, then what it admitted since.
--- Not its room now: a seed from the previous window frees as the window slides, and what
--- the share admits late in this window counts in it as fully as what the others leased
--- early.
-local window_end = now - now % window + window - 1
-local function room_from(used, share, at, xs, xp, xc)
+-- The room a share started from a snapshot has at `t`: its part of the count then, all of
+-- it in that answer's window, then what it admitted since.
+local function room_from(used, share, at, xs, xp, xc, t)
   local seed = ceil_div(math.min(used, limit) * share, math.max(limit, 1))
-  local ss, sp, sc = rolled(at - at % window, 0, seed, window, window_end)
-  xs, xp, xc = rolled(xs, xp, xc, window, window_end)
-  return room(share, math.max(ss, xs), sp + xp, sc + xc, window, window_end)
+  local ss, sp, sc = rolled(at - at % window, 0, seed, window, t)
+  xs, xp, xc = rolled(xs, xp, xc, window, t)
+  return room(share, math.max(ss, xs), sp + xp, sc + xc, window, t)
 end
 
--- The most a region could admit on its share from now on, were it cut off now.
-local function room_of(record)
+-- The most a region could admit on its share at `t`, were it cut off now.
+local function room_of(record, t)
   local known
   if record.ka then
     known = room_from(record.ku, record.ks, record.ka, record.xs or 0, record.xp or 0,
-      record.xc or 0)
+      record.xc or 0, t)
   else
     -- No snapshot: it starts from nothing, at its whole share (by demand, a region that
     -- never reported any has none).
-    known = room_from(0, share_of(record), now, record.xs or 0, record.xp or 0, record.xc or 0)
+    known = room_from(0, share_of(record), now, record.xs or 0, record.xp or 0,
+      record.xc or 0, t)
   end
   local sent = 0
   if record.sa then
-    sent = room_from(record.su, record.ss, record.sa, 0, 0, 0)
+    sent = room_from(record.su, record.ss, record.sa, 0, 0, 0, t)
   end
   return math.max(known, sent)
 end
 
--- 3. The grant: what the region wants, as far as the count has room, less the room of
---    the other region that could admit the most on its share.
+-- 3. The grant: what the region wants, as far as the count has room for it and the room
+--    of the other region that could admit the most on its share, now and at the end of
+--    the window. Both change linearly in between (the count falls as the previous window
+--    slides out, a share's room grows as its seed does), so if both ends hold, every time
+--    between does: a share seeded in the previous window reaches its whole room by the
+--    window's end, when the count is this window's alone.
+local window_end = now - now % window + window - 1
 local used = ceil_div(used_scaled(s, p, c, window, now), window)
-local reserved = 0
+local used_at_end = ceil_div(used_scaled(s, p, c, window, window_end), window)
+local reserved, reserved_at_end = 0, 0
 for name, record in pairs(regions) do
   if name ~= region then
-    reserved = math.max(reserved, room_of(record))
+    reserved = math.max(reserved, room_of(record, now))
+    reserved_at_end = math.max(reserved_at_end, room_of(record, window_end))
   end
 end
-local granted = math.max(0, math.min(want, limit - reserved - used))
+local granted = math.max(0,
+  math.min(want, limit - reserved - used, limit - reserved_at_end - used_at_end))
 c = c + granted
 used = ceil_div(used_scaled(s, p, c, window, now), window)
 local share = share_of(mine)

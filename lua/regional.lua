@@ -5,12 +5,17 @@
 -- writes its outcome back with 'answered' or 'failed'.
 --
 -- KEYS[1]  the record, a hash:
---            h, he, ha   leased units held, when they stop being spendable (this Redis's
---                        clock), when the global store counted them (its clock)
+--            h, ha       leased units held, and when the global store counted them (its
+--                        clock)
+--            we, he      when the global window they were counted in ends, and when they
+--                        stop being spendable, a window later (this Redis's clock)
 --            rt, ra      units to give back to the global store, and when it counted them
 --            os, op, oc  what the share admitted that the global store has not counted: a
 --                        sliding window counter of the limit's window, so that it counts
 --                        there as much as it still weighs
+--            ms, mp, mc  leased units spent after their window ended, which the global
+--                        store counts again in the window they were spent in (and takes
+--                        back from their own with rt): the same kind of counter
 --            ds, dp, dc  the demand: a sliding window counter over one second
 --            df          when the record was made: over its first second, the demand is
 --                        what it has seen over its age (at least a round trip)
@@ -23,13 +28,15 @@
 --                        share, when the global store counted it (its clock); the share
 --                        while cut off is the snapshot's
 -- ARGV     'decide', cost, limit, window_ms, rtt_ms, horizon_ms, claim_ms
---          'answered', granted, spendable_ms, counted_at, used, share, asked, window_ms,
---                      horizon_ms
+--          'answered', granted, spendable_ms (until the units' window ends), counted_at,
+--                      used, share, asked, window_ms, horizon_ms
 --          'failed', limit, window_ms, share (without a snapshot), probe_ms, and the
---                      owed counter the call carried (start, previous, current)
+--                      owed and moved counters the call carried (start, previous,
+--                      current each)
 -- Returns  'decide': { admitted, remaining, reset_ms, now, refill, want, give_back,
 --                      given_at, owed start, previous, current, demand per window,
---                      snapshot used, share, time (-1 without one) }; otherwise { now }.
+--                      snapshot used, share, time (-1 without one), moved start,
+--                      previous, current }; otherwise { now }.
 
 local DEMAND_MS = 1000
 
@@ -41,12 +48,14 @@ local function n(value)
 end
 
 local f = redis.call('HMGET', key, 'h', 'he', 'ha', 'rt', 'ra', 'os', 'ds', 'dp', 'dc',
-  'cl', 'np', 'cut', 'sh', 'ss', 'sp', 'sc', 'su', 'sg', 'op', 'oc', 'df')
+  'cl', 'np', 'cut', 'sh', 'ss', 'sp', 'sc', 'su', 'sg', 'op', 'oc', 'df', 'we', 'ms', 'mp',
+  'mc')
 local r = {
   h = n(f[1]), he = n(f[2]), ha = n(f[3]), rt = n(f[4]), ra = n(f[5]), os = n(f[6]),
   ds = n(f[7]), dp = n(f[8]), dc = n(f[9]), cl = n(f[10]), np = n(f[11]), cut = n(f[12]),
   sh = n(f[13]), ss = n(f[14]), sp = n(f[15]), sc = n(f[16]), su = f[17] and n(f[17]),
-  sg = n(f[18]), op = n(f[19]), oc = n(f[20]), df = f[21] and n(f[21]),
+  sg = n(f[18]), op = n(f[19]), oc = n(f[20]), df = f[21] and n(f[21]), we = n(f[22]),
+  ms = n(f[23]), mp = n(f[24]), mc = n(f[25]),
 }
 
 -- Units counted at `at` go back to the global store with the next call. One time per
@@ -67,20 +76,21 @@ local function save(window)
   redis.call('HSET', key, 'h', r.h, 'he', r.he, 'ha', r.ha, 'rt', r.rt, 'ra', r.ra,
     'os', r.os, 'op', r.op, 'oc', r.oc, 'df', r.df or now, 'ds', r.ds, 'dp', r.dp, 'dc', r.dc,
     'cl', r.cl, 'np', r.np, 'cut', r.cut, 'sh', r.sh, 'ss', r.ss, 'sp', r.sp, 'sc', r.sc,
-    'sg', r.sg)
+    'sg', r.sg, 'we', r.we, 'ms', r.ms, 'mp', r.mp, 'mc', r.mc)
   if r.su then
     redis.call('HSET', key, 'su', r.su)
   end
-  -- Kept while anything in it still matters: the share's counter and the snapshot for
-  -- two windows, the demand for its second.
+  -- Kept while anything in it still matters: the leased units and the share's counter
+  -- and the snapshot for two windows, the demand for its second.
   redis.call('PEXPIRE', key, 2 * window + 2 * DEMAND_MS)
 end
 
 if op == 'decide' then
   local cost, limit, window = n(ARGV[2]), n(ARGV[3]), n(ARGV[4])
   local rtt, horizon, claim = n(ARGV[5]), n(ARGV[6]), n(ARGV[7])
-  -- Leased units past their window go back.
-  if r.h > 0 and now >= r.he then
+  -- Leased units go back a window after their own ends, and at its end while the region
+  -- is cut off (the share decides then, and nothing spent late could be counted).
+  if r.h > 0 and (now >= r.he or (r.cut == 1 and now >= r.we)) then
     give_back(r.h, r.ha)
     r.h = 0
   end
@@ -100,6 +110,14 @@ if op == 'decide' then
   if cost <= r.h then
     r.h = r.h - cost
     admitted = 1
+    if now >= r.we then
+      -- Spent after its window ended: counted again in this one, and taken back from its
+      -- own. A caller with gaps between its requests longer than what is left of a window
+      -- would otherwise find its lease gone every time.
+      give_back(cost, r.ha)
+      r.ms, r.mp, r.mc = rolled(r.ms, r.mp, r.mc, window, now)
+      r.mc = r.mc + cost
+    end
   elseif r.cut == 1 then
     r.ss, r.sp, r.sc = rolled(r.ss, r.sp, r.sc, window, now)
     if cost <= room(r.sh, r.ss, r.sp, r.sc, window, now) then
@@ -114,8 +132,9 @@ if op == 'decide' then
   -- a round trip and a half at this demand, or there is something to give back or to have
   -- counted; while cut off, every probe interval.
   local refill, want, given, given_at = 0, 0, 0, 0
-  local os, op, oc = 0, 0, 0
+  local os, op, oc, ms, mp, mc = 0, 0, 0, 0, 0, 0
   local owes = used_scaled(r.os, r.op, r.oc, window, now) > 0
+    or used_scaled(r.ms, r.mp, r.mc, window, now) > 0
   if r.cl <= now and r.np <= now then
     if r.cut == 1 or r.h * DEMAND_MS <= demand * (rtt + math.floor(rtt / 2))
         or r.rt > 0 or owes then
@@ -126,7 +145,8 @@ if op == 'decide' then
       want = math.min(limit, ceil_div(demand * (rtt + horizon), DEMAND_MS))
       given, given_at = r.rt, r.ra
       os, op, oc = rolled(r.os, r.op, r.oc, window, now)
-      r.rt, r.ra, r.os, r.op, r.oc = 0, 0, 0, 0, 0
+      ms, mp, mc = rolled(r.ms, r.mp, r.mc, window, now)
+      r.rt, r.ra, r.os, r.op, r.oc, r.ms, r.mp, r.mc = 0, 0, 0, 0, 0, 0, 0, 0
       r.cl = now + claim
     end
   end
@@ -145,7 +165,7 @@ if op == 'decide' then
     ack_used, ack_at = r.su, r.sg
   end
   return { admitted, remaining, reset, now, refill, want, given, given_at, os, op, oc,
-    ceil_div(demand * window, DEMAND_MS), ack_used, r.sh, ack_at }
+    ceil_div(demand * window, DEMAND_MS), ack_used, r.sh, ack_at, ms, mp, mc }
 end
 
 if op == 'answered' then
@@ -185,10 +205,11 @@ if op == 'answered' then
       r.h = 0
     end
     if r.h > 0 then
-      r.he = math.min(r.he, ends)
+      r.we = math.min(r.we, ends)
     else
-      r.he = ends
+      r.we = ends
     end
+    r.he = r.we + window
     r.h = r.h + granted
     r.ha = counted_at
   end
@@ -206,6 +227,9 @@ if op == 'failed' then
   local os, op, oc = rolled(n(ARGV[6]), n(ARGV[7]), n(ARGV[8]), window, now)
   r.os, r.op, r.oc = rolled(r.os, r.op, r.oc, window, now)
   r.os, r.op, r.oc = math.max(r.os, os), r.op + op, r.oc + oc
+  local ms, mp, mc = rolled(n(ARGV[9]), n(ARGV[10]), n(ARGV[11]), window, now)
+  r.ms, r.mp, r.mc = rolled(r.ms, r.mp, r.mc, window, now)
+  r.ms, r.mp, r.mc = math.max(r.ms, ms), r.mp + mp, r.mc + mc
   if r.cut == 0 then
     r.cut = 1
     if r.su and limit > 0 then

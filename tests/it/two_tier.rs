@@ -17,6 +17,8 @@ use tollgate_testkit::redis::RedisServer;
 const WAN_RTT: Duration = Duration::from_millis(160);
 const LIMIT: u64 = 50;
 const WINDOW_MS: u64 = 1_000;
+/// How each caller's requests spread over the regions, us-east first.
+const SPREAD: [f64; 3] = [0.80, 0.15, 0.05];
 
 /// A region: its Redis, its way to the global store, and its instances' limiters.
 struct Region {
@@ -47,12 +49,7 @@ impl Region {
                 .wan_rtt(WAN_RTT)
                 .build()
                 .expect("a valid region");
-            let limiter = Limiter::builder()
-                .name("orders")
-                .backend(store.clone())
-                .store_timeout(Duration::from_secs(1))
-                .policy(Policy::sliding_window("acme-quota", quota))
-                .build();
+            let limiter = orders_limiter(&store, Policy::sliding_window("acme-quota", quota));
             stores.push(store);
             limiters.push(limiter);
         }
@@ -68,6 +65,16 @@ impl Region {
     fn wan_calls(&self) -> u64 {
         self.stores.iter().map(TwoTierBackend::wan_calls).sum()
     }
+}
+
+/// The demo's limiter on a region's store: the one policy, a second to decide.
+fn orders_limiter(store: &TwoTierBackend, policy: Policy) -> Limiter {
+    Limiter::builder()
+        .name("orders")
+        .backend(store.clone())
+        .store_timeout(Duration::from_secs(1))
+        .policy(policy)
+        .build()
 }
 
 /// What a run saw: each region's requests, as (unix ms of the decision, admitted).
@@ -176,7 +183,6 @@ async fn run(
         Region::start("eu-west", &global, quota),
         Region::start("ap-south", &global, quota),
     ]);
-    let spread = [0.80, 0.15, 0.05];
     let start = unix_millis();
     let end = start + total;
     // By caller, by region.
@@ -196,7 +202,7 @@ async fn run(
                 Arc::clone(&regions),
                 region,
                 caller,
-                rate * spread[region],
+                rate * SPREAD[region],
                 end,
                 Arc::clone(&logs[region]),
             );
@@ -246,7 +252,8 @@ fn wan_calls_per_request(regions: &[Region], seen: &[Seen]) -> Vec<f64> {
 /// The running example across three regions: acme at 2.4x its limit of 50 a second and
 /// globex at 20 a second, each 80/15/5 over the regions, us-east cut off from the global
 /// store from 8 s to 16 s, the run ending at 24 s. For neither customer, in no second of
-/// the limit's window, do the regions together admit more than 50.
+/// the limit's window, do the regions together admit more than 50; globex, within its
+/// limit, is admitted in every region.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_regions_keep_one_limit_through_a_partition() {
     let (cut, back, end) = (8_000, 16_000, 24_000);
@@ -274,6 +281,20 @@ async fn three_regions_keep_one_limit_through_a_partition() {
             assert!(
                 windows.iter().all(|&n| n as u64 <= LIMIT),
                 "{caller} {phase}: a second of the limit's window admitted more than {LIMIT}: {windows:?}"
+            );
+        }
+    }
+    // globex, well within its limit, is admitted wherever it calls once its first leases
+    // have come: in ap-south, one request a second, each lease outlives the second it was
+    // counted in and is spent in the next.
+    for (index, (region, share)) in regions.iter().zip(SPREAD).enumerate() {
+        for (from, to) in [(start + 4_000, start + cut), (start + back, start + end)] {
+            let admitted = seen[1].rate(index, from, to);
+            assert!(
+                admitted >= 0.85 * 20.0 * share,
+                "globex in {}: {admitted:.1}/s of {:.1}/s",
+                region.name,
+                20.0 * share
             );
         }
     }
@@ -409,15 +430,10 @@ async fn an_answer_after_the_record_expired_is_written_down() {
         .wan_timeout(Duration::from_secs(10))
         .build()
         .expect("a valid region");
-    let limiter = Limiter::builder()
-        .name("orders")
-        .backend(store.clone())
-        .store_timeout(Duration::from_secs(1))
-        .policy(Policy::sliding_window(
-            "per-second",
-            Quota::per_second(LIMIT),
-        ))
-        .build();
+    let limiter = orders_limiter(
+        &store,
+        Policy::sliding_window("per-second", Quota::per_second(LIMIT)),
+    );
     let key = "rl:{acme}:per-second:regional";
     let refused = limiter.check(&Caller::new("acme")).await;
     assert!(!refused.is_allowed(), "no lease yet: {refused:?}");
@@ -437,4 +453,83 @@ async fn an_answer_after_the_record_expired_is_written_down() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A leased unit spent after the window it was counted in has ended is counted in the
+/// window it was spent in, and taken back from its own, with the region's next call: a
+/// caller whose requests are a window apart is admitted on the unit leased after the
+/// request before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unit_spent_after_its_window_is_counted_in_the_window_it_was_spent_in() {
+    const WINDOW: u64 = 2_000;
+    let global = RedisServer::start();
+    let regional = RedisServer::start();
+    let connect = |url: String| {
+        RedisBackend::builder(url)
+            .response_timeout(Duration::from_secs(2))
+            .build()
+            .expect("valid URL")
+    };
+    let store = TwoTierBackend::builder("us-east", connect(regional.url()), connect(global.url()))
+        .wan_rtt(Duration::from_millis(20))
+        .build()
+        .expect("a valid region");
+    let limiter = orders_limiter(
+        &store,
+        Policy::sliding_window("per-two-seconds", Quota::per_seconds(LIMIT, WINDOW / 1_000)),
+    );
+    let global_key = "rl:{acme}:per-two-seconds:two-tier";
+    let field = |name: &str| -> u64 {
+        global
+            .must(&["HGET", global_key, name])
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    // Starts a window's tenth in, by the global store's clock (a machine's one clock here).
+    let into_next_window = || {
+        let now = unix_millis();
+        Duration::from_millis(WINDOW - now % WINDOW + WINDOW / 10)
+    };
+    tokio::time::sleep(into_next_window()).await;
+    let first = limiter.check(&Caller::new("acme")).await;
+    assert!(!first.is_allowed(), "no lease yet: {first:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while field("c") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no lease came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the answer be written down in the region.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let leased = field("c");
+
+    tokio::time::sleep(into_next_window()).await;
+    let second = limiter.check(&Caller::new("acme")).await;
+    assert!(
+        second.is_allowed(),
+        "the unit leased in the window before: {second:?}"
+    );
+    // The call that follows moves the unit: one less in the previous window, one more in
+    // this one besides the new lease, which the region holds whole (the units of the
+    // previous window it held went back with that answer, to be given back next call).
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while field("p") == leased {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unit was not moved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held: u64 = regional
+        .must(&["HGET", "rl:{acme}:per-two-seconds:regional", "h"])
+        .trim()
+        .parse()
+        .expect("units held");
+    assert_eq!(field("p"), leased - 1, "taken back from its own window");
+    assert_eq!(
+        field("c"),
+        held + 1,
+        "counted in this window, beside the new lease"
+    );
 }

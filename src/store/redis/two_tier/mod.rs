@@ -23,12 +23,17 @@ use crate::store::policy::Policy;
 /// Each region runs its own Redis, and its instances decide on it: one regional round trip
 /// per request, as with a [`RedisBackend`]. What a region admits are units it has leased of
 /// the caller's quota from the global store (a [`RedisBackend`] on a Redis or a Cluster of
-/// its own), which counts them at once: while every region reaches it, the regions together
-/// never admit more than the limit in any of its windows. A lease is sized by the caller's
-/// demand in the region over the last second (a round trip and a
+/// its own), which counts them at once. A lease is sized by the caller's demand in the
+/// region over the last second (a round trip and a
 /// [horizon](TwoTierBuilder::lease_horizon) of it), taken by one instance of the region at
-/// a time, in the background, in one call that also gives back what the region leased and
-/// did not spend in the window it was counted in.
+/// a time, in the background, in one call that also gives back what the region did not
+/// spend. A unit spent after the window it was counted in has ended (a caller whose
+/// requests are further apart than a lease's life would otherwise find it gone every time)
+/// is counted again in the window it was spent in, with the region's next call, and
+/// taken back from its own; a window later it goes back unspent. While every region
+/// reaches the global store, the regions together keep the limit in each of its windows
+/// but for those units: at most what each region held when the window began, a round
+/// trip and a horizon of its demand.
 ///
 /// A WAN call that gets no answer within the [timeout](TwoTierBuilder::wan_timeout) cuts
 /// the region off: it spends the units it holds, then admits up to its share of the limit

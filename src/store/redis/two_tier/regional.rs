@@ -31,6 +31,10 @@ pub(super) struct Refill {
     /// What the region's share admitted, for the global store to count in the windows it
     /// was admitted in: a sliding window counter (start, previous, current).
     pub(super) owed: [u64; 3],
+    /// Leased units the region spent after the end of the window they were counted in,
+    /// for the global store to count again in the windows they were spent in (they go
+    /// back to their own with `give_back`): the same kind of counter.
+    pub(super) moved: [u64; 3],
     /// The region's demand per window of the limit.
     pub(super) demand: u64,
     /// The snapshot the region holds (the count it was told, its share, when the global
@@ -118,6 +122,9 @@ pub(super) async fn decide(
         ack_used,
         ack_share,
         ack_at,
+        moved_start,
+        moved_previous,
+        moved_current,
     ] = reply.as_slice()
     else {
         return Err(StoreError::other(format!(
@@ -135,6 +142,7 @@ pub(super) async fn decide(
         give_back: unsigned(give_back),
         given_at_ms: unsigned(given_at),
         owed: [owed_start, owed_previous, owed_current].map(unsigned),
+        moved: [moved_start, moved_previous, moved_current].map(unsigned),
         demand: unsigned(demand),
         ack: (ack_at >= 0).then(|| Snapshot {
             used: unsigned(ack_used),
@@ -152,8 +160,9 @@ pub(super) async fn decide(
 pub(super) struct Answered {
     pub(super) granted: u64,
     pub(super) asked: u64,
-    /// How long, from the answer's arrival, the units may be spent: until the end of the
-    /// global window they were counted in.
+    /// How long, from the answer's arrival, until the end of the global window the units
+    /// were counted in (spent later, they are counted again in the window they are spent
+    /// in).
     pub(super) spendable_ms: u64,
     /// When the global store counted them, on its clock.
     pub(super) counted_at_ms: u64,
@@ -196,6 +205,7 @@ pub(super) async fn failed(
     refill: &Refill,
 ) -> Result<(), StoreError> {
     let [owed_start, owed_previous, owed_current] = refill.owed;
+    let [moved_start, moved_previous, moved_current] = refill.moved;
     let args = (
         "failed",
         &[
@@ -206,6 +216,9 @@ pub(super) async fn failed(
             owed_start,
             owed_previous,
             owed_current,
+            moved_start,
+            moved_previous,
+            moved_current,
         ],
     );
     run(two_tier, caller, limits, &args).await.map(drop)

@@ -56,7 +56,7 @@ pub(super) async fn call(
         Ok(Ok(grant)) => {
             two_tier.measured(elapsed);
             let window_ms = refill.window_ms.max(1);
-            // The units may be spent until their global window ends; the answer spent
+            // Their global window ends this much after the answer arrives, which spent
             // about half the round trip on its way back.
             let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
             let spendable_ms =
@@ -123,6 +123,9 @@ async fn global_call(
         refill.want.to_string(),
         refill.give_back.to_string(),
         refill.given_at_ms.to_string(),
+        refill.moved[0].to_string(),
+        refill.moved[1].to_string(),
+        refill.moved[2].to_string(),
     ];
     let keys = [record_key(&two_tier.global, caller, limits, b":two-tier")];
     let reply: Vec<i64> = two_tier
