@@ -4,7 +4,8 @@
 //! `PolicyState::evaluate`, `Algorithm::refund` and `Algorithm::charge` on every step of
 //! random sequences of requests of random costs (above the quota included), leases,
 //! refunds and charges past the quota (debts), for the sliding window, the token bucket
-//! and the sliding log; and after every step the key expires no earlier than its state
+//! and the sliding log (a token bucket's decisions alternating with lua/token_bucket.lua,
+//! its own script, on the same key); and after every step the key expires no earlier than its state
 //! stops weighing in decisions, and no later than the longest such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,6 +38,25 @@ local reply = policies(args, tonumber(ARGV[5]))
 if type(reply) == 'number' then
   return reply
 end
+return { reply[1], reply[2], reply[3], reply[4] }
+"#,
+    ]
+    .concat()
+}
+
+/// The shipped lua/token_bucket.lua (a lone token bucket's decisions), run at `now` given
+/// as an argument as [`harness`] runs lua/policies.lua, with the same arguments: kind, the
+/// three policy numbers, now, the cost.
+fn bucket_harness() -> String {
+    [
+        include_str!("../../lua/common.lua"),
+        r#"
+local function bucket(ARGV, now)
+"#,
+        include_str!("../../lua/token_bucket.lua"),
+        r#"
+end
+local reply = bucket({ ARGV[2], ARGV[3], ARGV[4], ARGV[6] }, tonumber(ARGV[5]))
 return { reply[1], reply[2], reply[3], reply[4] }
 "#,
     ]
@@ -232,6 +252,7 @@ proptest! {
             let client = redis::Client::open(server.url()).unwrap();
             let mut connection = client.get_connection().unwrap();
             let script = redis::Script::new(&harness());
+            let bucket = redis::Script::new(&bucket_harness());
             let key = format!("case:{}", CASE.fetch_add(1, Ordering::Relaxed));
             let [kind, a, b, c] = args(&algorithm);
 
@@ -314,13 +335,20 @@ proptest! {
                         assert_expiry(&mut connection, &key, &algorithm, now, &format!("step {step}, a charge"))?;
                     }
                     Step::Decide => {
-                        for _ in 0..*burst {
+                        for request in 0..*burst {
                             let rust = decide(&algorithm, state.clone(), now, cost);
                             if rust.admitted {
                                 state = rust.admitted_state;
                                 admitted.push((cost, now));
                             }
-                            let lua: Vec<u64> = script
+                            // A token bucket's decisions alternate between its own script
+                            // and the one for every policy, on the same key.
+                            let decides = if kind == 2 && (step + request) % 2 == 1 {
+                                &bucket
+                            } else {
+                                &script
+                            };
+                            let lua: Vec<u64> = decides
                                 .key(&key)
                                 .arg(kind).arg(a).arg(b).arg(c).arg(now).arg(cost)
                                 .invoke(&mut connection)

@@ -34,6 +34,17 @@ const SCRIPT_SOURCE: &str = concat!(
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 
+/// The decision of a caller's one token bucket that does not lock out, the commonest call,
+/// in a script of its own (lua/token_bucket.lua): the same key, arithmetic and reply as
+/// the one script's, without its loops over policies, kinds and operations.
+const BUCKET_SOURCE: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/clock.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+);
+
+static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_SOURCE));
+
 // A script without keys runs on any node, so a ping also warms a cluster connection.
 const PING_SCRIPT: &str = "return 1";
 static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_SCRIPT));
@@ -371,7 +382,9 @@ impl RedisBackend {
     }
 
     /// The script's source, as loaded into Redis (for `redis-benchmark` and for operators
-    /// who want to read it): decisions, leases and refunds all run it.
+    /// who want to read it): decisions, leases, refunds and charges all run it, but for
+    /// the decisions of a caller whose one policy is a token bucket that does not lock out,
+    /// which run a script of the same arithmetic made for that case alone.
     pub fn script_source() -> &'static str {
         SCRIPT_SOURCE
     }
@@ -380,6 +393,16 @@ impl RedisBackend {
     pub fn script_sha() -> &'static str {
         SCRIPT.get_hash()
     }
+}
+
+/// The one script's arguments for a decision of `cost` units on `limits`.
+fn decision_args(limits: &[Policy], cost: u64) -> Vec<u64> {
+    let mut args = script_args(limits);
+    // The script takes a missing cost as 1: one argument less for Redis to read.
+    if cost != 1 {
+        args.push(cost);
+    }
+    args
 }
 
 /// The script's arguments for `limits`: four numbers per policy (see lua/policies.lua);
@@ -581,17 +604,23 @@ impl Backend for RedisBackend {
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let keys = self.keys(caller, limits);
-        let mut args = script_args(limits);
-        // The script takes a missing cost as 1: one argument less for Redis to read.
-        if cost != 1 {
-            args.push(cost);
-        }
+        let (script, source, args) = match &**limits {
+            [policy] if policy.lockout_ms().is_none() => match *policy.algorithm() {
+                Algorithm::TokenBucket {
+                    rate,
+                    period_ms,
+                    burst,
+                } => (&*BUCKET, BUCKET_SOURCE, vec![rate, period_ms, burst, cost]),
+                _ => (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost)),
+            },
+            _ => (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost)),
+        };
         let count = limits.len();
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
         StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
-                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &args, timeout)
+                .run(script, source, &keys, &args, timeout)
                 .await?;
             parse_reply(&reply, count)
         })
