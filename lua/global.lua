@@ -13,11 +13,15 @@
 --            <region>:w  its weight, as it last reported it
 --            <region>:xs, :xp, :xc   what it reported admitting on its share since the
 --                        snapshot it holds (a sliding window counter)
+--            <region>:hu, :hw   the most leased units it may hold since its last call (what
+--                        it said it held, and what it was granted), and the start of the
+--                        window they were counted in
 -- ARGV     limit, window_ms, region, by ('weight' or 'demand'), weight, all weights,
 --          ack used, ack share, ack time (-1 for no snapshot), what the region's share
 --          admitted as a sliding window counter (start, previous, current), demand, want,
 --          given back, given at, leased units it spent after their window as the same kind
---          of counter (start, previous, current)
+--          of counter (start, previous, current), the leased units it holds and when they
+--          were counted
 -- Returns  { granted, used (the count after the grant, rounded up), share, now }
 --
 -- The rule. A region cut off from this store admits up to its share's room: its share
@@ -29,6 +33,9 @@
 -- close to the current one, and its room is small; a region cut off keeps its room, and
 -- the others lease what is left. Which snapshot a region holds, it says with each call;
 -- the answer, which may be lost, carries a newer one: the larger room of the two counts.
+-- A region may spend a leased unit after its window ends, and it is then counted in the
+-- window it was spent in, without asking: so a lease in a window also leaves room for the
+-- units of the previous one that any region may still hold.
 
 local key = KEYS[1]
 local limit, window = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -39,6 +46,7 @@ local os, op, oc = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local demand, want = tonumber(ARGV[13]), tonumber(ARGV[14])
 local given, given_at = tonumber(ARGV[15]), tonumber(ARGV[16])
 local ms, mp, mc = tonumber(ARGV[17]), tonumber(ARGV[18]), tonumber(ARGV[19])
+local held, held_at = tonumber(ARGV[20]), tonumber(ARGV[21])
 
 -- Every field, by region.
 local fields = redis.call('HGETALL', key)
@@ -167,14 +175,39 @@ local window_end = now - now % window + window - 1
 local used = ceil_div(used_scaled(s, p, c, window, now), window)
 local used_at_end = ceil_div(used_scaled(s, p, c, window, window_end), window)
 local reserved, reserved_at_end = 0, 0
+-- Leased units of the previous window a region may still spend, which then count in this
+-- one: kept room for as if they had been, the other regions' as far as their last calls
+-- tell (what each said it held, and the grant it was answered), this one's as it says.
+local held_window = held_at - held_at % window
+local bridging = 0
+if held > 0 and held_window == s - window then
+  bridging = held
+end
 for name, record in pairs(regions) do
   if name ~= region then
     reserved = math.max(reserved, room_of(record, now))
     reserved_at_end = math.max(reserved_at_end, room_of(record, window_end))
+    if record.hw == s - window then
+      bridging = bridging + (record.hu or 0)
+    end
   end
 end
-local granted = math.max(0,
-  math.min(want, limit - reserved - used, limit - reserved_at_end - used_at_end))
+-- Spent, such a unit leaves the previous window's count, which weighs less as this one
+-- goes on, for this one's: it adds as much as the previous window has slid out, all of
+-- it at the end.
+local bridging_now = ceil_div(bridging * (now - s), window)
+local granted = math.max(0, math.min(want, limit - reserved - used - bridging_now,
+  limit - reserved_at_end - used_at_end - bridging))
+-- What the region may hold from now on: the answer puts back units of an earlier window
+-- than its grant's.
+if granted > 0 then
+  mine.hu, mine.hw = granted, s
+  if held_window == s then
+    mine.hu = granted + held
+  end
+else
+  mine.hu, mine.hw = held, held_window
+end
 c = c + granted
 used = ceil_div(used_scaled(s, p, c, window, now), window)
 local share = share_of(mine)
@@ -182,7 +215,8 @@ mine.su, mine.ss, mine.sa = used, share, now
 
 -- 4. Written back; the record lasts as long as a region could still be remembered.
 local out = { 's', s, 'p', p, 'c', c }
-for _, field in ipairs({ 'ku', 'ks', 'ka', 'su', 'ss', 'sa', 'd', 'w', 'xs', 'xp', 'xc' }) do
+for _, field in ipairs({ 'ku', 'ks', 'ka', 'su', 'ss', 'sa', 'd', 'w', 'xs', 'xp', 'xc', 'hu',
+  'hw' }) do
   if mine[field] ~= nil then
     table.insert(out, region .. ':' .. field)
     table.insert(out, mine[field])

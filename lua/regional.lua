@@ -36,7 +36,8 @@
 -- Returns  'decide': { admitted, remaining, reset_ms, now, refill, want, give_back,
 --                      given_at, owed start, previous, current, demand per window,
 --                      snapshot used, share, time (-1 without one), moved start,
---                      previous, current }; otherwise { now }.
+--                      previous, current, units held, when they were counted };
+--                      otherwise { now }.
 
 local DEMAND_MS = 1000
 
@@ -165,7 +166,7 @@ if op == 'decide' then
     ack_used, ack_at = r.su, r.sg
   end
   return { admitted, remaining, reset, now, refill, want, given, given_at, os, op, oc,
-    ceil_div(demand * window, DEMAND_MS), ack_used, r.sh, ack_at, ms, mp, mc }
+    ceil_div(demand * window, DEMAND_MS), ack_used, r.sh, ack_at, ms, mp, mc, r.h, r.ha }
 end
 
 if op == 'answered' then

@@ -286,12 +286,18 @@ async fn three_regions_keep_one_limit_through_a_partition() {
     }
     // globex, well within its limit, is admitted wherever it calls once its first leases
     // have come: in ap-south, one request a second, each lease outlives the second it was
-    // counted in and is spent in the next.
-    for (index, (region, share)) in regions.iter().zip(SPREAD).enumerate() {
-        for (from, to) in [(start + 4_000, start + cut), (start + back, start + end)] {
+    // counted in and is spent in the next. A refill there that meets the room kept for
+    // us-east's share (40 of 50, by demand) and for its units held over the window's start
+    // comes back empty, and is asked again a little later: at most one request in four
+    // refused over a phase.
+    let linked = [(start + 4_000, start + cut), (start + back, start + end)];
+    for (from, to) in linked {
+        let together: f64 = (0..regions.len()).map(|i| seen[1].rate(i, from, to)).sum();
+        assert!(together >= 0.95 * 20.0, "globex: {together:.1}/s of 20/s");
+        for (index, (region, share)) in regions.iter().zip(SPREAD).enumerate() {
             let admitted = seen[1].rate(index, from, to);
             assert!(
-                admitted >= 0.85 * 20.0 * share,
+                admitted >= 0.75 * 20.0 * share,
                 "globex in {}: {admitted:.1}/s of {:.1}/s",
                 region.name,
                 20.0 * share
@@ -532,4 +538,82 @@ async fn a_unit_spent_after_its_window_is_counted_in_the_window_it_was_spent_in(
         held + 1,
         "counted in this window, beside the new lease"
     );
+}
+
+/// lua/global.lua run at `now` given as its last argument instead of Redis's TIME.
+fn global_script() -> redis::Script {
+    redis::Script::new(
+        &[
+            include_str!("../../lua/common.lua"),
+            include_str!("../../lua/window.lua"),
+            "local now = tonumber(ARGV[#ARGV])\n",
+            include_str!("../../lua/global.lua"),
+        ]
+        .concat(),
+    )
+}
+
+/// A region's call to the global store at `now`: wanting `want`, holding `held` units
+/// counted at `held_at`, giving back `given` counted at `given_at`, and having spent
+/// `moved` units after their window (in `now`'s window). No share (no demand reported),
+/// so that what is granted is the count's room alone. Returns { granted, used, share, now }.
+#[allow(clippy::too_many_arguments)]
+fn global_call(
+    connection: &mut redis::Connection,
+    region: &str,
+    now: u64,
+    want: u64,
+    held: (u64, u64),
+    given: (u64, u64),
+    moved: u64,
+) -> Vec<u64> {
+    let window = 1_000;
+    let start = now - now % window;
+    global_script()
+        .key("global:{acme}")
+        .arg(&[10, window][..])
+        .arg(region)
+        .arg("demand")
+        .arg(&[0, 0][..])
+        .arg(&[0i64, 0, -1][..])
+        .arg(&[0, 0, 0][..])
+        .arg(&[0, want, given.0, given.1][..])
+        .arg(&[start, 0, moved][..])
+        .arg(&[held.0, held.1, now][..])
+        .invoke(connection)
+        .expect("the global script answers")
+}
+
+/// The global store keeps room in a window for the leased units of the previous one that
+/// a region may still spend, which it then counts in this one: region a leases the whole
+/// limit half a window before its end, and holds it; late in the next window region b is
+/// granted nothing while a may still spend them, and what a gives back unspent is b's.
+#[test]
+fn a_lease_leaves_room_for_units_of_the_previous_window_still_held() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_connection().unwrap();
+    let w = 1_000_000;
+    let leased = global_call(&mut connection, "a", w + 500, 10, (0, 0), (0, 0), 0);
+    assert_eq!(leased[0], 10, "the whole limit: {leased:?}");
+    // 900 ms into the next window the previous one weighs a tenth: 1 of the 10. Were a's
+    // units not held, 9 would fit; a may spend all 10 before this window ends.
+    let late = global_call(&mut connection, "b", w + 1_900, 10, (0, 0), (0, 0), 0);
+    assert_eq!(late[0], 0, "a's 10 units may still be spent: {late:?}");
+    // a says it holds them still, and spends none: nothing for a either.
+    let again = global_call(
+        &mut connection,
+        "a",
+        w + 1_910,
+        10,
+        (10, w + 500),
+        (0, 0),
+        0,
+    );
+    assert_eq!(again[0], 0, "{again:?}");
+    // a gives them back unspent (and holds none): the window's room is b's.
+    let back = global_call(&mut connection, "a", w + 1_920, 0, (0, 0), (10, w + 500), 0);
+    assert_eq!(back[0], 0, "{back:?}");
+    let freed = global_call(&mut connection, "b", w + 1_930, 10, (0, 0), (0, 0), 0);
+    assert_eq!(freed[0], 10, "a's units went back: {freed:?}");
 }

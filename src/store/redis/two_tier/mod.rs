@@ -30,10 +30,11 @@ use crate::store::policy::Policy;
 /// spend. A unit spent after the window it was counted in has ended (a caller whose
 /// requests are further apart than a lease's life would otherwise find it gone every time)
 /// is counted again in the window it was spent in, with the region's next call, and
-/// taken back from its own; a window later it goes back unspent. While every region
-/// reaches the global store, the regions together keep the limit in each of its windows
-/// but for those units: at most what each region held when the window began, a round
-/// trip and a horizon of its demand.
+/// taken back from its own; a window later it goes back unspent. The global store keeps
+/// room in each window for the units of the previous one that any region may still hold,
+/// as far as its last call told: while every region reaches it, the regions together
+/// never admit more than the limit in any of its windows. A lease that comes back empty
+/// to a region that holds nothing is asked again half a horizon later, a few times.
 ///
 /// A WAN call that gets no answer within the [timeout](TwoTierBuilder::wan_timeout) cuts
 /// the region off: it spends the units it holds, then admits up to its share of the limit

@@ -35,6 +35,11 @@ pub(super) struct Refill {
     /// for the global store to count again in the windows they were spent in (they go
     /// back to their own with `give_back`): the same kind of counter.
     pub(super) moved: [u64; 3],
+    /// The leased units the region held after the decision, and when the global store
+    /// counted them: spent after their window, they are counted in the next one, which
+    /// the global store keeps room for.
+    pub(super) held: u64,
+    pub(super) held_at_ms: u64,
     /// The region's demand per window of the limit.
     pub(super) demand: u64,
     /// The snapshot the region holds (the count it was told, its share, when the global
@@ -125,6 +130,8 @@ pub(super) async fn decide(
         moved_start,
         moved_previous,
         moved_current,
+        held,
+        held_at,
     ] = reply.as_slice()
     else {
         return Err(StoreError::other(format!(
@@ -143,6 +150,8 @@ pub(super) async fn decide(
         given_at_ms: unsigned(given_at),
         owed: [owed_start, owed_previous, owed_current].map(unsigned),
         moved: [moved_start, moved_previous, moved_current].map(unsigned),
+        held: unsigned(held),
+        held_at_ms: unsigned(held_at),
         demand: unsigned(demand),
         ack: (ack_at >= 0).then(|| Snapshot {
             used: unsigned(ack_used),

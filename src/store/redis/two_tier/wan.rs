@@ -2,7 +2,9 @@
 //! what the region gives back, what its share admitted, and the lease; then its outcome
 //! written back into the region's record.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use redis::Script;
 use tokio::time::Instant;
@@ -31,16 +33,56 @@ struct Grant {
     at_ms: u64,
 }
 
+/// How many times a refill that came back empty, to a region that holds nothing, is asked
+/// again before the next request asks.
+const EMPTY_RETRIES: u32 = 3;
+
 /// Makes the call a decision handed to this instance, and writes its outcome back. Errors
 /// writing it back are left: the region's claim on the call runs out, and the next
 /// decision hands the call to an instance again (a lease lost that way is counted at the
 /// global store and never spent, which only lowers what the regions admit).
+///
+/// A grant of nothing to a region that holds nothing is asked again half a horizon later
+/// (when the region's record lets a refill go again), a few times: the room it lacked is
+/// often kept for units other regions held over the window's start, or for a share whose
+/// snapshot the next call renews, and a caller with seconds between its requests would
+/// otherwise meet its next request with nothing to spend.
 pub(super) async fn call(
     two_tier: Arc<TwoTier>,
     caller: CallerKey,
     limits: Arc<[Policy]>,
-    refill: Refill,
+    mut refill: Refill,
 ) {
+    for retry in 0..=EMPTY_RETRIES {
+        let granted = call_once(&two_tier, &caller, &limits, &refill).await;
+        if granted != Some(0) || refill.held > 0 || retry == EMPTY_RETRIES {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(two_tier.horizon_ms / 2 + 1)).await;
+        let Ok(decided) =
+            regional::decide(&two_tier, &caller, &limits, 0, refill.limit, refill.window_ms).await
+        else {
+            return;
+        };
+        match decided.refill {
+            Some(next) => {
+                two_tier.calls.fetch_add(1, Ordering::Relaxed);
+                refill = next;
+            }
+            // Another instance's request asked meanwhile, or the region was given units.
+            None => return,
+        }
+    }
+}
+
+/// One call to the global store and its outcome written back: the units granted, `None`
+/// when the call failed.
+async fn call_once(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    refill: &Refill,
+) -> Option<u64> {
     // A connection being made (at start, after a partition: several round trips) is
     // waited for, as long as the global store's connect timeout: the call's own timeout
     // is for the call. Without a connection by then, the call fails at once.
@@ -48,7 +90,7 @@ pub(super) async fn call(
     let started = Instant::now();
     let answer = tokio::time::timeout(
         two_tier.wan_timeout,
-        global_call(&two_tier, &caller, &limits, &refill),
+        global_call(two_tier, caller, limits, refill),
     )
     .await;
     let elapsed = started.elapsed();
@@ -69,11 +111,13 @@ pub(super) async fn call(
                 used: grant.used,
                 share: grant.share,
             };
-            let _ = regional::answered(&two_tier, &caller, &limits, &refill, answer).await;
+            let _ = regional::answered(two_tier, caller, limits, refill, answer).await;
+            Some(grant.granted)
         }
         Ok(Err(error)) => {
             tracing::debug!(%error, region = %two_tier.region, "tollgate: the global store failed a lease; the region counts itself cut off");
-            let _ = regional::failed(&two_tier, &caller, &limits, &refill).await;
+            let _ = regional::failed(two_tier, caller, limits, refill).await;
+            None
         }
         Err(_) => {
             tracing::debug!(
@@ -81,7 +125,8 @@ pub(super) async fn call(
                 region = %two_tier.region,
                 "tollgate: the global store did not answer a lease in time; the region counts itself cut off"
             );
-            let _ = regional::failed(&two_tier, &caller, &limits, &refill).await;
+            let _ = regional::failed(two_tier, caller, limits, refill).await;
+            None
         }
     }
 }
@@ -126,6 +171,8 @@ async fn global_call(
         refill.moved[0].to_string(),
         refill.moved[1].to_string(),
         refill.moved[2].to_string(),
+        refill.held.to_string(),
+        refill.held_at_ms.to_string(),
     ];
     let keys = [record_key(&two_tier.global, caller, limits, b":two-tier")];
     let reply: Vec<i64> = two_tier
