@@ -12,6 +12,7 @@ use tollgate::store::TwoTierBackend;
 use tollgate::{Caller, Decision, FailurePolicy, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::proxy::{Fault, FaultProxy};
 use tollgate_testkit::rates::{self, unix_millis};
+use tollgate_testkit::recorder::{counter, with_recorder};
 use tollgate_testkit::redis::RedisServer;
 
 const WAN_RTT: Duration = Duration::from_millis(160);
@@ -37,14 +38,8 @@ impl Region {
         let mut stores = Vec::new();
         let mut limiters = Vec::new();
         for _ in 0..2 {
-            let regional = RedisBackend::builder(redis.url())
-                .response_timeout(Duration::from_secs(2))
-                .build()
-                .expect("valid URL");
-            let global = RedisBackend::builder(wan.url())
-                .response_timeout(Duration::from_secs(2))
-                .build()
-                .expect("valid URL");
+            let regional = redis_backend(redis.url(), Duration::from_secs(2));
+            let global = redis_backend(wan.url(), Duration::from_secs(2));
             let store = TwoTierBackend::builder(name, regional, global)
                 .wan_rtt(WAN_RTT)
                 .build()
@@ -65,6 +60,14 @@ impl Region {
     fn wan_calls(&self) -> u64 {
         self.stores.iter().map(TwoTierBackend::wan_calls).sum()
     }
+}
+
+/// A store on the redis-server at `url`, answering within `response_timeout`.
+fn redis_backend(url: String, response_timeout: Duration) -> RedisBackend {
+    RedisBackend::builder(url)
+        .response_timeout(response_timeout)
+        .build()
+        .expect("valid URL")
 }
 
 /// The demo's limiter on a region's store: the one policy, a second to decide.
@@ -361,12 +364,7 @@ async fn a_regions_own_redis_lost_meets_the_failure_policy() {
     let global = RedisServer::start();
     let mut regional = RedisServer::start();
     let store = || {
-        let connect = |url: String| {
-            RedisBackend::builder(url)
-                .response_timeout(Duration::from_secs(2))
-                .build()
-                .expect("valid URL")
-        };
+        let connect = |url: String| redis_backend(url, Duration::from_secs(2));
         TwoTierBackend::builder("us-east", connect(regional.url()), connect(global.url()))
             .build()
             .expect("a valid region")
@@ -421,12 +419,7 @@ async fn an_answer_after_the_record_expired_is_written_down() {
     let global = RedisServer::start();
     let regional = RedisServer::start();
     let wan = FaultProxy::start(global.port());
-    let connect = |url: String| {
-        RedisBackend::builder(url)
-            .response_timeout(Duration::from_secs(10))
-            .build()
-            .expect("valid URL")
-    };
+    let connect = |url: String| redis_backend(url, Duration::from_secs(10));
     let to_global = connect(wan.url());
     to_global.ping().await.expect("the global store answers");
     // Longer than the record lives without requests: two windows and two seconds.
@@ -470,12 +463,7 @@ async fn a_unit_spent_after_its_window_is_counted_in_the_window_it_was_spent_in(
     const WINDOW: u64 = 2_000;
     let global = RedisServer::start();
     let regional = RedisServer::start();
-    let connect = |url: String| {
-        RedisBackend::builder(url)
-            .response_timeout(Duration::from_secs(2))
-            .build()
-            .expect("valid URL")
-    };
+    let connect = |url: String| redis_backend(url, Duration::from_secs(2));
     let store = TwoTierBackend::builder("us-east", connect(regional.url()), connect(global.url()))
         .wan_rtt(Duration::from_millis(20))
         .build()
@@ -616,4 +604,46 @@ fn a_lease_leaves_room_for_units_of_the_previous_window_still_held() {
     assert_eq!(back[0], 0, "{back:?}");
     let freed = global_call(&mut connection, "b", w + 1_930, 10, (0, 0), (0, 0), 0);
     assert_eq!(freed[0], 10, "a's units went back: {freed:?}");
+}
+
+/// Each WAN call is counted by its result in `tollgate_wan_calls_total`: units leased,
+/// an answer with none (the limit used up), and no answer (the global store cut off).
+#[test]
+fn wan_calls_are_counted_by_result() {
+    let global = RedisServer::start();
+    let regional = RedisServer::start();
+    let wan = FaultProxy::start(global.port());
+    let ((), snapshot) = with_recorder(|_| async {
+        let connect = |url: String| redis_backend(url, Duration::from_secs(2));
+        let store = TwoTierBackend::builder("us-east", connect(regional.url()), connect(wan.url()))
+            .wan_rtt(Duration::from_millis(20))
+            .wan_timeout(Duration::from_millis(200))
+            .build()
+            .expect("a valid region");
+        let limiter = orders_limiter(
+            &store,
+            Policy::sliding_window("per-minute", Quota::per_minute(5)),
+        );
+        let acme = Caller::new("acme");
+        // More than the limit: leased, then answered with nothing.
+        for _ in 0..20 {
+            limiter.check(&acme).await;
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        wan.set(Fault::Blackhole);
+        for _ in 0..10 {
+            limiter.check(&acme).await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+    });
+    let calls = |result: &str| {
+        counter(
+            &snapshot,
+            "tollgate_wan_calls_total",
+            &[("region", "us-east"), ("result", result)],
+        )
+    };
+    assert!(calls("granted") >= 1, "granted: {}", calls("granted"));
+    assert!(calls("empty") >= 1, "empty: {}", calls("empty"));
+    assert!(calls("failed") >= 1, "failed: {}", calls("failed"));
 }

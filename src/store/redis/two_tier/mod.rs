@@ -105,6 +105,8 @@ struct TwoTier {
     rtt_us: AtomicU64,
     /// WAN calls made from this instance.
     calls: AtomicU64,
+    /// The same, by outcome, for the metrics recorder in force when the store was built.
+    outcomes: wan::Outcomes,
 }
 
 /// Builds a [`TwoTierBackend`]; from [`TwoTierBackend::builder`].
@@ -256,6 +258,7 @@ impl TwoTierBuilder {
         let wan_timeout = self.wan_timeout.unwrap_or(self.wan_rtt * 3);
         let millis = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
         let claim = self.global.connect_timeout() + wan_timeout + self.regional.response_timeout();
+        let outcomes = wan::Outcomes::new(&self.region);
         Ok(TwoTierBackend {
             inner: Arc::new(TwoTier {
                 region: self.region,
@@ -268,6 +271,7 @@ impl TwoTierBuilder {
                 claim_ms: millis(claim).max(1),
                 rtt_us: AtomicU64::new(rtt_us),
                 calls: AtomicU64::new(0),
+                outcomes,
             }),
         })
     }

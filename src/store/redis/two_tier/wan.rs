@@ -33,6 +33,41 @@ struct Grant {
     at_ms: u64,
 }
 
+/// The WAN calls' outcomes as a metric: `tollgate_wan_calls_total{region, result}`.
+const WAN_CALLS: &str = "tollgate_wan_calls_total";
+
+/// A region's counters of WAN calls by outcome, registered once, when the store is built.
+pub(super) struct Outcomes {
+    granted: metrics::Counter,
+    empty: metrics::Counter,
+    failed: metrics::Counter,
+}
+
+impl Outcomes {
+    pub(super) fn new(region: &str) -> Self {
+        // Described at each build, so a recorder installed after an earlier store gets it.
+        metrics::describe_counter!(
+            WAN_CALLS,
+            metrics::Unit::Count,
+            "Calls a two-tier store's region made to the global store, by region and result \
+             (granted: units leased; empty: answered with none; failed: no answer in time, or \
+             an error, which cuts the region off)."
+        );
+        let counter = |result: &'static str| metrics::counter!(WAN_CALLS, "region" => region.to_owned(), "result" => result);
+        Self {
+            granted: counter("granted"),
+            empty: counter("empty"),
+            failed: counter("failed"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Outcomes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outcomes").finish_non_exhaustive()
+    }
+}
+
 /// How many times a refill that came back empty, to a region that holds nothing, is asked
 /// again before the next request asks.
 const EMPTY_RETRIES: u32 = 3;
@@ -59,8 +94,15 @@ pub(super) async fn call(
             return;
         }
         tokio::time::sleep(Duration::from_millis(two_tier.horizon_ms / 2 + 1)).await;
-        let Ok(decided) =
-            regional::decide(&two_tier, &caller, &limits, 0, refill.limit, refill.window_ms).await
+        let Ok(decided) = regional::decide(
+            &two_tier,
+            &caller,
+            &limits,
+            0,
+            refill.limit,
+            refill.window_ms,
+        )
+        .await
         else {
             return;
         };
@@ -112,10 +154,15 @@ async fn call_once(
                 share: grant.share,
             };
             let _ = regional::answered(two_tier, caller, limits, refill, answer).await;
+            match grant.granted {
+                0 => two_tier.outcomes.empty.increment(1),
+                _ => two_tier.outcomes.granted.increment(1),
+            }
             Some(grant.granted)
         }
         Ok(Err(error)) => {
             tracing::debug!(%error, region = %two_tier.region, "tollgate: the global store failed a lease; the region counts itself cut off");
+            two_tier.outcomes.failed.increment(1);
             let _ = regional::failed(two_tier, caller, limits, refill).await;
             None
         }
@@ -125,6 +172,7 @@ async fn call_once(
                 region = %two_tier.region,
                 "tollgate: the global store did not answer a lease in time; the region counts itself cut off"
             );
+            two_tier.outcomes.failed.increment(1);
             let _ = regional::failed(two_tier, caller, limits, refill).await;
             None
         }
