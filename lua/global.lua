@@ -16,6 +16,8 @@
 --            <region>:hu, :hw   the most leased units it may hold since its last call (what
 --                        it said it held, and what it was granted), and the start of the
 --                        window they were counted in
+--            <region>:pu units of the window before that it may still spend until its
+--                        answer puts them back
 -- ARGV     limit, window_ms, region, by ('weight' or 'demand'), weight, all weights,
 --          ack used, ack share, ack time (-1 for no snapshot), what the region's share
 --          admitted as a sliding window counter (start, previous, current), demand, want,
@@ -189,6 +191,8 @@ for name, record in pairs(regions) do
     reserved_at_end = math.max(reserved_at_end, room_of(record, window_end))
     if record.hw == s - window then
       bridging = bridging + (record.hu or 0)
+    elseif record.hw == s then
+      bridging = bridging + (record.pu or 0)
     end
   end
 end
@@ -198,15 +202,17 @@ end
 local bridging_now = ceil_div(bridging * (now - s), window)
 local granted = math.max(0, math.min(want, limit - reserved - used - bridging_now,
   limit - reserved_at_end - used_at_end - bridging))
--- What the region may hold from now on: the answer puts back units of an earlier window
--- than its grant's.
+-- What the region may hold from now on. The answer puts back units of an earlier window
+-- than its grant's, but until it arrives they may still be spent.
 if granted > 0 then
-  mine.hu, mine.hw = granted, s
+  mine.hu, mine.hw, mine.pu = granted, s, 0
   if held_window == s then
     mine.hu = granted + held
+  elseif held_window == s - window then
+    mine.pu = held
   end
 else
-  mine.hu, mine.hw = held, held_window
+  mine.hu, mine.hw, mine.pu = held, held_window, 0
 end
 c = c + granted
 used = ceil_div(used_scaled(s, p, c, window, now), window)
@@ -216,7 +222,7 @@ mine.su, mine.ss, mine.sa = used, share, now
 -- 4. Written back; the record lasts as long as a region could still be remembered.
 local out = { 's', s, 'p', p, 'c', c }
 for _, field in ipairs({ 'ku', 'ks', 'ka', 'su', 'ss', 'sa', 'd', 'w', 'xs', 'xp', 'xc', 'hu',
-  'hw' }) do
+  'hw', 'pu' }) do
   if mine[field] ~= nil then
     table.insert(out, region .. ':' .. field)
     table.insert(out, mine[field])
