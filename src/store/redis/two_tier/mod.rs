@@ -37,8 +37,8 @@ use crate::store::policy::Policy;
 /// to a region that holds nothing is asked again half a horizon later, a few times.
 ///
 /// A WAN call that gets no answer within the [timeout](TwoTierBuilder::wan_timeout) cuts
-/// the region off: it spends the units it holds, then admits up to its share of the limit
-/// (its part of the regions' demand, or of their
+/// the region off: it spends the units it holds while their window lasts, then admits up
+/// to its share of the limit (its part of the regions' demand, or of their
 /// [weights](TwoTierBuilder::share_by_weight)), started as the limiter's local share starts
 /// (from its part of the count the global store last gave, with the room it had then), and
 /// tries the global store again every [probe](TwoTierBuilder::probe_every). The global
