@@ -112,8 +112,8 @@ p, c = p + op + mp, c + oc + mc
 local holds = ack_at >= 0
 local same = holds and mine.ka == ack_at and mine.ku == ack_used and mine.ks == ack_share
 if same then
-  mine.xs, mine.xp, mine.xc = rolled(mine.xs or 0, mine.xp or 0, mine.xc or 0, window, now)
-  mine.xs, mine.xp, mine.xc = math.max(mine.xs, os), mine.xp + op, mine.xc + oc
+  mine.xs, mine.xp, mine.xc = added(mine.xs or 0, mine.xp or 0, mine.xc or 0, os, op, oc,
+    window, now)
 else
   mine.xs, mine.xp, mine.xc = 0, 0, 0
 end
@@ -143,9 +143,8 @@ end
 -- it in that answer's window, then what it admitted since.
 local function room_from(used, share, at, xs, xp, xc, t)
   local seed = ceil_div(math.min(used, limit) * share, math.max(limit, 1))
-  local ss, sp, sc = rolled(at - at % window, 0, seed, window, t)
-  xs, xp, xc = rolled(xs, xp, xc, window, t)
-  return room(share, math.max(ss, xs), sp + xp, sc + xc, window, t)
+  local ss, sp, sc = added(at - at % window, 0, seed, xs, xp, xc, window, t)
+  return room(share, ss, sp, sc, window, t)
 end
 
 -- The most a region could admit on its share at `t`, were it cut off now.

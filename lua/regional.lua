@@ -225,12 +225,9 @@ if op == 'failed' then
   r.np = now + probe
   -- The global store may or may not have counted what the call owed: owed again, counted
   -- twice at worst, never not at all.
-  local os, op, oc = rolled(n(ARGV[6]), n(ARGV[7]), n(ARGV[8]), window, now)
-  r.os, r.op, r.oc = rolled(r.os, r.op, r.oc, window, now)
-  r.os, r.op, r.oc = math.max(r.os, os), r.op + op, r.oc + oc
-  local ms, mp, mc = rolled(n(ARGV[9]), n(ARGV[10]), n(ARGV[11]), window, now)
-  r.ms, r.mp, r.mc = rolled(r.ms, r.mp, r.mc, window, now)
-  r.ms, r.mp, r.mc = math.max(r.ms, ms), r.mp + mp, r.mc + mc
+  r.os, r.op, r.oc = added(r.os, r.op, r.oc, n(ARGV[6]), n(ARGV[7]), n(ARGV[8]), window, now)
+  r.ms, r.mp, r.mc = added(r.ms, r.mp, r.mc, n(ARGV[9]), n(ARGV[10]), n(ARGV[11]), window,
+    now)
   if r.cut == 0 then
     r.cut = 1
     if r.su and limit > 0 then

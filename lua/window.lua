@@ -14,6 +14,13 @@ local function rolled(start, previous, current, window, t)
   return s, 0, 0
 end
 
+-- Two counters of one window added, both moved on to `t`.
+local function added(s1, p1, c1, s2, p2, c2, window, t)
+  s1, p1, c1 = rolled(s1, p1, c1, window, t)
+  s2, p2, c2 = rolled(s2, p2, c2, window, t)
+  return math.max(s1, s2), p1 + p2, c1 + c2
+end
+
 -- What it holds at `t`, times the window (exact in integers).
 local function used_scaled(start, previous, current, window, t)
   start, previous, current = rolled(start, previous, current, window, t)
