@@ -604,16 +604,17 @@ impl Backend for RedisBackend {
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let keys = self.keys(caller, limits);
-        let (script, source, args) = match &**limits {
-            [policy] if policy.lockout_ms().is_none() => match *policy.algorithm() {
-                Algorithm::TokenBucket {
-                    rate,
-                    period_ms,
-                    burst,
-                } => (&*BUCKET, BUCKET_SOURCE, vec![rate, period_ms, burst, cost]),
-                _ => (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost)),
-            },
-            _ => (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost)),
+        let (script, source, args) = if let [policy] = &**limits
+            && policy.lockout_ms().is_none()
+            && let Algorithm::TokenBucket {
+                rate,
+                period_ms,
+                burst,
+            } = *policy.algorithm()
+        {
+            (&*BUCKET, BUCKET_SOURCE, vec![rate, period_ms, burst, cost])
+        } else {
+            (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost))
         };
         let count = limits.len();
         let connection = self.connection.clone();

@@ -37,6 +37,7 @@ struct Grant {
 const WAN_CALLS: &str = "tollgate_wan_calls_total";
 
 /// A region's counters of WAN calls by outcome, registered once, when the store is built.
+#[derive(Debug)]
 pub(super) struct Outcomes {
     granted: metrics::Counter,
     empty: metrics::Counter,
@@ -59,12 +60,6 @@ impl Outcomes {
             empty: counter("empty"),
             failed: counter("failed"),
         }
-    }
-}
-
-impl std::fmt::Debug for Outcomes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Outcomes").finish_non_exhaustive()
     }
 }
 
@@ -136,35 +131,11 @@ async fn call_once(
     )
     .await;
     let elapsed = started.elapsed();
-    match answer {
-        Ok(Ok(grant)) => {
-            two_tier.measured(elapsed);
-            let window_ms = refill.window_ms.max(1);
-            // Their global window ends this much after the answer arrives, which spent
-            // about half the round trip on its way back.
-            let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
-            let spendable_ms =
-                (window_ms - grant.at_ms % window_ms).saturating_sub(elapsed_ms.div_ceil(2));
-            let answer = Answered {
-                granted: grant.granted,
-                asked: refill.want,
-                spendable_ms,
-                counted_at_ms: grant.at_ms,
-                used: grant.used,
-                share: grant.share,
-            };
-            let _ = regional::answered(two_tier, caller, limits, refill, answer).await;
-            match grant.granted {
-                0 => two_tier.outcomes.empty.increment(1),
-                _ => two_tier.outcomes.granted.increment(1),
-            }
-            Some(grant.granted)
-        }
+    let grant = match answer {
+        Ok(Ok(grant)) => grant,
         Ok(Err(error)) => {
             tracing::debug!(%error, region = %two_tier.region, "tollgate: the global store failed a lease; the region counts itself cut off");
-            two_tier.outcomes.failed.increment(1);
-            let _ = regional::failed(two_tier, caller, limits, refill).await;
-            None
+            return cut_off(two_tier, caller, limits, refill).await;
         }
         Err(_) => {
             tracing::debug!(
@@ -172,11 +143,42 @@ async fn call_once(
                 region = %two_tier.region,
                 "tollgate: the global store did not answer a lease in time; the region counts itself cut off"
             );
-            two_tier.outcomes.failed.increment(1);
-            let _ = regional::failed(two_tier, caller, limits, refill).await;
-            None
+            return cut_off(two_tier, caller, limits, refill).await;
         }
+    };
+    two_tier.measured(elapsed);
+    let window_ms = refill.window_ms.max(1);
+    // Their global window ends this much after the answer arrives, which spent about half
+    // the round trip on its way back.
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    let spendable_ms = (window_ms - grant.at_ms % window_ms).saturating_sub(elapsed_ms.div_ceil(2));
+    let answer = Answered {
+        granted: grant.granted,
+        asked: refill.want,
+        spendable_ms,
+        counted_at_ms: grant.at_ms,
+        used: grant.used,
+        share: grant.share,
+    };
+    let _ = regional::answered(two_tier, caller, limits, refill, answer).await;
+    match grant.granted {
+        0 => two_tier.outcomes.empty.increment(1),
+        _ => two_tier.outcomes.granted.increment(1),
     }
+    Some(grant.granted)
+}
+
+/// A call without an answer: counted, and written into the region's record, which counts
+/// itself cut off. Always `None`.
+async fn cut_off(
+    two_tier: &TwoTier,
+    caller: &CallerKey,
+    limits: &[Policy],
+    refill: &Refill,
+) -> Option<u64> {
+    two_tier.outcomes.failed.increment(1);
+    let _ = regional::failed(two_tier, caller, limits, refill).await;
+    None
 }
 
 /// One call of the global script. What was to be counted is owed again when it fails,
