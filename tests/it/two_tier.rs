@@ -70,6 +70,21 @@ fn redis_backend(url: String, response_timeout: Duration) -> RedisBackend {
         .expect("valid URL")
 }
 
+/// Waits until `ready` answers true, asking every `every`; fails saying `what` after
+/// `within`.
+async fn eventually(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut ready: impl AsyncFnMut() -> bool,
+) {
+    let deadline = std::time::Instant::now() + within;
+    while !ready().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The demo's limiter on a region's store: the one policy, a second to decide.
 fn orders_limiter(store: &TwoTierBackend, policy: Policy) -> Limiter {
     Limiter::builder()
@@ -384,11 +399,13 @@ async fn a_regions_own_redis_lost_meets_the_failure_policy() {
     let bucket = limiter(Policy::token_bucket("bucket", Quota::per_second(10), 10));
     let acme = Caller::new("acme");
     // The first lease comes back a round trip after the first request.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !windowed.check(&acme).await.is_allowed() {
-        assert!(std::time::Instant::now() < deadline, "no lease came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "no lease came",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || windowed.check(&acme).await.is_allowed(),
+    )
+    .await;
     let refused = bucket.check(&acme).await;
     assert!(
         matches!(refused, Decision::Unavailable { .. }),
@@ -402,14 +419,13 @@ async fn a_regions_own_redis_lost_meets_the_failure_policy() {
         "{refused:?}"
     );
     regional.restart();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !windowed.check(&acme).await.is_allowed() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not back after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "not back after the restart",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        async || windowed.check(&acme).await.is_allowed(),
+    )
+    .await;
 }
 
 /// A call answered after the region's record of the caller has expired (the caller sent
@@ -446,14 +462,13 @@ async fn an_answer_after_the_record_expired_is_written_down() {
         "the record expired"
     );
     // The first call also caches the script at the global store: two delayed round trips.
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while regional.must(&["EXISTS", key]).trim() != "1" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the answer did not make the record again"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the answer did not make the record again",
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        async || regional.must(&["EXISTS", key]).trim() == "1",
+    )
+    .await;
 }
 
 /// A leased unit spent after the window it was counted in has ended is counted in the
@@ -490,11 +505,13 @@ async fn a_unit_spent_after_its_window_is_counted_in_the_window_it_was_spent_in(
     tokio::time::sleep(into_next_window()).await;
     let first = limiter.check(&Caller::new("acme")).await;
     assert!(!first.is_allowed(), "no lease yet: {first:?}");
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    while field("c") == 0 {
-        assert!(std::time::Instant::now() < deadline, "no lease came");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "no lease came",
+        Duration::from_secs(1),
+        Duration::from_millis(20),
+        async || field("c") != 0,
+    )
+    .await;
     // Let the answer be written down in the region.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let leased = field("c");
@@ -508,14 +525,13 @@ async fn a_unit_spent_after_its_window_is_counted_in_the_window_it_was_spent_in(
     // The call that follows moves the unit: one less in the previous window, one more in
     // this one besides the new lease, which the region holds whole (the units of the
     // previous window it held went back with that answer, to be given back next call).
-    let deadline = std::time::Instant::now() + Duration::from_secs(1);
-    while field("p") == leased {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the unit was not moved"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "the unit was not moved",
+        Duration::from_secs(1),
+        Duration::from_millis(20),
+        async || field("p") != leased,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let held: u64 = regional
         .must(&["HGET", "rl:{acme}:per-two-seconds:regional", "h"])
