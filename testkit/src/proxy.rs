@@ -7,6 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,6 +61,8 @@ impl State {
 pub struct FaultProxy {
     port: u16,
     state: Arc<watch::Sender<State>>,
+    /// How many connections have data held by a blackhole now.
+    held: Arc<AtomicUsize>,
     stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -76,20 +79,27 @@ impl FaultProxy {
             named: None,
         });
         let state = Arc::new(state);
+        let held = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = {
             let state = state.clone();
+            let held = held.clone();
             std::thread::spawn(move || {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
-                runtime.block_on(run(port, upstream_port, state, listener, stopped));
+                let upstream = Upstream {
+                    port: upstream_port,
+                    held,
+                };
+                runtime.block_on(run(port, upstream, state, listener, stopped));
             })
         };
         Self {
             port,
             state,
+            held,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -103,6 +113,13 @@ impl FaultProxy {
     /// `redis://127.0.0.1:<proxy port>/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// How many connections have data the proxy read and holds now, under a blackhole (its
+    /// own or one for named clients). A test waits for this before it ends the fault, so
+    /// that the connection it checks was held, however late the proxy's thread ran.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// Switches the fault; takes effect at once, on live connections too.
@@ -165,9 +182,16 @@ impl Drop for FaultProxy {
     }
 }
 
+/// Where the proxy forwards to, and its count of held connections.
+#[derive(Clone)]
+struct Upstream {
+    port: u16,
+    held: Arc<AtomicUsize>,
+}
+
 async fn run(
     port: u16,
-    upstream_port: u16,
+    upstream: Upstream,
     state: Arc<watch::Sender<State>>,
     initial: std::net::TcpListener,
     stopped: std::sync::mpsc::Receiver<()>,
@@ -193,7 +217,7 @@ async fn run(
         tokio::select! {
             accepted = accept(listener.as_ref()) => {
                 if let Some((client, _)) = accepted {
-                    tokio::spawn(serve(client, upstream_port, state.subscribe()));
+                    tokio::spawn(serve(client, upstream.clone(), state.subscribe()));
                 }
             }
             _ = changes.changed() => {}
@@ -209,7 +233,7 @@ async fn accept(listener: Option<&TcpListener>) -> Option<(TcpStream, SocketAddr
     }
 }
 
-async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver<State>) {
+async fn serve(client: TcpStream, upstream: Upstream, mut state: watch::Receiver<State>) {
     let (generation, first_bytes_delay) = {
         let state = state.borrow();
         (state.generation, state.first_bytes_delay)
@@ -223,14 +247,17 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
     };
     first.truncate(read);
     let name = client_name(&first);
+    // The fault as of the first bytes: a blackhole that ends while the upstream connection
+    // is made still cuts this connection.
+    let first_fault = state.borrow_and_update().fault_for(name.as_deref());
     if state.borrow().named_fault_for(name.as_deref()) == Some(Fault::Refuse) {
         return;
     }
-    let Ok(upstream) = TcpStream::connect(("127.0.0.1", upstream_port)).await else {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream.port)).await else {
         return;
     };
-    let _ = upstream.set_nodelay(true);
-    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let _ = server.set_nodelay(true);
+    let (mut upstream_read, mut upstream_write) = server.into_split();
     let requests = pump(
         &mut client_read,
         &mut upstream_write,
@@ -240,6 +267,7 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
             requests: true,
             first_delay: first_bytes_delay,
             first: Some(first),
+            held: upstream.held.clone(),
         },
     );
     let replies = pump(
@@ -251,10 +279,11 @@ async fn serve(client: TcpStream, upstream_port: u16, mut state: watch::Receiver
             requests: false,
             first_delay: first_bytes_delay,
             first: None,
+            held: upstream.held.clone(),
         },
     );
     let cut = async {
-        let mut was = state.borrow().fault_for(name.as_deref());
+        let mut was = first_fault;
         while state.changed().await.is_ok() {
             let state = state.borrow();
             if state.generation != generation {
@@ -301,6 +330,8 @@ struct Pumped {
     first_delay: Duration,
     /// A first chunk already read.
     first: Option<Vec<u8>>,
+    /// The proxy's count of connections held now.
+    held: Arc<AtomicUsize>,
 }
 
 /// Copies one direction, obeying the fault before each chunk is forwarded; the first
@@ -318,6 +349,7 @@ async fn pump(
         requests,
         mut first_delay,
         mut first,
+        held,
     } = pumped;
     let (forward, mut forwarded) =
         tokio::sync::mpsc::unbounded_channel::<(Option<tokio::time::Instant>, Vec<u8>)>();
@@ -337,6 +369,7 @@ async fn pump(
             if !first_delay.is_zero() {
                 tokio::time::sleep(std::mem::take(&mut first_delay)).await;
             }
+            let mut holding = None;
             let due = loop {
                 let fault = state.borrow_and_update().fault_for(name.as_deref());
                 match fault {
@@ -347,12 +380,14 @@ async fn pump(
                     Fault::Delay(_) => break None,
                     // Hold the data; the connection is cut when the fault changes.
                     Fault::Blackhole | Fault::Refuse => {
+                        holding.get_or_insert_with(|| Holding::new(&held));
                         if state.changed().await.is_err() {
                             return;
                         }
                     }
                 }
             };
+            drop(holding);
             if forward.send((due, buffer[..read].to_vec())).is_err() {
                 return;
             }
@@ -369,6 +404,23 @@ async fn pump(
         }
     };
     tokio::join!(reader, writer);
+}
+
+/// One connection counted as held while this lives (the connection may be dropped while
+/// held: the count goes down then too).
+struct Holding(Arc<AtomicUsize>);
+
+impl Holding {
+    fn new(held: &Arc<AtomicUsize>) -> Self {
+        held.fetch_add(1, Ordering::SeqCst);
+        Self(held.clone())
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Whether a TCP connection to `port` on loopback succeeds now.

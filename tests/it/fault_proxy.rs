@@ -130,9 +130,18 @@ fn a_fault_for_named_clients_leaves_the_others_alone() {
     let mut held = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
     held.write_all(b"CLIENT SETNAME sentinel-1234abcd-cmd\r\n")
         .unwrap();
-    // Held, not answered, before the fault ends: on a busy machine the proxy may take
-    // longer than a fixed pause to read the name, and would then pass the command on.
-    held.set_read_timeout(Some(Duration::from_millis(500)))
+    // Held, not answered, before the fault ends: on a busy machine the proxy's thread may
+    // read the name later than any fixed pause, so wait until it says it holds the data:
+    // this connection's and that of the named client above, whose bytes it read too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while proxy.held() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy never held the named connection"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    held.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut buffer = [0u8; 16];
     assert!(
