@@ -51,7 +51,11 @@
 -- keeps the expiry. Older versions of this script set it 2w after their own time, at or
 -- after s: never earlier than this rule.
 --
--- The token bucket. Its key holds a string, "<l>:<t>":
+-- The token bucket. Its key holds a string of 17 bytes, struct.pack('<xdd', l, t): a zero
+-- byte (no older form starts with one), then two little-endian doubles, exact as every
+-- value here is an integer below 2^53. One C call reads or writes both, where the text
+-- form before it, "<l>:<t>", took a search, two cuts and two conversions (a tenth of the
+-- decision's time); that form is still read, and replaced by the first write.
 --   l = level in units where one token is `period` units and `rate` units flow in per ms,
 --   t = when the level was computed (ms); after `now` while the caller is in debt (a
 --       charge took more tokens than there were): the level, 0, refills only from then.
@@ -212,9 +216,14 @@ for i = 1, policies do
     local level, updated
     local stored = redis.pcall('GET', KEYS[i])
     if type(stored) == 'string' then
-      local split = string.find(stored, ':', 1, true)
-      if split then
-        level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
+      if string.byte(stored) == 0 then
+        level, updated = struct.unpack('<xdd', stored)
+      else
+        -- "<l>:<t>", written by an earlier version of this script: read, and replaced below
+        local split = string.find(stored, ':', 1, true)
+        if split then
+          level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
+        end
       end
     elseif stored then
       -- a hash, written by an earlier version of this script: its l and t are read, and
@@ -446,7 +455,7 @@ for i = 1, policies do
       end
       -- one command: the state, and the key's end when the level has refilled (a missing
       -- key reads as a full bucket)
-      redis.call('SET', KEYS[i], string.format('%d:%d', level, at), 'PXAT', at + ceil_div(burst * period - level, rate))
+      redis.call('SET', KEYS[i], struct.pack('<xdd', level, at), 'PXAT', at + ceil_div(burst * period - level, rate))
     end
     if not ((fits and remaining >= burst) or wanted > burst or refunding) then
       local missing = wanted * period - level

@@ -2,9 +2,9 @@
 -- there is, in a script of its own: lua/policies.lua decides it too, to the unit, but
 -- Redis runs a script's whole body per call, and that one's loops over policies, kinds
 -- and operations cost a token bucket nearly half of each decision. Same key, same form
--- ("<l>:<t>", an older hash read once), same arithmetic, same reply: either script may
--- follow the other on a key, and lua/policies.lua does everything else (leases, refunds,
--- charges, lockouts, several policies).
+-- (see lua/policies.lua; the older forms read once), same arithmetic, same reply: either
+-- script may follow the other on a key, and lua/policies.lua does everything else (leases,
+-- refunds, charges, lockouts, several policies).
 --
 -- KEYS[1]  the policy's key
 -- ARGV     rate, period_ms, burst, cost
@@ -18,9 +18,14 @@ local capacity = burst * period
 local level, updated
 local stored = redis.pcall('GET', KEYS[1])
 if type(stored) == 'string' then
-  local split = string.find(stored, ':', 1, true)
-  if split then
-    level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
+  if string.byte(stored) == 0 then
+    level, updated = struct.unpack('<xdd', stored)
+  else
+    -- "<l>:<t>", written by an earlier version of these scripts: read, and replaced below
+    local split = string.find(stored, ':', 1, true)
+    if split then
+      level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
+    end
   end
 elseif stored then
   -- a hash, written by an earlier version of lua/policies.lua: read, and replaced below
@@ -55,7 +60,7 @@ local wanted = cost
 if fits then
   remaining = remaining - cost
   level = level - cost * period
-  redis.call('SET', KEYS[1], string.format('%d:%d', level, at), 'PXAT', at + ceil_div(capacity - level, rate))
+  redis.call('SET', KEYS[1], struct.pack('<xdd', level, at), 'PXAT', at + ceil_div(capacity - level, rate))
   wanted = remaining + 1
 end
 local reset = 0

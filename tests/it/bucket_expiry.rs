@@ -1,7 +1,7 @@
-//! A token bucket's key in Redis holds its level and time in one value, written with its
-//! end in one command: it ends exactly when its state has refilled, whichever operation wrote
-//! it last (a decision, a lease, a refund), and a key an older version of the script wrote
-//! (a hash) is read, then replaced.
+//! A token bucket's key in Redis holds its level and time in one value, packed, written
+//! with its end in one command: it ends exactly when its state has refilled, whichever
+//! operation wrote it last (a decision, a lease, a refund), and a key an older version of
+//! the scripts wrote (a hash, or the text "<level>:<time>") is read, then replaced.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,18 +38,17 @@ impl Bucket {
     /// t + ceil((capacity - l) / rate), on the server's clock.
     fn assert_ends_when_refilled(&self, server: &RedisServer, key: &str, after: &str) {
         // The value and its absolute expiry, read together by one script.
-        let read = server.must(&[
-            "EVAL",
-            "return { redis.call('PEXPIRETIME', KEYS[1]), redis.call('GET', KEYS[1]) }",
-            "1",
-            key,
-        ]);
-        let mut lines = read.lines();
-        let expires_at: i64 = lines.next().unwrap().trim().parse().unwrap();
-        let stored = lines.next().unwrap_or_default().trim().to_owned();
-        let (level, updated) = stored
-            .split_once(':')
-            .and_then(|(l, t)| Some((l.parse::<u64>().ok()?, t.parse::<u64>().ok()?)))
+        let mut connection = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let (expires_at, stored): (i64, Vec<u8>) = redis::cmd("EVAL")
+            .arg("return { redis.call('PEXPIRETIME', KEYS[1]), redis.call('GET', KEYS[1]) }")
+            .arg(1)
+            .arg(key)
+            .query(&mut connection)
+            .unwrap();
+        let (level, updated) = bucket_state(&stored)
             .unwrap_or_else(|| panic!("after {after}: {key} holds {stored:?}"));
         let refilled_at = updated + (self.burst * self.period_ms - level).div_ceil(self.rate);
         assert_eq!(
@@ -58,6 +57,20 @@ impl Bucket {
              {refilled_at}, but ends at {expires_at}"
         );
     }
+}
+
+/// A token bucket's level and time as the scripts store them: a zero byte, then the two as
+/// little-endian doubles (integers, exact below 2^53); `None` for any other value.
+pub(crate) fn bucket_state(stored: &[u8]) -> Option<(u64, u64)> {
+    let [0, rest @ ..] = stored else {
+        return None;
+    };
+    let (level, time) = rest.split_at_checked(8)?;
+    let number = |bytes: &[u8]| -> Option<u64> {
+        let value = f64::from_le_bytes(bytes.try_into().ok()?);
+        (value >= 0.0 && value.fract() == 0.0 && value < 2f64.powi(53)).then_some(value as u64)
+    };
+    Some((number(level)?, number(time)?))
 }
 
 /// How many times redis-server ran `command` (scripts' own calls included).
@@ -130,19 +143,16 @@ async fn the_key_ends_when_each_state_written_has_refilled() {
     bucket.assert_ends_when_refilled(&server, &key, "a refund of a lease");
 }
 
-/// An older version of the script kept a bucket in a hash (l, t, and x, a time before which
-/// the key did not expire): its state goes on, read from the hash, until a write replaces it.
-#[tokio::test]
-async fn a_bucket_an_older_script_wrote_is_read_then_replaced() {
-    const OLDER_WRITE: &str = r"
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-redis.call('HSET', KEYS[1], 'l', ARGV[1], 't', now, 'x', now + ARGV[2])
-redis.call('PEXPIREAT', KEYS[1], now + ARGV[2])
-return now
-";
+/// A bucket of 10 tokens a second, 20 at most, that `older_write` (a script: ARGV the level,
+/// then how long a full refill takes) left empty in an older form. A refusal writes
+/// nothing, so the older form stands (`still_older` says so); the first token refills from
+/// its time, within 100 ms, and the admission that takes it writes the packed form, which
+/// ends when it has refilled. Returns what a test goes on with.
+async fn an_older_form_is_read_then_replaced(
+    older_write: &str,
+    still_older: impl Fn(&RedisServer, &str) -> bool,
+) -> (RedisServer, Bucket, RedisBackend, Arc<[Policy]>, String) {
     let server = RedisServer::start();
-    // 10 tokens a second, 20 at most: one token every 100 ms.
     let policy = Policy::new(
         "bucket",
         Algorithm::token_bucket(10, Duration::from_secs(1), 20),
@@ -152,14 +162,11 @@ return now
     let (store, limits, key) = bucket_store(&server, &policy);
     let acme = CallerKey::new("acme");
 
-    // The older script leaves the bucket empty.
-    server.must(&["EVAL", OLDER_WRITE, "1", &key, "0", &full_ms.to_string()]);
+    server.must(&["EVAL", older_write, "1", &key, "0", &full_ms.to_string()]);
     let refused = store.check(&acme, &limits, 1).await.unwrap();
     assert!(!refused.admitted(), "{refused:?}");
     assert_eq!(refused.limits()[0].remaining, 0);
-    // A refusal writes nothing: the hash stands.
-    assert_eq!(server.must(&["TYPE", &key]).trim(), "hash");
-    // The first token refills from the hash's time, within its 100 ms.
+    assert!(still_older(&server, &key), "a refusal wrote the bucket");
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -168,8 +175,59 @@ return now
         }
         assert!(Instant::now() < deadline, "no token came back in 1 s");
     }
+    bucket.assert_ends_when_refilled(&server, &key, "a decision after the older form");
+    (server, bucket, store, limits, key)
+}
+
+/// An older version of the script kept a bucket in a hash (l, t, and x, a time before which
+/// the key did not expire): its state goes on, read from the hash, until a write replaces it.
+#[tokio::test]
+async fn a_bucket_an_older_script_wrote_is_read_then_replaced() {
+    const HASH_WRITE: &str = r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('HSET', KEYS[1], 'l', ARGV[1], 't', now, 'x', now + ARGV[2])
+redis.call('PEXPIREAT', KEYS[1], now + ARGV[2])
+return now
+";
+    let is_hash = |server: &RedisServer, key: &str| server.must(&["TYPE", key]).trim() == "hash";
+    let (server, _, _, _, key) = an_older_form_is_read_then_replaced(HASH_WRITE, is_hash).await;
     assert_eq!(server.must(&["TYPE", &key]).trim(), "string");
-    bucket.assert_ends_when_refilled(&server, &key, "a decision after the older script's write");
+}
+
+/// Before the packed form, a bucket's key held the text "<level>:<time>": both scripts read
+/// it (the lone bucket's decision, and the general one's lease), and their first write
+/// replaces it.
+#[tokio::test]
+async fn a_bucket_in_the_text_form_is_read_then_replaced() {
+    const TEXT_WRITE: &str = r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('SET', KEYS[1], string.format('%d:%d', ARGV[1], now), 'PXAT', now + ARGV[2])
+return now
+";
+    // The text starts with a digit, the packed form with a zero byte.
+    let is_text = |server: &RedisServer, key: &str| {
+        let first = [
+            "EVAL",
+            "return string.byte(redis.call('GET', KEYS[1]))",
+            "1",
+            key,
+        ];
+        let first: u8 = server.must(&first).trim().parse().unwrap();
+        first.is_ascii_digit()
+    };
+    let (server, bucket, store, limits, key) =
+        an_older_form_is_read_then_replaced(TEXT_WRITE, is_text).await;
+
+    // Two tokens, in the text form: the general script leases exactly those.
+    let full_ms = (bucket.burst * bucket.period_ms).div_ceil(bucket.rate);
+    let level = (2 * bucket.period_ms).to_string();
+    server.must(&["EVAL", TEXT_WRITE, "1", &key, &level, &full_ms.to_string()]);
+    let acme = CallerKey::new("acme");
+    let grant = store.lease(&acme, &limits, 1, 5).unwrap().await.unwrap();
+    assert_eq!(grant.granted(), 2, "{grant:?}");
+    bucket.assert_ends_when_refilled(&server, &key, "a lease after the text form");
 }
 
 #[tokio::test]

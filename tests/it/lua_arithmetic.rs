@@ -159,7 +159,7 @@ fn assert_expiry(
             burst,
         } => {
             // The value and its expiry read together: a bucket that has refilled is gone.
-            let (expires_at, stored): (i64, Option<String>) = redis::cmd("EVAL")
+            let (expires_at, stored): (i64, Option<Vec<u8>>) = redis::cmd("EVAL")
                 .arg("return { redis.call('PEXPIRETIME', KEYS[1]), redis.call('GET', KEYS[1]) }")
                 .arg(1)
                 .arg(key)
@@ -168,9 +168,7 @@ fn assert_expiry(
             let Some(stored) = stored else {
                 return Ok(());
             };
-            let (level, updated) = stored
-                .split_once(':')
-                .and_then(|(l, t)| Some((l.parse::<u64>().ok()?, t.parse::<u64>().ok()?)))
+            let (level, updated) = crate::bucket_expiry::bucket_state(&stored)
                 .unwrap_or_else(|| panic!("after {after}: {key} holds {stored:?}"));
             let refilled_at = updated + (burst * period_ms - level).div_ceil(rate);
             prop_assert!(

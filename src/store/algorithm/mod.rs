@@ -28,7 +28,7 @@ const MAX_EXACT: u128 = 1 << 53;
 /// | algorithm | exact? | state per caller and policy |
 /// |---|---|---|
 /// | [`SlidingWindow`](Self::SlidingWindow) | approximate: a window of its length can hold more than the limit (measured at [`SlidingLog`](Self::SlidingLog)) | in process 32 bytes; in Redis a hash of 3 fields (about 80 bytes) |
-/// | [`TokenBucket`](Self::TokenBucket) | exact for its own rule (burst plus refill) | in process 32 bytes; in Redis a hash of 3 fields (about 80 bytes) |
+/// | [`TokenBucket`](Self::TokenBucket) | exact for its own rule (burst plus refill) | in process 32 bytes; in Redis a string of 17 bytes (its level and time) |
 /// | [`SlidingLog`](Self::SlidingLog) | exact: no window of its length ever holds more than the limit | one entry per admitted unit in the last window |
 ///
 /// ```
