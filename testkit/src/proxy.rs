@@ -384,6 +384,13 @@ async fn pump(
                         if state.changed().await.is_err() {
                             return;
                         }
+                        // Cut here too, before the held data goes on: the watcher in
+                        // `serve` may be polled after this direction and the other have
+                        // already forwarded the data and its answer.
+                        let now = state.borrow().fault_for(name.as_deref());
+                        if fault == Fault::Blackhole && now != Fault::Blackhole {
+                            return;
+                        }
                     }
                 }
             };
