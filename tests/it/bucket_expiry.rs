@@ -34,6 +34,14 @@ impl Bucket {
         }
     }
 
+    /// Writes `key` as an older version of the scripts would have: `older_write` is given
+    /// the level, then how long a full refill takes.
+    fn write_older(&self, server: &RedisServer, older_write: &str, key: &str, level: u64) {
+        let full_ms = (self.burst * self.period_ms).div_ceil(self.rate);
+        let (level, full_ms) = (level.to_string(), full_ms.to_string());
+        server.must(&["EVAL", older_write, "1", key, &level, &full_ms]);
+    }
+
     /// Asserts that `key` ends exactly when its stored level has refilled:
     /// t + ceil((capacity - l) / rate), on the server's clock.
     fn assert_ends_when_refilled(&self, server: &RedisServer, key: &str, after: &str) {
@@ -158,11 +166,10 @@ async fn an_older_form_is_read_then_replaced(
         Algorithm::token_bucket(10, Duration::from_secs(1), 20),
     );
     let bucket = Bucket::of(&policy);
-    let full_ms = (bucket.burst * bucket.period_ms).div_ceil(bucket.rate);
     let (store, limits, key) = bucket_store(&server, &policy);
     let acme = CallerKey::new("acme");
 
-    server.must(&["EVAL", older_write, "1", &key, "0", &full_ms.to_string()]);
+    bucket.write_older(&server, older_write, &key, 0);
     let refused = store.check(&acme, &limits, 1).await.unwrap();
     assert!(!refused.admitted(), "{refused:?}");
     assert_eq!(refused.limits()[0].remaining, 0);
@@ -221,9 +228,7 @@ return now
         an_older_form_is_read_then_replaced(TEXT_WRITE, is_text).await;
 
     // Two tokens, in the text form: the general script leases exactly those.
-    let full_ms = (bucket.burst * bucket.period_ms).div_ceil(bucket.rate);
-    let level = (2 * bucket.period_ms).to_string();
-    server.must(&["EVAL", TEXT_WRITE, "1", &key, &level, &full_ms.to_string()]);
+    bucket.write_older(&server, TEXT_WRITE, &key, 2 * bucket.period_ms);
     let acme = CallerKey::new("acme");
     let grant = store.lease(&acme, &limits, 1, 5).unwrap().await.unwrap();
     assert_eq!(grant.granted(), 2, "{grant:?}");
