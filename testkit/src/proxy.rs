@@ -249,8 +249,15 @@ async fn serve(client: TcpStream, upstream: Upstream, mut state: watch::Receiver
     let name = client_name(&first);
     // The fault as of the first bytes: a blackhole that ends while the upstream connection
     // is made still cuts this connection.
-    let first_fault = state.borrow_and_update().fault_for(name.as_deref());
-    if state.borrow().named_fault_for(name.as_deref()) == Some(Fault::Refuse) {
+    let (first_fault, refused) = {
+        let state = state.borrow_and_update();
+        let name = name.as_deref();
+        (
+            state.fault_for(name),
+            state.named_fault_for(name) == Some(Fault::Refuse),
+        )
+    };
+    if refused {
         return;
     }
     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream.port)).await else {
