@@ -160,6 +160,7 @@ impl Outcomes {
     }
 
     /// The outcomes `make` builds for each of `count` positions, in order.
+    #[inline]
     fn build(count: usize, mut make: impl FnMut(usize) -> PolicyOutcome) -> Self {
         match count {
             1 => Outcomes::One([make(0)]),
@@ -244,6 +245,7 @@ impl RateLimitInfo {
 
     /// The report of a store's answer about a request of `cost` units, made in one step (a
     /// decision is built on every request: no intermediate copies).
+    #[inline]
     pub(crate) fn of_store(
         set: ReportedSet,
         outcomes: &[PolicyOutcome],

@@ -567,6 +567,7 @@ impl Limiter {
 impl Inner {
     /// Shadows the decision in shadow mode, then counts it and records it on its span:
     /// every decision of the limiter passes here, once.
+    #[inline]
     fn conclude(
         &self,
         decision: Decision,
@@ -574,18 +575,29 @@ impl Inner {
         refusals: Refusals,
         span: Option<&Span>,
     ) -> Decision {
-        let decision = match (mode, decision) {
-            (Mode::Shadow, decision) => Decision::Shadowed(Box::new(decision)),
+        // The usual decision goes out as it came in, never taken apart and built again:
+        // it is moved on every request, and a rebuilt one was read back in another shape.
+        let decision = if mode == Mode::Shadow {
+            Decision::Shadowed(Box::new(decision))
+        } else if refusals == Refusals::LetThrough && matches!(decision, Decision::Limited(_)) {
             // A soft limit lets through what the policies refuse (a cost no quota admits
             // included), never what a store that failed closed refuses.
-            (_, Decision::Limited(info)) if refusals == Refusals::LetThrough => {
-                Decision::SoftLimited(info)
+            match decision {
+                Decision::Limited(info) => Decision::SoftLimited(info),
+                other => other,
             }
-            (_, decision) => decision,
+        } else {
+            decision
         };
-        self.metrics.decision(&decision);
-        telemetry::record_decision(span, &decision);
-        if let Decision::Limited(info) = &decision {
+        self.recorded(&decision, span);
+        decision
+    }
+
+    /// Counts `decision` and records it on its span.
+    fn recorded(&self, decision: &Decision, span: Option<&Span>) {
+        self.metrics.decision(decision);
+        telemetry::record_decision(span, decision);
+        if let Decision::Limited(info) = decision {
             tracing::debug!(
                 layer = %self.name,
                 policy = info.violated().next().map(|p| p.name()).unwrap_or_default(),
@@ -593,7 +605,6 @@ impl Inner {
                 "request refused"
             );
         }
-        decision
     }
 
     /// Counts a settlement, and logs one that failed: never an error for the request, what

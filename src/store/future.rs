@@ -33,6 +33,7 @@ enum State<T> {
 
 impl<T> StoreFuture<T> {
     /// An answer already known.
+    #[inline]
     pub fn ready(answer: T) -> Self {
         Self {
             state: State::Ready(Some(answer)),
@@ -55,6 +56,7 @@ impl<T> StoreFuture<T> {
     /// let mut boxed = StoreFuture::boxed(async { "admitted" });
     /// assert_eq!(boxed.try_take_ready(), None);
     /// ```
+    #[inline]
     pub fn try_take_ready(&mut self) -> Option<T> {
         match &mut self.state {
             State::Ready(answer) => answer.take(),
@@ -82,6 +84,7 @@ impl<T> fmt::Debug for StoreFuture<T> {
 impl<T> Future for StoreFuture<T> {
     type Output = T;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
         match &mut self.get_mut().state {
             State::Ready(answer) => Poll::Ready(

@@ -88,6 +88,7 @@ impl LocalPath {
     }
 
     /// The in-process store's decision, asked by a direct call: `None` for another store.
+    #[inline]
     pub(super) fn decide_now(
         &self,
         caller: &Caller,

@@ -48,6 +48,7 @@ impl Path {
 
     /// The decision of a store that answers within the call (the in-process store), made
     /// without a future around it; `None` for any other.
+    #[inline]
     pub(super) fn decide_now(
         &self,
         caller: &Caller,
@@ -177,6 +178,7 @@ fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo
 
 /// [`answered`] for an answer given as its parts: whether it admitted, each policy's
 /// outcome, and when it was counted.
+#[inline]
 fn answered_as(
     set: &PolicySet,
     admitted: bool,
@@ -199,6 +201,7 @@ fn answered_as(
 }
 
 /// The decision of a store's answer, once what it reports is known.
+#[inline]
 fn decision(admitted: bool, info: RateLimitInfo) -> Decision {
     if admitted {
         Decision::Allowed(info)
