@@ -126,19 +126,63 @@ pub struct RateLimitInfo {
     // so the HTTP floor can cache that part per set.
     set: ReportedSet,
     outcomes: Outcomes,
-    source: DecisionSource,
     cost: u64,
-    // What an admission consumed and where, so that it can be given back.
-    receipt: Option<Receipt>,
+    // What an admission consumed and where, so that it can be given back: its receipt's
+    // numbers, whether there is one in `receipt`. Kept apart so that the report's small
+    // fields share one word: a decision is moved on every request.
+    counted_at_ms: u64,
+    set_id: u64,
+    source: DecisionSource,
+    receipt: Receipted,
+}
+
+/// Whether a report carries a receipt, and whose counters it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Receipted {
+    No,
+    Store,
+    StoreAndShare,
 }
 
 /// Each policy's numbers of one decision. One or two policies (the usual sets) are kept
 /// inline; longer sets share one allocation.
 #[derive(Clone, Debug)]
 enum Outcomes {
-    One([PolicyOutcome; 1]),
-    Two([PolicyOutcome; 2]),
-    Many(Arc<[PolicyOutcome]>),
+    One([Kept; 1]),
+    Two([Kept; 2]),
+    Many(Arc<[Kept]>),
+}
+
+/// One policy's numbers as a report keeps them, in 16 bytes rather than a
+/// [`PolicyOutcome`]'s 24: whether it admitted is the top bit of the wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Kept {
+    remaining: u64,
+    reset_ms_admitted: u64,
+}
+
+impl Kept {
+    const ADMITTED: u64 = 1 << 63;
+
+    #[inline]
+    fn of(outcome: PolicyOutcome) -> Self {
+        // A wait of 2^63 ms or more (never computed) is kept as the longest that fits.
+        let reset_ms = outcome.reset_ms.min(Self::ADMITTED - 1);
+        let admitted = if outcome.admitted { Self::ADMITTED } else { 0 };
+        Self {
+            remaining: outcome.remaining,
+            reset_ms_admitted: reset_ms | admitted,
+        }
+    }
+
+    #[inline]
+    fn get(self) -> PolicyOutcome {
+        PolicyOutcome {
+            admitted: self.reset_ms_admitted & Self::ADMITTED != 0,
+            remaining: self.remaining,
+            reset_ms: self.reset_ms_admitted & !Self::ADMITTED,
+        }
+    }
 }
 
 // Equal when the numbers are, however they are held.
@@ -151,7 +195,7 @@ impl PartialEq for Outcomes {
 impl Eq for Outcomes {}
 
 impl Outcomes {
-    fn as_slice(&self) -> &[PolicyOutcome] {
+    fn as_slice(&self) -> &[Kept] {
         match self {
             Outcomes::One(outcomes) => outcomes,
             Outcomes::Two(outcomes) => outcomes,
@@ -159,13 +203,23 @@ impl Outcomes {
         }
     }
 
+    /// Each policy's outcome, in order.
+    fn iter(&self) -> impl ExactSizeIterator<Item = PolicyOutcome> + Clone + '_ {
+        self.as_slice().iter().map(|kept| kept.get())
+    }
+
+    fn get(&self, index: usize) -> Option<PolicyOutcome> {
+        self.as_slice().get(index).map(|kept| kept.get())
+    }
+
     /// The outcomes `make` builds for each of `count` positions, in order.
     #[inline]
     fn build(count: usize, mut make: impl FnMut(usize) -> PolicyOutcome) -> Self {
+        let mut kept = |i| Kept::of(make(i));
         match count {
-            1 => Outcomes::One([make(0)]),
-            2 => Outcomes::Two([make(0), make(1)]),
-            _ => Outcomes::Many((0..count).map(make).collect()),
+            1 => Outcomes::One([kept(0)]),
+            2 => Outcomes::Two([kept(0), kept(1)]),
+            _ => Outcomes::Many((0..count).map(kept).collect()),
         }
     }
 
@@ -173,7 +227,7 @@ impl Outcomes {
     fn map(&self, change: impl Fn(&mut PolicyOutcome)) -> Self {
         let outcomes = self.as_slice();
         Self::build(outcomes.len(), |i| {
-            let mut outcome = outcomes[i];
+            let mut outcome = outcomes[i].get();
             change(&mut outcome);
             outcome
         })
@@ -257,10 +311,13 @@ impl RateLimitInfo {
         Self {
             set,
             outcomes: Outcomes::build(count, |i| outcomes[i]),
-            source,
             cost,
-            receipt,
+            counted_at_ms: 0,
+            set_id: 0,
+            source,
+            receipt: Receipted::No,
         }
+        .with_optional_receipt(receipt)
     }
 
     /// The same report, about a request of `cost` units.
@@ -280,7 +337,7 @@ impl RateLimitInfo {
             Some(after) => *after,
             None => {
                 let quota = policies.get(i).map_or(u64::MAX, |p| p.algorithm().quota());
-                let mut outcome = before[i];
+                let mut outcome = before[i].get();
                 outcome.remaining = outcome
                     .remaining
                     .saturating_add(settlement.refunded())
@@ -294,28 +351,52 @@ impl RateLimitInfo {
         Self {
             set: self.set.clone(),
             outcomes,
-            source: self.source,
             cost: settlement.actual(),
-            receipt: self.receipt,
+            ..*self
         }
     }
 
     /// The same report, of an admission this instance's local share counted too.
     pub(crate) fn counted_by_share_too(mut self) -> Self {
-        if let Some(receipt) = &mut self.receipt {
-            receipt.shared = true;
+        if self.receipt == Receipted::Store {
+            self.receipt = Receipted::StoreAndShare;
         }
         self
     }
 
     /// The same report, of an admission that `receipt` can give back.
-    pub(crate) fn with_receipt(mut self, receipt: Receipt) -> Self {
-        self.receipt = Some(receipt);
+    pub(crate) fn with_receipt(self, receipt: Receipt) -> Self {
+        self.with_optional_receipt(Some(receipt))
+    }
+
+    #[inline]
+    fn with_optional_receipt(mut self, receipt: Option<Receipt>) -> Self {
+        match receipt {
+            Some(receipt) => {
+                self.counted_at_ms = receipt.counted_at_ms;
+                self.set_id = receipt.set_id;
+                self.receipt = if receipt.shared {
+                    Receipted::StoreAndShare
+                } else {
+                    Receipted::Store
+                };
+            }
+            None => self.receipt = Receipted::No,
+        }
         self
     }
 
     pub(crate) fn receipt(&self) -> Option<Receipt> {
-        self.receipt
+        let shared = match self.receipt {
+            Receipted::No => return None,
+            Receipted::Store => false,
+            Receipted::StoreAndShare => true,
+        };
+        Some(Receipt {
+            counted_at_ms: self.counted_at_ms,
+            set_id: self.set_id,
+            shared,
+        })
     }
 
     /// Whether a policy of the set reported on locks callers out: the rare case that
@@ -343,7 +424,7 @@ impl RateLimitInfo {
     /// # }
     /// ```
     pub fn counted_at_ms(&self) -> Option<u64> {
-        self.receipt.map(|receipt| receipt.counted_at_ms)
+        self.receipt().map(|receipt| receipt.counted_at_ms)
     }
 
     /// The units the request cost (1 unless the layer or the caller of
@@ -417,11 +498,8 @@ impl RateLimitInfo {
         self.set
             .get()
             .iter()
-            .zip(self.outcomes.as_slice())
-            .map(|(policy, outcome)| PolicyReport {
-                policy,
-                outcome: *outcome,
-            })
+            .zip(self.outcomes.iter())
+            .map(|(policy, outcome)| PolicyReport { policy, outcome })
     }
 
     /// The report of the policy at `index` in the set, if there is one.
@@ -441,7 +519,7 @@ impl RateLimitInfo {
     pub fn policy(&self, index: usize) -> Option<PolicyReport<'_>> {
         Some(PolicyReport {
             policy: self.set.get().get(index)?,
-            outcome: *self.outcomes.as_slice().get(index)?,
+            outcome: self.outcomes.get(index)?,
         })
     }
 
@@ -452,7 +530,7 @@ impl RateLimitInfo {
 
     /// The smallest `r` over all policies.
     pub fn min_remaining(&self) -> Option<u64> {
-        self.outcomes.as_slice().iter().map(|o| o.remaining).min()
+        self.outcomes.iter().map(|o| o.remaining).min()
     }
 
     /// Whole seconds until every refusing policy admits again (at least 1); never earlier
@@ -469,7 +547,7 @@ impl RateLimitInfo {
     /// The refusal the next request meets when this admission left a policy at `r=0`:
     /// those policies exhausted, until `r` grows again.
     pub(crate) fn next_refusal(&self) -> Option<Self> {
-        if self.outcomes.as_slice().iter().all(|o| o.remaining > 0) {
+        if self.outcomes.iter().all(|o| o.remaining > 0) {
             return None;
         }
         let outcomes = self.outcomes.map(|o| o.admitted = o.remaining > 0);
@@ -478,7 +556,8 @@ impl RateLimitInfo {
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
             cost: 1,
-            receipt: None,
+            receipt: Receipted::No,
+            ..*self
         })
     }
 
@@ -494,8 +573,8 @@ impl RateLimitInfo {
             outcomes,
             source: DecisionSource::DenialCache,
             set: self.set.clone(),
-            cost: self.cost,
-            receipt: None,
+            receipt: Receipted::No,
+            ..*self
         }
     }
 }
