@@ -142,7 +142,7 @@ pub(super) struct Failure<'a> {
 const LAST_ANSWERS: usize = 100_000;
 
 /// A policy set divided among the instances: what this instance's counters enforce of it.
-struct ShareSet {
+pub(in crate::limiter) struct ShareSet {
     original: Arc<[Policy]>,
     instances: u64,
     place: Option<u64>,
@@ -153,6 +153,16 @@ struct ShareSet {
     parts: Box<[Share]>,
     /// How long a decision on these counters weighs.
     retention_ms: u64,
+}
+
+impl std::fmt::Debug for ShareSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShareSet")
+            .field("instances", &self.instances)
+            .field("place", &self.place)
+            .field("policies", &self.policies)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShareSet {
@@ -176,6 +186,11 @@ impl ShareSet {
             parts,
             retention_ms,
         }
+    }
+
+    /// Whether this is the share for `instances` as they stand now.
+    fn is_for(&self, instances: &InstanceCount) -> bool {
+        self.instances == instances.get() && self.place == instances.place()
     }
 
     /// 0 while every policy taken in turns is in this instance's turn; else the longest
@@ -419,15 +434,18 @@ impl Fallback {
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
-                // Borrowed from the snapshot of divided sets: no reference counted.
-                let shares = self.shares.load();
-                match find_share(&shares, limits, instances) {
-                    Some(share) => self.decide_share(caller, set, share, cost, failure.now),
-                    None => {
-                        let share = self.share_of(limits, instances);
-                        self.decide_share(caller, set, &share, cost, failure.now)
-                    }
+                // Resolved once for the set and the instance count: borrowed, no reference
+                // counted, no lookup.
+                if let Some(share) = set.share.get()
+                    && share.is_for(instances)
+                {
+                    return self.decide_share(caller, set, share, cost, failure.now);
                 }
+                // The first share decision of this set, or the instance count changed
+                // since: found among the divided sets (the set keeps the first it met).
+                let share = self.share_of(limits, instances);
+                let _ = set.share.set(share.clone());
+                self.decide_share(caller, set, &share, cost, failure.now)
             }
             FailurePolicy::Static => self
                 .cached_refusal(failure.denials, caller, set, cost)
@@ -636,11 +654,9 @@ fn find_share<'a>(
     limits: &Arc<[Policy]>,
     instances: &InstanceCount,
 ) -> Option<&'a Arc<ShareSet>> {
-    let count = instances.get();
-    let place = instances.place();
-    shares.iter().find(|share| {
-        Arc::ptr_eq(&share.original, limits) && share.instances == count && share.place == place
-    })
+    shares
+        .iter()
+        .find(|share| Arc::ptr_eq(&share.original, limits) && share.is_for(instances))
 }
 
 /// Whether `policy` counts with a token bucket.
@@ -682,5 +698,55 @@ struct SharedClock(Arc<dyn Clock>);
 impl Clock for SharedClock {
     fn now_millis(&self) -> u64 {
         self.0.now_millis()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::clock::ManualClock;
+
+    fn remaining(decision: &Decision) -> Option<u64> {
+        decision.info().and_then(|info| info.min_remaining())
+    }
+
+    #[test]
+    fn a_set_keeps_its_share_until_the_instance_count_changes() {
+        let count = Arc::new(AtomicU64::new(2));
+        let counted = count.clone();
+        let instances = InstanceCount::from_fn(move || counted.load(Ordering::Relaxed));
+        let fallback = Fallback::new(
+            FailurePolicy::local_share(instances),
+            Arc::new(ManualClock::new(1_000)),
+        );
+        let policy = Policy::new(
+            "per-second",
+            Algorithm::sliding_window(100, Duration::from_secs(1)),
+        );
+        let set = PolicySet::new(None, &[policy], &Arc::from("test"), 0).expect("a set");
+        let counters = FallbackCounters::new(&Arc::from("test"), "local_share", &Arc::from("node"));
+        let failure = Failure {
+            reason: FallbackReason::BreakerOpen,
+            counters: &counters,
+            open_for_ms: 1_000,
+            denials: None,
+            now: Some(1_000),
+        };
+        let decide = |caller: &str| fallback.decide(&failure, &Caller::new(caller), &set, 1);
+
+        // Two instances: each enforces 50 of the 100, and the set keeps that share.
+        assert_eq!(remaining(&decide("acme")), Some(49));
+        assert_eq!(set.share.get().map(|share| share.instances), Some(2));
+        assert_eq!(remaining(&decide("acme")), Some(48));
+
+        // Four: the set's share no longer holds, and the next decision divides by four.
+        count.store(4, Ordering::Relaxed);
+        assert_eq!(remaining(&decide("globex")), Some(24));
+        // Two again: the share the set kept is the right one again.
+        count.store(2, Ordering::Relaxed);
+        assert_eq!(remaining(&decide("acme")), Some(47));
     }
 }

@@ -1,7 +1,8 @@
 //! The policy sets a limiter decides callers against: the defaults and each tier's.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use crate::limiter::failure::ShareSet;
 use crate::limiter::reported_set::ReportedSet;
 use crate::store::build_error::BuildError;
 use crate::store::policy::Policy;
@@ -20,6 +21,10 @@ pub(crate) struct PolicySet {
     /// every request, never from a lease, so that the block starts when the quota is
     /// used up and every instance sees it.
     pub(crate) locks_out: bool,
+    /// This set divided among the instances, as a local share first resolved it: the
+    /// requests after it that find the same instance count decide against it without
+    /// looking among every divided set.
+    pub(in crate::limiter) share: OnceLock<Arc<ShareSet>>,
 }
 
 impl PolicySet {
@@ -52,6 +57,7 @@ impl PolicySet {
             limits,
             id,
             locks_out: self.locks_out,
+            share: OnceLock::new(),
         }
     }
 
@@ -67,6 +73,7 @@ impl PolicySet {
             locks_out: limits.iter().any(|limit| limit.lockout_ms().is_some()),
             limits,
             id,
+            share: OnceLock::new(),
         }
     }
 
@@ -103,6 +110,7 @@ impl PolicySet {
             limits,
             id,
             locks_out,
+            share: OnceLock::new(),
         })
     }
 }
