@@ -243,6 +243,11 @@ impl PolicyFieldCache {
         if pk.is_some() {
             return policy_field(info, pk);
         }
+        // Made once for a set stored for the process (the limits' own, and local shares').
+        let kept = || kept_for_the_process(&policy_field(info, None)?);
+        if let Some(value) = info.reported_set().policy_field(kept) {
+            return Some(value);
+        }
         let set = info.policy_set();
         let find = |fields: &[(Arc<[Policy]>, CachedField)]| {
             fields

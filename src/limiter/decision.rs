@@ -474,6 +474,11 @@ impl RateLimitInfo {
         self.set.get()
     }
 
+    /// The same, as this report holds it.
+    pub(crate) fn reported_set(&self) -> &ReportedSet {
+        &self.set
+    }
+
     /// Who decided: the store, the denial cache or the local share.
     pub fn source(&self) -> DecisionSource {
         self.source

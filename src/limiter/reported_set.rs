@@ -12,6 +12,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use http::HeaderValue;
+
 use crate::store::policy::Policy;
 
 /// How many distinct policy sets the process keeps for good: a few per limiter, and the
@@ -31,6 +33,9 @@ pub(crate) enum ReportedSet {
 pub(crate) struct StoredSet {
     policies: Arc<[Policy]>,
     locks_out: bool,
+    /// The set's RateLimit-Policy field, of static bytes, made for the first response
+    /// that carried it: the responses after it copy it without a lookup.
+    policy_field: OnceLock<Option<HeaderValue>>,
 }
 
 impl std::borrow::Borrow<[Policy]> for &'static StoredSet {
@@ -76,6 +81,7 @@ impl ReportedSet {
         let kept: &'static StoredSet = Box::leak(Box::new(StoredSet {
             policies: set.clone(),
             locks_out: locks_out(set),
+            policy_field: OnceLock::new(),
         }));
         stored.insert(kept);
         ReportedSet::Stored(kept)
@@ -85,6 +91,19 @@ impl ReportedSet {
         match self {
             ReportedSet::Stored(set) => &set.policies,
             ReportedSet::Counted(set) => set,
+        }
+    }
+
+    /// The set's RateLimit-Policy field as `make` makes it (a value of static bytes),
+    /// made once for a set stored for the process. `None` for a set shared by count, or
+    /// when `make` made none: the caller finds it another way.
+    pub(crate) fn policy_field(
+        &self,
+        make: impl FnOnce() -> Option<HeaderValue>,
+    ) -> Option<HeaderValue> {
+        match self {
+            ReportedSet::Stored(set) => set.policy_field.get_or_init(make).clone(),
+            ReportedSet::Counted(_) => None,
         }
     }
 
