@@ -44,6 +44,16 @@ pub(crate) struct Config<K> {
     pub(crate) refusals: Refusals,
 }
 
+impl<K> Config<K> {
+    /// Whether anything is done to an admitted response after the inner service answered:
+    /// fields, the decision in its extensions, a refund or a settlement.
+    pub(crate) fn reads_responses(&self) -> bool {
+        self.header_mode.on_allowed(http::StatusCode::OK)
+            || self.decision_on_every_response
+            || self.after_response.is_some()
+    }
+}
+
 /// The layer's cost function: the units a request consumes.
 #[derive(Clone)]
 pub(crate) struct CostFn(pub(crate) Arc<dyn Fn(&Parts) -> u64 + Send + Sync>);

@@ -50,7 +50,11 @@ pin_project! {
 
 /// What the steps of one request share.
 struct Head<K> {
-    config: Arc<Config<K>>,
+    // The layer's configuration, held only when a step after `call` reads it: for a
+    // request that waits, or a response that gets fields, the decision or a settlement.
+    // A request decided within `call` whose response gets none of them touches no
+    // reference count of the layer's.
+    config: Option<Arc<Config<K>>>,
     // The caller's partition key, when the layer sends one.
     pk: Option<[u8; PARTITION_KEY_LEN]>,
     // The units the request costs.
@@ -148,7 +152,7 @@ where
     pub(crate) fn new(
         request: Request<ReqBody>,
         inner: &mut S,
-        config: Arc<Config<K>>,
+        config: &Arc<Config<K>>,
         cost: u64,
     ) -> Self
     where
@@ -156,19 +160,27 @@ where
     {
         let inner = Ready::Borrowed(inner, S::clone);
         let mut head = Head {
-            config,
+            config: None,
             pk: None,
             cost,
             caller: None,
         };
-        let step = match head.config.key.extract_now(&request) {
-            Some(key) => after_key(&mut head, key, request, inner),
+        let step = match config.key.extract_now(&request) {
+            Some(key) => after_key(config, &mut head, key, request, inner),
             None => Step::Wait(Box::pin(Waiting::Key {
-                key: head.config.key.extract_async(&request),
+                key: config.key.extract_async(&request),
                 request: Some(request),
                 inner: Some(inner.into_owned()),
             })),
         };
+        let later = match &step {
+            Step::Call(..) => config.reads_responses(),
+            Step::Answer(_) => false,
+            Step::Wait(_) => true,
+        };
+        if later {
+            head.config = Some(config.clone());
+        }
         let (state, waiting) = match step {
             Step::Call(future, decision) => (
                 State::Calling {
@@ -195,7 +207,7 @@ where
 
     /// The future of a request the skip predicate let through: the inner service is
     /// already called, and nothing is counted or added to its response.
-    pub(crate) fn skipped(future: S::Future, config: Arc<Config<K>>) -> Self {
+    pub(crate) fn skipped(future: S::Future, config: &Arc<Config<K>>) -> Self {
         Self {
             state: State::Calling {
                 future,
@@ -203,7 +215,8 @@ where
             },
             waiting: None,
             head: Head {
-                config,
+                // Only the decision, when every response carries it.
+                config: config.reads_responses().then(|| config.clone()),
                 pk: None,
                 cost: 1,
                 caller: None,
@@ -216,6 +229,7 @@ where
 /// The step after the key extractor answered: refuse, let through uncounted, or decide.
 #[inline(always)]
 fn after_key<K, S, ReqBody>(
+    config: &Config<K>,
     head: &mut Head<K>,
     key: Extracted,
     request: Request<ReqBody>,
@@ -227,11 +241,11 @@ where
 {
     let caller = match key {
         Extracted::Caller(caller) => caller,
-        Extracted::NoKey => match head.config.missing_key {
+        Extracted::NoKey => match config.missing_key {
             MissingKey::Reject(status) => {
                 let rejection =
                     KeyRejection::new(status, "the request does not say who is calling");
-                return Step::Answer(rejected(head, &rejection, &request));
+                return Step::Answer(rejected(config, &rejection, &request));
             }
             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
             MissingKey::Pass => {
@@ -242,23 +256,21 @@ where
             }
         },
         Extracted::Rejected(rejection) => {
-            return Step::Answer(rejected(head, &rejection, &request));
+            return Step::Answer(rejected(config, &rejection, &request));
         }
     };
-    head.pk = head
-        .config
+    head.pk = config
         .partition_key
         .as_ref()
         .map(|key| key.of(caller.key().encoded()));
-    let mut decision = head
-        .config
+    let mut decision = config
         .limiter
-        .check_with(&caller, head.cost, head.config.refusals);
-    if head.config.after_response.is_some() {
+        .check_with(&caller, head.cost, config.refusals);
+    if config.after_response.is_some() {
         head.caller = Some(Box::new(caller));
     }
     match decision.try_take_ready() {
-        Some(decision) => after_decision(head, decision, request, inner),
+        Some(decision) => after_decision(config, head, decision, request, inner),
         None => Step::Wait(Box::pin(Waiting::Decision {
             decision,
             request: Some(request),
@@ -270,6 +282,7 @@ where
 /// The step after the decision: the refusal, or the inner service's call.
 #[inline(always)]
 fn after_decision<K, S, ReqBody, KeyFuture>(
+    config: &Config<K>,
     head: &Head<K>,
     decision: Decision,
     mut request: Request<ReqBody>,
@@ -279,12 +292,12 @@ where
     S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
 {
-    let fields = fields(&head.config, head.pk.as_ref());
-    let default = Refusal::of(&decision, head.config.unavailable_status)
+    let fields = fields(config, head.pk.as_ref());
+    let default = Refusal::of(&decision, config.unavailable_status)
         .map(|refusal| refusal.render(protocol_of(&request), fields));
     match default {
         Some(default) => {
-            let mut refusal = match &head.config.refusal {
+            let mut refusal = match &config.refusal {
                 Some(hook) => (hook.0)(&decision, default),
                 None => default,
             };
@@ -414,26 +427,42 @@ where
     S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
 {
-    Poll::Ready(match waiting.project() {
+    // Taken out for the step and put back: a waiting request holds the configuration.
+    let Some(config) = head.config.take() else {
+        unreachable!("a waiting request keeps the layer's configuration");
+    };
+    let step = match waiting.project() {
         WaitingProj::Key {
             key,
             request,
             inner,
-        } => {
-            let key = ready!(key.poll(cx));
-            let (request, inner) = take(request, inner);
-            after_key(head, key, request, Ready::Owned(inner))
-        }
+        } => match key.poll(cx) {
+            Poll::Ready(key) => {
+                let (request, inner) = take(request, inner);
+                Poll::Ready(after_key(&config, head, key, request, Ready::Owned(inner)))
+            }
+            Poll::Pending => Poll::Pending,
+        },
         WaitingProj::Decision {
             decision,
             request,
             inner,
-        } => {
-            let decision = ready!(Pin::new(decision).poll(cx));
-            let (request, inner) = take(request, inner);
-            after_decision(head, decision, request, Ready::Owned(inner))
-        }
-    })
+        } => match Pin::new(decision).poll(cx) {
+            Poll::Ready(decision) => {
+                let (request, inner) = take(request, inner);
+                Poll::Ready(after_decision(
+                    &config,
+                    head,
+                    decision,
+                    request,
+                    Ready::Owned(inner),
+                ))
+            }
+            Poll::Pending => Poll::Pending,
+        },
+    };
+    head.config = Some(config);
+    step
 }
 
 /// Under `count_only`, a response that does not count gives its units back; under
@@ -444,17 +473,18 @@ fn after_response<K, ResBody>(
     response: Response<ResBody>,
     decision: Option<&Decision>,
 ) -> (Response<ResBody>, Option<StoreFuture<Option<Settlement>>>) {
-    let (Some(after), Some(caller), Some(decided)) = (
-        &head.config.after_response,
-        head.caller.as_deref(),
-        decision,
-    ) else {
+    let (Some(config), Some(caller), Some(decided)) =
+        (head.config.as_deref(), head.caller.as_deref(), decision)
+    else {
+        return (response, None);
+    };
+    let Some(after) = &config.after_response else {
         return (response, None);
     };
     let (parts, body) = response.into_parts();
     let work = match after {
         AfterResponse::CountOnly(counts) => (!counts(&parts)).then(|| {
-            let mut refund = head.config.limiter.refund(caller, decided);
+            let mut refund = config.limiter.refund(caller, decided);
             match refund.try_take_ready() {
                 Some(_) => StoreFuture::ready(None),
                 None => StoreFuture::boxed(async move {
@@ -466,7 +496,7 @@ fn after_response<K, ResBody>(
         // Settled by the body, once it has been sent.
         AfterResponse::CountBytes => None,
         AfterResponse::Settle(settle) => settle(&parts).map(|actual| {
-            let mut settled = head.config.limiter.settle(caller, decided, actual);
+            let mut settled = config.limiter.settle(caller, decided, actual);
             match settled.try_take_ready() {
                 Some(result) => StoreFuture::ready(result.ok()),
                 None => StoreFuture::boxed(async move { settled.await.ok() }),
@@ -487,7 +517,11 @@ fn finish<K, ResBody>(
 where
     ResBody: http_body::Body<Data = Bytes>,
 {
-    let (config, pk) = (&*head.config, head.pk.as_ref());
+    // Without the configuration nothing is added: see `Config::reads_responses`.
+    let Some(config) = head.config.as_deref() else {
+        return response.map(ResponseBody::inner);
+    };
+    let pk = head.pk.as_ref();
     let mut response = match (&config.after_response, &decision, head.caller.as_deref()) {
         // The body's bytes are charged as it is sent.
         (Some(AfterResponse::CountBytes), Some(admitted @ Decision::Allowed(_)), Some(caller)) => {
@@ -542,11 +576,11 @@ fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>)
 /// A key rejection in the request's protocol. A missing key is rejected without the
 /// RateLimit fields, which only a decision has.
 fn rejected<K, ReqBody>(
-    head: &Head<K>,
+    config: &Config<K>,
     rejection: &KeyRejection,
     request: &Request<ReqBody>,
 ) -> Response<Bytes> {
-    let fields = fields(&head.config, None);
+    let fields = fields(config, None);
     Refusal::Rejected(rejection).render(protocol_of(request), fields)
 }
 

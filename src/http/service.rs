@@ -96,7 +96,7 @@ where
                 if skipped {
                     skip.counter.increment(1);
                     let future = self.inner.call(request);
-                    return ResponseFuture::skipped(future, self.config.clone());
+                    return ResponseFuture::skipped(future, &self.config);
                 }
                 request
             }
@@ -113,6 +113,6 @@ where
         };
         // A decision that takes a while takes the service driven to readiness along, and
         // leaves a fresh clone here.
-        ResponseFuture::new(request, &mut self.inner, self.config.clone(), cost)
+        ResponseFuture::new(request, &mut self.inner, &self.config, cost)
     }
 }
