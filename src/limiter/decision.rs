@@ -308,16 +308,28 @@ impl RateLimitInfo {
         receipt: Option<Receipt>,
     ) -> Self {
         let count = set.get().len().min(outcomes.len());
+        let outcomes = Outcomes::build(count, |i| outcomes[i]);
+        Self::without_receipt(set, outcomes, source, cost).with_optional_receipt(receipt)
+    }
+
+    /// A report that gives nothing back: its receipt's numbers are zero, so that reports
+    /// equal in what they say compare equal.
+    #[inline]
+    fn without_receipt(
+        set: ReportedSet,
+        outcomes: Outcomes,
+        source: DecisionSource,
+        cost: u64,
+    ) -> Self {
         Self {
             set,
-            outcomes: Outcomes::build(count, |i| outcomes[i]),
+            outcomes,
             cost,
             counted_at_ms: 0,
             set_id: 0,
             source,
             receipt: Receipted::No,
         }
-        .with_optional_receipt(receipt)
     }
 
     /// The same report, about a request of `cost` units.
@@ -352,7 +364,10 @@ impl RateLimitInfo {
             set: self.set.clone(),
             outcomes,
             cost: settlement.actual(),
-            ..*self
+            counted_at_ms: self.counted_at_ms,
+            set_id: self.set_id,
+            source: self.source,
+            receipt: self.receipt,
         }
     }
 
@@ -381,7 +396,11 @@ impl RateLimitInfo {
                     Receipted::Store
                 };
             }
-            None => self.receipt = Receipted::No,
+            None => {
+                self.counted_at_ms = 0;
+                self.set_id = 0;
+                self.receipt = Receipted::No;
+            }
         }
         self
     }
@@ -556,14 +575,12 @@ impl RateLimitInfo {
             return None;
         }
         let outcomes = self.outcomes.map(|o| o.admitted = o.remaining > 0);
-        Some(Self {
+        Some(Self::without_receipt(
+            self.set.clone(),
             outcomes,
-            source: DecisionSource::DenialCache,
-            set: self.set.clone(),
-            cost: 1,
-            receipt: Receipted::No,
-            ..*self
-        })
+            DecisionSource::DenialCache,
+            1,
+        ))
     }
 
     /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
@@ -574,13 +591,12 @@ impl RateLimitInfo {
                 o.reset_ms = remaining_ms;
             }
         });
-        Self {
+        Self::without_receipt(
+            self.set.clone(),
             outcomes,
-            source: DecisionSource::DenialCache,
-            set: self.set.clone(),
-            receipt: Receipted::No,
-            ..*self
-        }
+            DecisionSource::DenialCache,
+            self.cost,
+        )
     }
 }
 
@@ -688,5 +704,47 @@ impl FallbackReason {
             StoreErrorKind::NotConnected => FallbackReason::NotConnected,
             StoreErrorKind::Other => FallbackReason::OtherError,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::algorithm::Algorithm;
+
+    #[test]
+    fn reports_that_say_the_same_compare_equal_whatever_counted_them() {
+        let limits: Arc<[Policy]> = Arc::from([Policy::new(
+            "per-second",
+            Algorithm::sliding_window(2, Duration::from_secs(1)),
+        )]);
+        let last = [PolicyOutcome {
+            admitted: true,
+            remaining: 0,
+            reset_ms: 400,
+        }];
+        let admitted = |counted_at_ms, set_id| {
+            RateLimitInfo::of_store(
+                (&limits).into(),
+                &last,
+                DecisionSource::Store,
+                1,
+                Some(Receipt {
+                    counted_at_ms,
+                    set_id,
+                    shared: false,
+                }),
+            )
+        };
+        let (first, second) = (admitted(1_000, 7), admitted(1_100, 8));
+        assert_ne!(first, second);
+        assert_eq!(first.next_refusal(), second.next_refusal());
+        assert_eq!(first.next_refusal().and_then(|r| r.receipt()), None);
+        assert_eq!(
+            first.next_refusal().map(|r| r.waiting(300)),
+            second.next_refusal().map(|r| r.waiting(300))
+        );
     }
 }
