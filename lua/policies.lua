@@ -55,7 +55,8 @@
 -- byte (no older form starts with one), then two little-endian doubles, exact as every
 -- value here is an integer below 2^53. One C call reads or writes both, where the text
 -- form before it, "<l>:<t>", took a search, two cuts and two conversions (a tenth of the
--- decision's time); that form is still read, and replaced by the first write.
+-- decision's time); that form is still read (bucket_state, lua/common.lua), and replaced by
+-- the first write.
 --   l = level in units where one token is `period` units and `rate` units flow in per ms,
 --   t = when the level was computed (ms); after `now` while the caller is in debt (a
 --       charge took more tokens than there were): the level, 0, refills only from then.
@@ -213,24 +214,7 @@ for i = 1, policies do
   elseif kind == '2' then
     local rate, period, burst = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3]), tonumber(ARGV[argv + 4])
     local capacity = burst * period
-    local level, updated
-    local stored = redis.pcall('GET', KEYS[i])
-    if type(stored) == 'string' then
-      if string.byte(stored) == 0 then
-        level, updated = struct.unpack('<xdd', stored)
-      else
-        -- "<l>:<t>", written by an earlier version of this script: read, and replaced below
-        local split = string.find(stored, ':', 1, true)
-        if split then
-          level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
-        end
-      end
-    elseif stored then
-      -- a hash, written by an earlier version of this script: its l and t are read, and
-      -- the write below replaces it
-      stored = redis.call('HMGET', KEYS[i], 'l', 't')
-      level, updated = tonumber(stored[1]), tonumber(stored[2])
-    end
+    local level, updated = bucket_state(KEYS[i])
     if level == nil or updated == nil then
       level = capacity
     else

@@ -2,9 +2,10 @@
 -- there is, in a script of its own: lua/policies.lua decides it too, to the unit, but
 -- Redis runs a script's whole body per call, and that one's loops over policies, kinds
 -- and operations cost a token bucket nearly half of each decision. Same key, same form
--- (see lua/policies.lua; the older forms read once), same arithmetic, same reply: either
--- script may follow the other on a key, and lua/policies.lua does everything else (leases,
--- refunds, charges, lockouts, several policies).
+-- (see lua/policies.lua; both read it, and the older forms, with lua/common.lua's
+-- bucket_state), same arithmetic, same reply: either script may follow the other on a
+-- key, and lua/policies.lua does everything else (leases, refunds, charges, lockouts,
+-- several policies).
 --
 -- KEYS[1]  the policy's key
 -- ARGV     rate, period_ms, burst, cost
@@ -15,23 +16,7 @@
 local rate, period, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local capacity = burst * period
-local level, updated
-local stored = redis.pcall('GET', KEYS[1])
-if type(stored) == 'string' then
-  if string.byte(stored) == 0 then
-    level, updated = struct.unpack('<xdd', stored)
-  else
-    -- "<l>:<t>", written by an earlier version of these scripts: read, and replaced below
-    local split = string.find(stored, ':', 1, true)
-    if split then
-      level, updated = tonumber(string.sub(stored, 1, split - 1)), tonumber(string.sub(stored, split + 1))
-    end
-  end
-elseif stored then
-  -- a hash, written by an earlier version of lua/policies.lua: read, and replaced below
-  stored = redis.call('HMGET', KEYS[1], 'l', 't')
-  level, updated = tonumber(stored[1]), tonumber(stored[2])
-end
+local level, updated = bucket_state(KEYS[1])
 if level == nil or updated == nil then
   level, updated = capacity, nil
 else
