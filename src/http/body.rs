@@ -21,6 +21,9 @@ pin_project! {
 }
 
 pin_project! {
+    // A slot or a meter is boxed: every response is moved several times on its way out
+    // (each wrapping future, the router's own body box), and those of the usual request,
+    // which holds neither, are then a third of the size.
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
@@ -36,14 +39,14 @@ pin_project! {
         Holding {
             #[pin]
             body: B,
-            slot: Option<HeldSlot>,
+            slot: Option<Box<HeldSlot>>,
         },
         // The inner body of a request charged the bytes it sends: settled when the body
         // ends, or when it is dropped before (a client gone away).
         Counting {
             #[pin]
             body: B,
-            meter: Option<ByteMeter>,
+            meter: Option<Box<ByteMeter>>,
         },
     }
 }
@@ -59,7 +62,7 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Holding {
                 body,
-                slot: Some(slot),
+                slot: Some(Box::new(slot)),
             },
         }
     }
@@ -68,7 +71,7 @@ impl<B> ResponseBody<B> {
         Self {
             kind: Kind::Counting {
                 body,
-                meter: Some(meter),
+                meter: Some(Box::new(meter)),
             },
         }
     }

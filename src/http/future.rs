@@ -100,44 +100,21 @@ pin_project! {
     }
 }
 
-/// The inner service driven to readiness. Borrowed from the layer while the request is
-/// decided within `call`, so that a request admitted at once is handed to it with no clone
-/// (reference counts, or an allocation, for services that share state); taken out, with a
-/// fresh clone left in its place, only when the request has to wait.
-enum Ready<'a, S> {
-    Borrowed(&'a mut S, fn(&S) -> S),
-    Owned(S),
-}
-
-impl<S> Ready<'_, S> {
-    fn call<R>(self, request: R) -> S::Future
-    where
-        S: Service<R>,
-    {
-        match self {
-            Ready::Borrowed(inner, _) => inner.call(request),
-            Ready::Owned(mut inner) => inner.call(request),
-        }
-    }
-
-    /// The ready service, to keep while the request waits.
-    fn into_owned(self) -> S {
-        match self {
-            Ready::Borrowed(inner, clone) => {
-                let fresh = clone(inner);
-                std::mem::replace(inner, fresh)
-            }
-            Ready::Owned(inner) => inner,
-        }
-    }
-}
-
 /// Where a request goes after a step. A request that waits is boxed at once, so that the
-/// steps of one decided within `call` (moved whole from function to function) stay small.
+/// future of one decided within `call` stays small.
 enum Step<InnerFuture, KeyFuture, S, ReqBody> {
     Call(InnerFuture, Decision),
     Answer(Response<Bytes>),
     Wait(Pin<Box<Waiting<KeyFuture, S, ReqBody>>>),
+}
+
+/// What the steps made of a request they read by reference: the request (240 bytes in an
+/// axum router) is moved once, into the inner service or into the box of one that waits,
+/// rather than from step to step.
+enum Verdict {
+    Call(Decision),
+    Answer(Response<Bytes>),
+    Wait(StoreFuture<Decision>),
 }
 
 impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
@@ -147,10 +124,11 @@ where
 {
     /// Decides `request` (of `cost` units) as far as can be done now, and calls `inner`
     /// (driven to readiness) if it is admitted by then. A request that waits takes `inner`
-    /// along and leaves a clone in its place.
+    /// along and leaves a clone in its place, so that one admitted at once is handed to it
+    /// with no clone (reference counts, or an allocation, for services that share state).
     #[inline(always)]
     pub(crate) fn new(
-        request: Request<ReqBody>,
+        mut request: Request<ReqBody>,
         inner: &mut S,
         config: &Arc<Config<K>>,
         cost: u64,
@@ -158,48 +136,60 @@ where
     where
         S: Clone,
     {
-        let inner = Ready::Borrowed(inner, S::clone);
         let mut head = Head {
             config: None,
             pk: None,
             cost,
             caller: None,
         };
-        let step = match config.key.extract_now(&request) {
-            Some(key) => after_key(config, &mut head, key, request, inner),
-            None => Step::Wait(Box::pin(Waiting::Key {
+        let Some(key) = config.key.extract_now(&request) else {
+            head.config = Some(config.clone());
+            let waiting = Waiting::Key {
                 key: config.key.extract_async(&request),
                 request: Some(request),
-                inner: Some(inner.into_owned()),
-            })),
+                inner: Some(take_ready(inner)),
+            };
+            return Self::waiting(Box::pin(waiting), head);
         };
-        let later = match &step {
-            Step::Call(..) => config.reads_responses(),
-            Step::Answer(_) => false,
-            Step::Wait(_) => true,
-        };
-        if later {
-            head.config = Some(config.clone());
-        }
-        let (state, waiting) = match step {
-            Step::Call(future, decision) => (
-                State::Calling {
-                    future,
-                    decision: Some(decision),
-                },
-                None,
-            ),
-            Step::Answer(response) => (
-                State::Answered {
+        match after_key(config, &mut head, key, &mut request) {
+            Verdict::Call(decision) => {
+                if config.reads_responses() {
+                    head.config = Some(config.clone());
+                }
+                Self {
+                    state: State::Calling {
+                        future: inner.call(request),
+                        decision: Some(decision),
+                    },
+                    waiting: None,
+                    head,
+                    refunding: None,
+                }
+            }
+            Verdict::Answer(response) => Self {
+                state: State::Answered {
                     response: Some(response),
                 },
-                None,
-            ),
-            Step::Wait(waiting) => (State::Waiting, Some(waiting)),
-        };
+                waiting: None,
+                head,
+                refunding: None,
+            },
+            Verdict::Wait(decision) => {
+                head.config = Some(config.clone());
+                let waiting = Waiting::Decision {
+                    decision,
+                    request: Some(request),
+                    inner: Some(take_ready(inner)),
+                };
+                Self::waiting(Box::pin(waiting), head)
+            }
+        }
+    }
+
+    fn waiting(waiting: Pin<Box<Waiting<K::Future, S, ReqBody>>>, head: Head<K>) -> Self {
         Self {
-            state,
-            waiting,
+            state: State::Waiting,
+            waiting: Some(waiting),
             head,
             refunding: None,
         }
@@ -226,17 +216,22 @@ where
     }
 }
 
+/// The service driven to readiness, taken for a request that waits, with a fresh clone
+/// left in its place.
+fn take_ready<S: Clone>(inner: &mut S) -> S {
+    let fresh = inner.clone();
+    std::mem::replace(inner, fresh)
+}
+
 /// The step after the key extractor answered: refuse, let through uncounted, or decide.
 #[inline(always)]
-fn after_key<K, S, ReqBody>(
+fn after_key<K, ReqBody>(
     config: &Config<K>,
     head: &mut Head<K>,
     key: Extracted,
-    request: Request<ReqBody>,
-    inner: Ready<'_, S>,
-) -> Step<S::Future, K::Future, S, ReqBody>
+    request: &mut Request<ReqBody>,
+) -> Verdict
 where
-    S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
 {
     let caller = match key {
@@ -245,18 +240,13 @@ where
             MissingKey::Reject(status) => {
                 let rejection =
                     KeyRejection::new(status, "the request does not say who is calling");
-                return Step::Answer(rejected(config, &rejection, &request));
+                return Verdict::Answer(rejected(config, &rejection, request));
             }
             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
-            MissingKey::Pass => {
-                return Step::Call(
-                    inner.call(request),
-                    Decision::Unlimited(UnlimitedReason::NoKey),
-                );
-            }
+            MissingKey::Pass => return Verdict::Call(Decision::Unlimited(UnlimitedReason::NoKey)),
         },
         Extracted::Rejected(rejection) => {
-            return Step::Answer(rejected(config, &rejection, &request));
+            return Verdict::Answer(rejected(config, &rejection, request));
         }
     };
     head.pk = config
@@ -270,31 +260,25 @@ where
         head.caller = Some(Box::new(caller));
     }
     match decision.try_take_ready() {
-        Some(decision) => after_decision(config, head, decision, request, inner),
-        None => Step::Wait(Box::pin(Waiting::Decision {
-            decision,
-            request: Some(request),
-            inner: Some(inner.into_owned()),
-        })),
+        Some(decision) => after_decision(config, head, decision, request),
+        None => Verdict::Wait(decision),
     }
 }
 
 /// The step after the decision: the refusal, or the inner service's call.
 #[inline(always)]
-fn after_decision<K, S, ReqBody, KeyFuture>(
+fn after_decision<K, ReqBody>(
     config: &Config<K>,
     head: &Head<K>,
     decision: Decision,
-    mut request: Request<ReqBody>,
-    inner: Ready<'_, S>,
-) -> Step<S::Future, KeyFuture, S, ReqBody>
+    request: &mut Request<ReqBody>,
+) -> Verdict
 where
-    S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
 {
     let fields = fields(config, head.pk.as_ref());
     let default = Refusal::of(&decision, config.unavailable_status)
-        .map(|refusal| refusal.render(protocol_of(&request), fields));
+        .map(|refusal| refusal.render(protocol_of(request), fields));
     match default {
         Some(default) => {
             let mut refusal = match &config.refusal {
@@ -302,15 +286,36 @@ where
                 None => default,
             };
             refusal.extensions_mut().insert(decision);
-            Step::Answer(refusal)
+            Verdict::Answer(refusal)
         }
         None => {
             // The handler of a soft limit's refusal is told, so that it can degrade.
             if let Decision::SoftLimited(_) = &decision {
                 request.extensions_mut().insert(decision.clone());
             }
-            Step::Call(inner.call(request), decision)
+            Verdict::Call(decision)
         }
+    }
+}
+
+/// Where a waiting request goes after its step: the request, and the service taken along
+/// for it, are moved on only here.
+fn proceed<S, KeyFuture, ReqBody>(
+    verdict: Verdict,
+    request: Request<ReqBody>,
+    mut inner: S,
+) -> Step<S::Future, KeyFuture, S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    match verdict {
+        Verdict::Call(decision) => Step::Call(inner.call(request), decision),
+        Verdict::Answer(response) => Step::Answer(response),
+        Verdict::Wait(decision) => Step::Wait(Box::pin(Waiting::Decision {
+            decision,
+            request: Some(request),
+            inner: Some(inner),
+        })),
     }
 }
 
@@ -438,8 +443,9 @@ where
             inner,
         } => match key.poll(cx) {
             Poll::Ready(key) => {
-                let (request, inner) = take(request, inner);
-                Poll::Ready(after_key(&config, head, key, request, Ready::Owned(inner)))
+                let (mut request, inner) = take(request, inner);
+                let verdict = after_key(&config, head, key, &mut request);
+                Poll::Ready(proceed(verdict, request, inner))
             }
             Poll::Pending => Poll::Pending,
         },
@@ -449,14 +455,9 @@ where
             inner,
         } => match Pin::new(decision).poll(cx) {
             Poll::Ready(decision) => {
-                let (request, inner) = take(request, inner);
-                Poll::Ready(after_decision(
-                    &config,
-                    head,
-                    decision,
-                    request,
-                    Ready::Owned(inner),
-                ))
+                let (mut request, inner) = take(request, inner);
+                let verdict = after_decision(&config, head, decision, &mut request);
+                Poll::Ready(proceed(verdict, request, inner))
             }
             Poll::Pending => Poll::Pending,
         },

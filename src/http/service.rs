@@ -86,31 +86,25 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let mut request = match &self.config.skip {
-            Some(skip) => {
-                // The predicate reads the parts only, whatever the body type.
-                let (parts, body) = request.into_parts();
-                let skipped = (skip.predicate)(&parts);
-                let request = Request::from_parts(parts, body);
-                if skipped {
-                    skip.counter.increment(1);
-                    let future = self.inner.call(request);
-                    return ResponseFuture::skipped(future, &self.config);
-                }
-                request
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        // The request is rebound only when a predicate reads it: moving it costs a copy.
+        if let Some(skip) = &self.config.skip {
+            // The predicate reads the parts only, whatever the body type.
+            let (parts, body) = request.into_parts();
+            let skipped = (skip.predicate)(&parts);
+            request = Request::from_parts(parts, body);
+            if skipped {
+                skip.counter.increment(1);
+                let future = self.inner.call(request);
+                return ResponseFuture::skipped(future, &self.config);
             }
-            None => request,
-        };
-        let cost = match &self.config.cost {
-            Some(cost) => {
-                let (parts, body) = request.into_parts();
-                let units = (cost.0)(&parts);
-                request = Request::from_parts(parts, body);
-                units
-            }
-            None => 1,
-        };
+        }
+        let mut cost = 1;
+        if let Some(units) = &self.config.cost {
+            let (parts, body) = request.into_parts();
+            cost = (units.0)(&parts);
+            request = Request::from_parts(parts, body);
+        }
         // A decision that takes a while takes the service driven to readiness along, and
         // leaves a fresh clone here.
         ResponseFuture::new(request, &mut self.inner, &self.config, cost)
