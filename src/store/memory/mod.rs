@@ -59,17 +59,21 @@ pub struct InMemoryBackend {
     shared: Arc<Shared>,
 }
 
+// Laid out in order and aligned to a cache line: what every decision reads (the shards,
+// the hasher, the clock and the sweep interval) comes first and shares one line, which a
+// busy server's other work evicts between requests.
+#[repr(C, align(64))]
 struct Shared {
     shards: Box<[RwLock<Shard>]>,
     hasher: KeyHasher,
+    /// What the backend was made with: its clock and sweep interval, and what the
+    /// setters make it anew from.
+    settings: Settings,
     shard_capacity: usize,
     /// The cap on tracked callers: `settings.max_keys` rounded down to whole shards.
     max_keys: usize,
     /// Slots of requests in flight, by limit name and caller: only while held.
     slots: slots::Slots,
-    /// What the backend was made with: its clock and sweep interval, and what the
-    /// setters make it anew from.
-    settings: Settings,
 }
 
 impl InMemoryBackend {
@@ -493,6 +497,7 @@ impl InMemoryBackend {
 /// caller is not tracked); [`DoesNotFit`](PackedDecision::DoesNotFit) when the state to
 /// write does not fit its packing, which only the write lock may then decide (it unpacks
 /// the slot): never the caller's own lock, beside compare-and-swaps on the same word.
+#[inline]
 fn decide_packed_alone(
     shard: &Shard,
     hash: u64,
@@ -706,11 +711,13 @@ impl Decision<'_> {
 
 /// What an [`InMemoryBackend`] is made with.
 #[derive(Clone, Debug)]
+#[repr(C)]
 struct Settings {
-    max_keys: usize,
-    shards: usize,
+    // Read by every decision: first, beside the shards (see `Shared`).
     clock: Arc<dyn Clock>,
     sweep_interval_ms: u64,
+    max_keys: usize,
+    shards: usize,
 }
 
 impl Default for InMemoryBackend {
