@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 
 use crate::limiter::bounded_map::{BoundedMap, WhenFull};
+use crate::limiter::breaker::Breaker;
 use crate::limiter::decision::{
     Decision, DecisionSource, FallbackReason, RateLimitInfo, Receipt, UnlimitedReason,
     whole_seconds,
@@ -129,13 +130,20 @@ pub(super) struct Failure<'a> {
     pub(super) reason: FallbackReason,
     /// The fallback counters of the part of the store that failed.
     pub(super) counters: &'a FallbackCounters,
-    /// How long that part's breaker stays open (0 when there is none): a closed route's
-    /// Retry-After.
-    pub(super) open_for_ms: u64,
+    /// That part's breaker, if it has one: how long it stays open is a closed route's
+    /// Retry-After, read (with the clock) only by a closed route.
+    pub(super) breaker: Option<&'a Breaker>,
     /// Refusals known from the store, which a static policy keeps serving.
     pub(super) denials: Option<&'a DenialCache>,
     /// The limiter's time, when already read.
     pub(super) now: Option<u64>,
+}
+
+impl Failure<'_> {
+    /// How long the breaker of the part that failed stays open; 0 when there is none.
+    fn open_for_ms(&self) -> u64 {
+        self.breaker.map_or(0, Breaker::open_for_ms)
+    }
 }
 
 /// How many callers' last answers a local share keeps to start from.
@@ -430,7 +438,7 @@ impl Fallback {
         match policy {
             FailurePolicy::Open => Decision::Unlimited(UnlimitedReason::StoreFailedOpen),
             FailurePolicy::Closed => Decision::Unavailable {
-                retry_after_secs: whole_seconds(failure.open_for_ms),
+                retry_after_secs: whole_seconds(failure.open_for_ms()),
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
@@ -731,7 +739,7 @@ mod tests {
         let failure = Failure {
             reason: FallbackReason::BreakerOpen,
             counters: &counters,
-            open_for_ms: 1_000,
+            breaker: None,
             denials: None,
             now: Some(1_000),
         };

@@ -41,7 +41,7 @@ use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
-use crate::limiter::path::Path;
+use crate::limiter::path::{Path, Reply};
 use crate::limiter::settlement::Settlement;
 use crate::limiter::telemetry::{LimiterMetrics, SettleResult};
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
@@ -149,17 +149,14 @@ impl Limiter {
         };
         let decision = match set.unaffordable(cost) {
             Some(refusal) => refusal,
-            None => match inner.path.decide_now(caller, set, cost) {
-                Some(decision) => decision,
-                None => {
-                    let mut pending = inner.path.decide(caller, set, cost);
-                    match pending.try_take_ready() {
-                        Some(decision) => decision,
-                        None => {
-                            return self.conclude_later(pending, mode, refusals, span.clone());
-                        }
+            None => match inner.path.decide(caller, set, cost) {
+                Reply::Now(decision) => decision,
+                Reply::Later(mut pending) => match pending.try_take_ready() {
+                    Some(decision) => decision,
+                    None => {
+                        return self.conclude_later(pending, mode, refusals, span.clone());
                     }
-                }
+                },
             },
         };
         StoreFuture::ready(inner.conclude(decision, mode, refusals, span.as_ref()))

@@ -15,6 +15,7 @@ use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLim
 use crate::limiter::domains::{Domain, not_connected};
 use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::lease::table::{Lease, Next, Step};
+use crate::limiter::path::Reply;
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
@@ -33,7 +34,7 @@ pub(in crate::limiter) fn leased(
     caller: &Caller,
     set: &PolicySet,
     cost: u64,
-) -> Option<StoreFuture<Decision>> {
+) -> Option<Reply> {
     // A peek consumes nothing; the store answers it exactly. A sliding log is exact only
     // if every unit counts when it is spent: a leased unit spent later would count in a
     // window that never saw it. A lockout is the store's to start, on the request that
@@ -83,7 +84,7 @@ pub(in crate::limiter) fn leased(
         } => {
             leasing.metrics.served();
             let info = leased_info(set, &shared, left, cost, counted_at_ms);
-            Some(StoreFuture::ready(Decision::Allowed(info)))
+            Some(Reply::Now(Decision::Allowed(info)))
         }
         Step::Take { units } => take(path, leasing, caller, set, cost, units, now),
     }
@@ -99,14 +100,14 @@ fn take(
     cost: u64,
     units: u64,
     asked_ms: u64,
-) -> Option<StoreFuture<Decision>> {
+) -> Option<Reply> {
     let (reach, domain) = path.domain_of(caller.key());
     let permit = match permit(path, reach, &domain) {
         Ok(permit) => permit,
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
             let decision = path.fall_back(&domain, caller, set, reason, cost, None);
-            return Some(StoreFuture::ready(decision));
+            return Some(Reply::Now(decision));
         }
     };
     let domain = domain.to_shared();
@@ -127,7 +128,7 @@ fn take(
         lease: Some(lease),
         settled: false,
     };
-    Some(StoreFuture::boxed(async move {
+    Some(Reply::Later(StoreFuture::boxed(async move {
         // The whole guard moves in, so it lives (and settles) with the future; it
         // holds the store's answer until it comes.
         let mut taking = taking;
@@ -149,7 +150,7 @@ fn take(
         };
         taking.settled = true;
         decision
-    }))
+    })))
 }
 
 /// The breaker's leave to ask the caller's part of the store (`reach`) for a lease, or

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
-use crate::limiter::path::{answered, answered_as, decision};
+use crate::limiter::path::{Reply, answered, answered_as, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::FallbackCounters;
@@ -55,19 +55,32 @@ impl LocalPath {
         &self.label
     }
 
-    pub(super) fn decide(
-        self: &Arc<Self>,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-    ) -> StoreFuture<Decision> {
-        if let Some(memory) = &self.memory {
-            let outcome = memory.decide(caller.key(), &set.limits, cost);
-            return StoreFuture::ready(decision(outcome.admitted(), answered(set, &outcome, cost)));
+    /// The in-process store's decision, asked by a direct call; any other store's answer,
+    /// at once if it has it.
+    #[inline]
+    pub(super) fn decide(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
+        let Some(memory) = &self.memory else {
+            return self.ask(caller, set, cost);
+        };
+        let now = memory.now_ms();
+        if let [limit] = &*set.limits
+            && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
+        {
+            let admitted = outcome.admitted;
+            return Reply::Now(decision(
+                admitted,
+                answered_as(set, admitted, &[outcome], now, cost),
+            ));
         }
+        let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
+        Reply::Now(decision(outcome.admitted(), answered(set, &outcome, cost)))
+    }
+
+    /// Asks a store other than the crate's own.
+    fn ask(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
         let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
         if let Some(result) = check.try_take_ready() {
-            return StoreFuture::ready(self.decided(caller, set, result, cost));
+            return Reply::Now(self.decided(caller, set, result, cost));
         }
         // The clock is read only for an answer that keeps the request waiting: a ready one
         // costs no clock read.
@@ -78,36 +91,13 @@ impl LocalPath {
         let path = self.clone();
         let caller = caller.clone();
         let set = set.clone();
-        StoreFuture::boxed(async move {
+        Reply::Later(StoreFuture::boxed(async move {
             let result = path
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
             path.decided(&caller, &set, result, cost)
-        })
-    }
-
-    /// The in-process store's decision, asked by a direct call: `None` for another store.
-    #[inline]
-    pub(super) fn decide_now(
-        &self,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-    ) -> Option<Decision> {
-        let memory = self.memory.as_ref()?;
-        let now = memory.now_ms();
-        if let [limit] = &*set.limits
-            && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
-        {
-            let admitted = outcome.admitted;
-            return Some(decision(
-                admitted,
-                answered_as(set, admitted, &[outcome], now, cost),
-            ));
-        }
-        let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
-        Some(decision(outcome.admitted(), answered(set, &outcome, cost)))
+        }))
     }
 
     fn decided(
@@ -123,7 +113,7 @@ impl LocalPath {
                 let failure = Failure {
                     reason: FallbackReason::of(&error),
                     counters: &self.fallbacks,
-                    open_for_ms: 0,
+                    breaker: None,
                     denials: None,
                     now: None,
                 };

@@ -22,6 +22,16 @@ use crate::store::policy::Policy;
 use local::LocalPath;
 use remote::RemotePath;
 
+/// What a path makes of a request: its decision, made within the call (the in-process
+/// store, a breaker open, a lease serving), or the store's answer to wait for. A decision
+/// made at once is returned as it is, not moved into a future and out again.
+pub(super) enum Reply {
+    /// Decided within the call.
+    Now(Decision),
+    /// The store's answer, ready when polled or later.
+    Later(StoreFuture<Decision>),
+}
+
 /// The path of a limiter's decisions.
 #[derive(Debug)]
 pub(super) enum Path {
@@ -34,30 +44,11 @@ pub(super) enum Path {
 impl Path {
     /// Decides a request of `cost` units against `set`. A pending answer runs inside the
     /// decision's span, which the limiter's conclusion enters around it.
-    pub(super) fn decide(
-        &self,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-    ) -> StoreFuture<Decision> {
+    #[inline]
+    pub(super) fn decide(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
         match self {
             Path::Local(path) => path.decide(caller, set, cost),
             Path::Remote(path) => path.decide(caller, set, cost),
-        }
-    }
-
-    /// The decision of a store that answers within the call (the in-process store), made
-    /// without a future around it; `None` for any other.
-    #[inline]
-    pub(super) fn decide_now(
-        &self,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
-    ) -> Option<Decision> {
-        match self {
-            Path::Local(path) => path.decide_now(caller, set, cost),
-            Path::Remote(_) => None,
         }
     }
 

@@ -159,7 +159,7 @@ impl RemotePath {
         let failure = Failure {
             reason,
             counters: &domain.fallbacks,
-            open_for_ms: domain.breaker.open_for_ms(),
+            breaker: Some(&domain.breaker),
             denials: self.denials.as_ref(),
             now,
         };

@@ -545,7 +545,10 @@ fn decide_tracked(
     if limits.len() > INLINE_POLICIES {
         return None;
     }
-    if let [limit] = limits {
+    // A policy whose states never pack is not looked up twice, in vain and then below.
+    if let [limit] = limits
+        && limit.packs_in_one_word()
+    {
         match decide_packed_alone(shard, hash, caller, limit, now, cost) {
             PackedDecision::Decided(outcome) => {
                 return Some(CheckOutcome::one(outcome).counted_at(now));
