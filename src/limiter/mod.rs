@@ -147,7 +147,7 @@ impl Limiter {
                 (&counted_under, &nested)
             }
         };
-        let decision = match set.unaffordable(cost) {
+        let mut decision = match set.unaffordable(cost) {
             Some(refusal) => refusal,
             None => match inner.path.decide(caller, set, cost) {
                 Reply::Now(decision) => decision,
@@ -159,7 +159,8 @@ impl Limiter {
                 },
             },
         };
-        StoreFuture::ready(inner.conclude(decision, mode, refusals, span.as_ref()))
+        inner.conclude(&mut decision, mode, refusals, span.as_ref());
+        StoreFuture::ready(decision)
     }
 
     /// Concludes a decision the store answers later, inside its span.
@@ -174,8 +175,9 @@ impl Limiter {
         let concluding = span.clone();
         StoreFuture::boxed(
             async move {
-                let decision = pending.await;
-                inner.conclude(decision, mode, refusals, concluding.as_ref())
+                let mut decision = pending.await;
+                inner.conclude(&mut decision, mode, refusals, concluding.as_ref());
+                decision
             }
             .instrument(span.unwrap_or_else(Span::none)),
         )
@@ -563,31 +565,29 @@ impl Limiter {
 
 impl Inner {
     /// Shadows the decision in shadow mode, then counts it and records it on its span:
-    /// every decision of the limiter passes here, once.
+    /// every decision of the limiter passes here, once. In place: the usual decision is
+    /// neither moved in nor out (a moved decision is read back right after it was written,
+    /// which stalls), only counted.
     #[inline]
     fn conclude(
         &self,
-        decision: Decision,
+        decision: &mut Decision,
         mode: Mode,
         refusals: Refusals,
         span: Option<&Span>,
-    ) -> Decision {
-        // The usual decision goes out as it came in, never taken apart and built again:
-        // it is moved on every request, and a rebuilt one was read back in another shape.
-        let decision = if mode == Mode::Shadow {
-            Decision::Shadowed(Box::new(decision))
+    ) {
+        if mode == Mode::Shadow {
+            let enforced = std::mem::replace(decision, Decision::Unlimited(UnlimitedReason::Off));
+            *decision = Decision::Shadowed(Box::new(enforced));
         } else if refusals == Refusals::LetThrough && matches!(decision, Decision::Limited(_)) {
             // A soft limit lets through what the policies refuse (a cost no quota admits
             // included), never what a store that failed closed refuses.
-            match decision {
-                Decision::Limited(info) => Decision::SoftLimited(info),
-                other => other,
+            let refused = std::mem::replace(decision, Decision::Unlimited(UnlimitedReason::Off));
+            if let Decision::Limited(info) = refused {
+                *decision = Decision::SoftLimited(info);
             }
-        } else {
-            decision
-        };
-        self.recorded(&decision, span);
-        decision
+        }
+        self.recorded(decision, span);
     }
 
     /// Counts `decision` and records it on its span.
