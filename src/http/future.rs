@@ -103,7 +103,7 @@ pin_project! {
 /// Where a request goes after a step. A request that waits is boxed at once, so that the
 /// future of one decided within `call` stays small.
 enum Step<InnerFuture, KeyFuture, S, ReqBody> {
-    Call(InnerFuture, Decision),
+    Call(InnerFuture, Option<Decision>),
     Answer(Response<Bytes>),
     Wait(Pin<Box<Waiting<KeyFuture, S, ReqBody>>>),
 }
@@ -112,7 +112,8 @@ enum Step<InnerFuture, KeyFuture, S, ReqBody> {
 /// axum router) is moved once, into the inner service or into the box of one that waits,
 /// rather than from step to step.
 enum Verdict {
-    Call(Decision),
+    // The decision, when a step after the response reads it.
+    Call(Option<Decision>),
     Answer(Response<Bytes>),
     Wait(StoreFuture<Decision>),
 }
@@ -159,7 +160,7 @@ where
                 Self {
                     state: State::Calling {
                         future: inner.call(request),
-                        decision: Some(decision),
+                        decision,
                     },
                     waiting: None,
                     head,
@@ -243,7 +244,9 @@ where
                 return Verdict::Answer(rejected(config, &rejection, request));
             }
             MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
-            MissingKey::Pass => return Verdict::Call(Decision::Unlimited(UnlimitedReason::NoKey)),
+            MissingKey::Pass => {
+                return Verdict::Call(Some(Decision::Unlimited(UnlimitedReason::NoKey)));
+            }
         },
         Extracted::Rejected(rejection) => {
             return Verdict::Answer(rejected(config, &rejection, request));
@@ -259,41 +262,54 @@ where
     if config.after_response.is_some() {
         head.caller = Some(Box::new(caller));
     }
-    match decision.try_take_ready() {
-        Some(decision) => after_decision(config, head, decision, request),
+    // Read where it lies, and moved out only if a step after this one needs it: a decision
+    // moved right after it was written is read back before the writes have landed.
+    match decision.ready_slot() {
+        Some(decided) => after_decision(config, head, decided, request),
         None => Verdict::Wait(decision),
     }
 }
 
-/// The step after the decision: the refusal, or the inner service's call.
+/// The step after the decision (in `decided`, taken from it only where it is kept): the
+/// refusal, or the inner service's call.
 #[inline(always)]
 fn after_decision<K, ReqBody>(
     config: &Config<K>,
     head: &Head<K>,
-    decision: Decision,
+    decided: &mut Option<Decision>,
     request: &mut Request<ReqBody>,
 ) -> Verdict
 where
     K: AsyncKeyExtractor,
 {
+    let Some(decision) = decided.as_ref() else {
+        unreachable!("a decision is taken once, by the step after it");
+    };
     let fields = fields(config, head.pk.as_ref());
-    let default = Refusal::of(&decision, config.unavailable_status)
+    let default = Refusal::of(decision, config.unavailable_status)
         .map(|refusal| refusal.render(protocol_of(request), fields));
     match default {
         Some(default) => {
             let mut refusal = match &config.refusal {
-                Some(hook) => (hook.0)(&decision, default),
+                Some(hook) => (hook.0)(decision, default),
                 None => default,
             };
-            refusal.extensions_mut().insert(decision);
+            if let Some(decision) = decided.take() {
+                refusal.extensions_mut().insert(decision);
+            }
             Verdict::Answer(refusal)
         }
         None => {
             // The handler of a soft limit's refusal is told, so that it can degrade.
-            if let Decision::SoftLimited(_) = &decision {
+            if let Decision::SoftLimited(_) = decision {
                 request.extensions_mut().insert(decision.clone());
             }
-            Verdict::Call(decision)
+            // Kept for the response only when a step after it reads it.
+            Verdict::Call(if config.reads_responses() {
+                decided.take()
+            } else {
+                None
+            })
         }
     }
 }
@@ -359,10 +375,7 @@ where
                         Step::Wait(next) => *waiting = next,
                         Step::Call(future, decision) => {
                             *this.waiting = None;
-                            this.state.set(State::Calling {
-                                future,
-                                decision: Some(decision),
-                            });
+                            this.state.set(State::Calling { future, decision });
                         }
                         Step::Answer(response) => {
                             *this.waiting = None;
@@ -456,7 +469,7 @@ where
         } => match Pin::new(decision).poll(cx) {
             Poll::Ready(decision) => {
                 let (mut request, inner) = take(request, inner);
-                let verdict = after_decision(&config, head, decision, &mut request);
+                let verdict = after_decision(&config, head, &mut Some(decision), &mut request);
                 Poll::Ready(proceed(verdict, request, inner))
             }
             Poll::Pending => Poll::Pending,

@@ -63,6 +63,16 @@ impl<T> StoreFuture<T> {
             State::Boxed(_) => None,
         }
     }
+
+    /// Where the answer lies when it is already known (`None` inside once taken), so that
+    /// it can be read in place and moved out only if needed.
+    #[inline]
+    pub(crate) fn ready_slot(&mut self) -> Option<&mut Option<T>> {
+        match &mut self.state {
+            State::Ready(answer) => Some(answer),
+            State::Boxed(_) => None,
+        }
+    }
 }
 
 // The answer is moved out, never pinned in place, so the future is Unpin whatever `T` is.
