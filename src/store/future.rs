@@ -58,10 +58,7 @@ impl<T> StoreFuture<T> {
     /// ```
     #[inline]
     pub fn try_take_ready(&mut self) -> Option<T> {
-        match &mut self.state {
-            State::Ready(answer) => answer.take(),
-            State::Boxed(_) => None,
-        }
+        self.ready_slot().and_then(Option::take)
     }
 
     /// Where the answer lies when it is already known (`None` inside once taken), so that
