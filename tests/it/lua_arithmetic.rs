@@ -46,18 +46,19 @@ return { reply[1], reply[2], reply[3], reply[4] }
 
 /// The shipped lua/token_bucket.lua (a lone token bucket's decisions), run at `now` given
 /// as an argument as [`harness`] runs lua/policies.lua, with the same arguments: kind, the
-/// three policy numbers, now, the cost.
+/// three policy numbers, now, the cost; packed for it, and its packed reply read back in
+/// the general script's shape.
 fn bucket_harness() -> String {
     [
-        include_str!("../../lua/common.lua"),
         r#"
 local function bucket(ARGV, now)
 "#,
         include_str!("../../lua/token_bucket.lua"),
         r#"
 end
-local reply = bucket({ ARGV[2], ARGV[3], ARGV[4], ARGV[6] }, tonumber(ARGV[5]))
-return { reply[1], reply[2], reply[3], reply[4] }
+local packed = struct.pack('<dddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6]))
+local admitted, remaining, reset = struct.unpack('<Bddd', bucket({ packed }, tonumber(ARGV[5])))
+return { admitted, admitted, remaining, reset }
 "#,
     ]
     .concat()

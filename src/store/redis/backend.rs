@@ -35,10 +35,10 @@ const SCRIPT_SOURCE: &str = concat!(
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 
 /// The decision of a caller's one token bucket that does not lock out, the commonest call,
-/// in a script of its own (lua/token_bucket.lua): the same key, arithmetic and reply as
-/// the one script's, without its loops over policies, kinds and operations.
+/// in a script of its own (lua/token_bucket.lua): the same key and arithmetic as the one
+/// script's, without its loops over policies, kinds and operations or its helpers, and
+/// with its numbers and reply packed.
 const BUCKET_SOURCE: &str = concat!(
-    include_str!("../../../lua/common.lua"),
     include_str!("../../../lua/clock.lua"),
     include_str!("../../../lua/token_bucket.lua"),
 );
@@ -577,6 +577,40 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
     Ok(CheckOutcome::new(outcomes).counted_at(counted_at))
 }
 
+/// The lone bucket's arguments (lua/token_bucket.lua): its numbers packed as four
+/// little-endian doubles, one argument that the script reads with one call. The script
+/// computes in doubles whatever form they come in, so packing them loses nothing.
+fn bucket_args(rate: u64, period_ms: u64, burst: u64, cost: u64) -> Vec<u8> {
+    [rate, period_ms, burst, cost]
+        .iter()
+        .flat_map(|&number| (number as f64).to_le_bytes())
+        .collect()
+}
+
+/// The lone bucket's reply: whether it admitted (a byte), then `r`, `t` and the time of
+/// the decision as little-endian doubles.
+fn parse_bucket_reply(reply: &[u8]) -> Result<CheckOutcome, StoreError> {
+    let number = |at: usize| {
+        let bytes = reply.get(at..at + 8)?.try_into().ok()?;
+        // Integers in doubles; a negative one (never written) reads as 0.
+        Some(f64::from_le_bytes(bytes) as u64)
+    };
+    let (Some(&verdict), Some(remaining), Some(reset_ms), Some(counted_at), 25) =
+        (reply.first(), number(1), number(9), number(17), reply.len())
+    else {
+        return Err(StoreError::other(format!(
+            "the token bucket script returned {} bytes, not 25",
+            reply.len()
+        )));
+    };
+    let outcome = PolicyOutcome {
+        admitted: verdict == 1,
+        remaining,
+        reset_ms,
+    };
+    Ok(CheckOutcome::new(vec![outcome]).counted_at(counted_at))
+}
+
 impl Backend for RedisBackend {
     fn failure_domain(&self, caller: &CallerKey) -> FailureDomain {
         match &self.connection {
@@ -604,7 +638,9 @@ impl Backend for RedisBackend {
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
         let keys = self.keys(caller, limits);
-        let (script, source, args) = if let [policy] = &**limits
+        let connection = self.connection.clone();
+        let timeout = self.response_timeout;
+        if let [policy] = &**limits
             && policy.lockout_ms().is_none()
             && let Algorithm::TokenBucket {
                 rate,
@@ -612,16 +648,19 @@ impl Backend for RedisBackend {
                 burst,
             } = *policy.algorithm()
         {
-            (&*BUCKET, BUCKET_SOURCE, vec![rate, period_ms, burst, cost])
-        } else {
-            (&*SCRIPT, SCRIPT_SOURCE, decision_args(limits, cost))
-        };
+            let args = bucket_args(rate, period_ms, burst, cost);
+            return StoreFuture::boxed(async move {
+                let reply: Vec<u8> = connection
+                    .run(&BUCKET, BUCKET_SOURCE, &keys, &args, timeout)
+                    .await?;
+                parse_bucket_reply(&reply)
+            });
+        }
+        let args = decision_args(limits, cost);
         let count = limits.len();
-        let connection = self.connection.clone();
-        let timeout = self.response_timeout;
         StoreFuture::boxed(async move {
             let reply: Vec<i64> = connection
-                .run(script, source, &keys, &args, timeout)
+                .run(&SCRIPT, SCRIPT_SOURCE, &keys, &args, timeout)
                 .await?;
             parse_reply(&reply, count)
         })
@@ -1066,5 +1105,20 @@ mod tests {
         assert!(!outcome.admitted());
         assert_eq!(outcome.limits()[1].reset_ms, 900);
         assert_eq!(outcome.counted_at_ms(), 1_234);
+    }
+
+    #[test]
+    fn a_bucket_reply_is_read_whole_or_refused() {
+        let mut reply = vec![1];
+        for number in [49.0_f64, 0.0, 1_764_000_000_123.0] {
+            reply.extend_from_slice(&number.to_le_bytes());
+        }
+        let outcome = parse_bucket_reply(&reply).unwrap();
+        assert!(outcome.admitted());
+        assert_eq!(outcome.limits()[0].remaining, 49);
+        assert_eq!(outcome.counted_at_ms(), 1_764_000_000_123);
+        assert!(parse_bucket_reply(&reply[..24]).is_err());
+        assert!(parse_bucket_reply(b"").is_err());
+        assert_eq!(bucket_args(5, 1_000, 10, 1).len(), 32);
     }
 }
