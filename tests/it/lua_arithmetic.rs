@@ -5,7 +5,8 @@
 //! random sequences of requests of random costs (above the quota included), leases,
 //! refunds and charges past the quota (debts), for the sliding window, the token bucket
 //! and the sliding log (a token bucket's decisions alternating with lua/token_bucket.lua,
-//! its own script, on the same key); and after every step the key expires no earlier than its state
+//! and a sliding window's with lua/sliding_window.lua, their own scripts, on the same
+//! key); and after every step the key expires no earlier than its state
 //! stops weighing in decisions, and no later than the longest such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,20 +45,19 @@ return { reply[1], reply[2], reply[3], reply[4] }
     .concat()
 }
 
-/// The shipped lua/token_bucket.lua (a lone token bucket's decisions), run at `now` given
-/// as an argument as [`harness`] runs lua/policies.lua, with the same arguments: kind, the
-/// three policy numbers, now, the cost; packed for it, and its packed reply read back in
-/// the general script's shape.
-fn bucket_harness() -> String {
+/// The shipped script of a lone policy's decisions (lua/token_bucket.lua,
+/// lua/sliding_window.lua), run at `now` given as an argument as [`harness`] runs
+/// lua/policies.lua, with the same arguments: kind, the three policy numbers, now, the
+/// cost. `packed` is the Lua that packs those the script reads into its one argument; its
+/// packed reply is read back in the general script's shape.
+fn lone_harness(script: &str, packed: &str) -> String {
     [
+        "local function decide(ARGV, now)\n",
+        script,
+        "\nend\nlocal packed = ",
+        packed,
         r#"
-local function bucket(ARGV, now)
-"#,
-        include_str!("../../lua/token_bucket.lua"),
-        r#"
-end
-local packed = struct.pack('<dddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6]))
-local admitted, remaining, reset = struct.unpack('<Bddd', bucket({ packed }, tonumber(ARGV[5])))
+local admitted, remaining, reset = struct.unpack('<Bddd', decide({ packed }, tonumber(ARGV[5])))
 return { admitted, admitted, remaining, reset }
 "#,
     ]
@@ -251,7 +251,14 @@ proptest! {
             let client = redis::Client::open(server.url()).unwrap();
             let mut connection = client.get_connection().unwrap();
             let script = redis::Script::new(&harness());
-            let bucket = redis::Script::new(&bucket_harness());
+            let bucket = redis::Script::new(&lone_harness(
+                include_str!("../../lua/token_bucket.lua"),
+                "struct.pack('<dddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6]))",
+            ));
+            let window = redis::Script::new(&lone_harness(
+                include_str!("../../lua/sliding_window.lua"),
+                "struct.pack('<ddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6]))",
+            ));
             let key = format!("case:{}", CASE.fetch_add(1, Ordering::Relaxed));
             let [kind, a, b, c] = args(&algorithm);
 
@@ -340,12 +347,13 @@ proptest! {
                                 state = rust.admitted_state;
                                 admitted.push((cost, now));
                             }
-                            // A token bucket's decisions alternate between its own script
-                            // and the one for every policy, on the same key.
-                            let decides = if kind == 2 && (step + request) % 2 == 1 {
-                                &bucket
-                            } else {
-                                &script
+                            // A token bucket's or a sliding window's decisions alternate
+                            // between its own script and the one for every policy, on the
+                            // same key.
+                            let decides = match kind {
+                                1 if (step + request) % 2 == 1 => &window,
+                                2 if (step + request) % 2 == 1 => &bucket,
+                                _ => &script,
                             };
                             let lua: Vec<u64> = decides
                                 .key(&key)

@@ -34,7 +34,7 @@ const SCRIPT_SOURCE: &str = concat!(
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 
-/// The decision of a caller's one token bucket that does not lock out, the commonest call,
+/// The decision of a caller's one token bucket that does not lock out, a common call,
 /// in a script of its own (lua/token_bucket.lua): the same key and arithmetic as the one
 /// script's, without its loops over policies, kinds and operations or its helpers, and
 /// with its numbers and reply packed.
@@ -44,6 +44,16 @@ const BUCKET_SOURCE: &str = concat!(
 );
 
 static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_SOURCE));
+
+/// The decision of a caller's one sliding window that does not lock out, in a script of
+/// its own (lua/sliding_window.lua), as the lone bucket's: the one script's key and
+/// arithmetic, its numbers and reply packed.
+const WINDOW_SOURCE: &str = concat!(
+    include_str!("../../../lua/clock.lua"),
+    include_str!("../../../lua/sliding_window.lua"),
+);
+
+static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(WINDOW_SOURCE));
 
 // A script without keys runs on any node, so a ping also warms a cluster connection.
 const PING_SCRIPT: &str = "return 1";
@@ -383,8 +393,9 @@ impl RedisBackend {
 
     /// The script's source, as loaded into Redis (for `redis-benchmark` and for operators
     /// who want to read it): decisions, leases, refunds and charges all run it, but for
-    /// the decisions of a caller whose one policy is a token bucket that does not lock out,
-    /// which run a script of the same arithmetic made for that case alone.
+    /// the decisions of a caller whose one policy is a token bucket or a sliding window
+    /// that does not lock out, which run a script of the same arithmetic made for that
+    /// case alone (its numbers and answer packed as binary doubles).
     pub fn script_source() -> &'static str {
         SCRIPT_SOURCE
     }
@@ -577,19 +588,19 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
     Ok(CheckOutcome::new(outcomes).counted_at(counted_at))
 }
 
-/// The lone bucket's arguments (lua/token_bucket.lua): its numbers packed as four
-/// little-endian doubles, one argument that the script reads with one call. The script
-/// computes in doubles whatever form they come in, so packing them loses nothing.
-fn bucket_args(rate: u64, period_ms: u64, burst: u64, cost: u64) -> Vec<u8> {
-    [rate, period_ms, burst, cost]
+/// A lone policy's arguments (lua/token_bucket.lua, lua/sliding_window.lua): its numbers
+/// packed as little-endian doubles, one argument that the script reads with one call. The
+/// scripts compute in doubles whatever form the numbers come in, so packing loses nothing.
+fn packed(numbers: &[u64]) -> Vec<u8> {
+    numbers
         .iter()
         .flat_map(|&number| (number as f64).to_le_bytes())
         .collect()
 }
 
-/// The lone bucket's reply: whether it admitted (a byte), then `r`, `t` and the time of
-/// the decision as little-endian doubles.
-fn parse_bucket_reply(reply: &[u8]) -> Result<CheckOutcome, StoreError> {
+/// A lone policy's reply: whether it admitted (a byte), then `r`, `t` and the time of the
+/// decision as little-endian doubles.
+fn parse_lone_reply(reply: &[u8]) -> Result<CheckOutcome, StoreError> {
     let number = |at: usize| {
         let bytes = reply.get(at..at + 8)?.try_into().ok()?;
         // Integers in doubles; a negative one (never written) reads as 0.
@@ -599,7 +610,7 @@ fn parse_bucket_reply(reply: &[u8]) -> Result<CheckOutcome, StoreError> {
         (reply.first(), number(1), number(9), number(17), reply.len())
     else {
         return Err(StoreError::other(format!(
-            "the token bucket script returned {} bytes, not 25",
+            "the script of a lone policy returned {} bytes, not 25",
             reply.len()
         )));
     };
@@ -608,7 +619,7 @@ fn parse_bucket_reply(reply: &[u8]) -> Result<CheckOutcome, StoreError> {
         remaining,
         reset_ms,
     };
-    Ok(CheckOutcome::new(vec![outcome]).counted_at(counted_at))
+    Ok(CheckOutcome::one(outcome).counted_at(counted_at))
 }
 
 impl Backend for RedisBackend {
@@ -640,21 +651,34 @@ impl Backend for RedisBackend {
         let keys = self.keys(caller, limits);
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
+        // A caller's one policy without a lockout, the commonest call, by a script of its
+        // own.
         if let [policy] = &**limits
             && policy.lockout_ms().is_none()
-            && let Algorithm::TokenBucket {
-                rate,
-                period_ms,
-                burst,
-            } = *policy.algorithm()
         {
-            let args = bucket_args(rate, period_ms, burst, cost);
-            return StoreFuture::boxed(async move {
-                let reply: Vec<u8> = connection
-                    .run(&BUCKET, BUCKET_SOURCE, &keys, &args, timeout)
-                    .await?;
-                parse_bucket_reply(&reply)
-            });
+            let lone = match *policy.algorithm() {
+                Algorithm::TokenBucket {
+                    rate,
+                    period_ms,
+                    burst,
+                } => Some((
+                    &*BUCKET,
+                    BUCKET_SOURCE,
+                    packed(&[rate, period_ms, burst, cost]),
+                )),
+                Algorithm::SlidingWindow { limit, window_ms } => {
+                    Some((&*WINDOW, WINDOW_SOURCE, packed(&[limit, window_ms, cost])))
+                }
+                Algorithm::SlidingLog { .. } => None,
+            };
+            if let Some((script, source, args)) = lone {
+                return StoreFuture::boxed(async move {
+                    let reply: Vec<u8> = connection
+                        .run(script, source, &keys, &args, timeout)
+                        .await?;
+                    parse_lone_reply(&reply)
+                });
+            }
         }
         let args = decision_args(limits, cost);
         let count = limits.len();
@@ -1108,17 +1132,17 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_reply_is_read_whole_or_refused() {
+    fn a_lone_policy_reply_is_read_whole_or_refused() {
         let mut reply = vec![1];
         for number in [49.0_f64, 0.0, 1_764_000_000_123.0] {
             reply.extend_from_slice(&number.to_le_bytes());
         }
-        let outcome = parse_bucket_reply(&reply).unwrap();
+        let outcome = parse_lone_reply(&reply).unwrap();
         assert!(outcome.admitted());
         assert_eq!(outcome.limits()[0].remaining, 49);
         assert_eq!(outcome.counted_at_ms(), 1_764_000_000_123);
-        assert!(parse_bucket_reply(&reply[..24]).is_err());
-        assert!(parse_bucket_reply(b"").is_err());
-        assert_eq!(bucket_args(5, 1_000, 10, 1).len(), 32);
+        assert!(parse_lone_reply(&reply[..24]).is_err());
+        assert!(parse_lone_reply(b"").is_err());
+        assert_eq!(packed(&[5, 1_000, 10, 1]).len(), 32);
     }
 }
