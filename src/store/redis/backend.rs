@@ -591,11 +591,27 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
 /// A lone policy's arguments (lua/token_bucket.lua, lua/sliding_window.lua): its numbers
 /// packed as little-endian doubles, one argument that the script reads with one call. The
 /// scripts compute in doubles whatever form the numbers come in, so packing loses nothing.
-fn packed(numbers: &[u64]) -> Vec<u8> {
-    numbers
-        .iter()
-        .flat_map(|&number| (number as f64).to_le_bytes())
-        .collect()
+struct Packed {
+    bytes: [u8; 32],
+    len: usize,
+}
+
+impl Packed {
+    /// At most four numbers.
+    fn of(numbers: &[u64]) -> Self {
+        let mut bytes = [0; 32];
+        for (slot, &number) in bytes.chunks_exact_mut(8).zip(numbers) {
+            slot.copy_from_slice(&(number as f64).to_le_bytes());
+        }
+        Self {
+            bytes,
+            len: 8 * numbers.len().min(4),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// A lone policy's reply: whether it admitted (a byte), then `r`, `t` and the time of the
@@ -648,11 +664,10 @@ impl Backend for RedisBackend {
         limits: &Arc<[Policy]>,
         cost: u64,
     ) -> StoreFuture<Result<CheckOutcome, StoreError>> {
-        let keys = self.keys(caller, limits);
         let connection = self.connection.clone();
         let timeout = self.response_timeout;
         // A caller's one policy without a lockout, the commonest call, by a script of its
-        // own.
+        // own: its key and packed numbers held inline, not in allocations of their own.
         if let [policy] = &**limits
             && policy.lockout_ms().is_none()
         {
@@ -664,22 +679,26 @@ impl Backend for RedisBackend {
                 } => Some((
                     &*BUCKET,
                     BUCKET_SOURCE,
-                    packed(&[rate, period_ms, burst, cost]),
+                    Packed::of(&[rate, period_ms, burst, cost]),
                 )),
-                Algorithm::SlidingWindow { limit, window_ms } => {
-                    Some((&*WINDOW, WINDOW_SOURCE, packed(&[limit, window_ms, cost])))
-                }
+                Algorithm::SlidingWindow { limit, window_ms } => Some((
+                    &*WINDOW,
+                    WINDOW_SOURCE,
+                    Packed::of(&[limit, window_ms, cost]),
+                )),
                 Algorithm::SlidingLog { .. } => None,
             };
             if let Some((script, source, args)) = lone {
+                let keys = [self.key(caller, policy)];
                 return StoreFuture::boxed(async move {
                     let reply: Vec<u8> = connection
-                        .run(script, source, &keys, &args, timeout)
+                        .run(script, source, &keys, &args.bytes(), timeout)
                         .await?;
                     parse_lone_reply(&reply)
                 });
             }
         }
+        let keys = self.keys(caller, limits);
         let args = decision_args(limits, cost);
         let count = limits.len();
         StoreFuture::boxed(async move {
@@ -1143,6 +1162,10 @@ mod tests {
         assert_eq!(outcome.counted_at_ms(), 1_764_000_000_123);
         assert!(parse_lone_reply(&reply[..24]).is_err());
         assert!(parse_lone_reply(b"").is_err());
-        assert_eq!(packed(&[5, 1_000, 10, 1]).len(), 32);
+        assert_eq!(Packed::of(&[5, 1_000, 10, 1]).bytes().len(), 32);
+        assert_eq!(
+            Packed::of(&[5, 1_000, 1]).bytes()[8..16],
+            1_000_f64.to_le_bytes()
+        );
     }
 }
