@@ -1,6 +1,7 @@
 //! Limits swapped while a limiter runs: under concurrent traffic, in process and on Redis,
-//! the count carried over as `Limiter::set_limits` documents, the denial cache, the
-//! RateLimit-Policy field and the refusal counters following the swap.
+//! the count carried over as `Limiter::set_limits` documents (on Redis also between
+//! instances whose sets differ, so that different scripts decide one key), the denial
+//! cache, the RateLimit-Policy field and the refusal counters following the swap.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -312,4 +313,50 @@ fn a_swap_is_logged_at_info() {
             .all(|(level, _)| *level > tracing::Level::WARN),
         "{events:?}"
     );
+}
+
+/// Two instances on one Redis decide the same caller's per-day policy, one with it alone
+/// (decided by the script of a lone policy) and one with a second policy beside it
+/// (decided by the general script), as while limits are swapped on some instances and not
+/// yet on others: racing on the same key, together they admit exactly the quota, for a
+/// sliding window and for a token bucket.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scripts_of_one_policy_and_of_several_share_a_count_under_traffic() {
+    let server = RedisServer::start();
+    let roomy = Policy::sliding_window(
+        "per-hour",
+        Quota::new(1_000_000, Duration::from_secs(3_600)),
+    );
+    let bucket = Policy::token_bucket("per-day", Quota::per_day(10), 10);
+    for (policy, quota) in [(per_day(50), 50), (bucket, 10)] {
+        let alone = connected_instance(&server, std::slice::from_ref(&policy)).await;
+        let beside = connected_instance(&server, &[policy, roomy.clone()]).await;
+        let acme = Caller::new(format!("acme-{quota}"));
+        let (by_alone, by_beside) =
+            tokio::join!(burst(&alone, &acme, 25), burst(&beside, &acme, 25));
+        assert_eq!(by_alone + by_beside, quota, "{by_alone} + {by_beside}");
+    }
+}
+
+/// A limiter named as the others here, on `server`, with `policies`, once its connection
+/// is there.
+#[cfg(feature = "redis")]
+async fn connected_instance(server: &RedisServer, policies: &[Policy]) -> Limiter {
+    let store = RedisBackend::builder(server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    store.ping().await.unwrap();
+    policies
+        .iter()
+        .fold(
+            Limiter::builder()
+                .name("reload")
+                .backend(store)
+                .store_timeout(Duration::from_secs(2)),
+            |builder, policy| builder.policy(policy.clone()),
+        )
+        .build()
 }
