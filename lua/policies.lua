@@ -1,5 +1,5 @@
 -- tollgate: every operation on one caller's policies, atomically: a decision, a lease, a
--- refund. Each algorithm's arithmetic and the expiry of its keys are written here once.
+-- refund, a charge.
 --
 -- KEYS[i]  policy i's key; all of one caller's keys share a hash tag: rl:{acme}:per-second;
 --          after the policies' keys, the block key of each policy that locks out, in order
@@ -42,45 +42,13 @@
 -- and one flat table for the whole call, each algorithm a branch of each phase.
 -- tests/it/lua_arithmetic.rs drives this file against the Rust algorithms.
 --
--- The sliding window counter. Its key holds a hash:
---   s = start of the current fixed window (ms), p = previous window's count, c = current count.
--- A request of `cost` units (at most limit) fits when p * (w - elapsed) + c * w <= (limit - cost) * w.
--- A state weighs in decisions until two windows after its start: at s + w its count becomes
--- the previous one, at s + 2w it is forgotten. So the key expires at exactly s + 2w
--- (PEXPIREAT, on the same clock as `now`), set whenever s is written; a write that keeps s
--- keeps the expiry. Older versions of this script set it 2w after their own time, at or
--- after s: never earlier than this rule.
---
--- The token bucket. Its key holds a string of 17 bytes, struct.pack('<xdd', l, t): a zero
--- byte (no older form starts with one), then two little-endian doubles, exact as every
--- value here is an integer below 2^53. One C call reads or writes both, where the text
--- form before it, "<l>:<t>", took a search, two cuts and two conversions (a tenth of the
--- decision's time); that form is still read (bucket_state, lua/common.lua), and replaced by
--- the first write.
---   l = level in units where one token is `period` units and `rate` units flow in per ms,
---   t = when the level was computed (ms); after `now` while the caller is in debt (a
---       charge took more tokens than there were): the level, 0, refills only from then.
--- A state matters until it has refilled: every write sets the value and the key's end in
--- one command, SET with PXAT t + ceil_div(capacity - l, rate) (on the same clock as
--- `now`), when a missing key reads the same as the state, a full bucket. A lockout may
--- bring that end forward to the block's; the next write sets it again.
--- Older versions of this script kept a hash (l, t, and x, a time before which the key did
--- not expire): such a key is read through HMGET when GET finds a hash, and the first write
--- replaces it, its expiry with it. An older version meeting the new form answers with
--- Redis's WRONGTYPE error, as a failed store call.
---
--- The sliding log. Its key holds a sorted set, one member per admitted unit, scored by the
--- time of its admission (ms); a member scored t counts while t > now - window. A request of
--- `cost` units fits when the members that count plus the cost are at most the limit. The
--- members of one time are named '<time>:<n>', n from 1 up without gaps (five digits, so
--- that their order by name is their order by n): an admission adds the next numbers, a
--- refund takes out the highest. A refund takes out up to `cost` of the members scored at
--- the refunded decision's time (the ones it added; taking any other would count less than
--- never counting the request). An admission first removes the members that no longer
--- count, and counts its units at `now`, or at the newest member's time when that is later
--- (a clock that moved back: later is only stricter, and keeps the newest last); the key
--- expires one window after that time (PEXPIREAT, on the same clock as `now`), when no
--- member counts any more. A refund only removes: it keeps the expiry.
+-- Each algorithm's arithmetic and key form are in its own file, lua/algorithm/*.lua, in
+-- sections that build.rs inserts at each `-- insert: <algorithm> <section>` line below;
+-- lua/lone.lua takes the same sections for a lone policy's script. They work on the
+-- locals named here: `key`, the policy's numbers, `now`, `cost`, `units`, `given`, `fits`,
+-- `remaining`, `wanted` and `reset`.
+
+local floor = math.floor
 
 -- four numbers per policy, then 0, 1 or 3 more: the count of policies is never ambiguous
 local policies = math.floor(#ARGV / 4)
@@ -133,9 +101,9 @@ end
 -- whether the state changed), the policy's kind and three numbers (a sliding window's
 -- limit and window; a token bucket's rate, period and burst), then its state: a sliding
 -- window's s, p, c (rolled to `now`'s window), elapsed (now - s, at least 0) and whether
--- the whole state is to be written (s moved, or a refund changed p), or a token bucket's
--- level (refilled to `now`), stored time and x. Each policy's remaining units before this
--- request go in its place in the reply. Built presized for one policy, the common case.
+-- the whole state is to be written (s moved, or a refund changed p), a token bucket's
+-- level (refilled to `now`) and the time it is written at, or a sliding log's count. Each
+-- policy's remaining units before this request go in its place in the reply. Built presized for one policy, the common case.
 local loaded = { false, false, false, false, false, false, false, false, false, false, false, false }
 -- block keys come after the policies' keys, one per policy that locks out
 local locks = 0
@@ -170,117 +138,38 @@ for i = 1, policies do
       end
     end
   end
+  local key = KEYS[i]
   if kind == '1' then
     local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
-    local stored = redis.call('HMGET', KEYS[i], 's', 'p', 'c')
-    local start = now - now % window
-    local s, p, c = tonumber(stored[1]), tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
-    local whole = true
-    if s == start then
-      whole = false
-    elseif s == nil then
-      s, p, c = start, 0, 0
-    elseif s + window == start then
-      s, p, c = start, c, 0
-    elseif s > start then
-      -- a state from the future (the clock moved back): keep it, it is only stricter
-      whole = false
-    else
-      s, p, c = start, 0, 0
-    end
-    local elapsed = now - s
-    if elapsed < 0 then
-      elapsed = 0
-    end
+    -- insert: sliding_window load
     if refunding then
-      -- the units come off the window they were counted in while it still weighs, never
-      -- below 0
-      local counted_in = given - given % window
-      if counted_in == s and c > 0 then
-        c, fits = math.max(c - cost, 0), true
-      elseif counted_in + window == s and p > 0 then
-        p, fits, whole = math.max(p - cost, 0), true, true
-      end
+      -- insert: sliding_window refund
     else
-      local used = p * (window - elapsed) + c * window
-      fits = charging or (cost <= limit and used <= (limit - cost) * window)
-      if limit * window > used then
-        remaining = floor_div(limit * window - used, window)
-      end
+      -- insert: sliding_window weigh
+      fits = fits or charging
     end
     loaded[base + 3], loaded[base + 4] = limit, window
     loaded[base + 5], loaded[base + 6], loaded[base + 7] = s, p, c
     loaded[base + 8], loaded[base + 9] = elapsed, whole
   elseif kind == '2' then
     local rate, period, burst = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3]), tonumber(ARGV[argv + 4])
-    local capacity = burst * period
-    local level, updated = bucket_state(KEYS[i])
-    if level == nil or updated == nil then
-      level = capacity
+    -- insert: token_bucket load
+    if refunding then
+      -- insert: token_bucket refund
     else
-      local elapsed = now - updated
-      if elapsed < 0 then
-        elapsed = 0
-      end
-      -- past this much silence the bucket is full; checking first keeps products small
-      if elapsed >= ceil_div(capacity, rate) then
-        level = capacity
-      else
-        level = level + elapsed * rate
-        if level > capacity then
-          level = capacity
-        end
-      end
-    end
-    if refunding and updated ~= nil and updated > now then
-      -- in debt: what comes back pays it off first, as much of it as the refill would
-      -- have, in whole milliseconds
-      local owed = cost * period
-      local paid = math.min(floor_div(owed, rate), updated - now)
-      updated = updated - paid
-      if updated <= now then
-        level = math.min(capacity, owed - paid * rate)
-      end
-      fits = paid > 0 or level > 0
-    elseif refunding then
-      -- puts back as many tokens as a bucket that never counted the request would hold
-      -- more: its cost, less what flowed in between the count and the last write (that
-      -- bucket may have been full meanwhile and lost it; since the last write this one
-      -- only filled, which the cap accounts for), capped at the capacity. A state written
-      -- before the count does not hold it.
-      if level < capacity and updated ~= nil and updated >= given then
-        local owed = math.min(cost, burst) * period
-        local since = updated - given
-        -- checked first, so the product below stays under `owed`
-        if since < ceil_div(owed, rate) then
-          level, fits = math.min(capacity, level + owed - since * rate), true
-        end
-      end
-    else
-      fits = charging or (cost <= burst and level >= cost * period)
-      remaining = floor_div(level, period)
+      -- insert: token_bucket weigh
+      fits = fits or charging
     end
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = rate, period, burst
-    loaded[base + 6], loaded[base + 7] = level, updated
+    loaded[base + 6], loaded[base + 7] = level, at
   elseif kind == '3' then
     local limit, window = tonumber(ARGV[argv + 2]), tonumber(ARGV[argv + 3])
-    local count = redis.call('ZCOUNT', KEYS[i], string.format('(%d', now - window), '+inf')
+    -- insert: sliding_log load
     if refunding then
-      -- up to `cost` of the members the refunded decision added, while they count
-      if cost > 0 and given > now - window then
-        local members = redis.call('ZREVRANGEBYSCORE', KEYS[i], given, given, 'LIMIT', 0, cost)
-        -- unpack takes a few thousand values at most: in batches
-        for first = 1, #members, 1000 do
-          redis.call('ZREM', KEYS[i], unpack(members, first, math.min(first + 999, #members)))
-          fits = true
-        end
-        count = count - #members
-      end
+      -- insert: sliding_log refund
     else
-      fits = charging or (cost <= limit and count + cost <= limit)
-      if limit > count then
-        remaining = limit - count
-      end
+      -- insert: sliding_log weigh
+      fits = fits or charging
     end
     loaded[base + 3], loaded[base + 4], loaded[base + 5] = limit, window, count
   else
@@ -299,9 +188,9 @@ for i = 1, policies do
         loaded[base + 9] = true
       elseif kind == '3' then
         -- the log lives until its newest member leaves again
-        local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
+        local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
         if newest[2] then
-          redis.call('PEXPIREAT', KEYS[i], tonumber(newest[2]) + loaded[base + 4])
+          redis.call('PEXPIREAT', key, tonumber(newest[2]) + loaded[base + 4])
         end
       end
     end
@@ -353,100 +242,33 @@ for i = 1, policies do
   if fits then
     wanted = remaining + 1
   end
+  local key = KEYS[i]
   if loaded[base + 2] == '1' then
     local limit, window = loaded[base + 3], loaded[base + 4]
-    local p, c, elapsed = loaded[base + 6], loaded[base + 7], loaded[base + 8]
+    local s, p, c = loaded[base + 5], loaded[base + 6], loaded[base + 7]
+    local elapsed, whole = loaded[base + 8], loaded[base + 9]
     if write then
-      c = c + units
-      if loaded[base + 9] then
-        local s = loaded[base + 5]
-        redis.call('HSET', KEYS[i], 's', s, 'p', p, 'c', c)
-        redis.call('PEXPIREAT', KEYS[i], s + 2 * window)
-      else
-        redis.call('HSET', KEYS[i], 'c', c)
-      end
+      -- insert: sliding_window write
     end
-    if not ((fits and remaining >= limit) or wanted > limit or refunding) then
-      -- milliseconds until `wanted` more fit
-      if c + wanted <= limit then
-        if p > 0 then
-          -- the previous window's share falls enough at `earliest` into this one
-          local earliest = window - floor_div((limit - c - wanted) * window, p)
-          if earliest > elapsed then
-            reset = earliest - elapsed
-          end
-        end
-      else
-        -- only the next window has room, once this one's share of it falls enough
-        local earliest = 0
-        if c > 0 then
-          earliest = window - floor_div((limit - wanted) * window, c)
-          if earliest < 0 then
-            earliest = 0
-          end
-        end
-        reset = window - elapsed + earliest
-      end
+    if not refunding then
+      -- insert: sliding_window wait
     end
   elseif loaded[base + 2] == '3' then
     local limit, window, count = loaded[base + 3], loaded[base + 4], loaded[base + 5]
-    if write and units > 0 then
-      local key = KEYS[i]
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-      local at = now
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      if newest[2] and tonumber(newest[2]) > now then
-        at = tonumber(newest[2])
-      end
-      local n = redis.call('ZCOUNT', key, at, at)
-      local batch = {}
-      for u = 1, units do
-        batch[#batch + 1] = at
-        batch[#batch + 1] = string.format('%d:%05d', at, n + u)
-        if #batch >= 2000 or u == units then
-          redis.call('ZADD', key, unpack(batch))
-          batch = {}
-        end
-      end
-      redis.call('PEXPIREAT', key, at + window)
-      count = count + units
+    if write then
+      -- insert: sliding_log write
     end
-    if not ((fits and remaining >= limit) or wanted > limit or refunding) then
-      -- until the oldest member that must leave for `wanted` more to fit leaves
-      local leaving = count + wanted - limit
-      if leaving >= 1 then
-        local oldest = redis.call('ZRANGEBYSCORE', KEYS[i], string.format('(%d', now - window), '+inf', 'WITHSCORES', 'LIMIT', leaving - 1, 1)
-        if oldest[2] and tonumber(oldest[2]) + window > now then
-          reset = tonumber(oldest[2]) + window - now
-        end
-      end
+    if not refunding then
+      -- insert: sliding_log wait
     end
   else
     local rate, period, burst = loaded[base + 3], loaded[base + 4], loaded[base + 5]
-    local level = loaded[base + 6]
-    -- the stored time never moves back (a clock that went back): moved back, the
-    -- interval in between would be refilled twice
-    local at = loaded[base + 7]
-    if at == nil or at < now then
-      at = now
-    end
+    local level, at = loaded[base + 6], loaded[base + 7]
     if write then
-      level = level - units * period
-      if level < 0 then
-        -- a charge past the bucket: the rest is a debt, refilled before the level rises
-        at = at + ceil_div(-level, rate)
-        level = 0
-      end
-      -- one command: the state, and the key's end when the level has refilled (a missing
-      -- key reads as a full bucket)
-      redis.call('SET', KEYS[i], struct.pack('<xdd', level, at), 'PXAT', at + ceil_div(burst * period - level, rate))
+      -- insert: token_bucket write
     end
-    if not ((fits and remaining >= burst) or wanted > burst or refunding) then
-      local missing = wanted * period - level
-      if missing > 0 then
-        -- and while in debt, the refill starts only at `at`
-        reset = ceil_div(missing, rate) + at - now
-      end
+    if not refunding then
+      -- insert: token_bucket wait
     end
   end
   local lock = loaded[base + 10]
@@ -458,12 +280,12 @@ for i = 1, policies do
     redis.call('SET', loaded[base + 11], now, 'PX', lock)
     if loaded[base + 2] == '1' then
       if loaded[base + 5] + 2 * loaded[base + 4] > ends then
-        redis.call('PEXPIREAT', KEYS[i], ends)
+        redis.call('PEXPIREAT', key, ends)
       end
     else
-      local left = redis.call('PTTL', KEYS[i])
+      local left = redis.call('PTTL', key)
       if left < 0 or now + left > ends then
-        redis.call('PEXPIREAT', KEYS[i], ends)
+        redis.call('PEXPIREAT', key, ends)
       end
     end
     reset = lock

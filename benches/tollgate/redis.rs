@@ -36,7 +36,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     };
     let callers = callers(CALLERS);
     // What tollgate's decisions cost redis-server, over the run below (the script of a
-    // lone sliding window, lua/sliding_window.lua, with its arguments packed).
+    // lone sliding window, lua/lone.lua made for it, with its arguments packed).
     let (cpu_before, calls_before) = (server_cpu_seconds(&server), script_calls(&server));
 
     let mut group = c.benchmark_group(GROUP);
@@ -151,7 +151,7 @@ const SCRIPT_COST_ROUNDS: usize = 3;
 /// The minimal sliding window that prices tollgate's script in redis-server's CPU.
 const MINIMAL_WINDOW: &str = include_str!("minimal_window.lua");
 
-/// The script of tollgate's decisions above (lua/sliding_window.lua after lua/clock.lua),
+/// The script of tollgate's decisions above (lua/lone.lua for a sliding window, after lua/clock.lua),
 /// as redis-benchmark can run it: its three numbers read as text, where tollgate packs
 /// them in one binary argument that a command line cannot carry. Reading them so takes
 /// three `tonumber` calls where tollgate's decisions take one unpack: about 0.25 µs more
@@ -162,11 +162,11 @@ fn lone_window_as_text() -> String {
         "local limit, window, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])";
     let script = concat!(
         include_str!("../../lua/clock.lua"),
-        include_str!("../../lua/sliding_window.lua")
+        include_str!(concat!(env!("OUT_DIR"), "/lone_sliding_window.lua"))
     );
     assert!(
         script.contains(PACKED),
-        "lua/sliding_window.lua reads its arguments so"
+        "lua/algorithm/sliding_window.lua reads its arguments so"
     );
     script.replace(PACKED, TEXT)
 }

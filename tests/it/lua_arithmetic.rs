@@ -4,9 +4,9 @@
 //! `PolicyState::evaluate`, `Algorithm::refund` and `Algorithm::charge` on every step of
 //! random sequences of requests of random costs (above the quota included), leases,
 //! refunds and charges past the quota (debts), for the sliding window, the token bucket
-//! and the sliding log (a token bucket's decisions alternating with lua/token_bucket.lua,
-//! and a sliding window's with lua/sliding_window.lua, their own scripts, on the same
-//! key); and after every step the key expires no earlier than its state
+//! and the sliding log (a token bucket's decisions alternating with
+//! lua/lone.lua made for the bucket, and a sliding window's with it made for the window,
+//! their own scripts, on the same key); and after every step the key expires no earlier than its state
 //! stops weighing in decisions, and no later than the longest such a state can weigh.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +17,7 @@ use tollgate::Policy;
 use tollgate::store::{Algorithm, PolicyOutcome, PolicyState};
 use tollgate_testkit::redis::RedisServer;
 
-/// The shipped lua/policies.lua, run at `now` given as an argument instead of Redis's TIME,
+/// The shipped lua/policies.lua, with the sections of lua/algorithm/ build.rs inserts, run at `now` given as an argument instead of Redis's TIME,
 /// so both sides can be stepped through the same instants. Arguments: kind, the three
 /// policy numbers, now, then the script's own trailing arguments (the cost, and for a
 /// lease or a refund a number and the operation).
@@ -28,7 +28,7 @@ fn harness() -> String {
 -- the parameters stand in for the script's ARGV and lua/clock.lua's `now`
 local function policies(ARGV, now)
 "#,
-        include_str!("../../lua/policies.lua"),
+        include_str!(concat!(env!("OUT_DIR"), "/policies.lua")),
         r#"
 end
 local args = { ARGV[1], ARGV[2], ARGV[3], ARGV[4] }
@@ -45,8 +45,8 @@ return { reply[1], reply[2], reply[3], reply[4] }
     .concat()
 }
 
-/// The shipped script of a lone policy's decisions (lua/token_bucket.lua,
-/// lua/sliding_window.lua), run at `now` given as an argument as [`harness`] runs
+/// The shipped script of a lone policy's decisions (lua/lone.lua, made for the algorithm
+/// by build.rs), run at `now` given as an argument as [`harness`] runs
 /// lua/policies.lua, with the same arguments: kind, the three policy numbers, now, the
 /// cost. `packed` is the Lua that packs those the script reads into its one argument; its
 /// packed reply is read back in the general script's shape.
@@ -252,11 +252,11 @@ proptest! {
             let mut connection = client.get_connection().unwrap();
             let script = redis::Script::new(&harness());
             let bucket = redis::Script::new(&lone_harness(
-                include_str!("../../lua/token_bucket.lua"),
+                include_str!(concat!(env!("OUT_DIR"), "/lone_token_bucket.lua")),
                 "struct.pack('<dddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6]))",
             ));
             let window = redis::Script::new(&lone_harness(
-                include_str!("../../lua/sliding_window.lua"),
+                include_str!(concat!(env!("OUT_DIR"), "/lone_sliding_window.lua")),
                 "struct.pack('<ddd', tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[6]))",
             ));
             let key = format!("case:{}", CASE.fetch_add(1, Ordering::Relaxed));

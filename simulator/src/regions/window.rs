@@ -4,9 +4,9 @@
 //! count outside the global store: a region's share while it is cut off, what that share
 //! admitted, and a region's demand.
 //!
-//! The arithmetic is tollgate's own (`Algorithm::SlidingWindow`, lua/policies.lua), written
-//! out here in integers so that a port to Lua reads it line for line; the tests check it
-//! against tollgate's.
+//! The arithmetic is tollgate's own (`Algorithm::SlidingWindow`,
+//! lua/algorithm/sliding_window.lua), written out here in integers so that a port to Lua
+//! reads it line for line; the tests check it against tollgate's.
 
 /// A sliding window counter's state: the start of the current fixed window (ms since the
 /// epoch), the previous window's count and the current one's. All zero is a counter never

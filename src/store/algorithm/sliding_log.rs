@@ -1,6 +1,6 @@
 //! The sliding log: the time of every admitted unit in the last window, so that no window
-//! of its length ever holds more than the limit. lua/policies.lua is its transcription for
-//! Redis (a sorted set of admissions scored by their time).
+//! of its length ever holds more than the limit. lua/algorithm/sliding_log.lua is its
+//! transcription for Redis (a sorted set of admissions scored by their time).
 
 use std::collections::VecDeque;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The sliding window counter: the previous fixed window's count, weighted by how much of
-//! it still overlaps the sliding window, plus the current window's count. lua/policies.lua
-//! is its transcription for Redis.
+//! it still overlaps the sliding window, plus the current window's count.
+//! lua/algorithm/sliding_window.lua is its transcription for Redis.
 
 use super::{Divisor, PolicyOutcome, State, floor_div};
 

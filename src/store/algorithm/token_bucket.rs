@@ -1,7 +1,7 @@
 //! The token bucket: holds up to `burst` tokens, refills `rate` tokens every `period_ms`,
 //! and each request takes one. The level is kept in units where one token is `period_ms`
 //! units and `rate` units flow in per millisecond, so refill stays in integers.
-//! lua/policies.lua is its transcription for Redis.
+//! lua/algorithm/token_bucket.lua is its transcription for Redis.
 
 use super::{Divisor, PolicyOutcome, State};
 

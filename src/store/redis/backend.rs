@@ -23,34 +23,34 @@ use crate::store::future::StoreFuture;
 use crate::store::policy::Policy;
 
 /// The one script for decisions, leases, refunds and charges: the shared helpers, Redis's clock,
-/// then lua/policies.lua, which spells each algorithm out once, inline (Redis runs a
-/// script's whole body on every call, so functions defined in it would be built again for
-/// every decision).
+/// then lua/policies.lua with each algorithm's sections of lua/algorithm/ inserted by
+/// build.rs, each spelt out inline (Redis runs a script's whole body on every call, so
+/// functions defined in it would be built again for every decision).
 const SCRIPT_SOURCE: &str = concat!(
     include_str!("../../../lua/common.lua"),
     include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/policies.lua"),
+    include_str!(concat!(env!("OUT_DIR"), "/policies.lua")),
 );
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SCRIPT_SOURCE));
 
 /// The decision of a caller's one token bucket that does not lock out, a common call,
-/// in a script of its own (lua/token_bucket.lua): the same key and arithmetic as the one
-/// script's, without its loops over policies, kinds and operations or its helpers, and
-/// with its numbers and reply packed.
+/// in a script of its own (lua/lone.lua made for it): the same key and the same sections
+/// of lua/algorithm/token_bucket.lua as the one script's, without its loops over policies,
+/// kinds and operations or its helpers, and with its numbers and reply packed.
 const BUCKET_SOURCE: &str = concat!(
     include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
+    include_str!(concat!(env!("OUT_DIR"), "/lone_token_bucket.lua")),
 );
 
 static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(BUCKET_SOURCE));
 
 /// The decision of a caller's one sliding window that does not lock out, in a script of
-/// its own (lua/sliding_window.lua), as the lone bucket's: the one script's key and
-/// arithmetic, its numbers and reply packed.
+/// its own (lua/lone.lua made for it), as the lone bucket's: the one script's key and
+/// sections, its numbers and reply packed.
 const WINDOW_SOURCE: &str = concat!(
     include_str!("../../../lua/clock.lua"),
-    include_str!("../../../lua/sliding_window.lua"),
+    include_str!(concat!(env!("OUT_DIR"), "/lone_sliding_window.lua")),
 );
 
 static WINDOW: LazyLock<Script> = LazyLock::new(|| Script::new(WINDOW_SOURCE));
@@ -588,7 +588,7 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
     Ok(CheckOutcome::new(outcomes).counted_at(counted_at))
 }
 
-/// A lone policy's arguments (lua/token_bucket.lua, lua/sliding_window.lua): its numbers
+/// A lone policy's arguments (lua/lone.lua, the `arguments` section of lua/algorithm/): its numbers
 /// packed as little-endian doubles, one argument that the script reads with one call. The
 /// scripts compute in doubles whatever form the numbers come in, so packing loses nothing.
 struct Packed {
