@@ -8,11 +8,18 @@ use crate::store::algorithm::PolicyOutcome;
 impl PolicySet {
     /// The refusal of a request of `cost` units when some policy's quota is below it:
     /// those policies refuse, `r` and `t` unknown (0), nothing consumed.
+    // Inlined: the usual request of one unit costs one comparison, not a call.
+    #[inline]
     pub(crate) fn unaffordable(&self, cost: u64) -> Option<Decision> {
         // One unit always fits a quota: the common case costs one comparison per policy.
         if cost <= 1 || self.limits.iter().all(|p| p.algorithm().quota() >= cost) {
             return None;
         }
+        self.refusal_of_cost(cost)
+    }
+
+    #[cold]
+    fn refusal_of_cost(&self, cost: u64) -> Option<Decision> {
         let outcomes: Vec<PolicyOutcome> = self
             .limits
             .iter()

@@ -591,6 +591,7 @@ impl Inner {
     }
 
     /// Counts `decision` and records it on its span.
+    #[inline]
     fn recorded(&self, decision: &Decision, span: Option<&Span>) {
         self.metrics.decision(decision);
         telemetry::record_decision(span, decision);
