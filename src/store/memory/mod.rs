@@ -163,6 +163,7 @@ impl InMemoryBackend {
     }
 
     /// The caller's hash, computed once per decision, and its shard.
+    #[inline]
     fn shard(&self, caller: &CallerKey) -> (u64, &RwLock<Shard>) {
         let hash = self.shared.hasher.hash_one(caller.encoded());
         // Bits the table uses neither for the slot (the low ones) nor for its tags (the

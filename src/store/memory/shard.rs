@@ -33,6 +33,8 @@ pub(super) struct Shard {
 }
 
 impl Shard {
+    /// The position of the caller whose key is `key` (hashed to `hash`), if tracked.
+    #[inline]
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
         let entries = &self.entries;
         self.index
@@ -41,6 +43,7 @@ impl Shard {
     }
 
     /// The index of a counter this shard has stored, if any.
+    #[inline]
     pub(super) fn counter(&self, name: &Arc<str>) -> Option<u32> {
         find_counter(&self.counters, name)
     }
