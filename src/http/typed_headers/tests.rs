@@ -449,6 +449,11 @@ fn the_public_parse_logs_what_is_wrong() {
             Ok(())
         }
     }
+    // The log's callsite registered here, before the subscriber: a callsite registers once
+    // per process, and another test's thread registering it while this test's subscriber
+    // is the only one would set its interest from that thread's (absent) subscriber,
+    // after the rebuild below.
+    assert!(RateLimitHeader::parse(b"\"a\";t=1").is_err());
     let log = Log::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()
