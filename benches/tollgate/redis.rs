@@ -9,9 +9,9 @@ use tollgate::{Limiter, RedisBackend};
 use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, median_ns, per_sec, ran, write_rows};
-use crate::support::wanted;
 use crate::support::{
-    CALLERS, SLOW_TEST_MACHINE, TASKS, big_window, callers, multi_thread_runtime,
+    CALLERS, SLOW_TEST_MACHINE, TASKS, big_window, callers, multi_thread_runtime, scripts_run,
+    wanted,
 };
 
 /// Redis decisions per second at 64 concurrent tasks, and `redis-benchmark -P 16` running
@@ -37,7 +37,7 @@ pub(crate) fn bench(c: &mut Criterion) {
     let callers = callers(CALLERS);
     // What tollgate's decisions cost redis-server, over the run below (the script of a
     // lone sliding window, lua/lone.lua made for it, with its arguments packed).
-    let (cpu_before, calls_before) = (server_cpu_seconds(&server), script_calls(&server));
+    let (cpu_before, calls_before) = (server_cpu_seconds(&server), scripts_run(&server));
 
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
@@ -74,7 +74,7 @@ pub(crate) fn bench(c: &mut Criterion) {
         });
     });
     group.finish();
-    let calls = script_calls(&server).saturating_sub(calls_before).max(1);
+    let calls = scripts_run(&server).saturating_sub(calls_before).max(1);
     let ours_cpu = (server_cpu_seconds(&server) - cpu_before) / calls as f64;
 
     let Some(median) = median_ns(GROUP, "tollgate_64_tasks") else {
@@ -125,24 +125,6 @@ pub(crate) fn bench(c: &mut Criterion) {
             ),
         ],
     );
-}
-
-/// The scripts redis-server has run so far (`EVALSHA` and `EVAL`, from `INFO
-/// commandstats`).
-fn script_calls(server: &RedisServer) -> u64 {
-    let stats = server.must(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// How many times each script runs under `redis-benchmark`, alternating, best run kept.

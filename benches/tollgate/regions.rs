@@ -14,7 +14,7 @@ use tollgate_testkit::rates::unix_millis;
 use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, write_rows};
-use crate::support::{SLOW_TEST_MACHINE, multi_thread_runtime, wanted};
+use crate::support::{SLOW_TEST_MACHINE, multi_thread_runtime, scripts_run, wanted};
 
 const GROUP: &str = "regions";
 const WAN_RTT: Duration = Duration::from_millis(160);
@@ -60,21 +60,6 @@ fn region(name: &str, global: &RedisServer, quota: Quota) -> Region {
         stores,
         limiters,
     }
-}
-
-/// Scripts run by a redis-server so far (`EVALSHA` and `EVAL`).
-fn scripts_run(server: &RedisServer) -> u64 {
-    let stats = server.must(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split([':', ','])
-                .find_map(|field| field.strip_prefix("calls="))?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// What a run saw in each region: decisions as (unix ms, admitted), WAN calls, and scripts

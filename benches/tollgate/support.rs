@@ -1,5 +1,6 @@
 //! Helpers more than one scenario uses: the criterion settings, the callers, the policies
-//! no caller reaches, the runtimes, the layer driver, and the sizes the scenarios share.
+//! no caller reaches, the runtimes, the layer driver, the sizes the scenarios share, and
+//! the scripts a redis-server has run.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,6 +15,7 @@ use criterion::{Bencher, Criterion};
 use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::runtime::Runtime;
 use tollgate::{Caller, Policy, Quota};
+use tollgate_testkit::redis::RedisServer;
 use tower::{Service, ServiceExt};
 
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
@@ -169,4 +171,19 @@ pub(crate) fn config() -> Criterion {
         .sample_size(50)
         .nresamples(20_000)
         .output_directory(&crate::report::criterion_dir())
+}
+
+/// Scripts run by a redis-server so far (`EVALSHA` and `EVAL`).
+pub(crate) fn scripts_run(server: &RedisServer) -> u64 {
+    let stats = server.must(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split([':', ','])
+                .find_map(|field| field.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
