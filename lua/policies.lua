@@ -103,7 +103,8 @@ end
 -- window's s, p, c (rolled to `now`'s window), elapsed (now - s, at least 0) and whether
 -- the whole state is to be written (s moved, or a refund changed p), a token bucket's
 -- level (refilled to `now`) and the time it is written at, or a sliding log's count. Each
--- policy's remaining units before this request go in its place in the reply. Built presized for one policy, the common case.
+-- policy's remaining units before this request go in its place in the reply. Built
+-- presized for one policy, the common case.
 local loaded = { false, false, false, false, false, false, false, false, false, false, false, false }
 -- block keys come after the policies' keys, one per policy that locks out
 local locks = 0

@@ -133,8 +133,8 @@ const SCRIPT_COST_ROUNDS: usize = 3;
 /// The minimal sliding window that prices tollgate's script in redis-server's CPU.
 const MINIMAL_WINDOW: &str = include_str!("minimal_window.lua");
 
-/// The script of tollgate's decisions above (lua/lone.lua for a sliding window, after lua/clock.lua),
-/// as redis-benchmark can run it: its three numbers read as text, where tollgate packs
+/// The script of tollgate's decisions above (lua/lone.lua for a sliding window, after
+/// lua/clock.lua), as redis-benchmark can run it: its three numbers read as text, where tollgate packs
 /// them in one binary argument that a command line cannot carry. Reading them so takes
 /// three `tonumber` calls where tollgate's decisions take one unpack: about 0.25 µs more
 /// per call.

@@ -588,9 +588,10 @@ fn parse_reply(reply: &[i64], limits: usize) -> Result<CheckOutcome, StoreError>
     Ok(CheckOutcome::new(outcomes).counted_at(counted_at))
 }
 
-/// A lone policy's arguments (lua/lone.lua, the `arguments` section of lua/algorithm/): its numbers
-/// packed as little-endian doubles, one argument that the script reads with one call. The
-/// scripts compute in doubles whatever form the numbers come in, so packing loses nothing.
+/// A lone policy's arguments (lua/lone.lua, the `arguments` section of lua/algorithm/): its
+/// numbers packed as little-endian doubles, one argument that the script reads with one
+/// call. The scripts compute in doubles whatever form the numbers come in, so packing loses
+/// nothing.
 struct Packed {
     bytes: [u8; 32],
     len: usize,
