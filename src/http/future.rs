@@ -363,7 +363,32 @@ where
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The usual request, decided within `call` with nothing to add to its response,
+        // takes this step alone: the code an admitted request runs stays small, and the
+        // other steps are out of its way.
+        let mut this = self.as_mut().project();
+        if this.head.config.is_none()
+            && let StateProj::Calling { future, .. } = this.state.as_mut().project()
+        {
+            let response = ready!(future.poll(cx))?;
+            this.state.set(State::Done);
+            return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+        }
+        self.poll_steps(cx)
+    }
+}
+
+impl<S, K, ReqBody, ResBody> ResponseFuture<S, K, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    K: AsyncKeyExtractor,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    /// Every step but the usual one: a request that waits, a refusal, a response that gets
+    /// fields, the decision or a settlement.
+    #[inline(never)]
+    fn poll_steps(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<<Self as Future>::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
