@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use tollgate::decision::{BreakerState, DecisionSource};
 use tollgate::{
-    Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, RedisBackend,
+    Caller, Decision, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota,
+    RedisBackend,
 };
 use tollgate_testkit::redis::RedisServer;
 
@@ -18,6 +19,13 @@ use crate::support::{CALLERS, TASKS, big_window, callers, multi_thread_runtime};
 
 /// The store timeout of the frozen-store scenario (the limiter's default).
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// A sliding window the in-process store decides by one compare-and-swap (a count that
+/// packs in one word), which no caller of this bench fills: its 10,000 callers take
+/// turns, each a few hundred requests a second.
+fn packed_window() -> Policy {
+    Policy::sliding_window("per-second", Quota::per_second(100_000))
+}
 
 /// Rounds of "freeze the store, decide from 64 tasks until the breaker opens".
 const FREEZE_ROUNDS: usize = 10;
@@ -71,16 +79,17 @@ pub(crate) fn bench(c: &mut Criterion) {
     };
     runtime.block_on(store.ping()).expect("redis answers");
     let callers = callers(CALLERS);
-    let build = |name: &str, policy: FailurePolicy| {
+    let build_with = |name: &str, policy: FailurePolicy, limit: Policy| {
         let _guard = runtime.enter();
         Limiter::builder()
             .name(name)
             .backend(store.clone())
             .store_timeout(STORE_TIMEOUT)
-            .policy(big_window())
+            .policy(limit)
             .on_store_failure(policy)
             .build()
     };
+    let build = |name: &str, policy: FailurePolicy| build_with(name, policy, big_window());
     let local_share = || FailurePolicy::local_share(InstanceCount::fixed(1));
 
     // Until the breaker opens: fresh limiters (fresh breakers) on one connection.
@@ -114,18 +123,23 @@ pub(crate) fn bench(c: &mut Criterion) {
     server.pause();
     let share = build("frozen-local-share", local_share());
     let open = build("frozen-open", FailurePolicy::open());
-    for limiter in [&share, &open] {
+    let packed_share = build_with("frozen-packed-share", local_share(), packed_window());
+    for limiter in [&share, &open, &packed_share] {
         runtime.block_on(until_open(limiter, &callers));
     }
     let Decision::Allowed(info) = runtime.block_on(share.check(&callers[0])) else {
         panic!("the local share refused")
     };
     assert_eq!(info.source(), DecisionSource::LocalShare);
-    let in_process = Limiter::builder()
-        .name("frozen-store")
-        .backend(InMemoryBackend::new())
-        .policy(big_window())
-        .build();
+    let in_process_with = |limit: Policy| {
+        Limiter::builder()
+            .name("frozen-store")
+            .backend(InMemoryBackend::new())
+            .policy(limit)
+            .build()
+    };
+    let in_process = in_process_with(big_window());
+    let packed_in_process = in_process_with(packed_window());
 
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
@@ -133,6 +147,8 @@ pub(crate) fn bench(c: &mut Criterion) {
         ("breaker_open_local_share", &share),
         ("breaker_open_fail_open", &open),
         ("in_process_backend", &in_process),
+        ("packed_breaker_open_local_share", &packed_share),
+        ("packed_in_process_backend", &packed_in_process),
     ] {
         group.bench_function(id, |b| {
             ran(GROUP, id);
@@ -176,19 +192,27 @@ pub(crate) fn bench(c: &mut Criterion) {
         .target(format!("≤ {} (timeout + 5 ms)", ms(bound)), p99 <= bound),
     )];
     let get = |id| median_ns(GROUP, id);
-    for (row_id, id, what) in [
+    for (row_id, id, base_id, what) in [
         (
             "frozen_store/local_share",
             "breaker_open_local_share",
+            "in_process_backend",
             "fail to the local share",
         ),
         (
             "frozen_store/fail_open",
             "breaker_open_fail_open",
+            "in_process_backend",
             "fail open",
         ),
+        (
+            "frozen_store/packed_local_share",
+            "packed_breaker_open_local_share",
+            "packed_in_process_backend",
+            "fail to the local share, a window of 100,000 a second (one compare-and-swap, on both sides)",
+        ),
     ] {
-        let (Some(base), Some(ours)) = (get("in_process_backend"), get(id)) else {
+        let (Some(base), Some(ours)) = (get(base_id), get(id)) else {
             continue;
         };
         let ratio = base / ours;

@@ -269,6 +269,7 @@ impl Breaker {
 
     /// [`admit`](Self::admit) with the time read by `now`, on the breaker's clock, and
     /// only when the breaker is not closed.
+    #[inline]
     pub(crate) fn admit_at(&self, now: impl FnOnce() -> u64) -> Admission {
         // The epoch is read before the state: a call that sees the breaker closed carries
         // the epoch of that closed spell, or an older one (then its outcome is ignored).
@@ -278,13 +279,20 @@ impl Breaker {
             return Admission::Call(self.permit(false, epoch));
         }
         let now = now();
-        // The common answers while the store is down, without the lock: the deadline is
+        // The common answer while the store is down, without the lock: the deadline is
         // stored before the state that it goes with, so an open state read here comes
         // with its own deadline or a later one.
-        let probing = self.shared.probe_in_flight.load(Ordering::Acquire);
-        if (state == OPEN && now < self.shared.open_until_ms.load(Ordering::Acquire))
-            || (state == HALF_OPEN && probing)
-        {
+        if state == OPEN && now < self.shared.open_until_ms.load(Ordering::Acquire) {
+            return Admission::Reject;
+        }
+        self.admit_after_open(state, now)
+    }
+
+    /// [`admit_at`](Self::admit_at) for a breaker half open, or open past its deadline:
+    /// the one request that probes the store is chosen under the lock.
+    #[inline(never)]
+    fn admit_after_open(&self, state: u8, now: u64) -> Admission {
+        if state == HALF_OPEN && self.shared.probe_in_flight.load(Ordering::Acquire) {
             return Admission::Reject;
         }
         let _t = self.lock();

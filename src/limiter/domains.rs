@@ -44,6 +44,7 @@ impl Domain {
     /// Permission to call the store for a caller whose part of the store is `reach` (`now`
     /// read only if the breaker is not closed). A part that has its connection again lets
     /// a breaker that was waiting for it probe at once.
+    #[inline]
     pub(crate) fn admit_at(&self, reach: FailureDomain, now: impl FnOnce() -> u64) -> Admission {
         if reach.is_connected() {
             self.breaker.connected();
@@ -142,10 +143,17 @@ impl Domains {
     /// `backend`). Meeting a new domain is also when the domains `backend` no longer has
     /// get their breakers reset: a failover that moved a lost master's slots to its replica
     /// leaves no breaker open for the master that is gone.
+    #[inline]
     pub(crate) fn get(&self, id: u32, backend: &dyn Backend) -> DomainRef<'_> {
         if id == 0 {
             return DomainRef::Borrowed(&self.first);
         }
+        self.get_other(id, backend)
+    }
+
+    /// [`get`](Self::get) for a part other than the first.
+    #[inline(never)]
+    fn get_other(&self, id: u32, backend: &dyn Backend) -> DomainRef<'_> {
         if let Some(domain) = self.others.load().iter().find(|d| d.id == id) {
             return DomainRef::Shared(domain.clone());
         }

@@ -159,6 +159,8 @@ pub(in crate::limiter) struct ShareSet {
     /// The same, as the decisions made against them hold them.
     reported: ReportedSet,
     parts: Box<[Share]>,
+    /// Whether a part is taken in turns: without one, no decision reads the turns.
+    takes_turns: bool,
     /// How long a decision on these counters weighs.
     retention_ms: u64,
 }
@@ -185,6 +187,7 @@ impl ShareSet {
             .map(|(limit, part)| limit.with_algorithm(part.algorithm))
             .collect();
         let retention_ms = policies.iter().map(|p| p.retention_ms()).max().unwrap_or(0);
+        let takes_turns = parts.iter().any(|part| part.turns.is_some());
         Self {
             original: original.clone(),
             instances,
@@ -192,6 +195,7 @@ impl ShareSet {
             reported: ReportedSet::store(&policies),
             policies,
             parts,
+            takes_turns,
             retention_ms,
         }
     }
@@ -204,6 +208,9 @@ impl ShareSet {
     /// 0 while every policy taken in turns is in this instance's turn; else the longest
     /// wait for one.
     fn turn_wait_ms(&self, now_ms: u64) -> u64 {
+        if !self.takes_turns {
+            return 0;
+        }
         self.parts
             .iter()
             .filter_map(|part| part.turns.map(|turns| turns.wait_ms(now_ms)))
@@ -415,6 +422,7 @@ impl Fallback {
     }
 
     /// Counts the failure, and decides the request by the failure policy.
+    #[inline]
     pub(super) fn decide(
         &self,
         failure: &Failure<'_>,
@@ -423,6 +431,13 @@ impl Fallback {
         cost: u64,
     ) -> Decision {
         failure.counters.count(failure.reason);
+        // Through an outage, the usual request of a local share: its set's share resolved.
+        if let FailurePolicy::LocalShare(instances) = &self.policy
+            && let Some(share) = set.share.get()
+            && share.is_for(instances)
+        {
+            return self.decide_share(caller, set, share, cost, failure.now);
+        }
         self.apply(&self.policy, failure, caller, set, cost)
     }
 
@@ -579,8 +594,7 @@ impl Fallback {
         if let [limit] = &*share.policies
             && let Some(outcome) = self.local.decide_one_at(caller.key(), limit, cost, now)
         {
-            let outcome = CheckOutcome::one(outcome).counted_at(now);
-            return self.share_decision(set, share, &outcome, cost);
+            return share_answer(set, share, outcome.admitted, &[outcome], now, cost);
         }
         let mut answer = None;
         let outcome = self
@@ -605,24 +619,8 @@ impl Fallback {
         outcome: &CheckOutcome,
         cost: u64,
     ) -> Decision {
-        // An admission was taken by the local counters: a refund goes back to them.
-        let receipt = outcome.admitted().then(|| Receipt {
-            counted_at_ms: outcome.counted_at_ms(),
-            set_id: set.id,
-            shared: false,
-        });
-        let info = RateLimitInfo::of_store(
-            share.reported.clone(),
-            outcome.limits(),
-            DecisionSource::LocalShare,
-            cost,
-            receipt,
-        );
-        if outcome.admitted() {
-            Decision::Allowed(info)
-        } else {
-            Decision::Limited(info)
-        }
+        let (admitted, counted_at_ms) = (outcome.admitted(), outcome.counted_at_ms());
+        share_answer(set, share, admitted, outcome.limits(), counted_at_ms, cost)
     }
 
     /// `limits` divided among `instances` as this instance's share, computed once per set,
@@ -653,6 +651,36 @@ impl Fallback {
             shares
         });
         stored
+    }
+}
+
+/// The local counters' answer, given as its parts, as a decision advertising the share.
+#[inline]
+fn share_answer(
+    set: &PolicySet,
+    share: &ShareSet,
+    admitted: bool,
+    outcomes: &[PolicyOutcome],
+    counted_at_ms: u64,
+    cost: u64,
+) -> Decision {
+    // An admission was taken by the local counters: a refund goes back to them.
+    let receipt = admitted.then_some(Receipt {
+        counted_at_ms,
+        set_id: set.id,
+        shared: false,
+    });
+    let info = RateLimitInfo::of_store(
+        share.reported.clone(),
+        outcomes,
+        DecisionSource::LocalShare,
+        cost,
+        receipt,
+    );
+    if admitted {
+        Decision::Allowed(info)
+    } else {
+        Decision::Limited(info)
     }
 }
 
