@@ -321,8 +321,9 @@ impl InMemoryBackend {
     /// of a limiter with one policy): what the policy reports, whether it admitted
     /// included. `None` for any other caller, which [`decide_at`](Self::decide_at) decides.
     // Inlined into its callers: returned through memory, the outcome was written in one
-    // shape and read back in another, a stalled load on every decision.
-    #[inline]
+    // shape and read back in another, a stalled load on every decision. Always: the local
+    // share's decision, a larger function, was otherwise left with a call.
+    #[inline(always)]
     pub(crate) fn decide_one_at(
         &self,
         caller: &CallerKey,
