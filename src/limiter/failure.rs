@@ -433,8 +433,7 @@ impl Fallback {
         failure.counters.count(failure.reason);
         // Through an outage, the usual request of a local share: its set's share resolved.
         if let FailurePolicy::LocalShare(instances) = &self.policy
-            && let Some(share) = set.share.get()
-            && share.is_for(instances)
+            && let Some(share) = resolved_share(set, instances)
         {
             return self.decide_share(caller, set, share, cost, failure.now);
         }
@@ -457,11 +456,7 @@ impl Fallback {
                 policies: limits.clone(),
             },
             FailurePolicy::LocalShare(instances) => {
-                // Resolved once for the set and the instance count: borrowed, no reference
-                // counted, no lookup.
-                if let Some(share) = set.share.get()
-                    && share.is_for(instances)
-                {
+                if let Some(share) = resolved_share(set, instances) {
                     return self.decide_share(caller, set, share, cost, failure.now);
                 }
                 // The first share decision of this set, or the instance count changed
@@ -652,6 +647,16 @@ impl Fallback {
         });
         stored
     }
+}
+
+/// The share of `set` for `instances` as they stand, when a decision resolved it already:
+/// borrowed, no reference counted, no lookup.
+#[inline]
+fn resolved_share<'a>(set: &'a PolicySet, instances: &InstanceCount) -> Option<&'a ShareSet> {
+    set.share
+        .get()
+        .filter(|share| share.is_for(instances))
+        .map(|share| &**share)
 }
 
 /// The local counters' answer, given as its parts, as a decision advertising the share.
