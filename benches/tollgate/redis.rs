@@ -134,10 +134,10 @@ const SCRIPT_COST_ROUNDS: usize = 3;
 const MINIMAL_WINDOW: &str = include_str!("minimal_window.lua");
 
 /// The script of tollgate's decisions above (lua/lone.lua for a sliding window, after
-/// lua/clock.lua), as redis-benchmark can run it: its three numbers read as text, where tollgate packs
-/// them in one binary argument that a command line cannot carry. Reading them so takes
-/// three `tonumber` calls where tollgate's decisions take one unpack: about 0.25 µs more
-/// per call.
+/// lua/clock.lua), as redis-benchmark can run it: its three numbers read as text, where
+/// tollgate packs them in one binary argument that a command line cannot carry. Reading
+/// them so takes three `tonumber` calls where tollgate's decisions take one unpack: about
+/// 0.25 µs more per call.
 fn lone_window_as_text() -> String {
     const PACKED: &str = "local limit, window, cost = struct.unpack('<ddd', ARGV[1])";
     const TEXT: &str =
