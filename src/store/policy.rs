@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::algorithm::{Algorithm, Divisors, packs};
+use crate::store::algorithm::{Algorithm, BucketUnits, Divisors, packs};
 use crate::store::build_error::BuildError;
 
 /// A number of requests over a span of time, read the way people say it:
@@ -168,6 +168,8 @@ pub struct Policy {
     divisors: Divisors,
     /// Whether the in-process store keeps its states in one word.
     packs_in_one_word: bool,
+    /// A packed token bucket's numbers in its word's units.
+    bucket_units: Option<BucketUnits>,
 }
 
 impl Policy {
@@ -392,6 +394,7 @@ impl Policy {
             retention_ms: algorithm.retention_ms(),
             divisors: Divisors::of(&algorithm),
             packs_in_one_word: packs(&algorithm),
+            bucket_units: BucketUnits::of(&algorithm),
             algorithm,
             scope,
             counter,
@@ -615,6 +618,11 @@ impl Policy {
     /// compare-and-swap.
     pub(crate) fn packs_in_one_word(&self) -> bool {
         self.packs_in_one_word
+    }
+
+    /// For a token bucket whose states pack, its numbers in the packed word's units.
+    pub(crate) fn bucket_units(&self) -> Option<&BucketUnits> {
+        self.bucket_units.as_ref()
     }
 
     /// The same policy under the name `<level>:<name>`, as a budget level's policies are

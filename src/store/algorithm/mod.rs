@@ -12,7 +12,7 @@ mod sliding_window;
 mod token_bucket;
 
 pub(crate) use divisor::{Divisor, Divisors, gcd};
-pub(crate) use packed::{Packing, packs};
+pub(crate) use packed::{BucketUnits, Packing, WordDecision, packs};
 pub(crate) use share::Share;
 pub(crate) use sliding_log::AdmissionLog;
 

@@ -14,7 +14,7 @@
 //! ([`Packing::encode`] answers `None`), and the store keeps it unpacked. Decoding is exact,
 //! so both forms decide alike.
 
-use super::{Algorithm, Divisors, Numbers, State, gcd};
+use super::{Algorithm, Divisor, Divisors, Numbers, PolicyOutcome, State, gcd};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -230,6 +230,128 @@ impl Packing {
     }
 }
 
+/// A token bucket's numbers in the units its packed level counts in (the greatest common
+/// divisor of its rate and period), fixed when its policy is made: what
+/// [`Packing::decide_bucket`] decides a packed word with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct BucketUnits {
+    unit: u64,
+    /// Units flowing in per millisecond.
+    rate: Divisor,
+    /// Units a token takes.
+    period: Divisor,
+    burst: u64,
+    /// Units in a full bucket.
+    capacity: u64,
+}
+
+impl BucketUnits {
+    /// The units of `algorithm`'s packed states, if it is a token bucket whose states pack.
+    pub(crate) fn of(algorithm: &Algorithm) -> Option<Self> {
+        let Algorithm::TokenBucket {
+            rate,
+            period_ms,
+            burst,
+        } = *algorithm
+        else {
+            return None;
+        };
+        packs(algorithm).then_some(())?;
+        let unit = gcd(rate, period_ms);
+        let period = period_ms / unit;
+        Some(Self {
+            unit,
+            rate: Divisor::new(rate / unit),
+            period: Divisor::new(period),
+            burst,
+            capacity: burst.checked_mul(period)?,
+        })
+    }
+}
+
+/// What [`Packing::decide_bucket`] came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WordDecision {
+    /// Refused: nothing to write.
+    Refused(PolicyOutcome),
+    /// Admitted: the word to write.
+    Admitted(PolicyOutcome, u64),
+    /// The state to write does not fit the word.
+    DoesNotFit,
+}
+
+impl Packing {
+    /// A packed token bucket's decision on a request of `cost` units at `now_ms`, made on
+    /// its word in the word's own units: the decision, the state and the report of
+    /// decoding it, [`Algorithm::evaluate_numbers`] and encoding the result, without their
+    /// conversions (a product and a division by the unit) or their 128-bit products.
+    /// `None` when this is not a bucket packed in `bucket`'s units.
+    ///
+    /// With one token `p` units and `r` units flowing in per millisecond, the arithmetic
+    /// on levels `unit` times larger divides out exactly: the refill, the take and the
+    /// whole tokens left are the same, and so is the wait, `ceil(unit·x / unit·r)`.
+    #[inline]
+    pub(crate) fn decide_bucket(
+        self,
+        word: u64,
+        bucket: &BucketUnits,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<WordDecision> {
+        let Packing::Bucket {
+            unit,
+            level_bits,
+            base_ms,
+        } = self
+        else {
+            return None;
+        };
+        if unit != bucket.unit {
+            return None;
+        }
+        let level_mask = (1u64 << level_bits) - 1;
+        let updated_ms = base_ms + (word >> level_bits);
+        // Refilled: a product too large for 64 bits fills the bucket, as in the general
+        // arithmetic.
+        let flowed = now_ms
+            .saturating_sub(updated_ms)
+            .saturating_mul(bucket.rate.get());
+        let level = (word & level_mask)
+            .saturating_add(flowed)
+            .min(bucket.capacity);
+        // The stored time never moves back.
+        let updated_ms = updated_ms.max(now_ms);
+        let needed = cost.saturating_mul(bucket.period.get());
+        let admitted = cost <= bucket.burst && level >= needed;
+        let level = if admitted { level - needed } else { level };
+        let remaining = bucket.period.divide(level);
+        let units = if admitted { remaining + 1 } else { cost };
+        let reset_ms = if (admitted && remaining >= bucket.burst) || units > bucket.burst {
+            0
+        } else {
+            // `units` is at most the burst here, so its product is at most the capacity.
+            bucket
+                .rate
+                .divide_ceil((units * bucket.period.get()).saturating_sub(level))
+                .saturating_add(updated_ms - now_ms)
+        };
+        let outcome = PolicyOutcome {
+            admitted,
+            remaining,
+            reset_ms,
+        };
+        if !admitted {
+            return Some(WordDecision::Refused(outcome));
+        }
+        let relative = updated_ms - base_ms;
+        Some(if relative < 1 << SPAN_BITS && level <= level_mask {
+            WordDecision::Admitted(outcome, relative << level_bits | level)
+        } else {
+            WordDecision::DoesNotFit
+        })
+    }
+}
+
 /// How many bits `n` takes.
 fn bits(n: u64) -> u32 {
     64 - n.leading_zeros()
@@ -302,7 +424,65 @@ mod tests {
         ]
     }
 
+    /// Token buckets whose rate and period share divisors (a unit above one), and some
+    /// that do not.
+    fn buckets() -> impl Strategy<Value = Algorithm> {
+        (1u64..5_000, 1u64..100_000, 1u64..5_000, 1u64..50).prop_filter_map(
+            "exact",
+            |(rate, ms, burst, common)| {
+                let (rate, ms) = (rate * common, ms * common);
+                Algorithm::try_token_bucket(rate, Duration::from_millis(ms), burst).ok()
+            },
+        )
+    }
+
     proptest! {
+        /// A bucket decided on its word decides, writes and reports what decoding it, the
+        /// arithmetic on numbers and encoding do: clocks that move back, a time before the
+        /// slot's base, costs above the burst and words that no longer fit included.
+        #[test]
+        fn a_bucket_decided_on_its_word_decides_as_its_numbers_do(
+            algorithm in buckets(),
+            made_at in prop_oneof![Just(0u64), Just(NOW)],
+            steps in prop::collection::vec((0u64..20_000, 0u64..8, 0u8..4), 1..60),
+        ) {
+            let Some(packing) = Packing::of(&algorithm, made_at) else { return Ok(()) };
+            let Some(bucket) = BucketUnits::of(&algorithm) else { return Ok(()) };
+            let divisors = Divisors::of(&algorithm);
+            let mut now = made_at;
+            let first = algorithm.evaluate_cost(None, now, 1).admitted_state;
+            let mut word = packing.encode(&first).unwrap_or_default();
+            for (advance, cost, how) in steps {
+                now = match how {
+                    0 => now.saturating_sub(advance),
+                    // Far ahead: the time no longer fits the slot's span.
+                    1 if advance == 0 => now + (1 << SPAN_BITS),
+                    _ => now + advance,
+                };
+                let stored = packing.decode_numbers(word);
+                let expected = algorithm
+                    .evaluate_numbers(&divisors, false, stored, now, cost)
+                    .expect("a bucket's numbers");
+                let got = packing.decide_bucket(word, &bucket, now, cost).expect("its units");
+                match got {
+                    WordDecision::Refused(outcome) => {
+                        prop_assert!(!expected.admitted);
+                        prop_assert_eq!(outcome, expected.outcome);
+                    }
+                    WordDecision::Admitted(outcome, next) => {
+                        prop_assert!(expected.admitted);
+                        prop_assert_eq!(outcome, expected.outcome);
+                        prop_assert_eq!(Some(next), packing.encode_numbers(expected.state, &divisors));
+                        word = next;
+                    }
+                    WordDecision::DoesNotFit => {
+                        prop_assert!(expected.admitted);
+                        prop_assert_eq!(None, packing.encode_numbers(expected.state, &divisors));
+                    }
+                }
+            }
+        }
+
         /// Whatever the arithmetic writes within a slot's span packs and unpacks to itself.
         #[test]
         fn states_the_arithmetic_writes_round_trip(

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
-use crate::store::algorithm::{AdmissionLog, Packing, PolicyOutcome, State};
+use crate::store::algorithm::{AdmissionLog, Packing, PolicyOutcome, State, WordDecision};
 use crate::store::inline_bytes::InlineBytes;
 use crate::store::policy::Policy;
 
@@ -348,8 +348,26 @@ impl Entry {
             _ => return PackedDecision::NotPacked,
         };
         let word = &self.first_state.a;
-        let window = packing.is_window();
         let mut current = word.load(Relaxed);
+        if let Some(bucket) = limit.bucket_units() {
+            // A token bucket decided on its word, in the word's units.
+            loop {
+                let (outcome, next) = match packing.decide_bucket(current, bucket, now_ms, cost) {
+                    Some(WordDecision::Admitted(outcome, next)) => (outcome, next),
+                    Some(WordDecision::Refused(outcome)) => {
+                        return PackedDecision::Decided(outcome);
+                    }
+                    Some(WordDecision::DoesNotFit) => return PackedDecision::DoesNotFit,
+                    // Packed in other units, or a window: the general arithmetic below.
+                    None => break,
+                };
+                match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
+                    Ok(_) => return PackedDecision::Decided(outcome),
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        let window = packing.is_window();
         loop {
             let stored = packing.decode_numbers(current);
             let Some(evaluation) =
