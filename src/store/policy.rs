@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::algorithm::{Algorithm, BucketUnits, Divisors, packs};
+use crate::store::algorithm::{Algorithm, WordUnits};
 use crate::store::build_error::BuildError;
 
 /// A number of requests over a span of time, read the way people say it:
@@ -164,12 +164,10 @@ pub struct Policy {
     // Computed once (each takes a division): read on every decision and every response.
     window_ms: u64,
     retention_ms: u64,
-    /// Its arithmetic's divisors as multiplications, for the in-process decision.
-    divisors: Divisors,
-    /// Whether the in-process store keeps its states in one word.
-    packs_in_one_word: bool,
-    /// A packed token bucket's numbers in its word's units.
-    bucket_units: Option<BucketUnits>,
+    /// Its numbers in the terms of its packed word, for a policy whose states the
+    /// in-process store keeps in one word (and decides there), divisions made
+    /// multiplications.
+    word_units: Option<WordUnits>,
 }
 
 impl Policy {
@@ -392,9 +390,7 @@ impl Policy {
             name,
             window_ms: algorithm.window_ms(),
             retention_ms: algorithm.retention_ms(),
-            divisors: Divisors::of(&algorithm),
-            packs_in_one_word: packs(&algorithm),
-            bucket_units: BucketUnits::of(&algorithm),
+            word_units: WordUnits::of(&algorithm),
             algorithm,
             scope,
             counter,
@@ -609,20 +605,15 @@ impl Policy {
         self.retention_ms
     }
 
-    /// Its algorithm's divisors, made when the policy was built.
-    pub(crate) fn divisors(&self) -> &Divisors {
-        &self.divisors
-    }
-
     /// Whether the in-process store keeps this policy's states in one word, decided by a
     /// compare-and-swap.
     pub(crate) fn packs_in_one_word(&self) -> bool {
-        self.packs_in_one_word
+        self.word_units.is_some()
     }
 
-    /// For a token bucket whose states pack, its numbers in the packed word's units.
-    pub(crate) fn bucket_units(&self) -> Option<&BucketUnits> {
-        self.bucket_units.as_ref()
+    /// Its numbers in the terms of its packed word, for a policy whose states pack.
+    pub(crate) fn word_units(&self) -> Option<&WordUnits> {
+        self.word_units.as_ref()
     }
 
     /// The same policy under the name `<level>:<name>`, as a budget level's policies are

@@ -79,75 +79,6 @@ impl Divisor {
             Err(_) => u64::try_from(n.div_ceil(u128::from(self.divisor))).unwrap_or(u64::MAX),
         }
     }
-
-    /// This divisor when it divides by `d`, a new one otherwise (numbers that are not the
-    /// policy's own).
-    #[inline]
-    pub(crate) fn or_new(self, d: u64) -> Self {
-        if d == self.divisor {
-            self
-        } else {
-            Self::new(d)
-        }
-    }
-
-    /// `n / d`: by this divisor when it is `d`, by the native division otherwise (a state
-    /// packed under another policy's numbers).
-    #[inline]
-    pub(crate) fn divide_by(self, n: u64, d: u64) -> u64 {
-        if d == self.divisor {
-            self.divide(n)
-        } else {
-            n / d
-        }
-    }
-}
-
-/// The divisors an algorithm's per-decision arithmetic takes, made once with its policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Divisors {
-    /// A sliding window's window, a token bucket's period; 1 for a sliding log.
-    pub(crate) period: Divisor,
-    /// A token bucket's tokens per period; 1 otherwise.
-    pub(crate) rate: Divisor,
-    /// What a packed token bucket counts its level in: the greatest common divisor of its
-    /// rate and period, of which every level its arithmetic writes is a multiple; 1
-    /// otherwise.
-    pub(crate) unit: Divisor,
-}
-
-impl Divisors {
-    /// For `algorithm`.
-    pub(crate) fn of(algorithm: &super::Algorithm) -> Self {
-        use super::Algorithm;
-        let one = Divisor::new(1);
-        match *algorithm {
-            Algorithm::SlidingWindow { window_ms, .. } => Self {
-                period: Divisor::new(window_ms),
-                rate: one,
-                unit: one,
-            },
-            Algorithm::TokenBucket {
-                rate, period_ms, ..
-            } => Self {
-                period: Divisor::new(period_ms),
-                rate: Divisor::new(rate),
-                unit: Divisor::new(gcd(rate, period_ms)),
-            },
-            Algorithm::SlidingLog { .. } => Self {
-                period: one,
-                rate: one,
-                unit: one,
-            },
-        }
-    }
-
-    /// Of no algorithm: each step divides by the numbers it is given.
-    pub(crate) const NONE: Self = Self {
-        period: Divisor::new(1),
-        rate: Divisor::new(1),
-        unit: Divisor::new(1),
-    };
 }
 
 /// The greatest common divisor of `a` and `b`, at least 1.
@@ -210,25 +141,6 @@ mod tests {
         );
         assert_eq!(Divisor::new(2).divide_ceil_wide(wide), u64::MAX);
         assert_eq!(divisor.divide_ceil_wide(1_001), 2);
-    }
-
-    #[test]
-    fn another_divisor_takes_the_native_division() {
-        assert_eq!(Divisor::new(1_000).divide_by(7_000, 7), 1_000);
-        assert_eq!(Divisor::new(7).divide_by(7_000, 7), 1_000);
-    }
-
-    #[test]
-    fn a_bucket_counts_in_the_gcd_of_its_rate_and_period() {
-        let bucket = super::super::Algorithm::TokenBucket {
-            rate: 50,
-            period_ms: 1_000,
-            burst: 50,
-        };
-        let divisors = Divisors::of(&bucket);
-        assert_eq!(divisors.unit.get(), 50);
-        assert_eq!(divisors.period.get(), 1_000);
-        assert_eq!(divisors.rate.get(), 50);
     }
 
     proptest! {

@@ -11,8 +11,8 @@ mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
-pub(crate) use divisor::{Divisor, Divisors, gcd};
-pub(crate) use packed::{BucketUnits, Packing, WordDecision, packs};
+pub(crate) use divisor::{Divisor, gcd};
+pub(crate) use packed::{Packing, WordDecision, WordUnits};
 pub(crate) use share::Share;
 pub(crate) use sliding_log::AdmissionLog;
 
@@ -372,75 +372,6 @@ impl Algorithm {
         }
     }
 
-    /// [`evaluate_cost`](Self::evaluate_cost) for a sliding window's or a token bucket's
-    /// stored state given as numbers (see [`Numbers`]; `window` says which): the same
-    /// arithmetic, without building a [`State`]. `None` when the algorithm is not
-    /// of that kind.
-    // Inlined into the store's compare-and-swap loop, as are the steps below it: returned
-    // through memory, the outcome's flag was written as a byte and read back as part of a
-    // word, a stalled load that took a tenth of an in-process decision.
-    #[inline]
-    pub(crate) fn evaluate_numbers(
-        &self,
-        divisors: &Divisors,
-        window: bool,
-        stored: Numbers,
-        now_ms: u64,
-        cost: u64,
-    ) -> Option<NumbersEvaluation> {
-        let quota = self.quota();
-        Some(match *self {
-            Algorithm::SlidingWindow { limit, window_ms } if window => {
-                let window = divisors.period.or_new(window_ms);
-                let current = sliding_window::roll(window, stored, now_ms);
-                let taken = (cost <= quota)
-                    .then(|| sliding_window::take(limit, window_ms, current, now_ms, cost))
-                    .flatten();
-                let (admitted, state) = match taken {
-                    Some(next) => (true, next),
-                    None => (false, current),
-                };
-                NumbersEvaluation {
-                    admitted,
-                    state,
-                    outcome: sliding_window::report_counts(
-                        limit, window, state, now_ms, admitted, cost,
-                    ),
-                }
-            }
-            Algorithm::TokenBucket {
-                rate,
-                period_ms,
-                burst,
-            } if !window => {
-                let [level, updated_ms, _] = stored;
-                let current =
-                    token_bucket::refill(rate, period_ms, burst, Some([level, updated_ms]), now_ms);
-                let taken = (cost <= quota)
-                    .then(|| token_bucket::take(period_ms, current, cost))
-                    .flatten();
-                let (admitted, [level, updated_ms]) = match taken {
-                    Some(next) => (true, next),
-                    None => (false, current),
-                };
-                NumbersEvaluation {
-                    admitted,
-                    state: [level, updated_ms, 0],
-                    outcome: token_bucket::report_level(
-                        divisors.rate.or_new(rate),
-                        divisors.period.or_new(period_ms),
-                        burst,
-                        [level, updated_ms],
-                        now_ms,
-                        admitted,
-                        cost,
-                    ),
-                }
-            }
-            _ => return None,
-        })
-    }
-
     /// What this policy reports for `state` without consuming anything: used for the
     /// policies that would have admitted a request that another policy refused.
     #[cfg(test)]
@@ -689,15 +620,6 @@ pub(crate) enum State {
 /// A sliding window's or a token bucket's state on plain numbers, as the in-process store
 /// packs it: `[window_start, previous, current]`, or `[level, updated_ms, 0]`.
 pub(crate) type Numbers = [u64; 3];
-
-/// What [`Algorithm::evaluate_numbers`] decided: as [`Evaluation`], on numbers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct NumbersEvaluation {
-    pub(crate) admitted: bool,
-    /// The state to store when admitted (the state brought to now otherwise).
-    pub(crate) state: Numbers,
-    pub(crate) outcome: PolicyOutcome,
-}
 
 /// One policy's verdict on one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -986,56 +908,5 @@ mod tests {
         let e = a.evaluate(None, 10_500);
         assert!(!a.is_idle_state(e.admitted_state.clone(), 11_999));
         assert!(a.is_idle_state(e.admitted_state, 12_000));
-    }
-
-    fn fixed_algorithms() -> impl proptest::strategy::Strategy<Value = Algorithm> {
-        use proptest::prelude::*;
-        prop_oneof![
-            (1u64..200, 1u64..5_000).prop_map(|(limit, ms)| {
-                Algorithm::sliding_window(limit, Duration::from_millis(ms))
-            }),
-            (1u64..200, 1u64..5_000, 1u64..200).prop_map(|(rate, ms, burst)| {
-                Algorithm::token_bucket(rate, Duration::from_millis(ms), burst)
-            }),
-        ]
-    }
-
-    proptest::proptest! {
-        /// The arithmetic on numbers (the in-process store's packed states) decides, stores
-        /// and reports what the arithmetic on states does, clocks moving back included.
-        #[test]
-        fn numbers_decide_as_states_do(
-            algorithm in fixed_algorithms(),
-            steps in proptest::collection::vec((0u64..3_000, 0u64..4, proptest::bool::ANY), 1..60),
-        ) {
-            let window = matches!(algorithm, Algorithm::SlidingWindow { .. });
-            let numbers = |state: &State| match *state {
-                State::SlidingWindow { window_start, previous, current } => [window_start, previous, current],
-                State::TokenBucket { level, updated_ms } => [level, updated_ms, 0],
-                State::SlidingLog(_) => unreachable!("no log here"),
-            };
-            let first = algorithm.evaluate_cost(None, 1_000_000, 1).admitted_state;
-            let mut state = first;
-            let mut now = 1_000_000u64;
-            for (advance, cost, back) in steps {
-                now = if back { now.saturating_sub(advance / 4) } else { now + advance };
-                let expected = algorithm.evaluate_cost(Some(state.clone()), now, cost);
-                // With the policy's own divisors and with those of no policy, which divide
-                // by what each step is given.
-                let got = algorithm
-                    .evaluate_numbers(&Divisors::of(&algorithm), window, numbers(&state), now, cost)
-                    .expect("the same kind");
-                let native = algorithm
-                    .evaluate_numbers(&Divisors::NONE, window, numbers(&state), now, cost)
-                    .expect("the same kind");
-                proptest::prop_assert_eq!(native, got);
-                proptest::prop_assert_eq!(got.admitted, expected.admitted);
-                proptest::prop_assert_eq!(got.outcome, expected.outcome);
-                proptest::prop_assert_eq!(got.state, numbers(&expected.admitted_state));
-                if expected.admitted {
-                    state = expected.admitted_state;
-                }
-            }
-        }
     }
 }

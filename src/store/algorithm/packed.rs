@@ -13,8 +13,15 @@
 //! bits, a time outside the span, a state of another algorithm) has no packed form
 //! ([`Packing::encode`] answers `None`), and the store keeps it unpacked. Decoding is exact,
 //! so both forms decide alike.
+//!
+//! A word is decided in its own terms ([`Packing::decide_bucket`],
+//! [`Packing::decide_window`]), by the algorithms' arithmetic on a bucket's level in its
+//! units and on a window's index, all in 64 bits: a window whose weighed counts would not
+//! fit (2^32 ms or more) does not pack.
 
-use super::{Algorithm, Divisor, Divisors, Numbers, PolicyOutcome, State, gcd};
+use super::sliding_window::{self, WindowUnits};
+use super::token_bucket::{self, BucketUnits};
+use super::{Algorithm, Numbers, PolicyOutcome, State, gcd};
 
 /// The smallest span of time (log2 of milliseconds) a packed slot covers from its base.
 const SPAN_BITS: u32 = 34;
@@ -22,12 +29,6 @@ const SPAN_BITS: u32 = 34;
 /// How long before its creation a slot's base lies, so that a state a little in the past
 /// (a clock that moved back, another instance's slightly slower clock) still fits.
 const BASE_MARGIN_MS: u64 = 3_600_000;
-
-/// Whether `algorithm`'s states pack in one word (whenever made: the span a slot covers
-/// starts at its making, the bits its counts and levels take do not depend on it).
-pub(crate) fn packs(algorithm: &Algorithm) -> bool {
-    Packing::of(algorithm, 0).is_some()
-}
 
 /// How one slot's state is packed: fixed when the slot is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,7 +67,11 @@ impl Packing {
             Algorithm::SlidingWindow { limit, window_ms } => {
                 let index_bits = SPAN_BITS.saturating_sub(window_ms.checked_ilog2()?).max(1);
                 let count_bits = (64 - index_bits) / 2;
-                (bits(limit) <= count_bits).then_some(Packing::Window {
+                // The word is decided in 64-bit arithmetic, which must hold what its counts
+                // weigh (windows of up to about 49 days).
+                (bits(limit) <= count_bits
+                    && sliding_window::fits_in_64_bits(window_ms, count_bits))
+                .then_some(Packing::Window {
                     window_ms,
                     count_bits,
                     base_index: base_ms / window_ms,
@@ -142,18 +147,16 @@ impl Packing {
                     previous,
                     current,
                 },
-            ) => self.encode_numbers([window_start, previous, current], &Divisors::NONE),
+            ) => self.encode_numbers([window_start, previous, current]),
             (Packing::Bucket { .. }, &State::TokenBucket { level, updated_ms }) => {
-                self.encode_numbers([level, updated_ms, 0], &Divisors::NONE)
+                self.encode_numbers([level, updated_ms, 0])
             }
             _ => None,
         }
     }
 
-    /// A state given as [`Numbers`] of this packing's kind in one word, if it fits;
-    /// `divisors` are the policy's, which divide faster where they are this packing's.
-    #[inline]
-    pub(crate) fn encode_numbers(self, numbers: Numbers, divisors: &Divisors) -> Option<u64> {
+    /// A state given as [`Numbers`] of this packing's kind in one word, if it fits.
+    fn encode_numbers(self, numbers: Numbers) -> Option<u64> {
         match self {
             Packing::Window {
                 window_ms,
@@ -161,7 +164,7 @@ impl Packing {
                 base_index,
             } => {
                 let [window_start, previous, current] = numbers;
-                let index = divisors.period.divide_by(window_start, window_ms);
+                let index = window_start / window_ms;
                 if index * window_ms != window_start {
                     return None;
                 }
@@ -177,7 +180,7 @@ impl Packing {
             } => {
                 let [level, updated_ms, _] = numbers;
                 let relative = updated_ms.checked_sub(base_ms)?;
-                let units = divisors.unit.divide_by(level, unit);
+                let units = level / unit;
                 (units * unit == level && units < 1 << level_bits && relative < 1 << SPAN_BITS)
                     .then_some(relative << level_bits | units)
             }
@@ -197,8 +200,7 @@ impl Packing {
     }
 
     /// The state a word holds, as [`Numbers`].
-    #[inline]
-    pub(crate) fn decode_numbers(self, word: u64) -> Numbers {
+    fn decode_numbers(self, word: u64) -> Numbers {
         match self {
             Packing::Window {
                 window_ms,
@@ -230,46 +232,35 @@ impl Packing {
     }
 }
 
-/// A token bucket's numbers in the units its packed level counts in (the greatest common
-/// divisor of its rate and period), fixed when its policy is made: what
-/// [`Packing::decide_bucket`] decides a packed word with.
+/// What [`Packing::decide_bucket`] and [`Packing::decide_window`] decide a packed word with,
+/// fixed when its policy is made: the algorithm's numbers in the word's own terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct BucketUnits {
-    unit: u64,
-    /// Units flowing in per millisecond.
-    rate: Divisor,
-    /// Units a token takes.
-    period: Divisor,
-    burst: u64,
-    /// Units in a full bucket.
-    capacity: u64,
+pub(crate) enum WordUnits {
+    Bucket(BucketUnits),
+    Window(WindowUnits),
 }
 
-impl BucketUnits {
-    /// The units of `algorithm`'s packed states, if it is a token bucket whose states pack.
+impl WordUnits {
+    /// The numbers of `algorithm`'s packed states: `None` when its states do not pack.
     pub(crate) fn of(algorithm: &Algorithm) -> Option<Self> {
-        let Algorithm::TokenBucket {
-            rate,
-            period_ms,
-            burst,
-        } = *algorithm
-        else {
-            return None;
-        };
-        packs(algorithm).then_some(())?;
-        let unit = gcd(rate, period_ms);
-        let period = period_ms / unit;
-        Some(Self {
-            unit,
-            rate: Divisor::new(rate / unit),
-            period: Divisor::new(period),
-            burst,
-            capacity: burst.checked_mul(period)?,
-        })
+        match (*algorithm, Packing::of(algorithm, 0)?) {
+            (
+                Algorithm::TokenBucket {
+                    rate,
+                    period_ms,
+                    burst,
+                },
+                Packing::Bucket { .. },
+            ) => BucketUnits::new(rate, period_ms, burst).map(WordUnits::Bucket),
+            (Algorithm::SlidingWindow { limit, window_ms }, Packing::Window { count_bits, .. }) => {
+                WindowUnits::new(limit, window_ms, count_bits).map(WordUnits::Window)
+            }
+            _ => None,
+        }
     }
 }
 
-/// What [`Packing::decide_bucket`] came to.
+/// What a decision on a packed word came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WordDecision {
     /// Refused: nothing to write.
@@ -281,15 +272,10 @@ pub(crate) enum WordDecision {
 }
 
 impl Packing {
-    /// A packed token bucket's decision on a request of `cost` units at `now_ms`, made on
-    /// its word in the word's own units: the decision, the state and the report of
-    /// decoding it, [`Algorithm::evaluate_numbers`] and encoding the result, without their
-    /// conversions (a product and a division by the unit) or their 128-bit products.
-    /// `None` when this is not a bucket packed in `bucket`'s units.
-    ///
-    /// With one token `p` units and `r` units flowing in per millisecond, the arithmetic
-    /// on levels `unit` times larger divides out exactly: the refill, the take and the
-    /// whole tokens left are the same, and so is the wait, `ceil(unit·x / unit·r)`.
+    /// A request of `cost` units at `now_ms` decided on a token bucket's packed word, in
+    /// the word's own terms (the level in the bucket's units): the decision, the state and
+    /// the report of the arithmetic on the state the word holds, without converting it to
+    /// that state and back. `None` when the word is not a bucket's packed in those units.
     #[inline]
     pub(crate) fn decide_bucket(
         self,
@@ -310,45 +296,62 @@ impl Packing {
             return None;
         }
         let level_mask = (1u64 << level_bits) - 1;
-        let updated_ms = base_ms + (word >> level_bits);
-        // Refilled: a product too large for 64 bits fills the bucket, as in the general
-        // arithmetic.
-        let flowed = now_ms
-            .saturating_sub(updated_ms)
-            .saturating_mul(bucket.rate.get());
-        let level = (word & level_mask)
-            .saturating_add(flowed)
-            .min(bucket.capacity);
-        // The stored time never moves back.
-        let updated_ms = updated_ms.max(now_ms);
-        let needed = cost.saturating_mul(bucket.period.get());
-        let admitted = cost <= bucket.burst && level >= needed;
-        let level = if admitted { level - needed } else { level };
-        let remaining = bucket.period.divide(level);
-        let units = if admitted { remaining + 1 } else { cost };
-        let reset_ms = if (admitted && remaining >= bucket.burst) || units > bucket.burst {
-            0
-        } else {
-            // `units` is at most the burst here, so its product is at most the capacity.
-            bucket
-                .rate
-                .divide_ceil((units * bucket.period.get()).saturating_sub(level))
-                .saturating_add(updated_ms - now_ms)
-        };
-        let outcome = PolicyOutcome {
-            admitted,
-            remaining,
-            reset_ms,
-        };
-        if !admitted {
-            return Some(WordDecision::Refused(outcome));
-        }
+        let stored = [word & level_mask, base_ms + (word >> level_bits)];
+        let (outcome, [level, updated_ms]) =
+            token_bucket::decide_in_units(bucket, stored, now_ms, cost);
         let relative = updated_ms - base_ms;
-        Some(if relative < 1 << SPAN_BITS && level <= level_mask {
-            WordDecision::Admitted(outcome, relative << level_bits | level)
-        } else {
-            WordDecision::DoesNotFit
-        })
+        Some(decided(
+            outcome,
+            relative < 1 << SPAN_BITS && level <= level_mask,
+            relative << level_bits | level,
+        ))
+    }
+
+    /// [`decide_bucket`](Self::decide_bucket) for a sliding window, the word's window
+    /// taken by its index. `None` when the word is not a window's of the same length.
+    #[inline]
+    pub(crate) fn decide_window(
+        self,
+        word: u64,
+        units: &WindowUnits,
+        now_ms: u64,
+        cost: u64,
+    ) -> Option<WordDecision> {
+        let Packing::Window {
+            window_ms,
+            count_bits,
+            base_index,
+        } = self
+        else {
+            return None;
+        };
+        if window_ms != units.window.get() {
+            return None;
+        }
+        let count_mask = (1u64 << count_bits) - 1;
+        let stored = [
+            base_index + (word >> (2 * count_bits)),
+            (word >> count_bits) & count_mask,
+            word & count_mask,
+        ];
+        let (outcome, [index, previous, current]) =
+            sliding_window::decide_by_index(units, stored, now_ms, cost);
+        let relative = index - base_index;
+        Some(decided(
+            outcome,
+            relative < 1 << (64 - 2 * count_bits) && current <= count_mask,
+            relative << (2 * count_bits) | previous << count_bits | current,
+        ))
+    }
+}
+
+/// A word's decision: the word to write for an admission that fits.
+#[inline]
+fn decided(outcome: PolicyOutcome, fits: bool, word: u64) -> WordDecision {
+    match (outcome.admitted, fits) {
+        (false, _) => WordDecision::Refused(outcome),
+        (true, true) => WordDecision::Admitted(outcome, word),
+        (true, false) => WordDecision::DoesNotFit,
     }
 }
 
@@ -374,7 +377,7 @@ mod tests {
         let bucket = Algorithm::token_bucket(1_000_000_000, Duration::from_secs(1), 1_000_000_000);
         for algorithm in [window, day, bucket] {
             assert!(Packing::of(&algorithm, NOW).is_some(), "{algorithm:?}");
-            assert!(packs(&algorithm));
+            assert!(WordUnits::of(&algorithm).is_some());
         }
         let huge = Algorithm::sliding_window(1 << 40, Duration::from_millis(1));
         assert!(Packing::of(&huge, NOW).is_none());
@@ -383,7 +386,7 @@ mod tests {
         // A billion a second in a window of a second: 30 bits a count, where 19 are left.
         let billion = Algorithm::sliding_window(1_000_000_000, Duration::from_secs(1));
         for algorithm in [huge, log, billion] {
-            assert!(!packs(&algorithm), "{algorithm:?}");
+            assert!(WordUnits::of(&algorithm).is_none(), "{algorithm:?}");
         }
     }
 
@@ -425,30 +428,42 @@ mod tests {
     }
 
     /// Token buckets whose rate and period share divisors (a unit above one), and some
-    /// that do not.
-    fn buckets() -> impl Strategy<Value = Algorithm> {
-        (1u64..5_000, 1u64..100_000, 1u64..5_000, 1u64..50).prop_filter_map(
-            "exact",
-            |(rate, ms, burst, common)| {
-                let (rate, ms) = (rate * common, ms * common);
-                Algorithm::try_token_bucket(rate, Duration::from_millis(ms), burst).ok()
-            },
-        )
+    /// that do not; sliding windows from a millisecond to years.
+    fn word_algorithms() -> impl Strategy<Value = Algorithm> {
+        prop_oneof![
+            (1u64..5_000, 1u64..100_000, 1u64..5_000, 1u64..50).prop_filter_map(
+                "exact",
+                |(rate, ms, burst, common)| {
+                    let (rate, ms) = (rate * common, ms * common);
+                    Algorithm::try_token_bucket(rate, Duration::from_millis(ms), burst).ok()
+                }
+            ),
+            (prop_oneof![1u64..12, 1u64..2_000], 0u32..36, 1u64..1_000).prop_filter_map(
+                "exact",
+                |(limit, shift, ms)| {
+                    let ms = (ms << shift).max(1);
+                    Algorithm::try_sliding_window(limit, Duration::from_millis(ms)).ok()
+                }
+            ),
+        ]
     }
 
     proptest! {
-        /// A bucket decided on its word decides, writes and reports what decoding it, the
-        /// arithmetic on numbers and encoding do: clocks that move back, a time before the
-        /// slot's base, costs above the burst and words that no longer fit included.
+        /// A word decided in its own terms decides, writes and reports what the arithmetic
+        /// on the state it holds does: clocks that move back, times before the slot's base
+        /// or beyond its span, costs above the quota and states that no longer fit
+        /// included.
         #[test]
-        fn a_bucket_decided_on_its_word_decides_as_its_numbers_do(
-            algorithm in buckets(),
+        fn a_word_decided_in_its_own_terms_decides_as_its_state_does(
+            algorithm in word_algorithms(),
             made_at in prop_oneof![Just(0u64), Just(NOW)],
-            steps in prop::collection::vec((0u64..20_000, 0u64..8, 0u8..4), 1..60),
+            steps in prop::collection::vec((0u64..20_000, 0u64..8, 0u8..5), 1..60),
         ) {
             let Some(packing) = Packing::of(&algorithm, made_at) else { return Ok(()) };
-            let Some(bucket) = BucketUnits::of(&algorithm) else { return Ok(()) };
-            let divisors = Divisors::of(&algorithm);
+            let units = WordUnits::of(&algorithm);
+            prop_assert!(units.is_some(), "a policy whose states pack is decided on its word");
+            let Some(units) = units else { return Ok(()) };
+            let window_ms = algorithm.window_ms();
             let mut now = made_at;
             let first = algorithm.evaluate_cost(None, now, 1).admitted_state;
             let mut word = packing.encode(&first).unwrap_or_default();
@@ -457,13 +472,16 @@ mod tests {
                     0 => now.saturating_sub(advance),
                     // Far ahead: the time no longer fits the slot's span.
                     1 if advance == 0 => now + (1 << SPAN_BITS),
+                    // A window or more ahead.
+                    2 => now + window_ms * (advance % 3),
                     _ => now + advance,
                 };
-                let stored = packing.decode_numbers(word);
-                let expected = algorithm
-                    .evaluate_numbers(&divisors, false, stored, now, cost)
-                    .expect("a bucket's numbers");
-                let got = packing.decide_bucket(word, &bucket, now, cost).expect("its units");
+                let expected = algorithm.evaluate_cost(Some(packing.decode(word)), now, cost);
+                let got = match &units {
+                    WordUnits::Bucket(bucket) => packing.decide_bucket(word, bucket, now, cost),
+                    WordUnits::Window(window) => packing.decide_window(word, window, now, cost),
+                };
+                let got = got.expect("its terms");
                 match got {
                     WordDecision::Refused(outcome) => {
                         prop_assert!(!expected.admitted);
@@ -472,14 +490,30 @@ mod tests {
                     WordDecision::Admitted(outcome, next) => {
                         prop_assert!(expected.admitted);
                         prop_assert_eq!(outcome, expected.outcome);
-                        prop_assert_eq!(Some(next), packing.encode_numbers(expected.state, &divisors));
+                        prop_assert_eq!(Some(next), packing.encode(&expected.admitted_state));
                         word = next;
                     }
                     WordDecision::DoesNotFit => {
                         prop_assert!(expected.admitted);
-                        prop_assert_eq!(None, packing.encode_numbers(expected.state, &divisors));
+                        prop_assert_eq!(None, packing.encode(&expected.admitted_state));
                     }
                 }
+            }
+        }
+
+        /// A window packs only where its word's arithmetic fits in 64 bits (what two
+        /// counts below the packing's limit weigh), and every policy that packs has the
+        /// numbers its word is decided with.
+        #[test]
+        fn a_window_packs_where_its_arithmetic_fits(limit in 1u64..1_000_000, shift in 0u32..40) {
+            let ms = 1u64 << shift;
+            let Ok(algorithm) = Algorithm::try_sliding_window(limit, Duration::from_millis(ms)) else {
+                return Ok(());
+            };
+            let packing = Packing::of(&algorithm, NOW);
+            prop_assert_eq!(packing.is_some(), WordUnits::of(&algorithm).is_some());
+            if let Some(Packing::Window { count_bits, .. }) = packing {
+                prop_assert!(u128::from(ms) << (count_bits + 1) <= u128::from(u64::MAX));
             }
         }
 

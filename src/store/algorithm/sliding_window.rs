@@ -239,3 +239,83 @@ fn wait(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, u
         u64::MAX
     }
 }
+
+/// A sliding window's numbers for the in-process store's packed states, whose counts stay
+/// below `2^count_bits`, for a window that `2^(count_bits + 1)` times still fits in 64
+/// bits: what two such counts weigh then does too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct WindowUnits {
+    limit: u64,
+    pub(super) window: Divisor,
+}
+
+impl WindowUnits {
+    pub(super) fn new(limit: u64, window_ms: u64, count_bits: u32) -> Option<Self> {
+        fits_in_64_bits(window_ms, count_bits).then_some(Self {
+            limit,
+            window: Divisor::new(window_ms),
+        })
+    }
+}
+
+/// Whether the weighed counts of a window of `window_ms` with counts below `2^count_bits`
+/// fit in 64 bits (see [`WindowUnits`]).
+pub(super) fn fits_in_64_bits(window_ms: u64, count_bits: u32) -> bool {
+    u128::from(window_ms) << (count_bits + 1) <= u128::from(u64::MAX)
+}
+
+/// The decision, the report and the state to write (the state brought to now, for a
+/// refusal) for a request of `cost` units, on a state whose window is given by its index
+/// (its start over the window): the arithmetic of [`roll`], [`take`] and
+/// [`report_counts`], with windows compared by index and every product in 64 bits.
+#[inline]
+pub(super) fn decide_by_index(
+    units: &WindowUnits,
+    [stored_index, previous, current]: [u64; 3],
+    now_ms: u64,
+    cost: u64,
+) -> (PolicyOutcome, [u64; 3]) {
+    let WindowUnits { limit, window } = *units;
+    let now_index = window.divide(now_ms);
+    // Rolled to now's window; a state from a later window (a clock that moved back) is
+    // kept as it is.
+    let (index, previous, current) = if stored_index >= now_index {
+        (stored_index, previous, current)
+    } else if stored_index + 1 == now_index {
+        (now_index, current, 0)
+    } else {
+        (now_index, 0, 0)
+    };
+    let w = window.get();
+    let elapsed = now_ms.saturating_sub(index * w).min(w);
+    let weighed = previous * (w - elapsed) + current * w;
+    let admitted = cost <= limit && weighed <= (limit - cost) * w;
+    let (current, weighed) = if admitted {
+        (current + cost, weighed + cost * w)
+    } else {
+        (current, weighed)
+    };
+    let remaining = window.divide((limit * w).saturating_sub(weighed));
+    let units = if admitted { remaining + 1 } else { cost };
+    let reset_ms = if (admitted && remaining >= limit) || units > limit {
+        0
+    } else if current + units <= limit {
+        // Fits in this window once enough of the previous window has slid out.
+        let slack = (limit - current - units) * w;
+        slack
+            .checked_div(previous)
+            .map_or(0, |slid| w.saturating_sub(slid).saturating_sub(elapsed))
+    } else {
+        // Only in the next window, where this window's count becomes the previous one.
+        let earliest = ((limit - units) * w)
+            .checked_div(current)
+            .map_or(0, |slid| w.saturating_sub(slid));
+        (w - elapsed) + earliest
+    };
+    let outcome = PolicyOutcome {
+        admitted,
+        remaining,
+        reset_ms,
+    };
+    (outcome, [index, previous, current])
+}

@@ -3,7 +3,7 @@
 //! units and `rate` units flow in per millisecond, so refill stays in integers.
 //! lua/algorithm/token_bucket.lua is its transcription for Redis.
 
-use super::{Divisor, PolicyOutcome, State};
+use super::{Divisor, PolicyOutcome, State, gcd};
 
 /// The state brought to `now_ms`: the bucket refilled, or a full one. A state of another
 /// algorithm starts afresh.
@@ -219,4 +219,77 @@ pub(super) fn is_idle(period_ms: u64, burst: u64, state: State) -> bool {
         }
         _ => true,
     }
+}
+
+/// A token bucket's numbers in the units the in-process store's packed level counts in:
+/// the greatest common divisor of its rate and period, so that levels stay small.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct BucketUnits {
+    pub(super) unit: u64,
+    /// Units flowing in per millisecond.
+    rate: Divisor,
+    /// Units a token takes.
+    period: Divisor,
+    burst: u64,
+    /// Units in a full bucket.
+    capacity: u64,
+}
+
+impl BucketUnits {
+    pub(super) fn new(rate: u64, period_ms: u64, burst: u64) -> Option<Self> {
+        let unit = gcd(rate, period_ms);
+        let period = period_ms / unit;
+        Some(Self {
+            unit,
+            rate: Divisor::new(rate / unit),
+            period: Divisor::new(period),
+            burst,
+            capacity: burst.checked_mul(period)?,
+        })
+    }
+}
+
+/// The decision, the report and the state to write (the state brought to now, for a
+/// refusal) for a request of `cost` tokens, on a level counted in `bucket`'s units and its
+/// time: the arithmetic of [`refill`], [`take`] and [`report_level`], on levels `unit`
+/// times smaller. It divides out exactly: the refill, the take and the whole tokens left
+/// are the same, and so is the wait, `ceil(unit·x / unit·r)`; and no product needs more
+/// than 64 bits.
+#[inline]
+pub(super) fn decide_in_units(
+    bucket: &BucketUnits,
+    [level, updated_ms]: [u64; 2],
+    now_ms: u64,
+    cost: u64,
+) -> (PolicyOutcome, [u64; 2]) {
+    let BucketUnits {
+        rate,
+        period,
+        burst,
+        capacity,
+        ..
+    } = *bucket;
+    // A product too large for 64 bits fills the bucket, as in `refill`.
+    let flowed = now_ms.saturating_sub(updated_ms).saturating_mul(rate.get());
+    let level = level.saturating_add(flowed).min(capacity);
+    // The stored time never moves back.
+    let updated_ms = updated_ms.max(now_ms);
+    let needed = cost.saturating_mul(period.get());
+    let admitted = cost <= burst && level >= needed;
+    let level = if admitted { level - needed } else { level };
+    let remaining = period.divide(level);
+    let units = if admitted { remaining + 1 } else { cost };
+    let reset_ms = if (admitted && remaining >= burst) || units > burst {
+        0
+    } else {
+        // `units` is at most the burst here, so its product is at most the capacity.
+        rate.divide_ceil((units * period.get()).saturating_sub(level))
+            .saturating_add(updated_ms - now_ms)
+    };
+    let outcome = PolicyOutcome {
+        admitted,
+        remaining,
+        reset_ms,
+    };
+    (outcome, [level, updated_ms])
 }

@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
-use crate::store::algorithm::{AdmissionLog, Packing, PolicyOutcome, State, WordDecision};
+use crate::store::algorithm::{
+    AdmissionLog, Packing, PolicyOutcome, State, WordDecision, WordUnits,
+};
 use crate::store::inline_bytes::InlineBytes;
 use crate::store::policy::Policy;
 
@@ -342,48 +344,39 @@ impl Entry {
         now_ms: u64,
         cost: u64,
     ) -> PackedDecision {
-        let (algorithm, divisors) = (limit.algorithm(), limit.divisors());
         let packing = match self.first_state.packing() {
             Some(packing) if self.first_counter == counter && self.more.is_none() => packing,
             _ => return PackedDecision::NotPacked,
         };
+        // One loop for each algorithm, each with its own arithmetic inlined.
+        match limit.word_units() {
+            Some(WordUnits::Bucket(bucket)) => {
+                self.decide_word_by(|word| packing.decide_bucket(word, bucket, now_ms, cost))
+            }
+            Some(WordUnits::Window(window)) => {
+                self.decide_word_by(|word| packing.decide_window(word, window, now_ms, cost))
+            }
+            // A policy whose states do not pack: the general path unpacks the slot.
+            None => PackedDecision::DoesNotFit,
+        }
+    }
+
+    /// The compare-and-swap loop on the first state's packed word, each turn decided by
+    /// `decide`.
+    #[inline(always)]
+    fn decide_word_by(&self, decide: impl Fn(u64) -> Option<WordDecision>) -> PackedDecision {
         let word = &self.first_state.a;
         let mut current = word.load(Relaxed);
-        if let Some(bucket) = limit.bucket_units() {
-            // A token bucket decided on its word, in the word's units.
-            loop {
-                let (outcome, next) = match packing.decide_bucket(current, bucket, now_ms, cost) {
-                    Some(WordDecision::Admitted(outcome, next)) => (outcome, next),
-                    Some(WordDecision::Refused(outcome)) => {
-                        return PackedDecision::Decided(outcome);
-                    }
-                    Some(WordDecision::DoesNotFit) => return PackedDecision::DoesNotFit,
-                    // Packed in other units, or a window: the general arithmetic below.
-                    None => break,
-                };
-                match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
-                    Ok(_) => return PackedDecision::Decided(outcome),
-                    Err(actual) => current = actual,
-                }
-            }
-        }
-        let window = packing.is_window();
         loop {
-            let stored = packing.decode_numbers(current);
-            let Some(evaluation) =
-                algorithm.evaluate_numbers(divisors, window, stored, now_ms, cost)
-            else {
-                // Another algorithm's state: the general path starts it afresh.
-                return PackedDecision::DoesNotFit;
-            };
-            if !evaluation.admitted {
-                return PackedDecision::Decided(evaluation.outcome);
-            }
-            let Some(next) = packing.encode_numbers(evaluation.state, divisors) else {
-                return PackedDecision::DoesNotFit;
+            let (outcome, next) = match decide(current) {
+                Some(WordDecision::Admitted(outcome, next)) => (outcome, next),
+                Some(WordDecision::Refused(outcome)) => return PackedDecision::Decided(outcome),
+                // A state that no longer fits, or one of another algorithm or packed in
+                // other terms: the general path starts it afresh or unpacks it.
+                Some(WordDecision::DoesNotFit) | None => return PackedDecision::DoesNotFit,
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
-                Ok(_) => return PackedDecision::Decided(evaluation.outcome),
+                Ok(_) => return PackedDecision::Decided(outcome),
                 Err(actual) => current = actual,
             }
         }
