@@ -68,7 +68,7 @@ impl Packing {
                 let index_bits = SPAN_BITS.saturating_sub(window_ms.checked_ilog2()?).max(1);
                 let count_bits = (64 - index_bits) / 2;
                 // The word is decided in 64-bit arithmetic, which must hold what its counts
-                // weigh (windows of up to about 49 days).
+                // weigh (windows shorter than 2^32 ms, about 50 days).
                 (bits(limit) <= count_bits
                     && sliding_window::fits_in_64_bits(window_ms, count_bits))
                 .then_some(Packing::Window {
@@ -251,9 +251,9 @@ impl WordUnits {
                     burst,
                 },
                 Packing::Bucket { .. },
-            ) => BucketUnits::new(rate, period_ms, burst).map(WordUnits::Bucket),
-            (Algorithm::SlidingWindow { limit, window_ms }, Packing::Window { count_bits, .. }) => {
-                WindowUnits::new(limit, window_ms, count_bits).map(WordUnits::Window)
+            ) => Some(WordUnits::Bucket(BucketUnits::new(rate, period_ms, burst))),
+            (Algorithm::SlidingWindow { limit, window_ms }, Packing::Window { .. }) => {
+                Some(WordUnits::Window(WindowUnits::new(limit, window_ms)))
             }
             _ => None,
         }

@@ -242,7 +242,8 @@ fn wait(limit: u64, window_ms: u64, previous: u64, current: u64, elapsed: u64, u
 
 /// A sliding window's numbers for the in-process store's packed states, whose counts stay
 /// below `2^count_bits`, for a window that `2^(count_bits + 1)` times still fits in 64
-/// bits: what two such counts weigh then does too.
+/// bits (its packing checked it, see [`fits_in_64_bits`]): what two such counts weigh then
+/// does too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct WindowUnits {
     limit: u64,
@@ -250,11 +251,11 @@ pub(crate) struct WindowUnits {
 }
 
 impl WindowUnits {
-    pub(super) fn new(limit: u64, window_ms: u64, count_bits: u32) -> Option<Self> {
-        fits_in_64_bits(window_ms, count_bits).then_some(Self {
+    pub(super) fn new(limit: u64, window_ms: u64) -> Self {
+        Self {
             limit,
             window: Divisor::new(window_ms),
-        })
+        }
     }
 }
 

@@ -236,16 +236,18 @@ pub(crate) struct BucketUnits {
 }
 
 impl BucketUnits {
-    pub(super) fn new(rate: u64, period_ms: u64, burst: u64) -> Option<Self> {
+    /// For a bucket whose states pack: its packing checked that a full bucket, in these
+    /// units, fits the word's level bits.
+    pub(super) fn new(rate: u64, period_ms: u64, burst: u64) -> Self {
         let unit = gcd(rate, period_ms);
         let period = period_ms / unit;
-        Some(Self {
+        Self {
             unit,
             rate: Divisor::new(rate / unit),
             period: Divisor::new(period),
             burst,
-            capacity: burst.checked_mul(period)?,
-        })
+            capacity: burst * period,
+        }
     }
 }
 
