@@ -251,15 +251,58 @@ pub(super) struct Entry {
     busy: AtomicBool,
 }
 
-/// What a decision by compare-and-swap came to.
-pub(super) enum PackedDecision {
-    /// Admitted or refused, with what the policy reports.
-    Decided(PolicyOutcome),
-    /// The counter is not packed, or not the entry's only one: the entry's lock decides.
-    NotPacked,
-    /// The state to write does not fit its packing: the shard's write lock decides, and
-    /// unpacks the slot (never under the entry's lock, beside a compare-and-swap).
-    DoesNotFit,
+/// What a decision by compare-and-swap came to: admitted or refused with what the policy
+/// reports, or [not packed](Self::NOT_PACKED) (the entry's lock decides), or [does not
+/// fit](Self::DOES_NOT_FIT) (the shard's write lock decides, and unpacks the slot: never
+/// under the entry's lock, beside a compare-and-swap).
+///
+/// Two words, so that it is returned in registers: returned through memory, it was written
+/// a field at a time and read back sixteen bytes at a time, a load that waits for the
+/// stores on every decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PackedDecision {
+    remaining: u64,
+    /// The wait, with whether the policy admitted as its top bit; or one of the markers.
+    reset_ms_admitted: u64,
+}
+
+impl PackedDecision {
+    const ADMITTED: u64 = 1 << 63;
+    /// The longest wait kept (about 292 million years), below both markers.
+    const LONGEST_WAIT_MS: u64 = Self::ADMITTED - 3;
+    /// The counter is not packed, or not the entry's only one.
+    pub(super) const NOT_PACKED: Self = Self::marker(u64::MAX);
+    /// The state to write does not fit its packing.
+    pub(super) const DOES_NOT_FIT: Self = Self::marker(u64::MAX - 1);
+
+    const fn marker(reset_ms_admitted: u64) -> Self {
+        Self {
+            remaining: 0,
+            reset_ms_admitted,
+        }
+    }
+
+    #[inline]
+    pub(super) fn decided(outcome: PolicyOutcome) -> Self {
+        let admitted = if outcome.admitted { Self::ADMITTED } else { 0 };
+        Self {
+            remaining: outcome.remaining,
+            reset_ms_admitted: outcome.reset_ms.min(Self::LONGEST_WAIT_MS) | admitted,
+        }
+    }
+
+    /// What the policy reports, when the word decided.
+    #[inline]
+    pub(super) fn outcome(self) -> Option<PolicyOutcome> {
+        if self == Self::NOT_PACKED || self == Self::DOES_NOT_FIT {
+            return None;
+        }
+        Some(PolicyOutcome {
+            admitted: self.reset_ms_admitted & Self::ADMITTED != 0,
+            remaining: self.remaining,
+            reset_ms: self.reset_ms_admitted & !Self::ADMITTED,
+        })
+    }
 }
 
 /// Spins this many times on a held entry before yielding the thread: a decision holds it
@@ -346,7 +389,7 @@ impl Entry {
     ) -> PackedDecision {
         let packing = match self.first_state.packing() {
             Some(packing) if self.first_counter == counter && self.more.is_none() => packing,
-            _ => return PackedDecision::NotPacked,
+            _ => return PackedDecision::NOT_PACKED,
         };
         // One loop for each algorithm, each with its own arithmetic inlined.
         match limit.word_units() {
@@ -357,7 +400,7 @@ impl Entry {
                 self.decide_word_by(|word| packing.decide_window(word, window, now_ms, cost))
             }
             // A policy whose states do not pack: the general path unpacks the slot.
-            None => PackedDecision::DoesNotFit,
+            None => PackedDecision::DOES_NOT_FIT,
         }
     }
 
@@ -370,13 +413,13 @@ impl Entry {
         loop {
             let (outcome, next) = match decide(current) {
                 Some(WordDecision::Admitted(outcome, next)) => (outcome, next),
-                Some(WordDecision::Refused(outcome)) => return PackedDecision::Decided(outcome),
+                Some(WordDecision::Refused(outcome)) => return PackedDecision::decided(outcome),
                 // A state that no longer fits, or one of another algorithm or packed in
                 // other terms: the general path starts it afresh or unpacks it.
-                Some(WordDecision::DoesNotFit) | None => return PackedDecision::DoesNotFit,
+                Some(WordDecision::DoesNotFit) | None => return PackedDecision::DOES_NOT_FIT,
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
-                Ok(_) => return PackedDecision::Decided(outcome),
+                Ok(_) => return PackedDecision::decided(outcome),
                 Err(actual) => current = actual,
             }
         }
@@ -510,6 +553,34 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_packed_decision_keeps_its_outcome_apart_from_the_markers() {
+        let waits = [0, 1, 999, PackedDecision::LONGEST_WAIT_MS, u64::MAX >> 1, u64::MAX];
+        for admitted in [false, true] {
+            for remaining in [0, 7, u64::MAX] {
+                for reset_ms in waits {
+                    let outcome = PolicyOutcome {
+                        admitted,
+                        remaining,
+                        reset_ms,
+                    };
+                    let kept = PackedDecision::decided(outcome).outcome();
+                    // Waits past the longest kept (millions of years) are kept as it.
+                    let expected = PolicyOutcome {
+                        reset_ms: reset_ms.min(PackedDecision::LONGEST_WAIT_MS),
+                        ..outcome
+                    };
+                    assert_eq!(kept, Some(expected), "{outcome:?}");
+                }
+            }
+        }
+        assert_eq!(PackedDecision::NOT_PACKED.outcome(), None);
+        assert_eq!(PackedDecision::DOES_NOT_FIT.outcome(), None);
+        assert_ne!(PackedDecision::NOT_PACKED, PackedDecision::DOES_NOT_FIT);
+        // Returned in two registers.
+        assert_eq!(size_of::<PackedDecision>(), 16);
+    }
 
     #[test]
     fn counters_are_kept_apart() {

@@ -343,10 +343,7 @@ impl InMemoryBackend {
         {
             return None;
         }
-        match decide_packed_alone(&shard, hash, caller, limit, now, cost) {
-            PackedDecision::Decided(outcome) => Some(outcome),
-            PackedDecision::NotPacked | PackedDecision::DoesNotFit => None,
-        }
+        decide_packed_alone(&shard, hash, caller, limit, now, cost).outcome()
     }
 
     /// Decides for a caller this backend tracks with a state for each of `limits`; `None`
@@ -495,8 +492,8 @@ impl InMemoryBackend {
 
 /// Decides for a caller the shard tracks with one packed counter, the one of `limit` (a
 /// policy without a lockout): one compare-and-swap under the shard's read lock, no lock of
-/// the caller's. [`NotPacked`](PackedDecision::NotPacked) when that is not the case (or the
-/// caller is not tracked); [`DoesNotFit`](PackedDecision::DoesNotFit) when the state to
+/// the caller's. [`NOT_PACKED`](PackedDecision::NOT_PACKED) when that is not the case (or the
+/// caller is not tracked); [`DOES_NOT_FIT`](PackedDecision::DOES_NOT_FIT) when the state to
 /// write does not fit its packing, which only the write lock may then decide (it unpacks
 /// the slot): never the caller's own lock, beside compare-and-swaps on the same word.
 #[inline]
@@ -509,20 +506,20 @@ fn decide_packed_alone(
     cost: u64,
 ) -> PackedDecision {
     if limit.lockout_ms().is_some() {
-        return PackedDecision::NotPacked;
+        return PackedDecision::NOT_PACKED;
     }
     let (Some(position), Some(counter)) = (
         shard.find(hash, caller.encoded()),
         shard.counter(limit.counter_arc()),
     ) else {
-        return PackedDecision::NotPacked;
+        return PackedDecision::NOT_PACKED;
     };
     let entry = &shard.entries[position];
     if entry.is_idle(now) {
-        return PackedDecision::NotPacked;
+        return PackedDecision::NOT_PACKED;
     }
     let decided = entry.decide_packed(counter, limit, now, cost);
-    if let PackedDecision::Decided(outcome) = decided {
+    if let Some(outcome) = decided.outcome() {
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
         if outcome.admitted {
@@ -551,12 +548,12 @@ fn decide_tracked(
     if let [limit] = limits
         && limit.packs_in_one_word()
     {
-        match decide_packed_alone(shard, hash, caller, limit, now, cost) {
-            PackedDecision::Decided(outcome) => {
-                return Some(CheckOutcome::one(outcome).counted_at(now));
-            }
-            PackedDecision::DoesNotFit => return None,
-            PackedDecision::NotPacked => {}
+        let decided = decide_packed_alone(shard, hash, caller, limit, now, cost);
+        if let Some(outcome) = decided.outcome() {
+            return Some(CheckOutcome::one(outcome).counted_at(now));
+        }
+        if decided == PackedDecision::DOES_NOT_FIT {
+            return None;
         }
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
