@@ -41,7 +41,7 @@ use crate::limiter::builder::LimiterBuilder;
 use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
-use crate::limiter::path::{Path, Reply};
+use crate::limiter::path::Path;
 use crate::limiter::settlement::Settlement;
 use crate::limiter::telemetry::{LimiterMetrics, SettleResult};
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
@@ -147,20 +147,19 @@ impl Limiter {
                 (&counted_under, &nested)
             }
         };
-        let mut decision = match set.unaffordable(cost) {
-            Some(refusal) => refusal,
-            None => match inner.path.decide(caller, set, cost) {
-                Reply::Now(decision) => decision,
-                Reply::Later(mut pending) => match pending.try_take_ready() {
-                    Some(decision) => decision,
-                    None => {
-                        return self.conclude_later(pending, mode, refusals, span.clone());
-                    }
-                },
-            },
+        let mut answer = match set.unaffordable(cost) {
+            Some(refusal) => StoreFuture::ready(refusal),
+            None => inner.path.decide(caller, set, cost),
         };
-        inner.conclude(&mut decision, mode, refusals, span.as_ref());
-        StoreFuture::ready(decision)
+        // Concluded where the path wrote it: a decision moved right after it was written
+        // is read back before the writes have landed, which stalls.
+        match answer.ready_slot() {
+            Some(Some(decision)) => {
+                inner.conclude(decision, mode, refusals, span.as_ref());
+                answer
+            }
+            _ => self.conclude_later(answer, mode, refusals, span.clone()),
+        }
     }
 
     /// Concludes a decision the store answers later, inside its span.

@@ -15,7 +15,6 @@ use crate::limiter::decision::{Decision, DecisionSource, FallbackReason, RateLim
 use crate::limiter::domains::{Domain, not_connected};
 use crate::limiter::lease::leasing::Leasing;
 use crate::limiter::lease::table::{Lease, Next, Step};
-use crate::limiter::path::Reply;
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::algorithm::{Algorithm, PolicyOutcome};
@@ -34,7 +33,7 @@ pub(in crate::limiter) fn leased(
     caller: &Caller,
     set: &PolicySet,
     cost: u64,
-) -> Option<Reply> {
+) -> Option<StoreFuture<Decision>> {
     // A peek consumes nothing; the store answers it exactly. A sliding log is exact only
     // if every unit counts when it is spent: a leased unit spent later would count in a
     // window that never saw it. A lockout is the store's to start, on the request that
@@ -84,7 +83,7 @@ pub(in crate::limiter) fn leased(
         } => {
             leasing.metrics.served();
             let info = leased_info(set, &shared, left, cost, counted_at_ms);
-            Some(Reply::Now(Decision::Allowed(info)))
+            Some(StoreFuture::ready(Decision::Allowed(info)))
         }
         Step::Take { units } => take(path, leasing, caller, set, cost, units, now),
     }
@@ -100,14 +99,14 @@ fn take(
     cost: u64,
     units: u64,
     asked_ms: u64,
-) -> Option<Reply> {
+) -> Option<StoreFuture<Decision>> {
     let (reach, domain) = path.domain_of(caller.key());
     let permit = match permit(path, reach, &domain) {
         Ok(permit) => permit,
         Err(reason) => {
             leasing.table.granted(caller.key(), set.id, None);
             let decision = path.fall_back(&domain, caller, set, reason, cost, None);
-            return Some(Reply::Now(decision));
+            return Some(StoreFuture::ready(decision));
         }
     };
     let domain = domain.to_shared();
@@ -128,7 +127,7 @@ fn take(
         lease: Some(lease),
         settled: false,
     };
-    Some(Reply::Later(StoreFuture::boxed(async move {
+    Some(StoreFuture::boxed(async move {
         // The whole guard moves in, so it lives (and settles) with the future; it
         // holds the store's answer until it comes.
         let mut taking = taking;
@@ -150,7 +149,7 @@ fn take(
         };
         taking.settled = true;
         decision
-    })))
+    }))
 }
 
 /// The breaker's leave to ask the caller's part of the store (`reach`) for a lease, or

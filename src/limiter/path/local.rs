@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
-use crate::limiter::path::{Reply, answered, answered_as, decision};
+use crate::limiter::path::{answered, answered_as, decision};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::FallbackCounters;
@@ -58,7 +58,12 @@ impl LocalPath {
     /// The in-process store's decision, asked by a direct call; any other store's answer,
     /// at once if it has it.
     #[inline]
-    pub(super) fn decide(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
+    pub(super) fn decide(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
         let Some(memory) = &self.memory else {
             return self.ask(caller, set, cost);
         };
@@ -67,20 +72,20 @@ impl LocalPath {
             && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
         {
             let admitted = outcome.admitted;
-            return Reply::Now(decision(
+            return StoreFuture::ready(decision(
                 admitted,
                 answered_as(set, admitted, &[outcome], now, cost),
             ));
         }
         let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
-        Reply::Now(decision(outcome.admitted(), answered(set, &outcome, cost)))
+        StoreFuture::ready(decision(outcome.admitted(), answered(set, &outcome, cost)))
     }
 
     /// Asks a store other than the crate's own.
-    fn ask(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
+    fn ask(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> StoreFuture<Decision> {
         let mut check = self.store.backend().check(caller.key(), &set.limits, cost);
         if let Some(result) = check.try_take_ready() {
-            return Reply::Now(self.decided(caller, set, result, cost));
+            return StoreFuture::ready(self.decided(caller, set, result, cost));
         }
         // The clock is read only for an answer that keeps the request waiting: a ready one
         // costs no clock read.
@@ -91,13 +96,13 @@ impl LocalPath {
         let path = self.clone();
         let caller = caller.clone();
         let set = set.clone();
-        Reply::Later(StoreFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             let result = path
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
             path.decided(&caller, &set, result, cost)
-        }))
+        })
     }
 
     fn decided(

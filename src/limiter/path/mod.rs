@@ -22,16 +22,6 @@ use crate::store::policy::Policy;
 use local::LocalPath;
 use remote::RemotePath;
 
-/// What a path makes of a request: its decision, made within the call (the in-process
-/// store, a breaker open, a lease serving), or the store's answer to wait for. A decision
-/// made at once is returned as it is, not moved into a future and out again.
-pub(super) enum Reply {
-    /// Decided within the call.
-    Now(Decision),
-    /// The store's answer, ready when polled or later.
-    Later(StoreFuture<Decision>),
-}
-
 /// The path of a limiter's decisions.
 #[derive(Debug)]
 pub(super) enum Path {
@@ -42,10 +32,17 @@ pub(super) enum Path {
 }
 
 impl Path {
-    /// Decides a request of `cost` units against `set`. A pending answer runs inside the
-    /// decision's span, which the limiter's conclusion enters around it.
+    /// Decides a request of `cost` units against `set`: a decision made within the call
+    /// (the in-process store, a breaker open, a lease serving) is written into the ready
+    /// future the limiter returns, and concluded there, never moved. A pending answer runs
+    /// inside the decision's span, which the limiter's conclusion enters around it.
     #[inline]
-    pub(super) fn decide(&self, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
+    pub(super) fn decide(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
         match self {
             Path::Local(path) => path.decide(caller, set, cost),
             Path::Remote(path) => path.decide(caller, set, cost),

@@ -10,7 +10,6 @@ use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::domains::{Domain, DomainRef, not_connected};
 use crate::limiter::failure::Held;
 use crate::limiter::lease::path::leased;
-use crate::limiter::path::Reply;
 use crate::limiter::path::remote::RemotePath;
 use crate::limiter::policy_set::PolicySet;
 use crate::store::backend::{CheckOutcome, LeaseGrant, StoreError};
@@ -18,13 +17,18 @@ use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
 
 impl RemotePath {
-    pub(super) fn decide(self: &Arc<Self>, caller: &Caller, set: &PolicySet, cost: u64) -> Reply {
+    pub(super) fn decide(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+    ) -> StoreFuture<Decision> {
         // Read once, and only if needed: by a cached refusal, an open breaker, or as the
         // time the store was asked.
         let mut read_clock = None;
         let mut now = || *read_clock.get_or_insert_with(|| self.clock.now_millis());
         if let Some(refused) = self.cached_refusal(caller, set, cost, &mut now) {
-            return Reply::Now(refused);
+            return StoreFuture::ready(refused);
         }
         // While what a local share counted still weighs, no lease is served or taken,
         // whose units the share would not see.
@@ -40,7 +44,9 @@ impl RemotePath {
             Admission::Call(permit) => permit,
             Admission::Reject => {
                 let reason = FallbackReason::BreakerOpen;
-                return Reply::Now(self.fall_back(&domain, caller, set, reason, cost, read_clock));
+                return StoreFuture::ready(
+                    self.fall_back(&domain, caller, set, reason, cost, read_clock),
+                );
             }
         };
         // And the callers a share counted are decided by their share as well as by the
@@ -59,7 +65,7 @@ impl RemotePath {
                 Some(Err(refused)) if permit.is_probe() => {
                     question.refused_by_share = Some(refused);
                 }
-                Some(Err(refused)) => return Reply::Now(refused),
+                Some(Err(refused)) => return StoreFuture::ready(refused),
                 Some(Ok(counted)) => question.held = Some(counted),
                 None => {}
             }
@@ -69,7 +75,9 @@ impl RemotePath {
             permit.failed(&not_connected());
             self.release(caller, question.held);
             let reason = FallbackReason::without_a_connection(reach);
-            return Reply::Now(self.fall_back(&domain, caller, set, reason, cost, read_clock));
+            return StoreFuture::ready(
+                self.fall_back(&domain, caller, set, reason, cost, read_clock),
+            );
         }
         question.asked_ms = now();
         self.call(&domain, caller, set, permit, question)
@@ -102,24 +110,24 @@ impl RemotePath {
         set: &PolicySet,
         permit: Permit,
         question: Question,
-    ) -> Reply {
+    ) -> StoreFuture<Decision> {
         let started = Instant::now();
         let mut check = self.ask(caller, set, &question);
         if let Some(result) = check.try_take_ready() {
             self.store.answered(started);
-            return Reply::Now(self.finish(domain, caller, set, result, permit, question));
+            return StoreFuture::ready(self.finish(domain, caller, set, result, permit, question));
         }
         let domain = domain.to_shared();
         let path = self.clone();
         let caller = caller.clone();
         let set = set.clone();
-        Reply::Later(StoreFuture::boxed(async move {
+        StoreFuture::boxed(async move {
             let result = path
                 .store
                 .wait(check, started, caller.key(), "answer")
                 .await;
             path.finish(&domain, &caller, &set, result, permit, question)
-        }))
+        })
     }
 
     /// The store's decision on a request; for a caller that a local share counted while
