@@ -37,6 +37,7 @@ pub enum HeaderMode {
 }
 
 impl HeaderMode {
+    #[inline]
     pub(crate) fn on_allowed(self, status: StatusCode) -> bool {
         match self {
             HeaderMode::Always => true,

@@ -32,6 +32,7 @@ pub(crate) enum Refusal<'a> {
 impl<'a> Refusal<'a> {
     /// The refusal `decision` stands for, `None` for a decision that lets the request in.
     /// `unavailable_status` is the layer's status for fail-closed refusals.
+    #[inline]
     pub(crate) fn of(decision: &'a Decision, unavailable_status: StatusCode) -> Option<Self> {
         match decision {
             Decision::Limited(info) => Some(match info.unaffordable() {

@@ -80,14 +80,25 @@ impl CallerKey {
     pub const MAX_KEY_BYTES: usize = 128;
 
     /// A key from any bytes; keys over [`MAX_KEY_BYTES`](Self::MAX_KEY_BYTES) are hashed.
+    #[inline]
     pub fn new(key: impl AsRef<[u8]>) -> Self {
         let key = key.as_ref();
-        let encoded = if key.len() > Self::MAX_KEY_BYTES {
-            Encoded::concat(&[TAG_DIGEST], &Sha256::digest(key))
-        } else {
-            Encoded::concat(&[TAG_RAW], key)
-        };
-        Self { encoded }
+        if key.len() > Self::MAX_KEY_BYTES {
+            return Self::digest_of(key);
+        }
+        Self {
+            encoded: Encoded::concat(&[TAG_RAW], key),
+        }
+    }
+
+    /// A key too long to keep as given, kept as its digest: rare, and kept out of the
+    /// code a request's key is made with.
+    #[cold]
+    #[inline(never)]
+    fn digest_of(key: &[u8]) -> Self {
+        Self {
+            encoded: Encoded::concat(&[TAG_DIGEST], &Sha256::digest(key)),
+        }
     }
 
     /// The one shared bucket for requests that carry no key, when the layer is told to
@@ -160,30 +171,35 @@ impl fmt::Display for CallerKey {
 }
 
 impl From<&str> for CallerKey {
+    #[inline]
     fn from(key: &str) -> Self {
         Self::new(key)
     }
 }
 
 impl From<&[u8]> for CallerKey {
+    #[inline]
     fn from(key: &[u8]) -> Self {
         Self::new(key)
     }
 }
 
 impl<const N: usize> From<&[u8; N]> for CallerKey {
+    #[inline]
     fn from(key: &[u8; N]) -> Self {
         Self::new(key)
     }
 }
 
 impl From<Vec<u8>> for CallerKey {
+    #[inline]
     fn from(key: Vec<u8>) -> Self {
         Self::new(key)
     }
 }
 
 impl From<String> for CallerKey {
+    #[inline]
     fn from(key: String) -> Self {
         Self::new(key)
     }

@@ -48,18 +48,21 @@ pub enum Extracted {
 }
 
 impl From<Caller> for Extracted {
+    #[inline]
     fn from(caller: Caller) -> Self {
         Extracted::Caller(caller)
     }
 }
 
 impl From<Option<Caller>> for Extracted {
+    #[inline]
     fn from(caller: Option<Caller>) -> Self {
         caller.map_or(Extracted::NoKey, Extracted::Caller)
     }
 }
 
 impl From<KeyRejection> for Extracted {
+    #[inline]
     fn from(rejection: KeyRejection) -> Self {
         Extracted::Rejected(rejection)
     }

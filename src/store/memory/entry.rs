@@ -556,7 +556,14 @@ mod tests {
 
     #[test]
     fn a_packed_decision_keeps_its_outcome_apart_from_the_markers() {
-        let waits = [0, 1, 999, PackedDecision::LONGEST_WAIT_MS, u64::MAX >> 1, u64::MAX];
+        let waits = [
+            0,
+            1,
+            999,
+            PackedDecision::LONGEST_WAIT_MS,
+            u64::MAX >> 1,
+            u64::MAX,
+        ];
         for admitted in [false, true] {
             for remaining in [0, 7, u64::MAX] {
                 for reset_ms in waits {
