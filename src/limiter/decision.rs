@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use crate::limiter::reported_set::ReportedSet;
 use crate::limiter::settlement::Settlement;
-use crate::store::algorithm::PolicyOutcome;
+use crate::store::algorithm::{OutcomeWords, PolicyOutcome};
 use crate::store::backend::{CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
@@ -148,41 +148,9 @@ enum Receipted {
 /// inline; longer sets share one allocation.
 #[derive(Clone, Debug)]
 enum Outcomes {
-    One([Kept; 1]),
-    Two([Kept; 2]),
-    Many(Arc<[Kept]>),
-}
-
-/// One policy's numbers as a report keeps them, in 16 bytes rather than a
-/// [`PolicyOutcome`]'s 24: whether it admitted is the top bit of the wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Kept {
-    remaining: u64,
-    reset_ms_admitted: u64,
-}
-
-impl Kept {
-    const ADMITTED: u64 = 1 << 63;
-
-    #[inline]
-    fn of(outcome: PolicyOutcome) -> Self {
-        // A wait of 2^63 ms or more (never computed) is kept as the longest that fits.
-        let reset_ms = outcome.reset_ms.min(Self::ADMITTED - 1);
-        let admitted = if outcome.admitted { Self::ADMITTED } else { 0 };
-        Self {
-            remaining: outcome.remaining,
-            reset_ms_admitted: reset_ms | admitted,
-        }
-    }
-
-    #[inline]
-    fn get(self) -> PolicyOutcome {
-        PolicyOutcome {
-            admitted: self.reset_ms_admitted & Self::ADMITTED != 0,
-            remaining: self.remaining,
-            reset_ms: self.reset_ms_admitted & !Self::ADMITTED,
-        }
-    }
+    One([OutcomeWords; 1]),
+    Two([OutcomeWords; 2]),
+    Many(Arc<[OutcomeWords]>),
 }
 
 // Equal when the numbers are, however they are held.
@@ -195,7 +163,7 @@ impl PartialEq for Outcomes {
 impl Eq for Outcomes {}
 
 impl Outcomes {
-    fn as_slice(&self) -> &[Kept] {
+    fn as_slice(&self) -> &[OutcomeWords] {
         match self {
             Outcomes::One(outcomes) => outcomes,
             Outcomes::Two(outcomes) => outcomes,
@@ -215,7 +183,8 @@ impl Outcomes {
     /// The outcomes `make` builds for each of `count` positions, in order.
     #[inline]
     fn build(count: usize, mut make: impl FnMut(usize) -> PolicyOutcome) -> Self {
-        let mut kept = |i| Kept::of(make(i));
+        // A wait of 2^63 ms or more (never computed) is kept as the longest that fits.
+        let mut kept = |i| OutcomeWords::of(make(i), OutcomeWords::LONGEST_WAIT_MS);
         match count {
             1 => Outcomes::One([kept(0)]),
             2 => Outcomes::Two([kept(0), kept(1)]),

@@ -657,6 +657,51 @@ pub struct PolicyOutcome {
     pub reset_ms: u64,
 }
 
+/// A [`PolicyOutcome`] in two words, whether it admitted as the wait's top bit: what a
+/// report keeps per policy (16 bytes rather than 24), and what comes back from a
+/// compare-and-swap in two registers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OutcomeWords {
+    remaining: u64,
+    reset_ms_admitted: u64,
+}
+
+impl OutcomeWords {
+    const ADMITTED: u64 = 1 << 63;
+    /// The longest wait the words can hold (about 292 million years).
+    pub(crate) const LONGEST_WAIT_MS: u64 = Self::ADMITTED - 1;
+
+    /// `outcome`, its wait kept as at most `longest_wait_ms` (at most
+    /// [`LONGEST_WAIT_MS`](Self::LONGEST_WAIT_MS); a holder that keeps marker values above
+    /// every outcome chooses less).
+    #[inline]
+    pub(crate) fn of(outcome: PolicyOutcome, longest_wait_ms: u64) -> Self {
+        let admitted = if outcome.admitted { Self::ADMITTED } else { 0 };
+        Self {
+            remaining: outcome.remaining,
+            reset_ms_admitted: outcome.reset_ms.min(longest_wait_ms) | admitted,
+        }
+    }
+
+    /// Admitted words with a wait of `wait_bits`: no outcome's, for a holder that keeps
+    /// every outcome's wait below it.
+    pub(crate) const fn marker(wait_bits: u64) -> Self {
+        Self {
+            remaining: 0,
+            reset_ms_admitted: Self::ADMITTED | wait_bits,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(self) -> PolicyOutcome {
+        PolicyOutcome {
+            admitted: self.reset_ms_admitted & Self::ADMITTED != 0,
+            remaining: self.remaining,
+            reset_ms: self.reset_ms_admitted & !Self::ADMITTED,
+        }
+    }
+}
+
 #[cfg(test)]
 mod model_tests;
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use crate::store::algorithm::{
-    AdmissionLog, Packing, PolicyOutcome, State, WordDecision, WordUnits,
+    AdmissionLog, OutcomeWords, Packing, PolicyOutcome, State, WordDecision, WordUnits,
 };
 use crate::store::inline_bytes::InlineBytes;
 use crate::store::policy::Policy;
@@ -260,35 +260,20 @@ pub(super) struct Entry {
 /// a field at a time and read back sixteen bytes at a time, a load that waits for the
 /// stores on every decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct PackedDecision {
-    remaining: u64,
-    /// The wait, with whether the policy admitted as its top bit; or one of the markers.
-    reset_ms_admitted: u64,
-}
+pub(super) struct PackedDecision(OutcomeWords);
 
 impl PackedDecision {
-    const ADMITTED: u64 = 1 << 63;
-    /// The longest wait kept (about 292 million years), below both markers.
-    const LONGEST_WAIT_MS: u64 = Self::ADMITTED - 3;
+    /// The longest wait kept, below both markers.
+    const LONGEST_WAIT_MS: u64 = OutcomeWords::LONGEST_WAIT_MS - 2;
     /// The counter is not packed, or not the entry's only one.
-    pub(super) const NOT_PACKED: Self = Self::marker(u64::MAX);
+    pub(super) const NOT_PACKED: Self = Self(OutcomeWords::marker(OutcomeWords::LONGEST_WAIT_MS));
     /// The state to write does not fit its packing.
-    pub(super) const DOES_NOT_FIT: Self = Self::marker(u64::MAX - 1);
-
-    const fn marker(reset_ms_admitted: u64) -> Self {
-        Self {
-            remaining: 0,
-            reset_ms_admitted,
-        }
-    }
+    pub(super) const DOES_NOT_FIT: Self =
+        Self(OutcomeWords::marker(OutcomeWords::LONGEST_WAIT_MS - 1));
 
     #[inline]
     pub(super) fn decided(outcome: PolicyOutcome) -> Self {
-        let admitted = if outcome.admitted { Self::ADMITTED } else { 0 };
-        Self {
-            remaining: outcome.remaining,
-            reset_ms_admitted: outcome.reset_ms.min(Self::LONGEST_WAIT_MS) | admitted,
-        }
+        Self(OutcomeWords::of(outcome, Self::LONGEST_WAIT_MS))
     }
 
     /// What the policy reports, when the word decided.
@@ -297,11 +282,7 @@ impl PackedDecision {
         if self == Self::NOT_PACKED || self == Self::DOES_NOT_FIT {
             return None;
         }
-        Some(PolicyOutcome {
-            admitted: self.reset_ms_admitted & Self::ADMITTED != 0,
-            remaining: self.remaining,
-            reset_ms: self.reset_ms_admitted & !Self::ADMITTED,
-        })
+        Some(self.0.get())
     }
 }
 
