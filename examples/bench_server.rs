@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! bench_server [--listen ADDR] [--limit N] [--no-limit] [--no-fields] [--tower-governor]
+//!              [--pass-through]
 //! ```
 //!
 //! The router is `orders_api`'s without `--redis`: `GET /orders` limited to `--limit`
@@ -15,6 +16,8 @@
 //! instead, the peer a user would pick: keyed on the same header as its docs show, at the
 //! same rate (a burst of `--limit`, one more every 1/limit s), with its `x-ratelimit-*`
 //! headers unless `--no-fields`; `POST /login` then has no layer, as wrk never calls it.
+//! With `--pass-through`, `GET /orders` is mounted behind a layer that passes every request
+//! on untouched, and `POST /login` has no layer: what mounting any layer costs in the router.
 //! Prints `listening on http://ADDR` once it accepts connections; use `--listen
 //! 127.0.0.1:0` for a free port.
 
@@ -23,6 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use clap::{ArgAction, Parser};
@@ -32,6 +36,7 @@ use tollgate::{
     key::{ClientIp, HeaderKey, MissingKey},
     response::HeaderMode,
 };
+use tower::util::MapRequestLayer;
 
 /// The orders_api router on the in-process store, for the HTTP benchmark.
 #[derive(Debug, Parser)]
@@ -53,6 +58,9 @@ struct Options {
     /// Limits GET /orders with tower_governor in place of tollgate's layer.
     #[arg(long = "tower-governor", conflicts_with = "limited")]
     tower_governor: bool,
+    /// Mounts GET /orders behind a layer that does nothing, in place of tollgate's layer.
+    #[arg(long = "pass-through", conflicts_with_all = ["limited", "tower_governor"])]
+    pass_through: bool,
 }
 
 /// tower_governor's key extractor for the customer header, written as its docs suggest.
@@ -97,6 +105,8 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
     let mut app = Router::new().route("/orders", get(|| async { "[]" }));
     if options.tower_governor {
         app = governed_orders(options);
+    } else if options.pass_through {
+        app = app.route_layer(MapRequestLayer::new(|request: Request| request));
     } else if options.limited {
         let orders = Limiter::builder()
             .name("orders")
@@ -117,7 +127,7 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
         app = app.route_layer(layer);
     }
     let login = post(|| async { "welcome" });
-    let login = if options.limited && !options.tower_governor {
+    let login = if options.limited && !options.tower_governor && !options.pass_through {
         let limiter = Limiter::builder()
             .name("login")
             .backend(InMemoryBackend::new())

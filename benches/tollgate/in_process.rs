@@ -6,14 +6,14 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use criterion::{Bencher, Criterion, SamplingMode, Throughput};
 use tollgate::store::{Backend, CallerKey, ManualClock};
 use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
 
-use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{BIG, big_bucket, callers, ready_now};
+use crate::report::{Row, median, median_ns, ns, ran, write_rows};
+use crate::support::{BIG, ROUNDS, big_bucket, callers, ready_now};
 
 const MANY_KEYS: usize = 100_000;
 
@@ -67,6 +67,10 @@ pub(crate) fn bench(c: &mut Criterion) {
     // Every sample the same length: the two-thread runs start their threads per sample.
     group.sampling_mode(SamplingMode::Flat);
     let mut rows = Vec::new();
+    // Short rounds, alternated: this machine's speed drifts within a minute, and a row
+    // measured once, seconds after its peer, carries that drift into its ratio.
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_millis(1_500));
     for (keys, key_label) in [(1, "1key"), (MANY_KEYS, "100k")] {
         let callers = callers(keys);
         let caller_keys: Vec<CallerKey> = callers.iter().map(|c| c.key().clone()).collect();
@@ -84,40 +88,43 @@ pub(crate) fn bench(c: &mut Criterion) {
             let decide = |caller: &Caller| {
                 black_box(ready_now(limiter.check(caller)));
             };
-            group.bench_function(&limiter_id, |b| {
-                ran(GROUP, &limiter_id);
-                match threads {
-                    1 => one_thread(b, &callers, decide),
-                    _ => two_threads(b, &callers, decide),
-                }
-            });
-
             let backend = InMemoryBackend::new();
             let limits: Arc<[Policy]> = vec![big_bucket().clone()].into();
             let store = |caller: &Caller| {
                 black_box(backend.check(caller.key(), &limits, 1).try_take_ready());
             };
-            group.bench_function(&backend_id, |b| {
-                ran(GROUP, &backend_id);
-                match threads {
-                    1 => one_thread(b, &callers, store),
-                    _ => two_threads(b, &callers, store),
-                }
-            });
-
             let governor = governor::RateLimiter::keyed(governor_quota());
             let check = |key: &CallerKey| {
                 black_box(governor.check_key(key)).expect("admitted");
             };
-            group.bench_function(&governor_id, |b| {
-                ran(GROUP, &governor_id);
-                match threads {
-                    1 => one_thread(b, &caller_keys, check),
-                    _ => two_threads(b, &caller_keys, check),
-                }
-            });
 
-            let Some(peer) = median_ns(GROUP, &governor_id) else {
+            // Each round measures the three in an order that turns by one each round.
+            let mut rounds: Vec<[Option<f64>; 3]> = Vec::new();
+            for round in 0..ROUNDS {
+                let mut medians = [None; 3];
+                for turn in 0..3 {
+                    let which = (turn + round) % 3;
+                    let id = format!(
+                        "{}_r{round}",
+                        [&limiter_id, &backend_id, &governor_id][which]
+                    );
+                    group.bench_function(&id, |b| {
+                        ran(GROUP, &id);
+                        match (which, threads) {
+                            (0, 1) => one_thread(b, &callers, decide),
+                            (0, _) => two_threads(b, &callers, decide),
+                            (1, 1) => one_thread(b, &callers, store),
+                            (1, _) => two_threads(b, &callers, store),
+                            (_, 1) => one_thread(b, &caller_keys, check),
+                            _ => two_threads(b, &caller_keys, check),
+                        }
+                    });
+                    medians[which] = median_ns(GROUP, &id);
+                }
+                rounds.push(medians);
+            }
+
+            let Some(peer) = median(rounds.iter().filter_map(|r| r[2])) else {
                 continue;
             };
             let keys_text = if keys == 1 { "1 key" } else { "100,000 keys" };
@@ -126,14 +133,17 @@ pub(crate) fn bench(c: &mut Criterion) {
             } else {
                 "2 threads"
             };
-            for (id, what) in [
-                (&limiter_id, "`Limiter::check`"),
-                (&backend_id, "`Backend::check`"),
+            for (which, id, what) in [
+                (0, &limiter_id, "`Limiter::check`"),
+                (1, &backend_id, "`Backend::check`"),
             ] {
-                let Some(ours) = median_ns(GROUP, id) else {
+                let Some(ours) = median(rounds.iter().filter_map(|r| r[which])) else {
                     continue;
                 };
-                let ratio = ours / peer;
+                let Some(ratio) = median(rounds.iter().filter_map(|r| Some(r[which]? / r[2]?)))
+                else {
+                    continue;
+                };
                 rows.push((
                     format!("{GROUP}/{id}"),
                     Row::new(
@@ -147,6 +157,8 @@ pub(crate) fn bench(c: &mut Criterion) {
             }
         }
     }
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
     algorithms(&mut group, &mut rows);
     group.finish();
     if !rows.is_empty() {

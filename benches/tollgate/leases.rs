@@ -15,7 +15,7 @@ use tollgate::{
 use tollgate_testkit::counting::Counting;
 use tollgate_testkit::redis::RedisServer;
 
-use crate::report::{Row, ns, per_sec, write_rows};
+use crate::report::{Row, median, ns, per_sec, write_rows};
 use crate::support::{SLOW_TEST_MACHINE, TASKS, big_window, multi_thread_runtime, wanted};
 
 const INSTANCES: u64 = 4;
@@ -243,13 +243,10 @@ pub(crate) fn bench(_c: &mut Criterion) {
         }
         rounds
     });
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    let leased_p99 = median(rounds.iter().map(|r| r.0.as_nanos() as f64).collect());
-    let local_p99 = median(rounds.iter().map(|r| r.1.as_nanos() as f64).collect());
-    let latency_ratio = median(
+    let rounds_median = |values: Vec<f64>| median(values).expect("at least one round");
+    let leased_p99 = rounds_median(rounds.iter().map(|r| r.0.as_nanos() as f64).collect());
+    let local_p99 = rounds_median(rounds.iter().map(|r| r.1.as_nanos() as f64).collect());
+    let latency_ratio = rounds_median(
         rounds
             .iter()
             .map(|(leased, local)| leased.as_secs_f64() / local.as_secs_f64())

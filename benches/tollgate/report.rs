@@ -125,6 +125,13 @@ pub(crate) fn median_ns(group: &str, id: &str) -> Option<f64> {
     estimates["median"]["point_estimate"].as_f64()
 }
 
+/// The median of `values` (the upper one of an even count); `None` when there are none.
+pub(crate) fn median(values: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let mut values: Vec<f64> = values.into_iter().collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied()
+}
+
 /// Nanoseconds, one decimal below 100.
 pub(crate) fn ns(value: f64) -> String {
     if value >= 100.0 {

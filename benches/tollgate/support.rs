@@ -18,6 +18,10 @@ use tollgate::{Caller, Policy, Quota};
 use tollgate_testkit::redis::RedisServer;
 use tower::{Service, ServiceExt};
 
+/// Rounds of a comparison made in short alternated rounds: its figures are the rounds'
+/// medians, and its ratio the median of the rounds' ratios.
+pub(crate) const ROUNDS: usize = 5;
+
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
 pub(crate) const BIG: u64 = 1_000_000_000;
 
