@@ -16,7 +16,10 @@ use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, median, median_ns, ms, per_sec, ran, write_rows};
 use crate::support::wanted;
-use crate::support::{CALLERS, ROUNDS, TASKS, big_window, callers, multi_thread_runtime};
+use crate::support::{
+    CALLERS, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, TASKS, big_window, callers,
+    multi_thread_runtime,
+};
 
 /// The store timeout of the frozen-store scenario (the limiter's default).
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
@@ -147,8 +150,8 @@ pub(crate) fn bench(c: &mut Criterion) {
     // Short rounds, alternated, in an order that turns each round: this machine's speed
     // drifts within a minute, and a row measured once, a minute after its peer, carries
     // that drift into its ratio.
-    group.warm_up_time(Duration::from_millis(500));
-    group.measurement_time(Duration::from_millis(1_500));
+    group.warm_up_time(ROUND_WARM_UP);
+    group.measurement_time(ROUND_MEASUREMENT);
     let limiters = [
         ("breaker_open_local_share", &share),
         ("breaker_open_fail_open", &open),

@@ -13,7 +13,9 @@ use tollgate::store::{Backend, CallerKey, ManualClock};
 use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
 
 use crate::report::{Row, median, median_ns, ns, ran, write_rows};
-use crate::support::{BIG, ROUNDS, big_bucket, callers, ready_now};
+use crate::support::{
+    BIG, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, big_bucket, callers, ready_now,
+};
 
 const MANY_KEYS: usize = 100_000;
 
@@ -69,8 +71,8 @@ pub(crate) fn bench(c: &mut Criterion) {
     let mut rows = Vec::new();
     // Short rounds, alternated: this machine's speed drifts within a minute, and a row
     // measured once, seconds after its peer, carries that drift into its ratio.
-    group.warm_up_time(Duration::from_millis(500));
-    group.measurement_time(Duration::from_millis(1_500));
+    group.warm_up_time(ROUND_WARM_UP);
+    group.measurement_time(ROUND_MEASUREMENT);
     for (keys, key_label) in [(1, "1key"), (MANY_KEYS, "100k")] {
         let callers = callers(keys);
         let caller_keys: Vec<CallerKey> = callers.iter().map(|c| c.key().clone()).collect();

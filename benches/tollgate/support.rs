@@ -19,8 +19,16 @@ use tollgate_testkit::redis::RedisServer;
 use tower::{Service, ServiceExt};
 
 /// Rounds of a comparison made in short alternated rounds: its figures are the rounds'
-/// medians, and its ratio the median of the rounds' ratios.
-pub(crate) const ROUNDS: usize = 5;
+/// medians, and its ratio the median of the rounds' ratios. Nine, because a row that reads
+/// thousands of callers' entries can run 1.6x slower for a few seconds on a shared
+/// machine and then recover: a median of five can still land on a slow round.
+pub(crate) const ROUNDS: usize = 9;
+
+/// Criterion's warm-up in each of those rounds.
+pub(crate) const ROUND_WARM_UP: Duration = Duration::from_millis(300);
+
+/// Criterion's measurement in each of those rounds.
+pub(crate) const ROUND_MEASUREMENT: Duration = Duration::from_secs(1);
 
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
 pub(crate) const BIG: u64 = 1_000_000_000;
