@@ -1,6 +1,7 @@
 //! Group `layer`: the tower layer on an in-memory service vs tower_governor, and the bare
 //! service.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -11,8 +12,8 @@ use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 
-use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{CUSTOMER, big_bucket, drive};
+use crate::report::{Row, median, median_ns, ns, ran, write_rows};
+use crate::support::{CUSTOMER, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, big_bucket, drive};
 
 /// tower_governor's key extractor for the customer header, written as its docs suggest.
 #[derive(Clone, Debug)]
@@ -59,53 +60,67 @@ pub(crate) fn bench(c: &mut Criterion) {
             .key_extractor(CustomerHeader)
     };
 
-    let mut group = c.benchmark_group(GROUP);
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("bare", |b| {
-        ran(GROUP, "bare");
-        drive(b, &runtime, &orders, &customers)
-    });
     // The default: the decision in the extensions of refusals only.
-    let service = tollgate(HeaderMode::Always, false);
-    group.bench_function("tollgate_headers", |b| {
-        ran(GROUP, "tollgate_headers");
-        drive(b, &runtime, &service, &customers)
-    });
+    let with_headers = tollgate(HeaderMode::Always, false);
     // Like tower_governor without headers, nothing added to an admitted response.
-    let service = tollgate(HeaderMode::Never, false);
-    group.bench_function("tollgate_no_headers", |b| {
-        ran(GROUP, "tollgate_no_headers");
-        drive(b, &runtime, &service, &customers)
-    });
-    let service = tollgate(HeaderMode::Never, true);
-    group.bench_function("tollgate_extension", |b| {
-        ran(GROUP, "tollgate_extension");
-        drive(b, &runtime, &service, &customers)
-    });
+    let without_headers = tollgate(HeaderMode::Never, false);
+    let with_extension = tollgate(HeaderMode::Never, true);
     let config = governed(&mut GovernorConfigBuilder::default())
         .use_headers()
         .finish()
         .expect("governor config");
-    let service = ServiceBuilder::new()
+    let governor_headers = ServiceBuilder::new()
         .layer(tower_governor::GovernorLayer::new(config))
         .service(orders);
-    group.bench_function("tower_governor_headers", |b| {
-        ran(GROUP, "tower_governor_headers");
-        drive(b, &runtime, &service, &customers)
-    });
     let config = governed(&mut GovernorConfigBuilder::default())
         .finish()
         .expect("governor config");
-    let service = ServiceBuilder::new()
+    let governor_no_headers = ServiceBuilder::new()
         .layer(tower_governor::GovernorLayer::new(config))
         .service(orders);
-    group.bench_function("tower_governor_no_headers", |b| {
-        ran(GROUP, "tower_governor_no_headers");
-        drive(b, &runtime, &service, &customers)
-    });
+
+    let mut group = c.benchmark_group(GROUP);
+    group.throughput(Throughput::Elements(1));
+    // Short rounds, alternated, in an order that turns each round.
+    group.warm_up_time(ROUND_WARM_UP);
+    group.measurement_time(ROUND_MEASUREMENT);
+    let services = [
+        "bare",
+        "tollgate_headers",
+        "tollgate_no_headers",
+        "tollgate_extension",
+        "tower_governor_headers",
+        "tower_governor_no_headers",
+    ];
+    let mut rounds: Vec<HashMap<&str, f64>> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut medians = HashMap::new();
+        for turn in 0..services.len() {
+            let name = services[(turn + round) % services.len()];
+            let id = format!("{name}_r{round}");
+            group.bench_function(&id, |b| {
+                ran(GROUP, &id);
+                match name {
+                    "bare" => drive(b, &runtime, &orders, &customers),
+                    "tollgate_headers" => drive(b, &runtime, &with_headers, &customers),
+                    "tollgate_no_headers" => drive(b, &runtime, &without_headers, &customers),
+                    "tollgate_extension" => drive(b, &runtime, &with_extension, &customers),
+                    "tower_governor_headers" => drive(b, &runtime, &governor_headers, &customers),
+                    _ => drive(b, &runtime, &governor_no_headers, &customers),
+                }
+            });
+            if let Some(time) = median_ns(GROUP, &id) {
+                medians.insert(name, time);
+            }
+        }
+        rounds.push(medians);
+    }
     group.finish();
 
-    let get = |id| median_ns(GROUP, id);
+    // A figure is the rounds' median; a ratio or a difference, the median of the rounds'.
+    let get = |id| median(rounds.iter().filter_map(|round| round.get(id).copied()));
+    let of_rounds =
+        |f: &dyn Fn(&HashMap<&str, f64>) -> Option<f64>| median(rounds.iter().filter_map(f));
     let mut rows = Vec::new();
     // (row, tollgate's bench, the peer's, what is measured, the peer's label, the target)
     let compared = [
@@ -126,11 +141,14 @@ pub(crate) fn bench(c: &mut Criterion) {
             1.2,
         ),
     ];
-    for (row, ours, peer, what, peer_label, target) in compared {
-        let (Some(ours), Some(peer)) = (get(ours), get(peer)) else {
+    for (row, ours_id, peer_id, what, peer_label, target) in compared {
+        let (Some(ours), Some(peer), Some(ratio)) = (
+            get(ours_id),
+            get(peer_id),
+            of_rounds(&|round| Some(round.get(ours_id)? / round.get(peer_id)?)),
+        ) else {
             continue;
         };
-        let ratio = ours / peer;
         rows.push((
             row,
             Row::new(what, format!("{}/request", ns(ours)))
@@ -139,8 +157,10 @@ pub(crate) fn bench(c: &mut Criterion) {
                 .target(format!("≤ {target:.2}x"), ratio <= target),
         ));
     }
-    if let (Some(ours), Some(bare)) = (get("tollgate_no_headers"), get("bare")) {
-        let added = ours - bare;
+    if let (Some(bare), Some(added)) = (
+        get("bare"),
+        of_rounds(&|round| Some(round.get("tollgate_no_headers")? - round.get("bare")?)),
+    ) {
         rows.push((
             "layer/overhead",
             Row::new(
@@ -152,22 +172,34 @@ pub(crate) fn bench(c: &mut Criterion) {
             .target("≤ +300 ns", added <= 300.0),
         ));
     }
-    if let (Some(ours), Some(bare), Some(peer)) = (
-        get("tollgate_headers"),
-        get("bare"),
-        get("tower_governor_headers"),
+    if let (Some(ours), Some(peer), Some(ratio)) = (
+        of_rounds(&|round| Some(round.get("tollgate_headers")? - round.get("bare")?)),
+        of_rounds(&|round| Some(round.get("tower_governor_headers")? - round.get("bare")?)),
+        of_rounds(&|round| {
+            let bare = round.get("bare")?;
+            Some(
+                (round.get("tollgate_headers")? - bare)
+                    / (round.get("tower_governor_headers")? - bare),
+            )
+        }),
     ) {
         rows.push((
             "layer/overhead_headers",
             Row::new(
                 "Layer, RateLimit headers on: time added to the bare service",
-                format!("+{}/request", ns(ours - bare)),
+                format!("+{}/request", ns(ours)),
             )
-            .peer(format!("tower_governor with headers: +{}", ns(peer - bare)))
-            .ratio(format!("{:.2}x", (ours - bare) / (peer - bare))),
+            .peer(format!("tower_governor with headers: +{}", ns(peer)))
+            .ratio(format!("{ratio:.2}x")),
         ));
     }
-    if let (Some(ours), Some(without)) = (get("tollgate_extension"), get("tollgate_no_headers")) {
+    if let (Some(ours), Some(without), Some(ratio)) = (
+        get("tollgate_extension"),
+        get("tollgate_no_headers"),
+        of_rounds(&|round| {
+            Some(round.get("tollgate_extension")? / round.get("tollgate_no_headers")?)
+        }),
+    ) {
         rows.push((
             "layer/extension",
             Row::new(
@@ -175,7 +207,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                 format!("{}/request", ns(ours)),
             )
             .peer(format!("on refusals only (the default): {}/request", ns(without)))
-            .ratio(format!("{:.2}x", ours / without)),
+            .ratio(format!("{ratio:.2}x")),
         ));
     }
     if !rows.is_empty() {
