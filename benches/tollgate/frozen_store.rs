@@ -1,7 +1,6 @@
 //! Group `frozen_store`: redis-server under SIGSTOP: latency until the breaker opens, then
 //! throughput with the breaker open vs the in-process backend.
 
-use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,12 +13,9 @@ use tollgate::{
 };
 use tollgate_testkit::redis::RedisServer;
 
-use crate::report::{Row, median, median_ns, ms, per_sec, ran, write_rows};
+use crate::report::{Row, ms, per_sec, write_rows};
 use crate::support::wanted;
-use crate::support::{
-    CALLERS, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, TASKS, big_window, callers,
-    multi_thread_runtime,
-};
+use crate::support::{CALLERS, TASKS, big_window, callers, in_rounds, multi_thread_runtime};
 
 /// The store timeout of the frozen-store scenario (the limiter's default).
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
@@ -147,11 +143,6 @@ pub(crate) fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
-    // Short rounds, alternated, in an order that turns each round: this machine's speed
-    // drifts within a minute, and a row measured once, a minute after its peer, carries
-    // that drift into its ratio.
-    group.warm_up_time(ROUND_WARM_UP);
-    group.measurement_time(ROUND_MEASUREMENT);
     let limiters = [
         ("breaker_open_local_share", &share),
         ("breaker_open_fail_open", &open),
@@ -159,39 +150,30 @@ pub(crate) fn bench(c: &mut Criterion) {
         ("packed_breaker_open_local_share", &packed_share),
         ("packed_in_process_backend", &packed_in_process),
     ];
-    let mut rounds: Vec<HashMap<&str, f64>> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut medians = HashMap::new();
-        for turn in 0..limiters.len() {
-            let (name, limiter) = limiters[(turn + round) % limiters.len()];
-            let id = format!("{name}_r{round}");
-            group.bench_function(&id, |b| {
-                ran(GROUP, &id);
-                // One loop per sample: what is timed is the decisions, not the runtime's
-                // entry per iteration.
-                b.to_async(&runtime).iter_custom(|iters| {
-                    let limiter = limiter.clone();
-                    let callers = callers.clone();
-                    async move {
-                        let mut i = 0;
-                        let start = Instant::now();
-                        for _ in 0..iters {
-                            black_box(limiter.check(&callers[i]).await);
-                            i += 1;
-                            if i == callers.len() {
-                                i = 0;
-                            }
-                        }
-                        start.elapsed()
+    let names = limiters.map(|(name, _)| name);
+    let rounds = in_rounds(&mut group, GROUP, &names, |b, name| {
+        let Some(&(_, limiter)) = limiters.iter().find(|(named, _)| *named == name) else {
+            unreachable!("{name} is one of the limiters");
+        };
+        // One loop per sample: what is timed is the decisions, not the runtime's entry per
+        // iteration.
+        b.to_async(&runtime).iter_custom(|iters| {
+            let limiter = limiter.clone();
+            let callers = callers.clone();
+            async move {
+                let mut i = 0;
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(limiter.check(&callers[i]).await);
+                    i += 1;
+                    if i == callers.len() {
+                        i = 0;
                     }
-                });
-            });
-            if let Some(time) = median_ns(GROUP, &id) {
-                medians.insert(name, time);
+                }
+                start.elapsed()
             }
-        }
-        rounds.push(medians);
-    }
+        });
+    });
     group.finish();
     assert_ne!(share.breaker_state(), BreakerState::Closed);
     server.resume();
@@ -211,7 +193,6 @@ pub(crate) fn bench(c: &mut Criterion) {
         .peer("tower-rate-limiter: see its frozen-store row")
         .target(format!("≤ {} (timeout + 5 ms)", ms(bound)), p99 <= bound),
     )];
-    let get = |id| median(rounds.iter().filter_map(|round| round.get(id).copied()));
     for (row_id, id, base_id, what) in [
         (
             "frozen_store/local_share",
@@ -232,13 +213,11 @@ pub(crate) fn bench(c: &mut Criterion) {
             "fail to the local share, a window of 100,000 a second (one compare-and-swap, on both sides)",
         ),
     ] {
-        let (Some(base), Some(ours)) = (get(base_id), get(id)) else {
-            continue;
-        };
-        let Some(ratio) = median(
-            rounds
-                .iter()
-                .filter_map(|round| Some(round.get(base_id)? / round.get(id)?)),
+        // Decisions per second: the base's time over ours.
+        let (Some(base), Some(ours), Some(ratio)) = (
+            rounds.time(base_id),
+            rounds.time(id),
+            rounds.ratio(base_id, id),
         ) else {
             continue;
         };

@@ -6,16 +6,14 @@
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use criterion::{Bencher, Criterion, SamplingMode, Throughput};
 use tollgate::store::{Backend, CallerKey, ManualClock};
 use tollgate::{Caller, InMemoryBackend, Limiter, Policy, Quota};
 
-use crate::report::{Row, median, median_ns, ns, ran, write_rows};
-use crate::support::{
-    BIG, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, big_bucket, callers, ready_now,
-};
+use crate::report::{Row, median_ns, ns, ran, write_rows};
+use crate::support::{BIG, big_bucket, callers, in_rounds, ready_now};
 
 const MANY_KEYS: usize = 100_000;
 
@@ -69,10 +67,6 @@ pub(crate) fn bench(c: &mut Criterion) {
     // Every sample the same length: the two-thread runs start their threads per sample.
     group.sampling_mode(SamplingMode::Flat);
     let mut rows = Vec::new();
-    // Short rounds, alternated: this machine's speed drifts within a minute, and a row
-    // measured once, seconds after its peer, carries that drift into its ratio.
-    group.warm_up_time(ROUND_WARM_UP);
-    group.measurement_time(ROUND_MEASUREMENT);
     for (keys, key_label) in [(1, "1key"), (MANY_KEYS, "100k")] {
         let callers = callers(keys);
         let caller_keys: Vec<CallerKey> = callers.iter().map(|c| c.key().clone()).collect();
@@ -100,33 +94,20 @@ pub(crate) fn bench(c: &mut Criterion) {
                 black_box(governor.check_key(key)).expect("admitted");
             };
 
-            // Each round measures the three in an order that turns by one each round.
-            let mut rounds: Vec<[Option<f64>; 3]> = Vec::new();
-            for round in 0..ROUNDS {
-                let mut medians = [None; 3];
-                for turn in 0..3 {
-                    let which = (turn + round) % 3;
-                    let id = format!(
-                        "{}_r{round}",
-                        [&limiter_id, &backend_id, &governor_id][which]
-                    );
-                    group.bench_function(&id, |b| {
-                        ran(GROUP, &id);
-                        match (which, threads) {
-                            (0, 1) => one_thread(b, &callers, decide),
-                            (0, _) => two_threads(b, &callers, decide),
-                            (1, 1) => one_thread(b, &callers, store),
-                            (1, _) => two_threads(b, &callers, store),
-                            (_, 1) => one_thread(b, &caller_keys, check),
-                            _ => two_threads(b, &caller_keys, check),
-                        }
-                    });
-                    medians[which] = median_ns(GROUP, &id);
-                }
-                rounds.push(medians);
-            }
-
-            let Some(peer) = median(rounds.iter().filter_map(|r| r[2])) else {
+            let rounds = in_rounds(
+                &mut group,
+                GROUP,
+                &[&limiter_id, &backend_id, &governor_id],
+                |b, name| match (name, threads) {
+                    (name, 1) if name == limiter_id => one_thread(b, &callers, decide),
+                    (name, _) if name == limiter_id => two_threads(b, &callers, decide),
+                    (name, 1) if name == backend_id => one_thread(b, &callers, store),
+                    (name, _) if name == backend_id => two_threads(b, &callers, store),
+                    (_, 1) => one_thread(b, &caller_keys, check),
+                    _ => two_threads(b, &caller_keys, check),
+                },
+            );
+            let Some(peer) = rounds.time(&governor_id) else {
                 continue;
             };
             let keys_text = if keys == 1 { "1 key" } else { "100,000 keys" };
@@ -135,14 +116,11 @@ pub(crate) fn bench(c: &mut Criterion) {
             } else {
                 "2 threads"
             };
-            for (which, id, what) in [
-                (0, &limiter_id, "`Limiter::check`"),
-                (1, &backend_id, "`Backend::check`"),
+            for (id, what) in [
+                (&limiter_id, "`Limiter::check`"),
+                (&backend_id, "`Backend::check`"),
             ] {
-                let Some(ours) = median(rounds.iter().filter_map(|r| r[which])) else {
-                    continue;
-                };
-                let Some(ratio) = median(rounds.iter().filter_map(|r| Some(r[which]? / r[2]?)))
+                let (Some(ours), Some(ratio)) = (rounds.time(id), rounds.ratio(id, &governor_id))
                 else {
                     continue;
                 };
@@ -159,8 +137,6 @@ pub(crate) fn bench(c: &mut Criterion) {
             }
         }
     }
-    group.warm_up_time(Duration::from_secs(1));
-    group.measurement_time(Duration::from_secs(3));
     algorithms(&mut group, &mut rows);
     group.finish();
     if !rows.is_empty() {

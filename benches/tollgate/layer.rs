@@ -1,7 +1,6 @@
 //! Group `layer`: the tower layer on an in-memory service vs tower_governor, and the bare
 //! service.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 
 use axum::body::Body;
@@ -12,8 +11,8 @@ use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
 
-use crate::report::{Row, median, median_ns, ns, ran, write_rows};
-use crate::support::{CUSTOMER, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, big_bucket, drive};
+use crate::report::{Row, ns, write_rows};
+use crate::support::{CUSTOMER, big_bucket, drive, in_rounds};
 
 /// tower_governor's key extractor for the customer header, written as its docs suggest.
 #[derive(Clone, Debug)]
@@ -81,9 +80,6 @@ pub(crate) fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
-    // Short rounds, alternated, in an order that turns each round.
-    group.warm_up_time(ROUND_WARM_UP);
-    group.measurement_time(ROUND_MEASUREMENT);
     let services = [
         "bare",
         "tollgate_headers",
@@ -92,35 +88,17 @@ pub(crate) fn bench(c: &mut Criterion) {
         "tower_governor_headers",
         "tower_governor_no_headers",
     ];
-    let mut rounds: Vec<HashMap<&str, f64>> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut medians = HashMap::new();
-        for turn in 0..services.len() {
-            let name = services[(turn + round) % services.len()];
-            let id = format!("{name}_r{round}");
-            group.bench_function(&id, |b| {
-                ran(GROUP, &id);
-                match name {
-                    "bare" => drive(b, &runtime, &orders, &customers),
-                    "tollgate_headers" => drive(b, &runtime, &with_headers, &customers),
-                    "tollgate_no_headers" => drive(b, &runtime, &without_headers, &customers),
-                    "tollgate_extension" => drive(b, &runtime, &with_extension, &customers),
-                    "tower_governor_headers" => drive(b, &runtime, &governor_headers, &customers),
-                    _ => drive(b, &runtime, &governor_no_headers, &customers),
-                }
-            });
-            if let Some(time) = median_ns(GROUP, &id) {
-                medians.insert(name, time);
-            }
-        }
-        rounds.push(medians);
-    }
+    let rounds = in_rounds(&mut group, GROUP, &services, |b, name| match name {
+        "bare" => drive(b, &runtime, &orders, &customers),
+        "tollgate_headers" => drive(b, &runtime, &with_headers, &customers),
+        "tollgate_no_headers" => drive(b, &runtime, &without_headers, &customers),
+        "tollgate_extension" => drive(b, &runtime, &with_extension, &customers),
+        "tower_governor_headers" => drive(b, &runtime, &governor_headers, &customers),
+        _ => drive(b, &runtime, &governor_no_headers, &customers),
+    });
     group.finish();
 
     // A figure is the rounds' median; a ratio or a difference, the median of the rounds'.
-    let get = |id| median(rounds.iter().filter_map(|round| round.get(id).copied()));
-    let of_rounds =
-        |f: &dyn Fn(&HashMap<&str, f64>) -> Option<f64>| median(rounds.iter().filter_map(f));
     let mut rows = Vec::new();
     // (row, tollgate's bench, the peer's, what is measured, the peer's label, the target)
     let compared = [
@@ -143,9 +121,9 @@ pub(crate) fn bench(c: &mut Criterion) {
     ];
     for (row, ours_id, peer_id, what, peer_label, target) in compared {
         let (Some(ours), Some(peer), Some(ratio)) = (
-            get(ours_id),
-            get(peer_id),
-            of_rounds(&|round| Some(round.get(ours_id)? / round.get(peer_id)?)),
+            rounds.time(ours_id),
+            rounds.time(peer_id),
+            rounds.ratio(ours_id, peer_id),
         ) else {
             continue;
         };
@@ -158,8 +136,8 @@ pub(crate) fn bench(c: &mut Criterion) {
         ));
     }
     if let (Some(bare), Some(added)) = (
-        get("bare"),
-        of_rounds(&|round| Some(round.get("tollgate_no_headers")? - round.get("bare")?)),
+        rounds.time("bare"),
+        rounds.median_of(|round| Some(round.get("tollgate_no_headers")? - round.get("bare")?)),
     ) {
         rows.push((
             "layer/overhead",
@@ -173,9 +151,9 @@ pub(crate) fn bench(c: &mut Criterion) {
         ));
     }
     if let (Some(ours), Some(peer), Some(ratio)) = (
-        of_rounds(&|round| Some(round.get("tollgate_headers")? - round.get("bare")?)),
-        of_rounds(&|round| Some(round.get("tower_governor_headers")? - round.get("bare")?)),
-        of_rounds(&|round| {
+        rounds.median_of(|round| Some(round.get("tollgate_headers")? - round.get("bare")?)),
+        rounds.median_of(|round| Some(round.get("tower_governor_headers")? - round.get("bare")?)),
+        rounds.median_of(|round| {
             let bare = round.get("bare")?;
             Some(
                 (round.get("tollgate_headers")? - bare)
@@ -194,11 +172,9 @@ pub(crate) fn bench(c: &mut Criterion) {
         ));
     }
     if let (Some(ours), Some(without), Some(ratio)) = (
-        get("tollgate_extension"),
-        get("tollgate_no_headers"),
-        of_rounds(&|round| {
-            Some(round.get("tollgate_extension")? / round.get("tollgate_no_headers")?)
-        }),
+        rounds.time("tollgate_extension"),
+        rounds.time("tollgate_no_headers"),
+        rounds.ratio("tollgate_extension", "tollgate_no_headers"),
     ) {
         rows.push((
             "layer/extension",

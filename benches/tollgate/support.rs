@@ -1,7 +1,8 @@
 //! Helpers more than one scenario uses: the criterion settings, the callers, the policies
-//! no caller reaches, the runtimes, the layer driver, the sizes the scenarios share, and
-//! the scripts a redis-server has run.
+//! no caller reaches, the runtimes, the layer driver, the comparisons in alternated rounds,
+//! the sizes the scenarios share, and the scripts a redis-server has run.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,24 +12,30 @@ use std::time::Duration;
 use std::hint::black_box;
 use std::time::Instant;
 
-use criterion::{Bencher, Criterion};
+use criterion::measurement::WallTime;
+use criterion::{Bencher, BenchmarkGroup, Criterion};
 use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::runtime::Runtime;
 use tollgate::{Caller, Policy, Quota};
 use tollgate_testkit::redis::RedisServer;
 use tower::{Service, ServiceExt};
 
-/// Rounds of a comparison made in short alternated rounds: its figures are the rounds'
-/// medians, and its ratio the median of the rounds' ratios. Nine, because a row that reads
-/// thousands of callers' entries can run 1.6x slower for a few seconds on a shared
-/// machine and then recover: a median of five can still land on a slow round.
-pub(crate) const ROUNDS: usize = 9;
+/// Rounds of a comparison made in short alternated rounds ([`in_rounds`]). Nine, because a
+/// row that reads thousands of callers' entries can run 1.6x slower for a few seconds on a
+/// shared machine and then recover: a median of five can still land on a slow round.
+const ROUNDS: usize = 9;
 
 /// Criterion's warm-up in each of those rounds.
-pub(crate) const ROUND_WARM_UP: Duration = Duration::from_millis(300);
+const ROUND_WARM_UP: Duration = Duration::from_millis(300);
 
 /// Criterion's measurement in each of those rounds.
-pub(crate) const ROUND_MEASUREMENT: Duration = Duration::from_secs(1);
+const ROUND_MEASUREMENT: Duration = Duration::from_secs(1);
+
+/// Criterion's warm-up for every other benchmark.
+const WARM_UP: Duration = Duration::from_secs(1);
+
+/// Criterion's measurement for every other benchmark.
+const MEASUREMENT: Duration = Duration::from_secs(3);
 
 /// A quota no caller reaches in a benchmark: every decision admits and writes.
 pub(crate) const BIG: u64 = 1_000_000_000;
@@ -178,8 +185,8 @@ pub(crate) fn drive<S, B>(
 /// Every group's settings; command-line options override them.
 pub(crate) fn config() -> Criterion {
     Criterion::default()
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(WARM_UP)
+        .measurement_time(MEASUREMENT)
         .sample_size(50)
         .nresamples(20_000)
         .output_directory(&crate::report::criterion_dir())
@@ -198,4 +205,60 @@ pub(crate) fn scripts_run(server: &RedisServer) -> u64 {
                 .ok()
         })
         .sum()
+}
+
+/// Each round's median times by name, of a comparison measured by [`in_rounds`].
+pub(crate) struct Rounds<'n>(Vec<HashMap<&'n str, f64>>);
+
+impl Rounds<'_> {
+    /// The median over the rounds of what `of_round` makes of each round's times.
+    pub(crate) fn median_of(
+        &self,
+        of_round: impl Fn(&HashMap<&str, f64>) -> Option<f64>,
+    ) -> Option<f64> {
+        crate::report::median(self.0.iter().filter_map(of_round))
+    }
+
+    /// The median of `name`'s times.
+    pub(crate) fn time(&self, name: &str) -> Option<f64> {
+        self.median_of(|round| round.get(name).copied())
+    }
+
+    /// The median of the rounds' ratios of `name`'s time to `other`'s.
+    pub(crate) fn ratio(&self, name: &str, other: &str) -> Option<f64> {
+        self.median_of(|round| Some(round.get(name)? / round.get(other)?))
+    }
+}
+
+/// Measures each of `names` with `bench` in short rounds, the order turned by one each
+/// round (criterion ids `<name>_r<round>` in `group`, named `group_name`): the machine's
+/// speed drifts within a minute, and a row measured once, up to a minute after its peer,
+/// carries that drift into its ratio. The group keeps the usual times for what follows.
+pub(crate) fn in_rounds<'n>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    group_name: &str,
+    names: &[&'n str],
+    mut bench: impl FnMut(&mut Bencher<'_>, &'n str),
+) -> Rounds<'n> {
+    group
+        .warm_up_time(ROUND_WARM_UP)
+        .measurement_time(ROUND_MEASUREMENT);
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        let mut times = HashMap::new();
+        for turn in 0..names.len() {
+            let name = names[(turn + round) % names.len()];
+            let id = format!("{name}_r{round}");
+            group.bench_function(&id, |b| {
+                crate::report::ran(group_name, &id);
+                bench(b, name);
+            });
+            if let Some(time) = crate::report::median_ns(group_name, &id) {
+                times.insert(name, time);
+            }
+        }
+        rounds.push(times);
+    }
+    group.warm_up_time(WARM_UP).measurement_time(MEASUREMENT);
+    Rounds(rounds)
 }

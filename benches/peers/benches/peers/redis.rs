@@ -13,10 +13,9 @@ use tollgate_testkit::redis::RedisServer;
 use tower_rate_limiter::{RateLimitPolicy, RedisGcra};
 
 use crate::big_gcra;
-use crate::report::{Row, median, median_ns, per_sec, ran, write_rows};
+use crate::report::{Row, per_sec, write_rows};
 use crate::support::{
-    CALLERS, ROUND_MEASUREMENT, ROUND_WARM_UP, ROUNDS, SLOW_TEST_MACHINE, TASKS, big_bucket,
-    callers, multi_thread_runtime, wanted,
+    CALLERS, SLOW_TEST_MACHINE, TASKS, big_bucket, callers, in_rounds, multi_thread_runtime, wanted,
 };
 
 /// `iters` decisions from 64 tasks, callers spread as in tollgate's own Redis group;
@@ -81,59 +80,39 @@ pub(crate) fn bench(c: &mut Criterion) {
 
     let mut group = c.benchmark_group(GROUP);
     group.throughput(Throughput::Elements(1));
-    // Short rounds, alternated, in an order that turns each round: the machine's speed
-    // drifts within a minute.
-    group.warm_up_time(ROUND_WARM_UP);
-    group.measurement_time(ROUND_MEASUREMENT);
-    let mut rounds: Vec<[Option<f64>; 2]> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut medians = [None; 2];
-        for turn in 0..2 {
-            let which = (turn + round) % 2;
-            let id = format!(
-                "{}_r{round}",
-                ["tollgate_64_tasks", "tower_rate_limiter_64_tasks"][which]
-            );
-            group.bench_function(&id, |b| {
-                ran(GROUP, &id);
-                b.to_async(&runtime).iter_custom(|iters| {
-                    let (limiter, gcra) = (limiter.clone(), gcra.clone());
-                    let (callers, keys) = (callers.clone(), keys.clone());
+    let names = ["tollgate_64_tasks", "tower_rate_limiter_64_tasks"];
+    let rounds = in_rounds(&mut group, GROUP, &names, |b, name| {
+        if name == names[0] {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let (limiter, callers) = (limiter.clone(), callers.clone());
+                from_64_tasks(iters, move |i| {
+                    let check = limiter.check(&callers[i]);
                     async move {
-                        if which == 0 {
-                            from_64_tasks(iters, move |i| {
-                                let check = limiter.check(&callers[i]);
-                                async move {
-                                    let decision = check.await;
-                                    assert!(decision.is_allowed(), "{decision:?}");
-                                }
-                            })
-                            .await
-                        } else {
-                            from_64_tasks(iters, move |i| {
-                                let check = gcra.check(keys[i].clone());
-                                async move {
-                                    let decision =
-                                        check.await.expect("tower-rate-limiter decision");
-                                    assert!(!decision.is_rate_limited());
-                                }
-                            })
-                            .await
-                        }
+                        let decision = check.await;
+                        assert!(decision.is_allowed(), "{decision:?}");
                     }
-                });
+                })
             });
-            medians[which] = median_ns(GROUP, &id);
+        } else {
+            b.to_async(&runtime).iter_custom(|iters| {
+                let (gcra, keys) = (gcra.clone(), keys.clone());
+                from_64_tasks(iters, move |i| {
+                    let check = gcra.check(keys[i].clone());
+                    async move {
+                        let decision = check.await.expect("tower-rate-limiter decision");
+                        assert!(!decision.is_rate_limited());
+                    }
+                })
+            });
         }
-        rounds.push(medians);
-    }
+    });
     group.finish();
 
     let (Some(ours), Some(peer), Some(ratio)) = (
-        median(rounds.iter().filter_map(|r| r[0])),
-        median(rounds.iter().filter_map(|r| r[1])),
+        rounds.time(names[0]),
+        rounds.time(names[1]),
         // Decisions per second: the peer's time over ours.
-        median(rounds.iter().filter_map(|r| Some(r[1]? / r[0]?))),
+        rounds.ratio(names[1], names[0]),
     ) else {
         return;
     };
