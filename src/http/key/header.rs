@@ -53,6 +53,7 @@ impl HeaderKey {
 }
 
 impl KeyExtractor for HeaderKey {
+    #[inline]
     fn extract<B>(&self, request: &Request<B>) -> Extracted {
         request
             .headers()

@@ -167,6 +167,9 @@ impl<K: KeyExtractor> AsyncKeyExtractor for K {
         ready(self.extract(request))
     }
 
+    // Inlined into the layer's `call`, so that the caller is built where the decision reads
+    // it: returned, it is read back right after it was written, before the writes land.
+    #[inline(always)]
     fn extract_now<B>(&self, request: &Request<B>) -> Option<Extracted> {
         Some(self.extract(request))
     }
