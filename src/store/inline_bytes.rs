@@ -52,31 +52,6 @@ impl<const N: usize> InlineBytes<N> {
     }
 }
 
-/// Whether `a` and `b` hold the same bytes. Keys of up to 32 bytes (the usual caller key)
-/// are compared as two overlapping words each, without a call to `memcmp`: a lookup compares
-/// the asked key with the stored one on every decision.
-#[inline]
-pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let len = a.len();
-    if len != b.len() {
-        return false;
-    }
-    match len {
-        0..4 => a == b,
-        4..8 => ends::<4>(a) == ends::<4>(b),
-        8..=16 => ends::<8>(a) == ends::<8>(b),
-        17..=32 => ends::<16>(a) == ends::<16>(b),
-        _ => a == b,
-    }
-}
-
-/// The first and the last `W` bytes of `bytes` (which overlap when it is shorter than
-/// `2 * W`), for `bytes` of at least `W` bytes.
-#[inline(always)]
-fn ends<const W: usize>(bytes: &[u8]) -> Option<(&[u8; W], &[u8; W])> {
-    Some((bytes.first_chunk::<W>()?, bytes.last_chunk::<W>()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,25 +66,6 @@ mod tests {
         assert_eq!(over.as_bytes(), b"=abcd");
         assert_eq!(InlineBytes::<4>::new(b"").as_bytes(), b"");
         assert_eq!(over.clone().as_bytes(), over.as_bytes());
-    }
-
-    #[test]
-    fn same_bytes_agrees_with_slice_equality_at_every_length() {
-        let base: Vec<u8> = (0..48u8).collect();
-        for len in 0..=base.len() {
-            let a = &base[..len];
-            assert!(same_bytes(a, a), "{len}");
-            let copy = a.to_vec();
-            assert!(same_bytes(a, &copy), "{len}");
-            for at in 0..len {
-                let mut b = a.to_vec();
-                b[at] ^= 0x80;
-                assert!(!same_bytes(a, &b), "{len} differs at {at}");
-            }
-            if len > 0 {
-                assert!(!same_bytes(a, &a[..len - 1]), "{len}");
-            }
-        }
     }
 
     #[test]

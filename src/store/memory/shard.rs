@@ -9,7 +9,6 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
 use super::entry::Entry;
-use crate::store::inline_bytes::same_bytes;
 
 /// The keyed hash of a caller's encoded key: it picks the shard, then the table slot.
 pub(super) type KeyHasher = RandomState;
@@ -39,7 +38,7 @@ impl Shard {
     pub(super) fn find(&self, hash: u64, key: &[u8]) -> Option<usize> {
         let entries = &self.entries;
         self.index
-            .find(hash, |&i| same_bytes(entries[i as usize].key(), key))
+            .find(hash, |&i| entries[i as usize].key() == key)
             .map(|&i| i as usize)
     }
 
