@@ -4,7 +4,6 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Instant;
 
 use criterion::{Criterion, Throughput};
 use tollgate::{Caller, FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota};
@@ -12,7 +11,7 @@ use tollgate_testkit::remote::Remote;
 
 use crate::memory::rss_bytes;
 use crate::report::{Row, median_ns, ns, ran, write_rows};
-use crate::support::{multi_thread_runtime, wanted};
+use crate::support::{check_in_turn, multi_thread_runtime, wanted};
 
 const SEEN: usize = 100_000;
 const ARRIVING: usize = 1_000_000;
@@ -70,17 +69,9 @@ pub(crate) fn bench(c: &mut Criterion) {
                     // million decisions.
                     static NEXT: std::sync::atomic::AtomicUsize =
                         std::sync::atomic::AtomicUsize::new(0);
-                    let mut i = NEXT.load(std::sync::atomic::Ordering::Relaxed) % callers.len();
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        black_box(limiter.check(&callers[i]).await);
-                        i += 1;
-                        if i == callers.len() {
-                            i = 0;
-                        }
-                    }
-                    let elapsed = start.elapsed();
-                    NEXT.store(i, std::sync::atomic::Ordering::Relaxed);
+                    let from = NEXT.load(std::sync::atomic::Ordering::Relaxed);
+                    let (elapsed, next) = check_in_turn(&limiter, &callers, from, iters).await;
+                    NEXT.store(next, std::sync::atomic::Ordering::Relaxed);
                     elapsed
                 }
             });

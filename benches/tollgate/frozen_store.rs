@@ -15,7 +15,9 @@ use tollgate_testkit::redis::RedisServer;
 
 use crate::report::{Row, ms, per_sec, write_rows};
 use crate::support::wanted;
-use crate::support::{CALLERS, TASKS, big_window, callers, in_rounds, multi_thread_runtime};
+use crate::support::{
+    CALLERS, TASKS, big_window, callers, check_in_turn, in_rounds, multi_thread_runtime,
+};
 
 /// The store timeout of the frozen-store scenario (the limiter's default).
 const STORE_TIMEOUT: Duration = Duration::from_millis(20);
@@ -160,18 +162,7 @@ pub(crate) fn bench(c: &mut Criterion) {
         b.to_async(&runtime).iter_custom(|iters| {
             let limiter = limiter.clone();
             let callers = callers.clone();
-            async move {
-                let mut i = 0;
-                let start = Instant::now();
-                for _ in 0..iters {
-                    black_box(limiter.check(&callers[i]).await);
-                    i += 1;
-                    if i == callers.len() {
-                        i = 0;
-                    }
-                }
-                start.elapsed()
-            }
+            async move { check_in_turn(&limiter, &callers, 0, iters).await.0 }
         });
     });
     group.finish();

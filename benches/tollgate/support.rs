@@ -16,7 +16,7 @@ use criterion::measurement::WallTime;
 use criterion::{Bencher, BenchmarkGroup, Criterion};
 use http::{HeaderName, HeaderValue, Request, Response};
 use tokio::runtime::Runtime;
-use tollgate::{Caller, Policy, Quota};
+use tollgate::{Caller, Limiter, Policy, Quota};
 use tollgate_testkit::redis::RedisServer;
 use tower::{Service, ServiceExt};
 
@@ -180,6 +180,26 @@ pub(crate) fn drive<S, B>(
             start.elapsed()
         }
     });
+}
+
+/// Decides `iters` requests of `callers` in turn on `limiter`, from the caller at `from`:
+/// the time they took, and the caller the next sample starts from.
+pub(crate) async fn check_in_turn(
+    limiter: &Limiter,
+    callers: &[Caller],
+    from: usize,
+    iters: u64,
+) -> (Duration, usize) {
+    let mut i = from % callers.len();
+    let start = Instant::now();
+    for _ in 0..iters {
+        black_box(limiter.check(&callers[i]).await);
+        i += 1;
+        if i == callers.len() {
+            i = 0;
+        }
+    }
+    (start.elapsed(), i)
 }
 
 /// Every group's settings; command-line options override them.
