@@ -182,20 +182,9 @@ async fn limits_change_under_traffic_in_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_change_under_traffic_on_redis() {
     let server = RedisServer::start();
-    // The default timeouts are tight for a loaded machine; a fallback would fail open and
-    // admit more than the limits allow. The connection's own (1 s to connect, 500 ms per
-    // answer) sit under the limiter's store timeout, so they are raised with it.
-    let store = RedisBackend::builder(server.url())
-        .connect_timeout(Duration::from_secs(2))
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let limiter = Limiter::builder()
-        .name("reload")
-        .backend(store)
-        .store_timeout(Duration::from_secs(2))
-        .policy(per_day(50))
-        .build();
+    // Once connected: a decision while the connection is still being made falls back (to
+    // admit, by default), and would be counted as one admission too many.
+    let limiter = connected_instance(&server, &[per_day(50)]).await;
     limits_change_under_traffic(limiter).await;
 }
 
@@ -340,7 +329,9 @@ async fn the_scripts_of_one_policy_and_of_several_share_a_count_under_traffic() 
 }
 
 /// A limiter named as the others here, on `server`, with `policies`, once its connection
-/// is there.
+/// is there. The default timeouts are tight for a loaded machine, where a fallback would
+/// admit more than the limits allow; the connection's own sit under the store timeout, so
+/// they are raised with it.
 #[cfg(feature = "redis")]
 async fn connected_instance(server: &RedisServer, policies: &[Policy]) -> Limiter {
     let store = RedisBackend::builder(server.url())
