@@ -34,7 +34,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tollgate::{
     FailurePolicy, InMemoryBackend, InstanceCount, Limiter, Policy, Quota, RateLimitLayer,
     key::{ClientIp, HeaderKey, MissingKey},
-    response::HeaderMode,
+    response::{HeaderMode, InnerBody},
 };
 use tower::util::MapRequestLayer;
 
@@ -118,9 +118,11 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
             ))
             .on_store_failure(FailurePolicy::local_share(InstanceCount::fixed(1)))
             .build();
+        // In axum's body type, as the README mounts it in a router.
         let mut layer = RateLimitLayer::new(orders)
             .key(HeaderKey::new("x-customer-id"))
-            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED));
+            .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+            .response_body::<InnerBody>();
         if options.no_fields {
             layer = layer.headers(HeaderMode::Never);
         }
@@ -135,7 +137,11 @@ fn app(options: &Options, metrics: PrometheusHandle) -> Router {
             .policy(Policy::sliding_window("per-minute", Quota::per_minute(5)))
             .on_store_failure(FailurePolicy::closed())
             .build();
-        login.layer(RateLimitLayer::new(limiter).key(ClientIp::new()))
+        login.layer(
+            RateLimitLayer::new(limiter)
+                .key(ClientIp::new())
+                .response_body::<InnerBody>(),
+        )
     } else {
         login
     };

@@ -138,7 +138,7 @@ use tollgate::config::LimiterDefinition;
 use tollgate::cost::{BodyCostLayer, RequestCost};
 use tollgate::in_flight::InFlightLayer;
 use tollgate::key::Extracted;
-use tollgate::response::FieldForm;
+use tollgate::response::{FieldForm, InnerBody};
 use tollgate::shed::ConcurrencyShedLayer;
 use tollgate::store::{Backend, SlotStore, TwoTierBackend};
 use tollgate::{
@@ -774,7 +774,9 @@ async fn app(
                     quotas: quotas.clone(),
                 })
                 .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED))
-                .field_forms(options.fields.iter().copied()),
+                .field_forms(options.fields.iter().copied())
+                // Answers in axum's body type: no second box per response.
+                .response_body::<InnerBody>(),
         )
         .route(
             "/login",

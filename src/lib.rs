@@ -250,6 +250,7 @@ pub mod response {
     //! the body type the layer answers with.
 
     pub use crate::http::body::ResponseBody;
+    pub use crate::http::body_shape::{BodyShape, InnerBody, Wrapped};
     pub use crate::http::field_forms::{FieldForm, UnknownFieldForm};
     pub use crate::http::headers::HeaderMode;
     pub use crate::http::problem_type::ProblemType;

@@ -6,7 +6,8 @@ use std::convert::Infallible;
 use axum::body::Body;
 use criterion::{Criterion, Throughput};
 use http::{Request, Response};
-use tollgate::{InMemoryBackend, Limiter, RateLimitLayer, key::HeaderKey, response::HeaderMode};
+use tollgate::response::{HeaderMode, InnerBody};
+use tollgate::{InMemoryBackend, Limiter, RateLimitLayer, key::HeaderKey};
 use tower::ServiceBuilder;
 use tower_governor::GovernorError;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -37,19 +38,21 @@ pub(crate) fn bench(c: &mut Criterion) {
     let orders = tower::service_fn(|_request: Request<()>| async {
         Ok::<_, Infallible>(Response::new(Body::from("[]")))
     });
-    let tollgate = |mode: HeaderMode, decision_on_every_response: bool| {
+    let layer = |mode: HeaderMode, decision_on_every_response: bool| {
         let limiter = Limiter::builder()
             .name("layer")
             .backend(InMemoryBackend::new())
             .policy(big_bucket())
             .build();
+        RateLimitLayer::new(limiter)
+            .key(HeaderKey::new("x-customer-id"))
+            .headers(mode)
+            .decision_on_every_response(decision_on_every_response)
+    };
+    // In axum's own body type, as the README mounts the layer in a router.
+    let tollgate = |mode: HeaderMode, decision_on_every_response: bool| {
         ServiceBuilder::new()
-            .layer(
-                RateLimitLayer::new(limiter)
-                    .key(HeaderKey::new("x-customer-id"))
-                    .headers(mode)
-                    .decision_on_every_response(decision_on_every_response),
-            )
+            .layer(layer(mode, decision_on_every_response).response_body::<InnerBody>())
             .service(orders)
     };
     let governed = |builder: &mut GovernorConfigBuilder<_, _>| {
@@ -64,6 +67,10 @@ pub(crate) fn bench(c: &mut Criterion) {
     // Like tower_governor without headers, nothing added to an admitted response.
     let without_headers = tollgate(HeaderMode::Never, false);
     let with_extension = tollgate(HeaderMode::Never, true);
+    // The default shape, which wraps the body (any body type).
+    let wrapped = ServiceBuilder::new()
+        .layer(layer(HeaderMode::Never, false))
+        .service(orders);
     let config = governed(&mut GovernorConfigBuilder::default())
         .use_headers()
         .finish()
@@ -85,6 +92,7 @@ pub(crate) fn bench(c: &mut Criterion) {
         "tollgate_headers",
         "tollgate_no_headers",
         "tollgate_extension",
+        "tollgate_no_headers_wrapped",
         "tower_governor_headers",
         "tower_governor_no_headers",
     ];
@@ -93,6 +101,7 @@ pub(crate) fn bench(c: &mut Criterion) {
         "tollgate_headers" => drive(b, &runtime, &with_headers, &customers),
         "tollgate_no_headers" => drive(b, &runtime, &without_headers, &customers),
         "tollgate_extension" => drive(b, &runtime, &with_extension, &customers),
+        "tollgate_no_headers_wrapped" => drive(b, &runtime, &wrapped, &customers),
         "tower_governor_headers" => drive(b, &runtime, &governor_headers, &customers),
         _ => drive(b, &runtime, &governor_no_headers, &customers),
     });
@@ -106,7 +115,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             "layer/headers",
             "tollgate_headers",
             "tower_governor_headers",
-            "Layer on an in-memory service, 10,000 callers, RateLimit headers on allowed responses (`HeaderMode::Always`, the `Decision` on refusals only: the default)",
+            "Layer on an in-memory service answering in axum's body type (`response_body::<InnerBody>()`), 10,000 callers, RateLimit headers on allowed responses (`HeaderMode::Always`, the `Decision` on refusals only: the default)",
             "tower_governor `.use_headers()`",
             1.0,
         ),
@@ -114,7 +123,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             "layer/no_headers",
             "tollgate_no_headers",
             "tower_governor_no_headers",
-            "Layer on an in-memory service, 10,000 callers, nothing added to admitted responses (`HeaderMode::Never`)",
+            "Layer as above, nothing added to admitted responses (`HeaderMode::Never`)",
             "tower_governor without headers",
             1.2,
         ),
@@ -183,6 +192,21 @@ pub(crate) fn bench(c: &mut Criterion) {
                 format!("{}/request", ns(ours)),
             )
             .peer(format!("on refusals only (the default): {}/request", ns(without)))
+            .ratio(format!("{ratio:.2}x")),
+        ));
+    }
+    if let (Some(ours), Some(wrapped), Some(ratio)) = (
+        rounds.time("tollgate_no_headers"),
+        rounds.time("tollgate_no_headers_wrapped"),
+        rounds.ratio("tollgate_no_headers", "tollgate_no_headers_wrapped"),
+    ) {
+        rows.push((
+            "layer/inner_body",
+            Row::new(
+                "Layer, no headers, in axum's body type (`response_body::<InnerBody>()`, as the rows above)",
+                format!("{}/request", ns(ours)),
+            )
+            .peer(format!("in the default `ResponseBody` wrapper: {}/request", ns(wrapped)))
             .ratio(format!("{ratio:.2}x")),
         ));
     }

@@ -1,6 +1,7 @@
 //! The response future: extract the key, decide, then call the inner service or refuse.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -11,6 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::http::body::ResponseBody;
+use crate::http::body_shape::{BodyShape, Wrapped};
 use crate::http::byte_meter::ByteMeter;
 use crate::http::config::{AfterResponse, Config};
 use crate::http::grpc;
@@ -30,7 +32,7 @@ pin_project! {
     /// With a key extractor that knows the key at once and a store that answers at once
     /// (the in-process one, a cached refusal), the request is decided and the inner
     /// service called within `call`: this future then only drives the inner service's.
-    pub struct ResponseFuture<S, K, ReqBody>
+    pub struct ResponseFuture<S, K, ReqBody, Shape = Wrapped>
     where
         S: Service<Request<ReqBody>>,
         K: AsyncKeyExtractor,
@@ -45,6 +47,7 @@ pin_project! {
         // The inner service's response while the units of a request that did not count
         // are given back, or its cost settled. Boxed, as few requests take this path.
         refunding: Option<Box<(StoreFuture<Option<Settlement>>, S::Response, Option<Decision>)>>,
+        shape: PhantomData<fn() -> Shape>,
     }
 }
 
@@ -118,7 +121,7 @@ enum Verdict {
     Wait(StoreFuture<Decision>),
 }
 
-impl<S, K, ReqBody> ResponseFuture<S, K, ReqBody>
+impl<S, K, ReqBody, Shape> ResponseFuture<S, K, ReqBody, Shape>
 where
     S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
@@ -165,6 +168,7 @@ where
                     waiting: None,
                     head,
                     refunding: None,
+                    shape: PhantomData,
                 }
             }
             Verdict::Answer(response) => Self {
@@ -174,6 +178,7 @@ where
                 waiting: None,
                 head,
                 refunding: None,
+                shape: PhantomData,
             },
             Verdict::Wait(decision) => {
                 head.config = Some(config.clone());
@@ -193,6 +198,7 @@ where
             waiting: Some(waiting),
             head,
             refunding: None,
+            shape: PhantomData,
         }
     }
 
@@ -213,6 +219,7 @@ where
                 caller: None,
             },
             refunding: None,
+            shape: PhantomData,
         }
     }
 }
@@ -335,7 +342,7 @@ where
     }
 }
 
-impl<S, K, ReqBody> std::fmt::Debug for ResponseFuture<S, K, ReqBody>
+impl<S, K, ReqBody, Shape> std::fmt::Debug for ResponseFuture<S, K, ReqBody, Shape>
 where
     S: Service<Request<ReqBody>>,
     K: AsyncKeyExtractor,
@@ -355,13 +362,14 @@ where
     }
 }
 
-impl<S, K, ReqBody, ResBody> Future for ResponseFuture<S, K, ReqBody>
+impl<S, K, ReqBody, Shape, ResBody> Future for ResponseFuture<S, K, ReqBody, Shape>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: AsyncKeyExtractor,
+    Shape: BodyShape<ResBody>,
     ResBody: http_body::Body<Data = Bytes>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<Shape::Body>, S::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // The usual request, decided within `call` with nothing to add to its response,
@@ -373,16 +381,17 @@ where
         {
             let response = ready!(future.poll(cx))?;
             this.state.set(State::Done);
-            return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+            return Poll::Ready(Ok(response.map(Shape::pass)));
         }
         self.poll_steps(cx)
     }
 }
 
-impl<S, K, ReqBody, ResBody> ResponseFuture<S, K, ReqBody>
+impl<S, K, ReqBody, Shape, ResBody> ResponseFuture<S, K, ReqBody, Shape>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: AsyncKeyExtractor,
+    Shape: BodyShape<ResBody>,
     ResBody: http_body::Body<Data = Bytes>,
 {
     /// Every step but the usual one: a request that waits, a refusal, a response that gets
@@ -405,7 +414,7 @@ where
                         Step::Answer(response) => {
                             *this.waiting = None;
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                            return Poll::Ready(Ok(answer::<Shape, _>(response)));
                         }
                     }
                 }
@@ -414,7 +423,7 @@ where
                         unreachable!("an answer is taken exactly once");
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                    return Poll::Ready(Ok(answer::<Shape, _>(response)));
                 }
                 StateProj::Calling { future, decision } => {
                     let response = ready!(future.poll(cx))?;
@@ -435,7 +444,7 @@ where
                         None => None,
                     };
                     this.state.set(State::Done);
-                    let response = finish(response, decision, settlement, head);
+                    let response = finish::<Shape, _, _>(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refunding => {
@@ -451,7 +460,7 @@ where
                     };
                     this.state.set(State::Done);
                     let head = &*this.head;
-                    let response = finish(response, decision, settlement, head);
+                    let response = finish::<Shape, _, _>(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
@@ -547,27 +556,28 @@ fn after_response<K, ResBody>(
 
 /// The inner service's response, with the RateLimit fields of `decision` (as `settlement`
 /// left them, when the request was settled) and the decision in its extensions.
-fn finish<K, ResBody>(
+fn finish<Shape, K, ResBody>(
     response: Response<ResBody>,
     decision: Option<Decision>,
     settlement: Option<Settlement>,
     head: &Head<K>,
-) -> Response<ResponseBody<ResBody>>
+) -> Response<Shape::Body>
 where
+    Shape: BodyShape<ResBody>,
     ResBody: http_body::Body<Data = Bytes>,
 {
     // Without the configuration nothing is added: see `Config::reads_responses`.
     let Some(config) = head.config.as_deref() else {
-        return response.map(ResponseBody::inner);
+        return response.map(Shape::pass);
     };
     let pk = head.pk.as_ref();
     let mut response = match (&config.after_response, &decision, head.caller.as_deref()) {
         // The body's bytes are charged as it is sent.
         (Some(AfterResponse::CountBytes), Some(admitted @ Decision::Allowed(_)), Some(caller)) => {
             let meter = ByteMeter::new(config.limiter.clone(), caller.clone(), admitted.clone());
-            response.map(|body| ResponseBody::counting(body, meter))
+            response.map(|body| Shape::wrap(ResponseBody::counting(body, meter)))
         }
-        _ => response.map(ResponseBody::inner),
+        _ => response.map(Shape::pass),
     };
     let decision = match (decision, &settlement) {
         (Some(Decision::Allowed(info)), Some(settled)) if settled.counted() => {
@@ -600,6 +610,14 @@ where
         }
     }
     response
+}
+
+/// The layer's own answer, in the shape of the layer's responses.
+fn answer<Shape, ResBody>(response: Response<Bytes>) -> Response<Shape::Body>
+where
+    Shape: BodyShape<ResBody>,
+{
+    response.map(|bytes| Shape::wrap(ResponseBody::full(bytes)))
 }
 
 fn fields<'a, K>(config: &'a Config<K>, pk: Option<&'a [u8; PARTITION_KEY_LEN]>) -> Fields<'a> {

@@ -1,5 +1,6 @@
 //! The tower layer.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use http::request::Parts;
 use http::{Response, StatusCode};
 use tower_layer::Layer;
 
+use crate::http::body_shape::Wrapped;
 use crate::http::config::{AfterResponse, Config, CostFn, RefusalHook, Skip};
 use crate::http::field_forms::{FieldForm, FieldForms};
 use crate::http::headers::{HeaderMode, PartitionKey, PolicyFieldCache, RemainingCap};
@@ -107,8 +109,9 @@ use crate::limiter::{Limiter, Refusals};
 /// # drop(app);
 /// ```
 #[derive(Clone, Debug)]
-pub struct RateLimitLayer<K = ClientIp> {
+pub struct RateLimitLayer<K = ClientIp, Shape = Wrapped> {
     config: Arc<Config<K>>,
+    shape: PhantomData<fn() -> Shape>,
 }
 
 impl RateLimitLayer<ClientIp> {
@@ -132,13 +135,14 @@ impl RateLimitLayer<ClientIp> {
                 after_response: None,
                 refusals: Refusals::Refuse,
             }),
+            shape: PhantomData,
         }
     }
 }
 
-impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
+impl<K: AsyncKeyExtractor, Shape> RateLimitLayer<K, Shape> {
     /// Counts callers by what `key` extracts.
-    pub fn key<K2: AsyncKeyExtractor>(self, key: K2) -> RateLimitLayer<K2> {
+    pub fn key<K2: AsyncKeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Shape> {
         let config = self.into_config();
         RateLimitLayer {
             config: Arc::new(Config {
@@ -158,6 +162,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
                 after_response: config.after_response,
                 refusals: config.refusals,
             }),
+            shape: PhantomData,
         }
     }
 
@@ -167,9 +172,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         let mut config = self.into_config();
         // A non-4xx status becomes 400 where the rejection is made (`KeyRejection::new`).
         config.missing_key = missing_key;
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Which responses carry RateLimit-Policy and RateLimit (default: every response the
@@ -177,9 +180,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn headers(self, mode: HeaderMode) -> Self {
         let mut config = self.into_config();
         config.header_mode = mode;
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Which forms of the rate-limit fields responses carry (default: draft 11's alone),
@@ -217,9 +218,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn field_forms(self, forms: impl IntoIterator<Item = FieldForm>) -> Self {
         let mut config = self.into_config();
         config.field_forms = FieldForms::of(forms);
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Whether admitted responses carry the [`Decision`] in their extensions too, for outer
@@ -245,9 +244,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn decision_on_every_response(self, every: bool) -> Self {
         let mut config = self.into_config();
         config.decision_on_every_response = every;
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Caps the `r` that RateLimit advertises against its `t`, as the draft asks of
@@ -292,9 +289,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         config.remaining_cap = RemainingCap {
             horizon_secs: Some(secs),
         };
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Advertises `r` exactly as the store computed it, uncapped (see
@@ -302,9 +297,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn uncapped_remaining(self) -> Self {
         let mut config = self.into_config();
         config.remaining_cap = RemainingCap { horizon_secs: None };
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Adds the draft's partition key, `pk`, to every item of RateLimit-Policy and
@@ -343,9 +336,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     pub fn partition_key(self, secret: impl AsRef<[u8]>) -> Self {
         let mut config = self.into_config();
         config.partition_key = Some(PartitionKey::new(secret.as_ref()));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// The status of a refusal when the store cannot decide and the limiter fails closed
@@ -373,9 +364,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         };
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Lets the requests for which `predicate` returns `true` pass uncounted: no key is
@@ -436,9 +425,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
             predicate: Arc::new(predicate),
             counter: telemetry::skipped_counter(config.limiter.name()),
         });
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Builds the refusals (the 429 of a limited caller and the fail-closed 503, or the
@@ -497,9 +484,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     {
         let mut config = self.into_config();
         config.refusal = Some(RefusalHook(Arc::new(hook)));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Makes each request consume the units `cost` computes from its [`Parts`] (default
@@ -562,9 +547,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     {
         let mut config = self.into_config();
         config.cost = Some(CostFn(Arc::new(cost)));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Counts only the requests whose response `counts` says count, for credential and
@@ -629,9 +612,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     {
         let mut config = self.into_config();
         config.after_response = Some(AfterResponse::CountOnly(Arc::new(counts)));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Charges each request what its response says it cost: the request is admitted for
@@ -698,9 +679,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     {
         let mut config = self.into_config();
         config.after_response = Some(AfterResponse::Settle(Arc::new(settle)));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Charges each response the bytes of its body, counted as they are sent, for a
@@ -750,9 +729,7 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         let mut config = self.into_config();
         config.after_response = Some(AfterResponse::CountBytes);
         config.cost = Some(CostFn(Arc::new(|_| 1)));
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// Makes the limit soft: a request the policies refuse goes on to the inner service
@@ -799,14 +776,45 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
         } else {
             Refusals::Refuse
         };
-        Self {
-            config: Arc::new(config),
-        }
+        Self::rebuilt(config)
     }
 
     /// The limiter this layer decides with.
     pub fn limiter(&self) -> &Limiter {
         &self.config.limiter
+    }
+
+    /// The body type of the responses: [`Wrapped`], the default, for any inner body, or
+    /// [`InnerBody`](crate::response::InnerBody), the inner service's own body type, which
+    /// saves a copy of each response and, in an axum router, an allocation per request.
+    ///
+    /// ```
+    /// # #[cfg(feature = "axum")] {
+    /// use axum::{Router, routing::get};
+    /// use tollgate::{Caller, Limiter, Policy, Quota, RateLimitLayer, response::InnerBody};
+    ///
+    /// let limiter = Limiter::builder()
+    ///     .policy(Policy::sliding_window("per-second", Quota::per_second(50)))
+    ///     .build();
+    /// let layer = RateLimitLayer::new(limiter)
+    ///     .key(Caller::new("*"))
+    ///     .response_body::<InnerBody>();
+    /// let app: Router = Router::new().route("/orders", get(|| async { "[]" })).layer(layer);
+    /// # drop(app);
+    /// # }
+    /// ```
+    pub fn response_body<Shape2>(self) -> RateLimitLayer<K, Shape2> {
+        RateLimitLayer {
+            config: self.config,
+            shape: PhantomData,
+        }
+    }
+
+    fn rebuilt(config: Config<K>) -> Self {
+        Self {
+            config: Arc::new(config),
+            shape: PhantomData,
+        }
     }
 
     fn into_config(self) -> Config<K> {
@@ -830,8 +838,8 @@ impl<K: AsyncKeyExtractor> RateLimitLayer<K> {
     }
 }
 
-impl<S, K: Clone> Layer<S> for RateLimitLayer<K> {
-    type Service = RateLimit<S, K>;
+impl<S, K: Clone, Shape> Layer<S> for RateLimitLayer<K, Shape> {
+    type Service = RateLimit<S, K, Shape>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::from_config(inner, self.config.clone())

@@ -8,6 +8,7 @@
 
 pub(crate) mod body;
 pub(crate) mod body_cost;
+pub(crate) mod body_shape;
 pub(crate) mod byte_meter;
 pub(crate) mod config;
 pub(crate) mod field_forms;

@@ -1,5 +1,6 @@
 //! The tower service that the layer wraps around an inner service.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -7,7 +8,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::http::body::ResponseBody;
+use crate::http::body_shape::{BodyShape, Wrapped};
 use crate::http::config::Config;
 use crate::http::future::ResponseFuture;
 use crate::http::key::AsyncKeyExtractor;
@@ -37,14 +38,19 @@ use crate::http::key::AsyncKeyExtractor;
 /// # }
 /// ```
 #[derive(Debug)]
-pub struct RateLimit<S, K> {
+pub struct RateLimit<S, K, Shape = Wrapped> {
     inner: S,
     config: Arc<Config<K>>,
+    shape: PhantomData<fn() -> Shape>,
 }
 
-impl<S, K> RateLimit<S, K> {
+impl<S, K, Shape> RateLimit<S, K, Shape> {
     pub(crate) fn from_config(inner: S, config: Arc<Config<K>>) -> Self {
-        Self { inner, config }
+        Self {
+            inner,
+            config,
+            shape: PhantomData,
+        }
     }
 
     /// The wrapped service.
@@ -63,24 +69,26 @@ impl<S, K> RateLimit<S, K> {
     }
 }
 
-impl<S: Clone, K> Clone for RateLimit<S, K> {
+impl<S: Clone, K, Shape> Clone for RateLimit<S, K, Shape> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             config: self.config.clone(),
+            shape: PhantomData,
         }
     }
 }
 
-impl<S, K, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K>
+impl<S, K, Shape, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Shape>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: AsyncKeyExtractor,
+    Shape: BodyShape<ResBody>,
     ResBody: http_body::Body<Data = Bytes>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<Shape::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, K, ReqBody>;
+    type Future = ResponseFuture<S, K, ReqBody, Shape>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

@@ -55,6 +55,8 @@ mod in_flight;
     path = "skipped/orders_api.rs"
 )]
 mod in_flight_http;
+#[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]
+mod inner_body;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod instances;
 #[cfg_attr(not(feature = "axum"), path = "skipped/axum.rs")]
