@@ -52,19 +52,29 @@ struct Server {
     child: Child,
     base: String,
     stderr: Arc<Mutex<Vec<String>>>,
-    file: PathBuf,
+    file: TempFile,
+}
+
+/// A file in the temporary directory, removed when dropped: also when the server never
+/// started (its binary missing, say).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl Server {
-    fn start(file: PathBuf) -> Self {
+    fn start(file: TempFile) -> Self {
         Self::spawn("--config", file, &[])
     }
 
     /// orders_api with `file` given to `flag` (read again on SIGHUP) and `extra` flags.
-    fn spawn(flag: &str, file: PathBuf, extra: &[&str]) -> Self {
+    fn spawn(flag: &str, file: TempFile, extra: &[&str]) -> Self {
         let mut child = Command::new(tollgate_testkit::example::binary("orders_api"))
             .args(["--listen", "127.0.0.1:0", flag])
-            .arg(&file)
+            .arg(&file.0)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -90,7 +100,7 @@ impl Server {
     /// Rewrites the file and sends SIGHUP; returns when the server has logged the
     /// outcome, with that line and the ones after it.
     fn reload(&self, text: &str) -> (Instant, Vec<String>) {
-        std::fs::write(&self.file, text).unwrap();
+        std::fs::write(&self.file.0, text).unwrap();
         let logged = self.stderr.lock().unwrap().len();
         let hangup = Instant::now();
         let status = Command::new("kill")
@@ -115,7 +125,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.file);
     }
 }
 
@@ -262,9 +271,9 @@ async fn limits_reload_on_sighup_under_traffic() {
     assert_eq!((status, quota_of(&policy)), (200, Some("100")));
 }
 
-fn temp_file_with(text: &str) -> PathBuf {
-    let file = temp_file();
-    std::fs::write(&file, text).unwrap();
+fn temp_file_with(text: &str) -> TempFile {
+    let file = TempFile(temp_file());
+    std::fs::write(&file.0, text).unwrap();
     file
 }
 
