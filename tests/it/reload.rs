@@ -182,8 +182,9 @@ async fn limits_change_under_traffic_in_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_change_under_traffic_on_redis() {
     let server = RedisServer::start();
-    // Once connected: a decision while the connection is still being made falls back (to
-    // admit, by default), and would be counted as one admission too many.
+    // Once connected: the first burst's calls would otherwise wait for the connection
+    // within the store timeout, which a loaded machine can run out of (the decision then
+    // fails open, and counts as one admission too many).
     let limiter = connected_instance(&server, &[per_day(50)]).await;
     limits_change_under_traffic(limiter).await;
 }
