@@ -2,13 +2,14 @@
 //! same script, and what each costs redis-server against a minimal sliding window.
 
 use std::process::Command;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
-use tollgate::{Limiter, RedisBackend};
+use tollgate::{Caller, Limiter, RedisBackend};
 use tollgate_testkit::redis::RedisServer;
 
-use crate::report::{Row, median_ns, per_sec, ran, write_rows};
+use crate::report::{Row, median, median_ns, per_sec, ran, write_rows};
 use crate::support::{
     CALLERS, SLOW_TEST_MACHINE, TASKS, big_window, callers, multi_thread_runtime, scripts_run,
     wanted,
@@ -35,64 +36,54 @@ pub(crate) fn bench(c: &mut Criterion) {
             .build()
     };
     let callers = callers(CALLERS);
-    // What tollgate's decisions cost redis-server, over the run below (the script of a
-    // lone sliding window, lua/lone.lua made for it, with its arguments packed).
-    let (cpu_before, calls_before) = (server_cpu_seconds(&server), scripts_run(&server));
-
-    let mut group = c.benchmark_group(GROUP);
-    group.throughput(Throughput::Elements(1));
-    group.bench_function("tollgate_64_tasks", |b| {
-        ran(GROUP, "tollgate_64_tasks");
-        b.to_async(&runtime).iter_custom(|iters| {
-            let limiter = limiter.clone();
-            let callers = callers.clone();
-            async move {
-                let per_task = iters.div_ceil(TASKS);
-                let start = Instant::now();
-                let tasks: Vec<_> = (0..TASKS)
-                    .map(|t| {
-                        let limiter = limiter.clone();
-                        let callers = callers.clone();
-                        tokio::spawn(async move {
-                            for i in 0..per_task {
-                                let caller =
-                                    &callers[((t * 7_919 + i * 104_729) % CALLERS as u64) as usize];
-                                let decision = limiter.check(caller).await;
-                                assert!(decision.is_allowed(), "{decision:?}");
-                            }
-                        })
-                    })
-                    .collect();
-                for task in tasks {
-                    task.await.unwrap();
-                }
-                // Report per requested iteration; the rounding up is within 64 of iters.
-                start
-                    .elapsed()
-                    .mul_f64(iters as f64 / (per_task * TASKS) as f64)
-            }
-        });
-    });
-    group.finish();
-    let calls = scripts_run(&server).saturating_sub(calls_before).max(1);
-    let ours_cpu = (server_cpu_seconds(&server) - cpu_before) / calls as f64;
-
-    let Some(median) = median_ns(GROUP, "tollgate_64_tasks") else {
-        return;
-    };
-    let tollgate = 1e9 / median;
-    // The peers, driven by redis-benchmark, each keeping its best run (other work only
-    // ever slows one): the same script, and the least a sliding window can do.
+    // The peers, driven by redis-benchmark: the same script, and the least a sliding
+    // window can do.
     let same_sha = server.must(&["SCRIPT", "LOAD", &lone_window_as_text()]);
     let minimal_sha = server.must(&["SCRIPT", "LOAD", MINIMAL_WINDOW]);
-    let (mut peer, mut minimal_cpu) = (0.0_f64, f64::INFINITY);
-    for _ in 0..SCRIPT_COST_ROUNDS {
-        let same = redis_benchmark(&server, same_sha.trim(), LONE_WINDOW_ARGS);
-        peer = peer.max(same.per_sec);
-        let minimal = redis_benchmark(&server, minimal_sha.trim(), MINIMAL_ARGS);
-        minimal_cpu = minimal_cpu.min(minimal.server_cpu_per_call);
+
+    // Tollgate's run and redis-benchmark's in alternated rounds, the order turned each
+    // round: this machine's speed drifts by a fifth within a minute, which a ratio of runs
+    // a minute apart would carry. What tollgate's decisions cost redis-server is read over
+    // its own runs (the script of a lone sliding window, lua/lone.lua, its arguments
+    // packed); the minimal window's cost is its best run (other work only ever adds).
+    let mut group = c.benchmark_group(GROUP);
+    group.throughput(Throughput::Elements(1));
+    let (mut rates, mut peer_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours_cpu, mut ours_calls) = (0.0_f64, 0_u64);
+    let mut minimal_cpu = f64::INFINITY;
+    for round in 0..REDIS_ROUNDS {
+        let peer_first = round % 2 == 1;
+        let mut peer = None;
+        if peer_first {
+            peer = Some(redis_benchmark(&server, same_sha.trim(), LONE_WINDOW_ARGS));
+        }
+        let (cpu_before, calls_before) = (server_cpu_seconds(&server), scripts_run(&server));
+        let id = format!("tollgate_64_tasks_r{round}");
+        group.bench_function(&id, |b| {
+            ran(GROUP, &id);
+            b.to_async(&runtime)
+                .iter_custom(|iters| decide_in_tasks(limiter.clone(), callers.clone(), iters));
+        });
+        ours_calls += scripts_run(&server).saturating_sub(calls_before);
+        ours_cpu += server_cpu_seconds(&server) - cpu_before;
+        let peer =
+            peer.unwrap_or_else(|| redis_benchmark(&server, same_sha.trim(), LONE_WINDOW_ARGS));
+        minimal_cpu = minimal_cpu
+            .min(redis_benchmark(&server, minimal_sha.trim(), MINIMAL_ARGS).server_cpu_per_call);
+        let Some(time) = median_ns(GROUP, &id) else {
+            continue;
+        };
+        rates.push(1e9 / time);
+        peer_rates.push(peer.per_sec);
+        ratios.push(1e9 / time / peer.per_sec);
     }
-    let ratio = tollgate / peer;
+    group.finish();
+    let (Some(tollgate), Some(peer), Some(ratio)) =
+        (median(rates), median(peer_rates), median(ratios))
+    else {
+        return;
+    };
+    let ours_cpu = ours_cpu / ours_calls.max(1) as f64;
     let script_ratio = minimal_cpu / ours_cpu;
     write_rows(
         "redis.tsv",
@@ -104,7 +95,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                     per_sec(tollgate),
                 )
                 .peer(format!(
-                    "`redis-benchmark -c 64 -P 16`, the same script (its numbers as text) and server, best of {SCRIPT_COST_ROUNDS}: {}",
+                    "`redis-benchmark -c 64 -P 16`, the same script (its numbers as text) and server, {REDIS_ROUNDS} rounds alternated with tollgate's (rates: medians; ratio: the median of the rounds' ratios): {}",
                     per_sec(peer)
                 ))
                 .ratio(format!("{ratio:.2}x"))
@@ -117,7 +108,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                     format!("{:.2} µs", ours_cpu * 1e6),
                 )
                 .peer(format!(
-                    "the minimal sliding window (HMGET, HSET, PEXPIRE) under `redis-benchmark -c 64 -P 16`, same server, best of {SCRIPT_COST_ROUNDS}: {:.2} µs",
+                    "the minimal sliding window (HMGET, HSET, PEXPIRE) under `redis-benchmark -c 64 -P 16`, same server, best of {REDIS_ROUNDS}: {:.2} µs",
                     minimal_cpu * 1e6
                 ))
                 .ratio(format!("{script_ratio:.2}x"))
@@ -127,8 +118,35 @@ pub(crate) fn bench(c: &mut Criterion) {
     );
 }
 
-/// How many times each script runs under `redis-benchmark`, alternating, best run kept.
-const SCRIPT_COST_ROUNDS: usize = 3;
+/// Rounds of tollgate's run and redis-benchmark's.
+const REDIS_ROUNDS: usize = 5;
+
+/// `iters` decisions by 64 tasks at once, each on callers spread over the table: the time
+/// they took, per requested iteration.
+async fn decide_in_tasks(limiter: Limiter, callers: Arc<[Caller]>, iters: u64) -> Duration {
+    let per_task = iters.div_ceil(TASKS);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|t| {
+            let limiter = limiter.clone();
+            let callers = callers.clone();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let caller = &callers[((t * 7_919 + i * 104_729) % CALLERS as u64) as usize];
+                    let decision = limiter.check(caller).await;
+                    assert!(decision.is_allowed(), "{decision:?}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // Reported per requested iteration; the rounding up is within 64 of iters.
+    start
+        .elapsed()
+        .mul_f64(iters as f64 / (per_task * TASKS) as f64)
+}
 
 /// The minimal sliding window that prices tollgate's script in redis-server's CPU.
 const MINIMAL_WINDOW: &str = include_str!("minimal_window.lua");
