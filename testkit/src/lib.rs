@@ -7,7 +7,7 @@
 //! limiter directly; [`counting`] counts the calls that reach a backend; [`recorder`] captures metrics;
 //! [`http`] sends raw HTTP/1.1 and parses the answer; [`orders_api`] starts the example
 //! service and drives it with traffic over HTTP; [`rates`] measures admitted rates and
-//! worst windows.
+//! worst windows; [`temp_file`] writes a file for a test and removes it after.
 
 pub mod checks;
 pub mod counting;
@@ -20,3 +20,4 @@ pub mod rates;
 pub mod recorder;
 pub mod redis;
 pub mod remote;
+pub mod temp_file;

@@ -5,7 +5,6 @@
 //! chosen by `--fields`.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,6 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::time::MissedTickBehavior;
+use tollgate_testkit::temp_file::TempFile;
 
 /// acme's traffic: between the limit before the reload and the one after.
 const RATE: f64 = 80.0;
@@ -55,16 +55,6 @@ struct Server {
     file: TempFile,
 }
 
-/// A file in the temporary directory, removed when dropped: also when the server never
-/// started (its binary missing, say).
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 impl Server {
     fn start(file: TempFile) -> Self {
         Self::spawn("--config", file, &[])
@@ -74,7 +64,7 @@ impl Server {
     fn spawn(flag: &str, file: TempFile, extra: &[&str]) -> Self {
         let mut child = Command::new(tollgate_testkit::example::binary("orders_api"))
             .args(["--listen", "127.0.0.1:0", flag])
-            .arg(&file.0)
+            .arg(file.path())
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -100,7 +90,7 @@ impl Server {
     /// Rewrites the file and sends SIGHUP; returns when the server has logged the
     /// outcome, with that line and the ones after it.
     fn reload(&self, text: &str) -> (Instant, Vec<String>) {
-        std::fs::write(&self.file.0, text).unwrap();
+        std::fs::write(self.file.path(), text).unwrap();
         let logged = self.stderr.lock().unwrap().len();
         let hangup = Instant::now();
         let status = Command::new("kill")
@@ -126,14 +116,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn temp_file() -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "tollgate-orders-reload-{}-{:?}.toml",
-        std::process::id(),
-        std::thread::current().id()
-    ))
 }
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
@@ -272,9 +254,7 @@ async fn limits_reload_on_sighup_under_traffic() {
 }
 
 fn temp_file_with(text: &str) -> TempFile {
-    let file = TempFile(temp_file());
-    std::fs::write(&file.0, text).unwrap();
-    file
+    TempFile::write("orders-reload", text)
 }
 
 /// `GET /orders` as `customer` (of `org`, when given): the status and the response's

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_testkit::orders_api::{Deployments, Traffic, breakers_closed};
 use tollgate_testkit::rates::{rate_between, worst_window};
+use tollgate_testkit::temp_file::TempFile;
 
 use crate::orders_api_e2e::start_with;
 
@@ -170,8 +171,8 @@ async fn the_sliding_window_and_the_static_chain_hold_the_limit_at_both_edges() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a worst-second measurement of 4 processes on a 2-core machine: scripts/test runs it alone, after the parallel run"]
 async fn the_token_bucket_and_leases_hold_the_limit_at_both_edges() {
-    let file = ConfigFile::write(TOKEN_BUCKET);
-    let config = file.path.to_string_lossy().into_owned();
+    let file = TempFile::write("edges-token-bucket", TOKEN_BUCKET);
+    let config = file.path().to_string_lossy().into_owned();
     let measured = run(vec![
         Case {
             name: "token bucket, local share",
@@ -186,27 +187,4 @@ async fn the_token_bucket_and_leases_hold_the_limit_at_both_edges() {
     ])
     .await;
     check(&measured);
-}
-
-/// A configuration file in the temporary directory, removed when the test ends (a failing
-/// one included): CI runs on the machine's own disk.
-struct ConfigFile {
-    path: std::path::PathBuf,
-}
-
-impl ConfigFile {
-    fn write(contents: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "tollgate-edges-{}-token-bucket.toml",
-            std::process::id()
-        ));
-        std::fs::write(&path, contents).unwrap();
-        Self { path }
-    }
-}
-
-impl Drop for ConfigFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
