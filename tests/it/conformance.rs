@@ -5,9 +5,8 @@ use tollgate::store::Backend;
 use tollgate::{Caller, Decision, InMemoryBackend, Limiter, Policy, Quota, RedisBackend};
 use tollgate_testkit::redis::RedisServer;
 
-/// These tests are about decisions, not latency: a store timeout no healthy server on a
-/// loaded test machine reaches, so every request is decided by Redis.
-const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
+// These tests are about decisions, not latency: every request is decided by Redis.
+use crate::redis_backend::SLOW_TEST_MACHINE;
 
 /// What a decision looks like once the timing (t) is left out: windows here are an hour
 /// or longer, so the two stores' clocks cannot disagree on counts, only on milliseconds.

@@ -11,7 +11,7 @@ use tollgate_testkit::redis::RedisServer;
 
 /// These tests are about decisions, not latency: a store timeout no healthy server on a
 /// loaded test machine reaches, so every request is decided by Redis.
-const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn backend(server: &RedisServer) -> RedisBackend {
     patient(RedisBackend::builder(server.url()))

@@ -15,9 +15,8 @@ use tollgate::{
 use tollgate_testkit::recorder::{Snapshot, counter, with_recorder};
 use tollgate_testkit::redis::RedisCluster;
 
-/// These tests are about decisions, not latency: a store timeout no healthy server on a
-/// loaded test machine reaches, so every request is decided by Redis.
-const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
+// These tests are about decisions, not latency: every request is decided by Redis.
+use crate::redis_backend::SLOW_TEST_MACHINE;
 
 fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
     Limiter::builder()

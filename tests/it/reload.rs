@@ -335,7 +335,6 @@ async fn the_scripts_of_one_policy_and_of_several_share_a_count_under_traffic() 
 /// loaded test machine reaches, and the connection's own are raised with it.
 #[cfg(feature = "redis")]
 async fn connected_instance(server: &RedisServer, policies: &[Policy]) -> Limiter {
-    const SLOW_TEST_MACHINE: Duration = Duration::from_secs(5);
     let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
         .build()
         .unwrap();
@@ -346,7 +345,7 @@ async fn connected_instance(server: &RedisServer, policies: &[Policy]) -> Limite
             Limiter::builder()
                 .name("reload")
                 .backend(store)
-                .store_timeout(SLOW_TEST_MACHINE),
+                .store_timeout(crate::redis_backend::SLOW_TEST_MACHINE),
             |builder, policy| builder.policy(policy.clone()),
         )
         .build()
