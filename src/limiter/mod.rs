@@ -42,6 +42,7 @@ use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
+use crate::limiter::policy_set::PolicySet;
 use crate::limiter::settlement::Settlement;
 use crate::limiter::telemetry::{LimiterMetrics, SettleResult};
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
@@ -149,7 +150,20 @@ impl Limiter {
         };
         let mut answer = match set.unaffordable(cost) {
             Some(refusal) => StoreFuture::ready(refusal),
-            None => inner.path.decide(caller, set, cost),
+            None => {
+                // The crate's own store: its decision is concluded as it is built and
+                // returned as built, not copied out of a local to be concluded.
+                if let Some((path, memory)) = inner.path.in_memory() {
+                    let conclusion = Conclusion {
+                        inner,
+                        mode,
+                        refusals,
+                        span: span.as_ref(),
+                    };
+                    return path.decide_in_memory(memory, caller, set, cost, &conclusion);
+                }
+                inner.path.decide(caller, set, cost)
+            }
         };
         // Concluded where the path wrote it: a decision moved right after it was written
         // is read back before the writes have landed, which stalls.
@@ -559,6 +573,41 @@ impl Limiter {
             Path::Remote(path) => Some(path),
             Path::Local(_) => None,
         }
+    }
+}
+
+/// How a check concludes its decision, for a path that concludes it as it builds it.
+pub(in crate::limiter) struct Conclusion<'a> {
+    inner: &'a Inner,
+    mode: Mode,
+    refusals: Refusals,
+    span: Option<&'a Span>,
+}
+
+impl Conclusion<'_> {
+    /// The decision `build` makes, of a store's answer that `admitted` or not, concluded:
+    /// a plain admission (enforced, no span to record it on, one counter) is counted
+    /// before it is built, so that it is built where the caller receives it; any other is
+    /// concluded once built.
+    #[inline(always)]
+    pub(in crate::limiter) fn of(
+        &self,
+        admitted: bool,
+        set: &PolicySet,
+        cost: u64,
+        build: impl FnOnce() -> Decision,
+    ) -> StoreFuture<Decision> {
+        if admitted
+            && self.mode == Mode::Enforce
+            && self.span.is_none()
+            && self.inner.metrics.plain_admission(cost, set.locks_out)
+        {
+            return StoreFuture::ready(build());
+        }
+        let mut decision = build();
+        self.inner
+            .conclude(&mut decision, self.mode, self.refusals, self.span);
+        StoreFuture::ready(decision)
     }
 }
 

@@ -335,13 +335,24 @@ impl LimiterMetrics {
     #[inline]
     pub(crate) fn decision(&self, decision: &Decision) {
         if let Decision::Allowed(info) = decision
-            && self.recorder_checked.load(Ordering::Relaxed)
-            && !(info.cost() > 0 && info.locks_out())
+            && self.plain_admission(info.cost(), info.locks_out())
         {
-            self.plain[Plain::Allowed as usize].increment(1);
             return;
         }
         self.any_decision(decision);
+    }
+
+    /// Counts an admission of `cost` units by a set that locks out or not, when one
+    /// counter is all it takes (the recorder is known and no lockout can start): `false`,
+    /// counting nothing, otherwise. Read before the decision is built, so that one it
+    /// counts is not read back.
+    #[inline]
+    pub(crate) fn plain_admission(&self, cost: u64, locks_out: bool) -> bool {
+        if self.recorder_checked.load(Ordering::Relaxed) && !(cost > 0 && locks_out) {
+            self.plain[Plain::Allowed as usize].increment(1);
+            return true;
+        }
+        false
     }
 
     /// [`decision`](Self::decision), whatever it is.

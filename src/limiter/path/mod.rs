@@ -17,6 +17,7 @@ use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
+use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
 use local::LocalPath;
@@ -46,6 +47,15 @@ impl Path {
         match self {
             Path::Local(path) => path.decide(caller, set, cost),
             Path::Remote(path) => path.decide(caller, set, cost),
+        }
+    }
+
+    /// The in-process path and the crate's own store, when decisions go straight to it.
+    #[inline]
+    pub(super) fn in_memory(&self) -> Option<(&LocalPath, &InMemoryBackend)> {
+        match self {
+            Path::Local(path) => path.memory().map(|memory| (&**path, memory)),
+            Path::Remote(_) => None,
         }
     }
 
