@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 
+use crate::limiter::Conclusion;
 use crate::limiter::bounded_map::{BoundedMap, WhenFull};
 use crate::limiter::breaker::Breaker;
 use crate::limiter::decision::{
@@ -24,6 +25,7 @@ use crate::store::algorithm::{Algorithm, PolicyOutcome, Share};
 use crate::store::backend::{Backend, CheckOutcome, Refund, StoreError};
 use crate::store::caller::Caller;
 use crate::store::clock::Clock;
+use crate::store::future::StoreFuture;
 use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
@@ -440,6 +442,37 @@ impl Fallback {
         self.apply(&self.policy, failure, caller, set, cost)
     }
 
+    /// [`decide`](Self::decide), concluded as `conclusion` says: the usual decision of a
+    /// local share as it is built.
+    #[inline]
+    pub(in crate::limiter) fn decide_concluded(
+        &self,
+        failure: &Failure<'_>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        conclusion: &Conclusion<'_>,
+    ) -> StoreFuture<Decision> {
+        if let FailurePolicy::LocalShare(instances) = &self.policy
+            && let Some(share) = resolved_share(set, instances)
+        {
+            failure.counters.count(failure.reason);
+            let now = self.share_time(share, failure.now);
+            return match self.share_packed(caller, share, cost, now) {
+                Some(outcome) => {
+                    let admitted = outcome.admitted;
+                    conclusion.of(admitted, share.reported.locks_out(), cost, || {
+                        share_answer(set, share, admitted, &[outcome], now, cost)
+                    })
+                }
+                None => {
+                    conclusion.decision(self.decide_share_counted(caller, set, share, cost, now))
+                }
+            };
+        }
+        conclusion.decision(self.decide(failure, caller, set, cost))
+    }
+
     fn apply(
         &self,
         policy: &FailurePolicy,
@@ -546,7 +579,18 @@ impl Fallback {
         cost: u64,
         now: Option<u64>,
     ) -> Decision {
-        // The local counters run on the limiter's clock: a time just read serves them too.
+        let now = self.share_time(share, now);
+        match self.share_packed(caller, share, cost, now) {
+            Some(outcome) => share_answer(set, share, outcome.admitted, &[outcome], now, cost),
+            None => self.decide_share_counted(caller, set, share, cost, now),
+        }
+    }
+
+    /// The time a share decision is made at (the local counters run on the limiter's
+    /// clock: a time just read serves them too), noted as the time until which what the
+    /// share counts weighs on the store's decisions after it.
+    #[inline]
+    fn share_time(&self, share: &ShareSet, now: Option<u64>) -> u64 {
         let now = now.unwrap_or_else(|| self.clock.now_millis());
         // Read first: the line is written at most once a millisecond, not per decision.
         let weighs_until_ms = now.saturating_add(share.retention_ms);
@@ -554,8 +598,34 @@ impl Fallback {
             self.weighs_until_ms
                 .fetch_max(weighs_until_ms, Ordering::Relaxed);
         }
-        // Counted again here: the store is to be told again when it is back. (The lock
-        // only while somebody is owed: through an outage nobody is.)
+        now
+    }
+
+    /// The usual share decision: a caller of one packed policy the share already counts,
+    /// decided by its short path at `now`, when it is this instance's turn. `None`, having
+    /// counted nothing, for any other.
+    #[inline]
+    fn share_packed(
+        &self,
+        caller: &Caller,
+        share: &ShareSet,
+        cost: u64,
+        now: u64,
+    ) -> Option<PolicyOutcome> {
+        self.no_longer_owed(caller);
+        if share.turn_wait_ms(now) > 0 {
+            return None;
+        }
+        let [limit] = &*share.policies else {
+            return None;
+        };
+        self.local.decide_one_at(caller.key(), limit, cost, now)
+    }
+
+    /// Counted again here: the store is to be told again when it is back. (The lock only
+    /// while somebody is owed: through an outage nobody is.)
+    #[inline]
+    fn no_longer_owed(&self, caller: &Caller) {
         if self.owes.load(Ordering::Acquire)
             && let Ok(mut owed) = self.owed.lock()
         {
@@ -564,6 +634,19 @@ impl Fallback {
                 self.owes.store(false, Ordering::Release);
             }
         }
+    }
+
+    /// A share decision other than [`share_packed`](Self::share_packed)'s: refused while
+    /// it is not this instance's turn, or decided on the local counters, a caller they do
+    /// not count yet starting from the store's last answer for it.
+    fn decide_share_counted(
+        &self,
+        caller: &Caller,
+        set: &PolicySet,
+        share: &ShareSet,
+        cost: u64,
+        now: u64,
+    ) -> Decision {
         if share.turn_wait_ms(now) > 0 {
             // Not this instance's turn: refused until it is, counting nothing.
             let peeked = self.local.peek_at(caller.key(), &share.policies, cost, now);
@@ -583,13 +666,6 @@ impl Fallback {
                 );
             let outcome = CheckOutcome::collect(share.parts.len(), outcomes).counted_at(now);
             return self.share_decision(set, share, &outcome, cost);
-        }
-        // The usual caller, of one packed policy it is already counted by, by its short
-        // path; a caller the share starts counting takes the seeded one.
-        if let [limit] = &*share.policies
-            && let Some(outcome) = self.local.decide_one_at(caller.key(), limit, cost, now)
-        {
-            return share_answer(set, share, outcome.admitted, &[outcome], now, cost);
         }
         let mut answer = None;
         let outcome = self

@@ -42,7 +42,6 @@ use crate::limiter::decision::{Decision, DecisionSource, UnlimitedReason};
 use crate::limiter::limits::{InForce, Limits};
 use crate::limiter::mode::{Mode, ModeSwitch};
 use crate::limiter::path::Path;
-use crate::limiter::policy_set::PolicySet;
 use crate::limiter::settlement::Settlement;
 use crate::limiter::telemetry::{LimiterMetrics, SettleResult};
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
@@ -148,32 +147,19 @@ impl Limiter {
                 (&counted_under, &nested)
             }
         };
-        let mut answer = match set.unaffordable(cost) {
-            Some(refusal) => StoreFuture::ready(refusal),
-            None => {
-                // The crate's own store: its decision is concluded as it is built and
-                // returned as built, not copied out of a local to be concluded.
-                if let Some((path, memory)) = inner.path.in_memory() {
-                    let conclusion = Conclusion {
-                        inner,
-                        mode,
-                        refusals,
-                        span: span.as_ref(),
-                    };
-                    return path.decide_in_memory(memory, caller, set, cost, &conclusion);
-                }
-                inner.path.decide(caller, set, cost)
-            }
+        // Each path concludes what it decides: a plain admission as it is built, where the
+        // caller receives it (a decision copied right after it was written is read back
+        // before the writes have landed, which stalls); any other in place.
+        let conclusion = Conclusion {
+            limiter: self,
+            mode,
+            refusals,
+            span: span.as_ref(),
         };
-        // Concluded where the path wrote it: a decision moved right after it was written
-        // is read back before the writes have landed, which stalls.
-        // One way out, `answer` itself (3% less time at one key than a return from each
-        // arm).
-        match answer.ready_slot() {
-            Some(Some(decision)) => inner.conclude(decision, mode, refusals, span.as_ref()),
-            _ => answer = self.conclude_later(answer, mode, refusals, span.clone()),
+        match set.unaffordable(cost) {
+            Some(refusal) => conclusion.decision(refusal),
+            None => inner.path.decide(caller, set, cost, &conclusion),
         }
-        answer
     }
 
     /// Concludes a decision the store answers later, inside its span.
@@ -576,38 +562,68 @@ impl Limiter {
     }
 }
 
-/// How a check concludes its decision, for a path that concludes it as it builds it.
+/// How a check concludes its decision: what the path that decides it concludes it with.
 pub(in crate::limiter) struct Conclusion<'a> {
-    inner: &'a Inner,
+    limiter: &'a Limiter,
     mode: Mode,
     refusals: Refusals,
     span: Option<&'a Span>,
 }
 
 impl Conclusion<'_> {
-    /// The decision `build` makes, of a store's answer that `admitted` or not, concluded:
-    /// a plain admission (enforced, no span to record it on, one counter) is counted
-    /// before it is built, so that it is built where the caller receives it; any other is
-    /// concluded once built.
+    /// The decision `build` makes, of an answer that `admitted` or not by a set that
+    /// `locks_out` or not, concluded: a plain admission (enforced, no span to record it
+    /// on, one counter) is counted before it is built, so that it is built where the
+    /// caller receives it; any other is concluded once built.
     #[inline(always)]
     pub(in crate::limiter) fn of(
         &self,
         admitted: bool,
-        set: &PolicySet,
+        locks_out: bool,
         cost: u64,
         build: impl FnOnce() -> Decision,
     ) -> StoreFuture<Decision> {
         if admitted
             && self.mode == Mode::Enforce
             && self.span.is_none()
-            && self.inner.metrics.plain_admission(cost, set.locks_out)
+            && self.limiter.inner.metrics.plain_admission(cost, locks_out)
         {
             return StoreFuture::ready(build());
         }
-        let mut decision = build();
-        self.inner
+        self.decision(build())
+    }
+
+    /// `decision`, concluded.
+    #[inline]
+    pub(in crate::limiter) fn decision(&self, mut decision: Decision) -> StoreFuture<Decision> {
+        self.limiter
+            .inner
             .conclude(&mut decision, self.mode, self.refusals, self.span);
         StoreFuture::ready(decision)
+    }
+
+    /// `answer`, concluded in place when it is known, when it comes otherwise.
+    #[inline]
+    pub(in crate::limiter) fn answer(
+        &self,
+        mut answer: StoreFuture<Decision>,
+    ) -> StoreFuture<Decision> {
+        match answer.ready_slot() {
+            Some(Some(decision)) => {
+                self.limiter
+                    .inner
+                    .conclude(decision, self.mode, self.refusals, self.span);
+            }
+            _ => {
+                answer = self.limiter.conclude_later(
+                    answer,
+                    self.mode,
+                    self.refusals,
+                    self.span.cloned(),
+                );
+            }
+        }
+        answer
     }
 }
 

@@ -56,52 +56,46 @@ impl LocalPath {
         &self.label
     }
 
-    /// The crate's own store, when it is this path's.
-    pub(super) fn memory(&self) -> Option<&InMemoryBackend> {
-        self.memory.as_ref()
-    }
-
     /// The in-process store's decision, asked by a direct call; any other store's answer,
     /// at once if it has it.
+    #[inline]
     pub(super) fn decide(
         self: &Arc<Self>,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
-    ) -> StoreFuture<Decision> {
-        match &self.memory {
-            Some(memory) => {
-                let outcome = memory.decide_at(caller.key(), &set.limits, cost, memory.now_ms());
-                StoreFuture::ready(decision(outcome.admitted(), answered(set, &outcome, cost)))
-            }
-            None => self.ask(caller, set, cost),
-        }
-    }
-
-    /// The decision of `memory` (this path's store), concluded as `conclusion` says.
-    #[inline]
-    pub(in crate::limiter) fn decide_in_memory(
-        &self,
-        memory: &InMemoryBackend,
-        caller: &Caller,
-        set: &PolicySet,
-        cost: u64,
         conclusion: &Conclusion<'_>,
     ) -> StoreFuture<Decision> {
+        let Some(memory) = &self.memory else {
+            return self.ask_concluded(caller, set, cost, conclusion);
+        };
         let now = memory.now_ms();
         if let [limit] = &*set.limits
             && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
         {
             let admitted = outcome.admitted;
-            return conclusion.of(admitted, set, cost, || {
+            return conclusion.of(admitted, set.locks_out, cost, || {
                 decision(admitted, answered_as(set, admitted, &[outcome], now, cost))
             });
         }
         let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
         let admitted = outcome.admitted();
-        conclusion.of(admitted, set, cost, || {
+        conclusion.of(admitted, set.locks_out, cost, || {
             decision(admitted, answered(set, &outcome, cost))
         })
+    }
+
+    /// [`ask`](Self::ask), concluded. Out of line, as the in-process store's path is
+    /// smaller (and faster) without it.
+    #[inline(never)]
+    fn ask_concluded(
+        self: &Arc<Self>,
+        caller: &Caller,
+        set: &PolicySet,
+        cost: u64,
+        conclusion: &Conclusion<'_>,
+    ) -> StoreFuture<Decision> {
+        conclusion.answer(self.ask(caller, set, cost))
     }
 
     /// Asks a store other than the crate's own.

@@ -8,6 +8,7 @@ mod remote_check;
 
 use std::sync::Arc;
 
+use crate::limiter::Conclusion;
 use crate::limiter::breaker::BreakerState;
 use crate::limiter::decision::{Decision, DecisionSource, RateLimitInfo, Receipt};
 use crate::limiter::failure::Fallback;
@@ -17,7 +18,6 @@ use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{CheckOutcome, Refund, StoreError};
 use crate::store::caller::Caller;
 use crate::store::future::StoreFuture;
-use crate::store::memory::InMemoryBackend;
 use crate::store::policy::Policy;
 
 use local::LocalPath;
@@ -33,29 +33,22 @@ pub(super) enum Path {
 }
 
 impl Path {
-    /// Decides a request of `cost` units against `set`: a decision made within the call
-    /// (the in-process store, a breaker open, a lease serving) is written into the ready
-    /// future the limiter returns, and concluded there, never moved. A pending answer runs
-    /// inside the decision's span, which the limiter's conclusion enters around it.
+    /// Decides a request of `cost` units against `set`, concluded as `conclusion` says: a
+    /// decision made within the call (the in-process store, a breaker open, a lease
+    /// serving) is written into the ready future the limiter returns, and concluded
+    /// there. A pending answer runs inside the decision's span, which the conclusion
+    /// enters around it.
     #[inline]
     pub(super) fn decide(
         &self,
         caller: &Caller,
         set: &PolicySet,
         cost: u64,
+        conclusion: &Conclusion<'_>,
     ) -> StoreFuture<Decision> {
         match self {
-            Path::Local(path) => path.decide(caller, set, cost),
-            Path::Remote(path) => path.decide(caller, set, cost),
-        }
-    }
-
-    /// The in-process path and the crate's own store, when decisions go straight to it.
-    #[inline]
-    pub(super) fn in_memory(&self) -> Option<(&LocalPath, &InMemoryBackend)> {
-        match self {
-            Path::Local(path) => path.memory().map(|memory| (&**path, memory)),
-            Path::Remote(_) => None,
+            Path::Local(path) => path.decide(caller, set, cost, conclusion),
+            Path::Remote(path) => path.decide(caller, set, cost, conclusion),
         }
     }
 

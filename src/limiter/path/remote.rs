@@ -156,14 +156,24 @@ impl RemotePath {
         cost: u64,
         now: Option<u64>,
     ) -> Decision {
-        let failure = Failure {
+        let failure = self.failure(domain, reason, now);
+        self.fallback.decide(&failure, caller, set, cost)
+    }
+
+    /// The failure of a call to `domain` for `reason`, as the failure policy meets it.
+    pub(in crate::limiter) fn failure<'a>(
+        &'a self,
+        domain: &'a Domain,
+        reason: FallbackReason,
+        now: Option<u64>,
+    ) -> Failure<'a> {
+        Failure {
             reason,
             counters: &domain.fallbacks,
             breaker: Some(&domain.breaker),
             denials: self.denials.as_ref(),
             now,
-        };
-        self.fallback.decide(&failure, caller, set, cost)
+        }
     }
 
     /// Gives back to the local share what it counted for a request the store decides.
