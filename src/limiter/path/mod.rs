@@ -35,9 +35,9 @@ pub(super) enum Path {
 impl Path {
     /// Decides a request of `cost` units against `set`, concluded as `conclusion` says: a
     /// decision made within the call (the in-process store, a breaker open, a lease
-    /// serving) is written into the ready future the limiter returns, and concluded
-    /// there. A pending answer runs inside the decision's span, which the conclusion
-    /// enters around it.
+    /// serving) is returned in a ready future, a plain admission counted before it is
+    /// built and any other concluded in place once built. A pending answer is concluded
+    /// when it comes, inside the decision's span, which the conclusion enters around it.
     #[inline]
     pub(super) fn decide(
         &self,
