@@ -242,7 +242,10 @@ fn after_key<K, ReqBody>(
 where
     K: AsyncKeyExtractor,
 {
-    let caller = match key {
+    // Read where the extractor built it: a caller moved right after it was written is read
+    // back before the writes have landed. Moved only when a step after the response needs it.
+    let anonymous;
+    let caller = match &key {
         Extracted::Caller(caller) => caller,
         Extracted::NoKey => match config.missing_key {
             MissingKey::Reject(status) => {
@@ -250,13 +253,16 @@ where
                     KeyRejection::new(status, "the request does not say who is calling");
                 return Verdict::Answer(rejected(config, &rejection, request));
             }
-            MissingKey::Anonymous => Caller::new(CallerKey::anonymous()),
+            MissingKey::Anonymous => {
+                anonymous = Caller::new(CallerKey::anonymous());
+                &anonymous
+            }
             MissingKey::Pass => {
                 return Verdict::Call(Some(Decision::Unlimited(UnlimitedReason::NoKey)));
             }
         },
         Extracted::Rejected(rejection) => {
-            return Verdict::Answer(rejected(config, &rejection, request));
+            return Verdict::Answer(rejected(config, rejection, request));
         }
     };
     head.pk = config
@@ -265,9 +271,12 @@ where
         .map(|key| key.of(caller.key().encoded()));
     let mut decision = config
         .limiter
-        .check_with(&caller, head.cost, config.refusals);
+        .check_with(caller, head.cost, config.refusals);
     if config.after_response.is_some() {
-        head.caller = Some(Box::new(caller));
+        head.caller = Some(Box::new(match key {
+            Extracted::Caller(caller) => caller,
+            _ => caller.clone(),
+        }));
     }
     // Read where it lies, and moved out only if a step after this one needs it: a decision
     // moved right after it was written is read back before the writes have landed.
@@ -374,14 +383,17 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // The usual request, decided within `call` with nothing to add to its response,
         // takes this step alone: the code an admitted request runs stays small, and the
-        // other steps are out of its way.
-        let mut this = self.as_mut().project();
+        // other steps are out of its way. Its answer is the inner service's, passed on
+        // where it lies; the state is left as it is (a future polled after it completed
+        // may do anything but be unsafe), so that the answer is not copied around a change
+        // of state.
+        let this = self.as_mut().project();
         if this.head.config.is_none()
-            && let StateProj::Calling { future, .. } = this.state.as_mut().project()
+            && let StateProj::Calling { future, .. } = this.state.project()
         {
-            let response = ready!(future.poll(cx))?;
-            this.state.set(State::Done);
-            return Poll::Ready(Ok(response.map(Shape::pass)));
+            return future
+                .poll(cx)
+                .map(|response| response.map(|response| response.map(Shape::pass)));
         }
         self.poll_steps(cx)
     }

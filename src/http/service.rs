@@ -94,27 +94,46 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        // The request is rebound only when a predicate reads it: moving it costs a copy.
-        if let Some(skip) = &self.config.skip {
-            // The predicate reads the parts only, whatever the body type.
-            let (parts, body) = request.into_parts();
-            let skipped = (skip.predicate)(&parts);
-            request = Request::from_parts(parts, body);
-            if skipped {
-                skip.counter.increment(1);
-                let future = self.inner.call(request);
-                return ResponseFuture::skipped(future, &self.config);
-            }
-        }
-        let mut cost = 1;
-        if let Some(units) = &self.config.cost {
-            let (parts, body) = request.into_parts();
-            cost = (units.0)(&parts);
-            request = Request::from_parts(parts, body);
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // A request read by a predicate is taken apart and put together again: kept out of
+        // line, so that the usual request is not copied for it.
+        if self.config.skip.is_some() || self.config.cost.is_some() {
+            return call_read(self, request);
         }
         // A decision that takes a while takes the service driven to readiness along, and
         // leaves a fresh clone here.
-        ResponseFuture::new(request, &mut self.inner, &self.config, cost)
+        ResponseFuture::new(request, &mut self.inner, &self.config, 1)
     }
+}
+
+/// `call` for a layer whose skip predicate or cost reads the request.
+#[inline(never)]
+fn call_read<S, K, Shape, ReqBody, ResBody>(
+    service: &mut RateLimit<S, K, Shape>,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, K, ReqBody, Shape>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    K: AsyncKeyExtractor,
+{
+    // The predicates read the parts only, whatever the body type.
+    let (parts, body) = request.into_parts();
+    if let Some(skip) = &service.config.skip
+        && (skip.predicate)(&parts)
+    {
+        skip.counter.increment(1);
+        let future = service.inner.call(Request::from_parts(parts, body));
+        return ResponseFuture::skipped(future, &service.config);
+    }
+    let cost = service
+        .config
+        .cost
+        .as_ref()
+        .map_or(1, |units| (units.0)(&parts));
+    ResponseFuture::new(
+        Request::from_parts(parts, body),
+        &mut service.inner,
+        &service.config,
+        cost,
+    )
 }

@@ -55,12 +55,10 @@ impl HeaderKey {
 impl KeyExtractor for HeaderKey {
     #[inline]
     fn extract<B>(&self, request: &Request<B>) -> Extracted {
-        request
-            .headers()
-            .get(&self.name)
-            .map(|value| value.as_bytes())
-            .filter(|bytes| !bytes.is_empty())
-            .map(Caller::new)
-            .into()
+        // Built where it is returned: each step of an `Option` chain would move the caller.
+        match request.headers().get(&self.name) {
+            Some(value) if !value.is_empty() => Extracted::Caller(Caller::new(value.as_bytes())),
+            _ => Extracted::NoKey,
+        }
     }
 }

@@ -38,6 +38,9 @@ pub use header::HeaderKey;
 /// assert!(matches!(Extracted::from(None::<Caller>), Extracted::NoKey));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+// Its kind in a whole word: kept in the caller's key's first byte, the kind made each move
+// of the caller copy from its second byte, in pieces the next move had to wait on.
+#[repr(u64)]
 pub enum Extracted {
     /// The request is counted as this caller.
     Caller(Caller),
