@@ -52,6 +52,16 @@ impl<K> Config<K> {
             || self.decision_on_every_response
             || self.after_response.is_some()
     }
+
+    /// Whether all an admitted response gets is the draft-11 fields: written within `call`
+    /// then, the request's future holds them and neither the decision nor this
+    /// configuration.
+    pub(crate) fn only_draft11_fields(&self) -> bool {
+        self.header_mode.on_allowed(http::StatusCode::OK)
+            && !self.field_forms.others()
+            && !self.decision_on_every_response
+            && self.after_response.is_none()
+    }
 }
 
 /// The layer's cost function: the units a request consumes.

@@ -16,11 +16,12 @@ use crate::http::body_shape::{BodyShape, Wrapped};
 use crate::http::byte_meter::ByteMeter;
 use crate::http::config::{AfterResponse, Config};
 use crate::http::grpc;
+use crate::http::headers::HeaderMode;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
 use crate::http::refusal::Refusal;
 use crate::http::render::Protocol;
-use crate::http::response::{self, Fields};
+use crate::http::response::{self, Draft11Fields, Fields};
 use crate::limiter::decision::{Decision, UnlimitedReason};
 use crate::limiter::settlement::Settlement;
 use crate::store::caller::{Caller, CallerKey};
@@ -77,6 +78,14 @@ pin_project! {
             future: InnerFuture,
             decision: Option<Decision>,
         },
+        // Admitted, with the fields its response gets written already (see
+        // `Config::only_draft11_fields`).
+        Decorating {
+            #[pin]
+            future: InnerFuture,
+            mode: HeaderMode,
+            fields: Option<Draft11Fields>,
+        },
         // Answered without the inner service: a refusal or a key rejection.
         Answered {
             response: Option<Response<Bytes>>,
@@ -107,6 +116,7 @@ pin_project! {
 /// future of one decided within `call` stays small.
 enum Step<InnerFuture, KeyFuture, S, ReqBody> {
     Call(InnerFuture, Option<Decision>),
+    Decorate(InnerFuture, Draft11Fields),
     Answer(Response<Bytes>),
     Wait(Pin<Box<Waiting<KeyFuture, S, ReqBody>>>),
 }
@@ -117,6 +127,8 @@ enum Step<InnerFuture, KeyFuture, S, ReqBody> {
 enum Verdict {
     // The decision, when a step after the response reads it.
     Call(Option<Decision>),
+    // Admitted, with the fields its response gets.
+    Decorate(Draft11Fields),
     Answer(Response<Bytes>),
     Wait(StoreFuture<Decision>),
 }
@@ -171,6 +183,17 @@ where
                     shape: PhantomData,
                 }
             }
+            Verdict::Decorate(fields) => Self {
+                state: State::Decorating {
+                    future: inner.call(request),
+                    mode: config.header_mode,
+                    fields: Some(fields),
+                },
+                waiting: None,
+                head,
+                refunding: None,
+                shape: PhantomData,
+            },
             Verdict::Answer(response) => Self {
                 state: State::Answered {
                     response: Some(response),
@@ -320,6 +343,11 @@ where
             if let Decision::SoftLimited(_) = decision {
                 request.extensions_mut().insert(decision.clone());
             }
+            if let Decision::Allowed(info) | Decision::SoftLimited(info) = decision
+                && config.only_draft11_fields()
+            {
+                return Verdict::Decorate(Draft11Fields::of(info, fields));
+            }
             // Kept for the response only when a step after it reads it.
             Verdict::Call(if config.reads_responses() {
                 decided.take()
@@ -342,6 +370,7 @@ where
 {
     match verdict {
         Verdict::Call(decision) => Step::Call(inner.call(request), decision),
+        Verdict::Decorate(fields) => Step::Decorate(inner.call(request), fields),
         Verdict::Answer(response) => Step::Answer(response),
         Verdict::Wait(decision) => Step::Wait(Box::pin(Waiting::Decision {
             decision,
@@ -360,7 +389,7 @@ where
         let state = match (&self.state, self.waiting.as_deref()) {
             (State::Waiting, Some(Waiting::Key { .. })) => "extracting key",
             (State::Waiting, _) => "deciding",
-            (State::Calling { .. }, _) => "calling inner service",
+            (State::Calling { .. } | State::Decorating { .. }, _) => "calling inner service",
             (State::Answered { .. }, _) => "answered",
             (State::Refunding, _) => "giving back the units of a request that did not count",
             (State::Done, _) => "done",
@@ -388,12 +417,18 @@ where
         // may do anything but be unsafe), so that the answer is not copied around a change
         // of state.
         let this = self.as_mut().project();
-        if this.head.config.is_none()
-            && let StateProj::Calling { future, .. } = this.state.project()
-        {
-            return future
-                .poll(cx)
-                .map(|response| response.map(|response| response.map(Shape::pass)));
+        match this.state.project() {
+            StateProj::Calling { future, .. } if this.head.config.is_none() => {
+                return future
+                    .poll(cx)
+                    .map(|response| response.map(|response| response.map(Shape::pass)));
+            }
+            StateProj::Decorating {
+                future,
+                mode,
+                fields,
+            } => return poll_decorated::<Shape, _, _, _>(future, *mode, fields, cx),
+            _ => {}
         }
         self.poll_steps(cx)
     }
@@ -422,6 +457,14 @@ where
                         Step::Call(future, decision) => {
                             *this.waiting = None;
                             this.state.set(State::Calling { future, decision });
+                        }
+                        Step::Decorate(future, fields) => {
+                            *this.waiting = None;
+                            this.state.set(State::Decorating {
+                                future,
+                                mode: head_mode(this.head),
+                                fields: Some(fields),
+                            });
                         }
                         Step::Answer(response) => {
                             *this.waiting = None;
@@ -459,6 +502,11 @@ where
                     let response = finish::<Shape, _, _>(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
+                StateProj::Decorating {
+                    future,
+                    mode,
+                    fields,
+                } => return poll_decorated::<Shape, _, _, _>(future, *mode, fields, cx),
                 StateProj::Refunding => {
                     let Some((refund, _, _)) = this.refunding.as_deref_mut() else {
                         unreachable!("a refunding response is stored before the state is set");
@@ -622,6 +670,42 @@ where
         }
     }
     response
+}
+
+/// The inner service's response to an admitted request, with `fields` (written within
+/// `call`) when its status gets them under `mode` and no inner layer refused it. Like the
+/// usual request's, the state is left as it is once answered.
+fn poll_decorated<Shape, ResBody, InnerFuture, E>(
+    future: Pin<&mut InnerFuture>,
+    mode: HeaderMode,
+    fields: &mut Option<Draft11Fields>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<Shape::Body>, E>>
+where
+    InnerFuture: Future<Output = Result<Response<ResBody>, E>>,
+    Shape: BodyShape<ResBody>,
+    ResBody: http_body::Body<Data = Bytes>,
+{
+    let mut response = ready!(future.poll(cx))?;
+    // As `finish`: an inner layer's refusal stands as it is.
+    let inner_refused = response
+        .extensions()
+        .get::<Decision>()
+        .is_some_and(|inner| !inner.is_allowed());
+    if let Some(fields) = fields.take()
+        && !inner_refused
+        && mode.on_allowed(response.status())
+    {
+        fields.append_to(response.headers_mut());
+    }
+    Poll::Ready(Ok(response.map(Shape::pass)))
+}
+
+/// The header mode of a waiting request's layer, whose configuration it keeps.
+fn head_mode<K>(head: &Head<K>) -> HeaderMode {
+    head.config
+        .as_deref()
+        .map_or(HeaderMode::Never, |config| config.header_mode)
 }
 
 /// The layer's own answer, in the shape of the layer's responses.

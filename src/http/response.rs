@@ -214,19 +214,42 @@ pub(crate) fn decorate_allowed(
         && fields.mode.on_allowed(status)
     {
         if fields.forms.draft11() {
-            // Appended, not inserted: a response that already lists an inner layer's
-            // policies lists both layers'.
-            if let Some(policy) = fields.cache.get(info, fields.pk) {
-                headers.append(RATELIMIT_POLICY, policy);
-            }
-            if let Some(state) = state_field(info.policies(), fields.cap, fields.pk) {
-                headers.append(RATELIMIT, state);
-            }
+            Draft11Fields::of(info, fields).append_to(headers);
         }
         if fields.forms.others()
             && let Some(limit) = OneLimit::of(info, fields.cap)
         {
             field_forms::append(headers, fields.forms, limit);
+        }
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` fields of an admitted request, written while the
+/// layer's settings are at hand, so that a response that gets nothing else needs only
+/// these, not the settings or the decision.
+#[derive(Debug)]
+pub(crate) struct Draft11Fields {
+    policy: Option<HeaderValue>,
+    state: Option<HeaderValue>,
+}
+
+impl Draft11Fields {
+    /// `info`'s fields, as `fields` says to write them.
+    pub(crate) fn of(info: &RateLimitInfo, fields: Fields<'_>) -> Self {
+        Self {
+            policy: fields.cache.get(info, fields.pk),
+            state: state_field(info.policies(), fields.cap, fields.pk),
+        }
+    }
+
+    /// Appends the fields to `headers`: appended, not inserted, so that a response that
+    /// already lists an inner layer's policies lists both layers'.
+    pub(crate) fn append_to(self, headers: &mut HeaderMap) {
+        if let Some(policy) = self.policy {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+        if let Some(state) = self.state {
+            headers.append(RATELIMIT, state);
         }
     }
 }

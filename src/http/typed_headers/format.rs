@@ -58,6 +58,15 @@ pub(crate) fn push_separator(out: &mut BytesMut) {
 
 /// `"value"`, with `"` and `\` escaped. `value` must pass [`is_sf_string`].
 pub(crate) fn push_string(out: &mut BytesMut, value: &str) {
+    // Copied whole when nothing needs escaping, the usual name: a byte at a time, each
+    // write reads and writes the buffer's length.
+    if !value.bytes().any(|byte| byte == b'"' || byte == b'\\') {
+        out.reserve(value.len() + 2);
+        out.put_u8(b'"');
+        out.put_slice(value.as_bytes());
+        out.put_u8(b'"');
+        return;
+    }
     out.put_u8(b'"');
     for byte in value.bytes() {
         if byte == b'"' || byte == b'\\' {
@@ -70,9 +79,9 @@ pub(crate) fn push_string(out: &mut BytesMut, value: &str) {
 
 /// `;key=value`, the value capped at [`MAX_INTEGER`].
 pub(crate) fn push_integer(out: &mut BytesMut, key: &str, value: u64) {
-    push_key(out, key);
     let mut value = value.min(MAX_INTEGER);
-    let mut digits = [0u8; 15];
+    // The digits and `=` written back to front, then copied once.
+    let mut digits = [0u8; 16];
     let mut start = digits.len();
     loop {
         start -= 1;
@@ -83,6 +92,11 @@ pub(crate) fn push_integer(out: &mut BytesMut, key: &str, value: u64) {
             break;
         }
     }
+    start -= 1;
+    digits[start] = b'=';
+    out.reserve(1 + key.len() + digits.len() - start);
+    out.put_u8(b';');
+    out.put_slice(key.as_bytes());
     out.put_slice(&digits[start..]);
 }
 
