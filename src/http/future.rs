@@ -16,7 +16,6 @@ use crate::http::body_shape::{BodyShape, Wrapped};
 use crate::http::byte_meter::ByteMeter;
 use crate::http::config::{AfterResponse, Config};
 use crate::http::grpc;
-use crate::http::headers::HeaderMode;
 use crate::http::headers::PARTITION_KEY_LEN;
 use crate::http::key::{AsyncKeyExtractor, Extracted, KeyRejection, MissingKey};
 use crate::http::refusal::Refusal;
@@ -83,7 +82,6 @@ pin_project! {
         Decorating {
             #[pin]
             future: InnerFuture,
-            mode: HeaderMode,
             fields: Option<Draft11Fields>,
         },
         // Answered without the inner service: a refusal or a key rejection.
@@ -186,7 +184,6 @@ where
             Verdict::Decorate(fields) => Self {
                 state: State::Decorating {
                     future: inner.call(request),
-                    mode: config.header_mode,
                     fields: Some(fields),
                 },
                 waiting: None,
@@ -423,11 +420,9 @@ where
                     .poll(cx)
                     .map(|response| response.map(|response| response.map(Shape::pass)));
             }
-            StateProj::Decorating {
-                future,
-                mode,
-                fields,
-            } => return poll_decorated::<Shape, _, _, _>(future, *mode, fields, cx),
+            StateProj::Decorating { future, fields } => {
+                return poll_decorated::<Shape, _, _, _>(future, fields, cx);
+            }
             _ => {}
         }
         self.poll_steps(cx)
@@ -462,7 +457,6 @@ where
                             *this.waiting = None;
                             this.state.set(State::Decorating {
                                 future,
-                                mode: head_mode(this.head),
                                 fields: Some(fields),
                             });
                         }
@@ -502,11 +496,9 @@ where
                     let response = finish::<Shape, _, _>(response, decision, settlement, head);
                     return Poll::Ready(Ok(response));
                 }
-                StateProj::Decorating {
-                    future,
-                    mode,
-                    fields,
-                } => return poll_decorated::<Shape, _, _, _>(future, *mode, fields, cx),
+                StateProj::Decorating { future, fields } => {
+                    return poll_decorated::<Shape, _, _, _>(future, fields, cx);
+                }
                 StateProj::Refunding => {
                     let Some((refund, _, _)) = this.refunding.as_deref_mut() else {
                         unreachable!("a refunding response is stored before the state is set");
@@ -673,11 +665,10 @@ where
 }
 
 /// The inner service's response to an admitted request, with `fields` (written within
-/// `call`) when its status gets them under `mode` and no inner layer refused it. Like the
-/// usual request's, the state is left as it is once answered.
+/// `call`) when its status gets them and no inner layer refused it. Like the usual
+/// request's, the state is left as it is once answered.
 fn poll_decorated<Shape, ResBody, InnerFuture, E>(
     future: Pin<&mut InnerFuture>,
-    mode: HeaderMode,
     fields: &mut Option<Draft11Fields>,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Response<Shape::Body>, E>>
@@ -694,18 +685,11 @@ where
         .is_some_and(|inner| !inner.is_allowed());
     if let Some(fields) = fields.take()
         && !inner_refused
-        && mode.on_allowed(response.status())
+        && fields.on_allowed(response.status())
     {
         fields.append_to(response.headers_mut());
     }
     Poll::Ready(Ok(response.map(Shape::pass)))
-}
-
-/// The header mode of a waiting request's layer, whose configuration it keeps.
-fn head_mode<K>(head: &Head<K>) -> HeaderMode {
-    head.config
-        .as_deref()
-        .map_or(HeaderMode::Never, |config| config.header_mode)
 }
 
 /// The layer's own answer, in the shape of the layer's responses.

@@ -226,9 +226,11 @@ pub(crate) fn decorate_allowed(
 
 /// The `RateLimit-Policy` and `RateLimit` fields of an admitted request, written while the
 /// layer's settings are at hand, so that a response that gets nothing else needs only
-/// these, not the settings or the decision.
+/// these (and the header mode that says which statuses get them), not the settings or the
+/// decision.
 #[derive(Debug)]
 pub(crate) struct Draft11Fields {
+    mode: HeaderMode,
     policy: Option<HeaderValue>,
     state: Option<HeaderValue>,
 }
@@ -237,9 +239,15 @@ impl Draft11Fields {
     /// `info`'s fields, as `fields` says to write them.
     pub(crate) fn of(info: &RateLimitInfo, fields: Fields<'_>) -> Self {
         Self {
+            mode: fields.mode,
             policy: fields.cache.get(info, fields.pk),
             state: state_field(info.policies(), fields.cap, fields.pk),
         }
+    }
+
+    /// Whether an admitted response of `status` gets the fields.
+    pub(crate) fn on_allowed(&self, status: StatusCode) -> bool {
+        self.mode.on_allowed(status)
     }
 
     /// Appends the fields to `headers`: appended, not inserted, so that a response that
