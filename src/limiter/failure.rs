@@ -262,7 +262,9 @@ pub(super) struct Fallback {
 impl Fallback {
     /// `policy`, its local share counting on `clock`.
     pub(super) fn new(policy: FailurePolicy, clock: Arc<dyn Clock>) -> Self {
-        let local = InMemoryBackend::new().clock(SharedClock(clock.clone()));
+        let local = InMemoryBackend::new()
+            .clock(SharedClock(clock.clone()))
+            .exact_idle_times();
         let last_answers = share_count(&policy).map(|_| LastAnswers::new(LAST_ANSWERS));
         Self {
             policy,

@@ -517,6 +517,16 @@ impl Entry {
         }
     }
 
+    /// Keeps the entry until `idle_at_ms` at least, and at most `slack_ms` (a power of two
+    /// less one) longer: the time is rounded up to the end of its `slack_ms + 1` block, so
+    /// a caller that keeps coming back writes it once a block, not on each decision.
+    #[inline]
+    pub(super) fn keep_until_about(&self, idle_at_ms: u64, slack_ms: u64) {
+        if idle_at_ms > self.idle_at_ms.load(Relaxed) {
+            self.idle_at_ms.fetch_max(idle_at_ms | slack_ms, Relaxed);
+        }
+    }
+
     /// Marks the caller as seen since the eviction hand last passed.
     pub(super) fn mark_referenced(&self) {
         // Read first: a caller seen again leaves the line unwritten, and shared.

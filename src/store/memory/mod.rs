@@ -40,7 +40,10 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 ///   ones included, stay tracked under a flood of one-off keys.
 /// - **Idle callers evicted**: a caller whose counters no longer affect any decision is
 ///   dropped during periodic sweeps (every 10 s, piggybacked on requests; no background
-///   task, so it works on any runtime).
+///   task, so it works on any runtime). A caller that keeps coming back may be kept up to
+///   a sixteenth of its counters' life longer (its states by then weigh nothing, so it is
+///   decided as a new caller would be), so that the time it is kept until is written once
+///   in a while rather than by nearly every request.
 ///
 /// Clones share the same counters.
 ///
@@ -99,6 +102,7 @@ impl InMemoryBackend {
             shards: DEFAULT_SHARDS,
             clock: Arc::new(SystemClock),
             sweep_interval_ms: DEFAULT_SWEEP_INTERVAL_MS,
+            exact_idle: false,
         })
     }
 
@@ -123,6 +127,14 @@ impl InMemoryBackend {
     pub fn sweep_interval(self, interval: Duration) -> Self {
         let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
         self.remade(|settings| settings.sweep_interval_ms = millis)
+    }
+
+    /// Forgets each caller as soon as its states affect no decision, not up to a sixteenth
+    /// of their retention later: for a local share's counters, which start a caller they
+    /// no longer count from the store's last answer, so that a state that has run out
+    /// never stands in for that answer.
+    pub(crate) fn exact_idle_times(self) -> Self {
+        self.remade(|settings| settings.exact_idle = true)
     }
 
     /// A new, empty backend with this one's settings changed by `change`.
@@ -343,7 +355,8 @@ impl InMemoryBackend {
         {
             return None;
         }
-        decide_packed_alone(&shard, hash, caller, limit, now, cost).outcome()
+        let exact_idle = self.shared.settings.exact_idle;
+        decide_packed_alone(&shard, hash, caller, limit, now, cost, exact_idle).outcome()
     }
 
     /// Decides for a caller this backend tracks with a state for each of `limits`; `None`
@@ -358,7 +371,15 @@ impl InMemoryBackend {
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
         if limits.len() <= INLINE_POLICIES
-            && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
+            && let Some(outcome) = decide_tracked(
+                &shard,
+                hash,
+                caller,
+                limits,
+                now,
+                cost,
+                self.shared.settings.exact_idle,
+            )
         {
             return Some(outcome);
         }
@@ -420,7 +441,15 @@ impl InMemoryBackend {
             let shard = read(lock);
             let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
             if now.saturating_sub(last_sweep_ms) < self.shared.settings.sweep_interval_ms
-                && let Some(outcome) = decide_tracked(&shard, hash, caller, limits, now, cost)
+                && let Some(outcome) = decide_tracked(
+                    &shard,
+                    hash,
+                    caller,
+                    limits,
+                    now,
+                    cost,
+                    self.shared.settings.exact_idle,
+                )
             {
                 return outcome;
             }
@@ -504,6 +533,7 @@ fn decide_packed_alone(
     limit: &Policy,
     now: u64,
     cost: u64,
+    exact_idle: bool,
 ) -> PackedDecision {
     if limit.lockout_ms().is_some() {
         return PackedDecision::NOT_PACKED;
@@ -523,7 +553,15 @@ fn decide_packed_alone(
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
         if outcome.admitted {
-            entry.keep_until(now.saturating_add(limit.retention_ms()));
+            let idle_at = now.saturating_add(limit.retention_ms());
+            if exact_idle {
+                entry.keep_until(idle_at);
+            } else {
+                // Kept a little longer than needed (a state that no longer weighs decides
+                // as a new caller's would), so that the time is written once in a while,
+                // not on nearly every decision of a caller that comes back.
+                entry.keep_until_about(idle_at, limit.keep_slack_ms());
+            }
         }
     }
     decided
@@ -540,6 +578,7 @@ fn decide_tracked(
     limits: &[Policy],
     now: u64,
     cost: u64,
+    exact_idle: bool,
 ) -> Option<CheckOutcome> {
     if limits.len() > INLINE_POLICIES {
         return None;
@@ -548,7 +587,7 @@ fn decide_tracked(
     if let [limit] = limits
         && limit.packs_in_one_word()
     {
-        let decided = decide_packed_alone(shard, hash, caller, limit, now, cost);
+        let decided = decide_packed_alone(shard, hash, caller, limit, now, cost, exact_idle);
         if let Some(outcome) = decided.outcome() {
             return Some(CheckOutcome::one(outcome).counted_at(now));
         }
@@ -720,6 +759,10 @@ struct Settings {
     sweep_interval_ms: u64,
     max_keys: usize,
     shards: usize,
+    /// Whether a caller is forgotten as soon as its states affect no decision (a local
+    /// share's store, which starts a caller it does not count from the store's last
+    /// answer), rather than up to a sixteenth of its retention later.
+    exact_idle: bool,
 }
 
 impl Default for InMemoryBackend {
@@ -906,6 +949,42 @@ mod tests {
             assert!(!backend.decide(&key, &limits, 1).admitted(), "busy{i}");
         }
         assert_eq!(backend.tracked_keys(), 100);
+    }
+
+    /// When the only shard's only caller is idle, after `decide` at each of `times`.
+    fn idle_at_after(backend: &InMemoryBackend, clock: &ManualClock, times: &[u64]) -> u64 {
+        let limits = per_second(1_000);
+        let acme = CallerKey::new("acme");
+        for &at in times {
+            clock.advance(Duration::from_millis(at - backend.now_ms()));
+            assert!(backend.decide(&acme, &limits, 1).admitted());
+        }
+        let shard = read(&backend.shared.shards[0]);
+        shard.entries[0].idle_at_ms()
+    }
+
+    #[test]
+    fn a_caller_that_comes_back_is_kept_at_most_a_sixteenth_of_its_retention_longer() {
+        // A window of a second is kept two: past that, its state weighs nothing.
+        let times = [1_000, 1_010, 1_300, 1_301];
+        let clock = ManualClock::new(1_000);
+        let backend = InMemoryBackend::new().shards(1).clock(clock.clone());
+        let idle_at = idle_at_after(&backend, &clock, &times);
+        assert!(
+            (3_301..3_301 + 2_000 / 16).contains(&idle_at),
+            "kept until {idle_at}"
+        );
+        // The first request, and those that found the time already far enough, wrote it
+        // once each: 3_010 rounded up to 3_071, then 3_300 to 3_327.
+        assert_eq!(idle_at, 3_327);
+
+        // A local share's counters are forgotten as soon as they weigh nothing.
+        let clock = ManualClock::new(1_000);
+        let exact = InMemoryBackend::new()
+            .shards(1)
+            .clock(clock.clone())
+            .exact_idle_times();
+        assert_eq!(idle_at_after(&exact, &clock, &times), 3_301);
     }
 
     #[test]
