@@ -370,16 +370,10 @@ impl InMemoryBackend {
     ) -> Option<CheckOutcome> {
         let (hash, lock) = self.shard(caller);
         let shard = read(lock);
+        let exact_idle = self.shared.settings.exact_idle;
         if limits.len() <= INLINE_POLICIES
-            && let Some(outcome) = decide_tracked(
-                &shard,
-                hash,
-                caller,
-                limits,
-                now,
-                cost,
-                self.shared.settings.exact_idle,
-            )
+            && let Some(outcome) =
+                decide_tracked(&shard, hash, caller, limits, now, cost, exact_idle)
         {
             return Some(outcome);
         }
@@ -437,19 +431,13 @@ impl InMemoryBackend {
         mut seed: impl FnMut(usize) -> Option<State>,
     ) -> CheckOutcome {
         let (hash, lock) = self.shard(caller);
+        let exact_idle = self.shared.settings.exact_idle;
         {
             let shard = read(lock);
             let last_sweep_ms = shard.last_sweep_ms.load(Relaxed);
             if now.saturating_sub(last_sweep_ms) < self.shared.settings.sweep_interval_ms
-                && let Some(outcome) = decide_tracked(
-                    &shard,
-                    hash,
-                    caller,
-                    limits,
-                    now,
-                    cost,
-                    self.shared.settings.exact_idle,
-                )
+                && let Some(outcome) =
+                    decide_tracked(&shard, hash, caller, limits, now, cost, exact_idle)
             {
                 return outcome;
             }
@@ -553,15 +541,11 @@ fn decide_packed_alone(
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
         if outcome.admitted {
-            let idle_at = now.saturating_add(limit.retention_ms());
-            if exact_idle {
-                entry.keep_until(idle_at);
-            } else {
-                // Kept a little longer than needed (a state that no longer weighs decides
-                // as a new caller's would), so that the time is written once in a while,
-                // not on nearly every decision of a caller that comes back.
-                entry.keep_until_about(idle_at, limit.keep_slack_ms());
-            }
+            // Kept a little longer than needed (a state that no longer weighs decides as a
+            // new caller's would), so that the time is written once in a while, not on
+            // nearly every decision of a caller that comes back.
+            let slack_ms = if exact_idle { 0 } else { limit.keep_slack_ms() };
+            entry.keep_until_about(now.saturating_add(limit.retention_ms()), slack_ms);
         }
     }
     decided
