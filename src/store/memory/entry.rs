@@ -512,9 +512,7 @@ impl Entry {
     /// Keeps the entry until `idle_at_ms` at least. Decisions that take no lock race here:
     /// the later time always wins, so no caller is swept while its counters still matter.
     pub(super) fn keep_until(&self, idle_at_ms: u64) {
-        if idle_at_ms > self.idle_at_ms.load(Relaxed) {
-            self.idle_at_ms.fetch_max(idle_at_ms, Relaxed);
-        }
+        self.keep_until_about(idle_at_ms, 0);
     }
 
     /// Keeps the entry until `idle_at_ms` at least, and at most `slack_ms` (a power of two
