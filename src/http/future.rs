@@ -640,13 +640,9 @@ where
     if let Some(settlement) = settlement {
         response.extensions_mut().insert(settlement);
     }
-    // An inner tollgate layer may have decided too (a per-route limit inside a router-wide
-    // one): its refusal stands as it is, and on an allowed response both layers' policies
-    // are listed, the inner layer's decision kept in the extensions.
-    let inner_decision = response
-        .extensions()
-        .get::<Decision>()
-        .map(Decision::is_allowed);
+    // On an allowed response both layers' policies are listed, the inner layer's decision
+    // kept in the extensions.
+    let inner_decision = inner_layer_admitted(&response);
     if let Some(decision) = decision
         && inner_decision != Some(false)
     {
@@ -678,18 +674,22 @@ where
     ResBody: http_body::Body<Data = Bytes>,
 {
     let mut response = ready!(future.poll(cx))?;
-    // As `finish`: an inner layer's refusal stands as it is.
-    let inner_refused = response
-        .extensions()
-        .get::<Decision>()
-        .is_some_and(|inner| !inner.is_allowed());
     if let Some(fields) = fields.take()
-        && !inner_refused
+        && inner_layer_admitted(&response) != Some(false)
         && fields.on_allowed(response.status())
     {
         fields.append_to(response.headers_mut());
     }
     Poll::Ready(Ok(response.map(Shape::pass)))
+}
+
+/// Whether an inner tollgate layer (a per-route limit inside a router-wide one) admitted
+/// the request, if one decided: its refusal stands as it is, with no fields of this layer.
+fn inner_layer_admitted<B>(response: &Response<B>) -> Option<bool> {
+    response
+        .extensions()
+        .get::<Decision>()
+        .map(Decision::is_allowed)
 }
 
 /// The layer's own answer, in the shape of the layer's responses.
