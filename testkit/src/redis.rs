@@ -5,9 +5,11 @@
 //! runs in its own temporary directory on a port the OS just handed out, and dies with the
 //! test (even a failing one) when its handle is dropped.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,10 @@ const INSTALL_HINT: &str = "redis-server and redis-cli are needed for the Redis 
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
+/// The ports this process's servers were given, until their handles drop: a server that is
+/// killed to be restarted keeps its port, which the OS would hand to the next test.
+static GIVEN_PORTS: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
 /// One redis-server process.
 #[derive(Debug)]
 pub struct RedisServer {
@@ -26,6 +32,8 @@ pub struct RedisServer {
     child: Option<Child>,
     extra_args: Vec<String>,
     paused: bool,
+    /// Whether `port` came from [`free_port`], to be given back on drop.
+    port_given: bool,
 }
 
 impl RedisServer {
@@ -37,27 +45,43 @@ impl RedisServer {
 
     /// Starts a server with extra command-line options.
     pub fn start_with(extra_args: &[&str]) -> Self {
+        let mut server = Self::unstarted(extra_args);
+        // A port that was free a moment ago may be taken by the time redis binds it: retry.
+        for _ in 0..20 {
+            server.port = free_port(extra_args.contains(&"--cluster-enabled"));
+            server.port_given = true;
+            if server.spawn() {
+                return server;
+            }
+            give_back_port(server.port);
+            server.port_given = false;
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    /// Starts a server on `port`, or `None` when the port is taken (by another server, too)
+    /// or the server does not come up.
+    pub fn try_start_on(port: u16) -> Option<Self> {
+        let mut server = Self::unstarted(&[]);
+        server.port = port;
+        server.spawn().then_some(server)
+    }
+
+    fn unstarted(extra_args: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}",
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("temp dir for redis-server");
-        let mut server = Self {
+        Self {
             port: 0,
             dir,
             child: None,
             extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
             paused: false,
-        };
-        // A port that was free a moment ago may be taken by the time redis binds it: retry.
-        for _ in 0..20 {
-            server.port = free_port(extra_args.contains(&"--cluster-enabled"));
-            if server.spawn() {
-                return server;
-            }
+            port_given: false,
         }
-        panic!("could not start redis-server on a free port");
     }
 
     fn spawn(&mut self) -> bool {
@@ -85,14 +109,13 @@ impl RedisServer {
                 self.child = None;
                 return false;
             }
-            if self
-                .cli(&["PING"])
-                .map(|o| o.trim() == "PONG")
-                .unwrap_or(false)
-            {
-                return true;
+            match answering_process(self.port) {
+                Some(pid) if Some(pid) == self.pid() => return true,
+                // Another test's server holds the port and answered for ours, which is
+                // failing to bind: a test given that one would share its counters.
+                Some(_) => break,
+                None => std::thread::sleep(Duration::from_millis(20)),
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
         false
@@ -190,11 +213,32 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        if self.port_given {
+            give_back_port(self.port);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// A port nothing listens on; for cluster nodes, one whose bus port (+10000) is free too.
+/// The process id of the redis-server (or Sentinel) answering on `port`, if one does.
+fn answering_process(port: u16) -> Option<u32> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "INFO", "server"])
+        .stdin(Stdio::null())
+        .output();
+    let output = match output {
+        Ok(output) if output.status.success() => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+        _ => return None,
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
+/// A port nothing listens on and no other server of this process was given; for cluster
+/// nodes, one whose bus port (+10000) is free too. Given until [`give_back_port`].
 fn free_port(with_bus: bool) -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
@@ -202,13 +246,23 @@ fn free_port(with_bus: bool) -> u16 {
         if port == 6379 {
             continue;
         }
-        if !with_bus {
-            return port;
-        }
-        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+        let bus_free =
+            !with_bus || (port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok());
+        if bus_free && given_ports().insert(port) {
             return port;
         }
     }
+}
+
+fn give_back_port(port: u16) {
+    given_ports().remove(&port);
+}
+
+fn given_ports() -> std::sync::MutexGuard<'static, BTreeSet<u16>> {
+    // A test that panicked while holding the lock left the set whole.
+    GIVEN_PORTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A Redis Cluster of 3 masters and 3 replicas made with
@@ -631,8 +685,9 @@ impl SentinelServer {
             std::process::id(),
             NEXT_DIR.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir).expect("temp dir for a sentinel");
         for _ in 0..20 {
+            // A failed try's handle removes the directory when it drops.
+            std::fs::create_dir_all(&dir).expect("temp dir for a sentinel");
             let port = free_port(false);
             // The Sentinel rewrites its configuration file as it learns the deployment.
             let config = dir.join("sentinel.conf");
@@ -669,10 +724,14 @@ impl SentinelServer {
                     sentinel.child = None;
                     break;
                 }
-                if sentinel.cli(&["PING"]).is_some_and(|o| o.trim() == "PONG") {
-                    return sentinel;
+                match answering_process(port) {
+                    Some(pid) if sentinel.child.as_ref().map(Child::id) == Some(pid) => {
+                        return sentinel;
+                    }
+                    // Another process holds the port: try another.
+                    Some(_) => break,
+                    None => std::thread::sleep(Duration::from_millis(20)),
                 }
-                std::thread::sleep(Duration::from_millis(20));
             }
             sentinel.kill();
         }
@@ -717,6 +776,7 @@ impl SentinelServer {
 impl Drop for SentinelServer {
     fn drop(&mut self) {
         self.kill();
+        give_back_port(self.port);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

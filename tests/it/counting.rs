@@ -164,16 +164,22 @@ async fn concurrent_failures(limiter: Limiter) {
     let tasks: Vec<_> = (0..50)
         .map(|_| {
             let mut service = service.clone();
-            tokio::spawn(async move { attempt(&mut service, false).await.status })
+            tokio::spawn(async move { attempt(&mut service, false).await })
         })
         .collect();
-    let mut statuses = Vec::new();
+    let mut replies = Vec::new();
     for task in tasks {
-        statuses.push(task.await.expect("task"));
+        replies.push(task.await.expect("task"));
     }
-    let unauthorized = statuses.iter().filter(|s| **s == 401).count();
-    let refused = statuses.iter().filter(|s| **s == 429).count();
-    assert_eq!((unauthorized, refused), (5, 45));
+    let unauthorized = replies.iter().filter(|r| r.status == 401).count();
+    let refused = replies.iter().filter(|r| r.status == 429).count();
+    // Which decision let each one through, should more than the quota have been.
+    let admitted: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == 401)
+        .map(|r| r.extensions.get::<Decision>())
+        .collect();
+    assert_eq!((unauthorized, refused), (5, 45), "admitted by {admitted:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 5);
 }
 

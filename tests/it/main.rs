@@ -114,6 +114,8 @@ mod simulator_page;
 mod skip_and_refusal;
 mod sliding_log;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
+mod test_servers;
+#[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
 mod two_tier;
 mod typed_headers;
 #[cfg_attr(not(feature = "redis"), path = "skipped/redis.rs")]
