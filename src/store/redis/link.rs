@@ -191,11 +191,16 @@ impl Link {
     /// The link as a failure domain: connected, refused (the latest attempt to connect
     /// was), connecting for the first time, or not connected (lost, being made again).
     pub(super) fn domain(&self) -> FailureDomain {
+        // Whether there ever was a connection is read first: the first one is published
+        // before the flag is, so a read of no connection after it means one lost since.
+        // Read after, the flag could come from a first connection published between the
+        // two reads, and a decision of that moment would fall back as if it were lost.
+        let ever_connected = self.state.ever_connected.load(Ordering::Acquire);
         if self.is_connected() {
             FailureDomain::WHOLE
         } else if self.state.is_refused.load(Ordering::Relaxed) {
             FailureDomain::WHOLE.refused()
-        } else if self.state.ever_connected.load(Ordering::Relaxed) {
+        } else if ever_connected {
             FailureDomain::WHOLE.not_connected()
         } else {
             FailureDomain::WHOLE.connecting()
@@ -211,6 +216,8 @@ impl Link {
             let first = self.state.first_connection.notified();
             let mut first = std::pin::pin!(first);
             first.as_mut().enable();
+            // Read first, as in `domain`.
+            let ever_connected = self.state.ever_connected.load(Ordering::Acquire);
             if let Some(connected) = self.state.current.load().as_ref() {
                 return Ok((
                     connected.connection.clone(),
@@ -225,7 +232,7 @@ impl Link {
                     "{refused}; retrying in the background"
                 )));
             }
-            if self.state.ever_connected.load(Ordering::Acquire) {
+            if ever_connected {
                 return Err(StoreError::not_connected(
                     "the connection to Redis was lost: it is being made again in the background",
                 ));
