@@ -139,20 +139,15 @@ mod on_redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn raised_and_lowered_on_redis() {
         let server = RedisServer::start();
-        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .build()
-            .unwrap();
-        store.ping().await.unwrap();
+        let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
         raised_and_lowered(&on(store)).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn raised_and_lowered_on_a_cluster() {
         let cluster = RedisCluster::start();
-        let store = crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-            .build()
-            .unwrap();
-        store.ping().await.unwrap();
+        let store =
+            crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls())).await;
         raised_and_lowered(&on(store)).await;
     }
 }

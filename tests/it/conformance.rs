@@ -115,10 +115,10 @@ async fn both_backends_decide_alike() {
     for (i, scenario) in scenarios().iter().enumerate() {
         let memory = run(InMemoryBackend::new(), scenario).await;
         // A fresh prefix per scenario keeps them apart, as a fresh in-process store does.
-        let redis = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .prefix(format!("scenario{i}"))
-            .build()
-            .unwrap();
+        let redis = crate::redis_backend::connected(
+            RedisBackend::builder(server.url()).prefix(format!("scenario{i}")),
+        )
+        .await;
         let redis = run(redis, scenario).await;
         assert_eq!(memory, redis, "{}", scenario.name);
         assert!(

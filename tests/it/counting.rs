@@ -50,14 +50,10 @@ fn in_process() -> Limiter {
 }
 
 #[cfg(feature = "redis")]
-fn on_redis(server: &RedisServer) -> Limiter {
+async fn on_redis(server: &RedisServer) -> Limiter {
     Limiter::builder()
         .name("login")
-        .backend(
-            crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL"),
-        )
+        .backend(crate::redis_backend::connected(RedisBackend::builder(server.url())).await)
         .store_timeout(SLOW_TEST_MACHINE)
         .policy(attempts())
         .build()
@@ -123,7 +119,7 @@ async fn twenty_logins_four_failed_leave_one_attempt_in_process() {
 #[tokio::test]
 async fn twenty_logins_four_failed_leave_one_attempt_on_redis() {
     let server = RedisServer::start();
-    twenty_logins_four_failed_leave_one(on_redis(&server)).await;
+    twenty_logins_four_failed_leave_one(on_redis(&server).await).await;
 }
 
 /// Six wrong passwords: five reach the handler, the sixth is refused before it.
@@ -153,7 +149,7 @@ async fn the_sixth_failure_is_refused_in_process() {
 #[tokio::test]
 async fn the_sixth_failure_is_refused_on_redis() {
     let server = RedisServer::start();
-    sixth_failure_refused(on_redis(&server)).await;
+    sixth_failure_refused(on_redis(&server).await).await;
 }
 
 /// 50 concurrent wrong passwords: each is counted when decided, so exactly the quota (5)
@@ -192,7 +188,7 @@ async fn fifty_concurrent_failures_admit_exactly_five_in_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_failures_admit_exactly_five_on_redis() {
     let server = RedisServer::start();
-    concurrent_failures(on_redis(&server)).await;
+    concurrent_failures(on_redis(&server).await).await;
 }
 
 /// A refund names the window it was counted in: on Redis the units come back to exactly
@@ -201,7 +197,7 @@ async fn fifty_concurrent_failures_admit_exactly_five_on_redis() {
 #[tokio::test]
 async fn a_refund_on_redis_gives_back_to_the_counted_window() {
     let server = RedisServer::start();
-    let limiter = on_redis(&server);
+    let limiter = on_redis(&server).await;
     let alice = Caller::new("alice");
     let first = limiter.check(&alice).await;
     let second = limiter.check(&alice).await;
@@ -305,11 +301,7 @@ async fn shadow_mode_gives_back_as_enforce_mode_would() {
     let server = RedisServer::start();
     let limiter = Limiter::builder()
         .name("login")
-        .backend(
-            crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL"),
-        )
+        .backend(crate::redis_backend::connected(RedisBackend::builder(server.url())).await)
         .store_timeout(SLOW_TEST_MACHINE)
         .policy(attempts())
         .mode(Mode::Shadow)

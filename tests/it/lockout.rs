@@ -347,28 +347,26 @@ mod on_redis {
     }
 
     /// A single node's store, under the test timeouts.
-    fn store(server: &RedisServer) -> RedisBackend {
-        crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .build()
-            .expect("valid URL")
+    async fn store(server: &RedisServer) -> RedisBackend {
+        crate::redis_backend::connected(RedisBackend::builder(server.url())).await
     }
 
-    fn on(server: &RedisServer) -> Limiter {
-        limiter(store(server), LOCKOUT).build()
+    async fn on(server: &RedisServer) -> Limiter {
+        limiter(store(server).await, LOCKOUT).build()
     }
 
     /// The one-time-code limiter on `server`, failing closed, its lockout `lockout`.
-    fn closed_on(server: &RedisServer, lockout: Duration) -> Limiter {
-        limiter(store(server), lockout)
+    async fn closed_on(server: &RedisServer, lockout: Duration) -> Limiter {
+        limiter(store(server).await, lockout)
             .on_store_failure(FailurePolicy::closed())
             .build()
     }
 
     /// A limiter named "pin" with `policy` alone, on `server`.
-    fn pin_on(server: &RedisServer, policy: Policy) -> Limiter {
+    async fn pin_on(server: &RedisServer, policy: Policy) -> Limiter {
         Limiter::builder()
             .name("pin")
-            .backend(store(server))
+            .backend(store(server).await)
             .store_timeout(SLOW_TEST_MACHINE)
             .policy(policy)
             .build()
@@ -379,17 +377,16 @@ mod on_redis {
         server.must(&["PTTL", key]).trim().parse().unwrap()
     }
 
-    fn on_cluster(cluster: &RedisCluster) -> Limiter {
-        let store = crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-            .build()
-            .expect("valid URLs");
+    async fn on_cluster(cluster: &RedisCluster) -> Limiter {
+        let store =
+            crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls())).await;
         limiter(store, LOCKOUT).build()
     }
 
     #[tokio::test]
     async fn a_lockout_on_redis() {
         let server = RedisServer::start();
-        let (a, b) = (on(&server), on(&server));
+        let (a, b) = (on(&server).await, on(&server).await);
         lock_out(&a, &b, LOCKOUT, (1, 3)).await;
         // The block is a key of its own, expiring when it ends; the counter ends with it.
         let ttl = pttl(&server, "rl:{*}:otp:wrong-codes:lock");
@@ -406,7 +403,7 @@ mod on_redis {
     #[tokio::test]
     async fn a_token_bucket_locks_out_on_redis() {
         let server = RedisServer::start();
-        let limiter = pin_on(&server, super::attempts(LOCKOUT));
+        let limiter = pin_on(&server, super::attempts(LOCKOUT)).await;
         super::a_bucket_locks_out(&limiter, LOCKOUT.as_secs()).await;
         // The bucket's key ends with the block, an hour's refill before it would have.
         let ttl = pttl(&server, "rl:{198.51.100.7}:pin:attempts:b3600000");
@@ -419,7 +416,7 @@ mod on_redis {
     #[tokio::test]
     async fn a_sliding_log_locks_out_on_redis() {
         let server = RedisServer::start();
-        let limiter = pin_on(&server, super::logged(LOCKOUT));
+        let limiter = pin_on(&server, super::logged(LOCKOUT)).await;
         super::a_log_locks_out(&limiter, LOCKOUT.as_secs()).await;
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
         let ip = Caller::new(super::LOG_CALLER);
@@ -429,7 +426,7 @@ mod on_redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_lockout_on_a_redis_cluster() {
         let cluster = RedisCluster::start();
-        let (a, b) = (on_cluster(&cluster), on_cluster(&cluster));
+        let (a, b) = (on_cluster(&cluster).await, on_cluster(&cluster).await);
         lock_out(&a, &b, LOCKOUT, (1, 3)).await;
         tokio::time::sleep(LOCKOUT + Duration::from_millis(100)).await;
         after_the_block(&a, &b).await;
@@ -471,7 +468,10 @@ mod on_redis {
     async fn regression_a_store_restarted_empty_keeps_a_block_only_on_the_instances_that_knew_it() {
         let lockout = Duration::from_secs(6);
         let mut server = RedisServer::start();
-        let (a, b) = (closed_on(&server, lockout), closed_on(&server, lockout));
+        let (a, b) = (
+            closed_on(&server, lockout).await,
+            closed_on(&server, lockout).await,
+        );
         let ip = Caller::new("203.0.113.7");
         for i in 0..5 {
             assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");
@@ -549,7 +549,10 @@ mod on_redis {
         let lockout = Duration::from_secs(600);
         let mut server =
             RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
-        let (a, b) = (closed_on(&server, lockout), closed_on(&server, lockout));
+        let (a, b) = (
+            closed_on(&server, lockout).await,
+            closed_on(&server, lockout).await,
+        );
         let ip = Caller::new("203.0.113.7");
         for i in 0..5 {
             assert_eq!(refused_by(&decided(&a, &ip).await), None, "attempt {i}");

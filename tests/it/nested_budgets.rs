@@ -132,10 +132,7 @@ mod on_redis {
         let server = RedisServer::start();
         let mut instances = Vec::new();
         for _ in 0..2 {
-            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .unwrap();
-            store.ping().await.unwrap();
+            let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
             instances.push(instance(store));
         }
         two_bursts(&instances).await;
@@ -153,10 +150,8 @@ mod on_redis {
         let mut instances = Vec::new();
         for _ in 0..2 {
             let store =
-                crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-                    .build()
-                    .unwrap();
-            store.ping().await.unwrap();
+                crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls()))
+                    .await;
             instances.push(instance(store));
         }
         two_bursts(&instances).await;

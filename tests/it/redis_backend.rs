@@ -29,6 +29,14 @@ pub(crate) fn patient(builder: RedisBackendBuilder) -> RedisBackendBuilder {
         .response_timeout(SLOW_TEST_MACHINE)
 }
 
+/// [`patient`] `builder`'s store once Redis answers on its connection, so that a test's
+/// first decisions are about the store, not about its connection being made.
+pub(crate) async fn connected(builder: RedisBackendBuilder) -> RedisBackend {
+    let store = patient(builder).build().expect("valid URL");
+    store.ping().await.expect("Redis answers");
+    store
+}
+
 /// A limiter on its own connection to `server`, once that connection answers: decisions
 /// made before it is there fall back at once, and 256 of them at a test's start on a busy
 /// machine did.

@@ -18,14 +18,12 @@ use tollgate_testkit::redis::RedisCluster;
 // These tests are about decisions, not latency: every request is decided by Redis.
 use crate::redis_backend::SLOW_TEST_MACHINE;
 
-fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
+async fn cluster_limiter(cluster: &RedisCluster) -> Limiter {
     Limiter::builder()
         .name("redis-cluster")
         .store_timeout(SLOW_TEST_MACHINE)
         .backend(
-            crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-                .build()
-                .expect("valid URLs"),
+            crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls())).await,
         )
         .policy(Policy::sliding_window("per-hour", Quota::per_hour(5)))
         .policy(Policy::sliding_window("per-day", Quota::per_day(3)))
@@ -38,7 +36,7 @@ async fn all_or_nothing_on_every_master() {
     let store = RedisBackend::cluster_builder(cluster.urls())
         .build()
         .unwrap();
-    let limiter = cluster_limiter(&cluster);
+    let limiter = cluster_limiter(&cluster).await;
 
     // Two callers on each of the three masters.
     let mut by_node: BTreeMap<usize, Vec<String>> = BTreeMap::new();
@@ -96,7 +94,7 @@ async fn hash_tags_hold_with_braces_and_separators() {
     let store = RedisBackend::cluster_builder(cluster.urls())
         .build()
         .unwrap();
-    let limiter = cluster_limiter(&cluster);
+    let limiter = cluster_limiter(&cluster).await;
     let callers = [
         "acme",
         "acme}",
@@ -135,20 +133,19 @@ async fn hash_tags_hold_with_braces_and_separators() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_the_limit_under_concurrency_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let limiters: Vec<Limiter> = (0..4)
-        .map(|_| {
+    let mut limiters = Vec::new();
+    for _ in 0..4 {
+        let store =
+            crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls())).await;
+        limiters.push(
             Limiter::builder()
                 .name("redis-cluster")
                 .store_timeout(SLOW_TEST_MACHINE)
-                .backend(
-                    crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-                        .build()
-                        .unwrap(),
-                )
+                .backend(store)
                 .policy(Policy::sliding_window("per-hour", Quota::per_hour(50)))
-                .build()
-        })
-        .collect();
+                .build(),
+        );
+    }
     let mut tasks = Vec::new();
     for i in 0..256 {
         let limiter = limiters[i % 4].clone();

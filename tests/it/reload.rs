@@ -335,10 +335,7 @@ async fn the_scripts_of_one_policy_and_of_several_share_a_count_under_traffic() 
 /// loaded test machine reaches, and the connection's own are raised with it.
 #[cfg(feature = "redis")]
 async fn connected_instance(server: &RedisServer, policies: &[Policy]) -> Limiter {
-    let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-        .build()
-        .unwrap();
-    store.ping().await.unwrap();
+    let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
     policies
         .iter()
         .fold(

@@ -134,11 +134,7 @@ async fn a_batch_consumes_its_cost_on_redis() {
     let server = RedisServer::start();
     let limiter = Limiter::builder()
         .name("batch")
-        .backend(
-            crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL"),
-        )
+        .backend(crate::redis_backend::connected(RedisBackend::builder(server.url())).await)
         .store_timeout(SLOW_TEST_MACHINE)
         .policy(items())
         .build();
@@ -166,11 +162,7 @@ async fn a_cost_of_zero_peeks_and_refusals_hold_for_their_cost() {
     let server = RedisServer::start();
     let limiter = Limiter::builder()
         .name("batch")
-        .backend(
-            crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .expect("valid URL"),
-        )
+        .backend(crate::redis_backend::connected(RedisBackend::builder(server.url())).await)
         .store_timeout(SLOW_TEST_MACHINE)
         .policy(Policy::sliding_window("items", Quota::per_hour(50)))
         .build();

@@ -340,10 +340,7 @@ mod on_redis {
         let server = RedisServer::start();
         let mut instances = Vec::new();
         for _ in 0..2 {
-            let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-                .build()
-                .unwrap();
-            store.ping().await.unwrap();
+            let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
             instances.push(instance(store));
         }
         fifty_at_once(&instances).await;
@@ -355,10 +352,8 @@ mod on_redis {
         let mut instances = Vec::new();
         for _ in 0..2 {
             let store =
-                crate::redis_backend::patient(RedisBackend::cluster_builder(cluster.urls()))
-                    .build()
-                    .unwrap();
-            store.ping().await.unwrap();
+                crate::redis_backend::connected(RedisBackend::cluster_builder(cluster.urls()))
+                    .await;
             instances.push(instance(store));
         }
         fifty_at_once(&instances).await;
@@ -369,10 +364,7 @@ mod on_redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_debt_drains_on_redis() {
         let server = RedisServer::start();
-        let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-            .build()
-            .unwrap();
-        store.ping().await.unwrap();
+        let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
         let limiter = Limiter::builder()
             .name("llm")
             .backend(store)
@@ -565,10 +557,7 @@ async fn exports_are_charged_what_they_sent_in_process() {
 async fn exports_are_charged_what_they_sent_on_redis() {
     use tollgate::RedisBackend;
     let server = tollgate_testkit::redis::RedisServer::start();
-    let store = crate::redis_backend::patient(RedisBackend::builder(server.url()))
-        .build()
-        .unwrap();
-    store.ping().await.unwrap();
+    let store = crate::redis_backend::connected(RedisBackend::builder(server.url())).await;
     let limiter = Limiter::builder()
         .name("exports")
         .backend(store)
