@@ -215,7 +215,8 @@ fn every_fallback_is_counted_with_its_reason() {
 async fn instances_with_skewed_clocks_agree_because_time_comes_from_redis() {
     let server = RedisServer::start();
     // Two instances whose own clocks are 5.5 s apart, each connected before it decides (a
-    // decision made before the connection is there falls back at once).
+    // decision made before the connection is there waits for it only within the store
+    // timeout).
     let mut stores = Vec::new();
     for _ in 0..2 {
         let store = store(&server.url(), "clock");

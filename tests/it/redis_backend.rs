@@ -38,8 +38,7 @@ pub(crate) async fn connected(builder: RedisBackendBuilder) -> RedisBackend {
 }
 
 /// A limiter on its own connection to `server`, once that connection answers: decisions
-/// made before it is there fall back at once, and 256 of them at a test's start on a busy
-/// machine did.
+/// made before it is there wait for it only within the store timeout.
 async fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
     let backend = backend(server);
     backend.ping().await.expect("redis-server answers");

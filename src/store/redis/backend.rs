@@ -334,8 +334,8 @@ impl RedisBackend {
     /// timeout) and checks that Redis answers: for start-up and health checks. A Redis
     /// that refuses the connection (not started, killed, a closed port) is reported as
     /// such: an [unavailable](StoreError::is_unavailable) error, "refused the connection".
-    /// Decisions made before the connection is there fall back at once, so a service that
-    /// pings at start-up makes its first decisions on the store.
+    /// Decisions made before the connection is there wait for it only within their store
+    /// timeout, so a service that pings at start-up makes its first decisions on the store.
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() {
