@@ -164,7 +164,6 @@ pub struct Policy {
     // Computed once (each takes a division): read on every decision and every response.
     window_ms: u64,
     retention_ms: u64,
-    keep_slack_ms: u64,
     /// Its numbers in the terms of its packed word, for a policy whose states the
     /// in-process store keeps in one word (and decides there), divisions made
     /// multiplications.
@@ -391,7 +390,6 @@ impl Policy {
             name,
             window_ms: algorithm.window_ms(),
             retention_ms: algorithm.retention_ms(),
-            keep_slack_ms: keep_slack_ms(algorithm.retention_ms()),
             word_units: WordUnits::of(&algorithm),
             algorithm,
             scope,
@@ -608,9 +606,12 @@ impl Policy {
     }
 
     /// How much longer than its retention the in-process store may keep a caller of this
-    /// policy: a power of two less one, at most a sixteenth of the retention.
+    /// policy: the largest power of two no greater than a sixteenth of the retention, less
+    /// one (none below 32 ms). A shift and a bit scan: nothing worth keeping beside it.
     pub(crate) fn keep_slack_ms(&self) -> u64 {
-        self.keep_slack_ms
+        (self.retention_ms / 16)
+            .checked_ilog2()
+            .map_or(0, |bits| (1 << bits) - 1)
     }
 
     /// Whether the in-process store keeps this policy's states in one word, decided by a
@@ -677,15 +678,6 @@ const MAX_LOCKOUT_MS: u64 = 1 << 40;
 struct Lockout {
     ms: u64,
     counter: Arc<str>,
-}
-
-/// The slack of [`Policy::keep_slack_ms`] for a state kept `retention_ms`: the largest
-/// power of two no greater than a sixteenth of it, less one (none below 32 ms).
-fn keep_slack_ms(retention_ms: u64) -> u64 {
-    match retention_ms / 16 {
-        0 => 0,
-        sixteenth => (1 << sixteenth.ilog2()) - 1,
-    }
 }
 
 fn lockout_id(scope: Option<&str>, name: &str) -> String {
