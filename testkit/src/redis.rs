@@ -133,19 +133,7 @@ impl RedisServer {
 
     /// Runs a command through redis-cli and returns its raw output.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .output();
-        match output {
-            Ok(output) if output.status.success() => {
-                Some(String::from_utf8_lossy(&output.stdout).into_owned())
-            }
-            Ok(_) => None,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(_) => None,
-        }
+        cli(self.port, args)
     }
 
     /// Runs a command and panics unless it succeeds.
@@ -220,18 +208,26 @@ impl Drop for RedisServer {
     }
 }
 
-/// The process id of the redis-server (or Sentinel) answering on `port`, if one does.
-fn answering_process(port: u16) -> Option<u32> {
+/// Runs a command through redis-cli against `port` and returns its raw output.
+fn cli(port: u16, args: &[&str]) -> Option<String> {
     let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "INFO", "server"])
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
         .stdin(Stdio::null())
         .output();
-    let output = match output {
-        Ok(output) if output.status.success() => output,
+    match output {
+        Ok(output) if output.status.success() => {
+            Some(String::from_utf8_lossy(&output.stdout).into_owned())
+        }
+        Ok(_) => None,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-        _ => return None,
-    };
-    String::from_utf8_lossy(&output.stdout)
+        Err(_) => None,
+    }
+}
+
+/// The process id of the redis-server (or Sentinel) answering on `port`, if one does.
+fn answering_process(port: u16) -> Option<u32> {
+    cli(port, &["INFO", "server"])?
         .lines()
         .find_map(|line| line.strip_prefix("process_id:"))
         .and_then(|pid| pid.trim().parse().ok())
@@ -750,19 +746,7 @@ impl SentinelServer {
 
     /// Runs a command through redis-cli and returns its raw output.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .stdin(Stdio::null())
-            .output();
-        match output {
-            Ok(output) if output.status.success() => {
-                Some(String::from_utf8_lossy(&output.stdout).into_owned())
-            }
-            Ok(_) => None,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(_) => None,
-        }
+        cli(self.port, args)
     }
 
     fn kill(&mut self) {

@@ -13,12 +13,6 @@ use tollgate_testkit::redis::RedisServer;
 /// loaded test machine reaches, so every request is decided by Redis.
 pub(crate) const SLOW_TEST_MACHINE: std::time::Duration = std::time::Duration::from_secs(5);
 
-fn backend(server: &RedisServer) -> RedisBackend {
-    patient(RedisBackend::builder(server.url()))
-        .build()
-        .expect("valid URL")
-}
-
 /// `builder` for a test whose requests must be decided by Redis, under a store timeout of
 /// [`SLOW_TEST_MACHINE`]: the connection's own timeouts (1 s to connect, 500 ms per answer
 /// by default) sit under it, so they are raised with it, or a slow answer on a loaded
@@ -40,8 +34,7 @@ pub(crate) async fn connected(builder: RedisBackendBuilder) -> RedisBackend {
 /// A limiter on its own connection to `server`, once that connection answers: decisions
 /// made before it is there wait for it only within the store timeout.
 async fn limiter(server: &RedisServer, policies: &[Policy]) -> Limiter {
-    let backend = backend(server);
-    backend.ping().await.expect("redis-server answers");
+    let backend = connected(RedisBackend::builder(server.url())).await;
     policies
         .iter()
         .cloned()
