@@ -166,11 +166,31 @@ pub struct RedisBackend {
 
 /// Writes `caller` into a key name as the keyed digest of its encoded form (which keeps
 /// raw keys, long-key digests and the anonymous bucket apart): `~` and 32 hex digits.
-fn push_digested_caller(out: &mut Vec<u8>, digest: &KeyedDigest, caller: &CallerKey) {
+fn push_digested_caller(out: &mut impl TagOut, digest: &KeyedDigest, caller: &CallerKey) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'~');
+    out.put(b"~");
     for byte in digest.of(caller.encoded()) {
-        out.extend_from_slice(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+        out.put(&[HEX[usize::from(byte >> 4)], HEX[usize::from(byte & 15)]]);
+    }
+}
+
+/// Where a caller's hash tag is written: into a key being built, or into the checksum
+/// that finds its slot without building one.
+trait TagOut {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl TagOut for Vec<u8> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+impl TagOut for topology::TagSlot {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.add(bytes);
     }
 }
 
@@ -318,7 +338,7 @@ impl RedisBackend {
 
     /// Writes what goes between the braces of `caller`'s keys: the hash tag that puts them
     /// in one slot.
-    fn push_tag(&self, out: &mut Vec<u8>, caller: &CallerKey) {
+    fn push_tag(&self, out: &mut impl TagOut, caller: &CallerKey) {
         match &self.caller_digest {
             Some(digest) => push_digested_caller(out, digest, caller),
             None => push_escaped_caller(out, caller),
@@ -441,18 +461,18 @@ pub(crate) fn script_args(limits: &[Policy]) -> Vec<u64> {
 }
 
 /// The caller inside the hash tag: unambiguous, and never a `}` that would end the tag.
-fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
+fn push_escaped_caller(out: &mut impl TagOut, caller: &CallerKey) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     let (tag, rest) = match caller.encoded().split_first() {
         Some((tag, rest)) => (*tag, rest),
         None => (b'?', &[][..]),
     };
     if caller.is_anonymous() {
-        out.push(b'?');
+        out.put(b"?");
     } else if caller.is_digest() {
-        out.push(b'#');
+        out.put(b"#");
         for byte in rest {
-            out.extend_from_slice(&[
+            out.put(&[
                 HEX[usize::from(byte >> 4)].to_ascii_lowercase(),
                 HEX[usize::from(byte & 15)].to_ascii_lowercase(),
             ]);
@@ -460,20 +480,28 @@ fn push_escaped_caller(out: &mut Vec<u8>, caller: &CallerKey) {
     } else if rest.is_empty() {
         // A lone `%` never appears in an escaped key, so the empty key cannot collide.
         debug_assert_eq!(tag, b'=');
-        out.push(b'%');
+        out.put(b"%");
     } else {
-        for &byte in rest {
-            let plain = (0x21..0x7f).contains(&byte)
-                && !matches!(byte, b'%' | b'{' | b'}' | b'#' | b'?' | b'~');
-            if plain {
-                out.push(byte);
-            } else {
-                out.extend_from_slice(&[
-                    b'%',
-                    HEX[usize::from(byte >> 4)],
-                    HEX[usize::from(byte & 15)],
-                ]);
-            }
+        let plain = |byte: &u8| {
+            (0x21..0x7f).contains(byte) && !matches!(byte, b'%' | b'{' | b'}' | b'#' | b'?' | b'~')
+        };
+        // Runs of plain bytes are written whole.
+        let mut rest = rest;
+        while !rest.is_empty() {
+            let run = rest
+                .iter()
+                .position(|byte| !plain(byte))
+                .unwrap_or(rest.len());
+            out.put(&rest[..run]);
+            let Some((&byte, after)) = rest[run..].split_first() else {
+                break;
+            };
+            out.put(&[
+                b'%',
+                HEX[usize::from(byte >> 4)],
+                HEX[usize::from(byte & 15)],
+            ]);
+            rest = after;
         }
     }
 }
@@ -644,9 +672,9 @@ impl Backend for RedisBackend {
         match &self.connection {
             Connection::Single { link, .. } => link.domain(),
             Connection::Cluster(cluster) if cluster.is_connected() => {
-                let mut tag = Vec::with_capacity(caller.encoded().len() * 3 + 4);
+                let mut tag = topology::TagSlot::default();
                 self.push_tag(&mut tag, caller);
-                cluster.topology().domain(topology::slot_of_tag(&tag))
+                cluster.topology().domain(tag.slot())
             }
             Connection::Cluster(cluster) => cluster.domain(),
         }
@@ -1140,6 +1168,30 @@ mod tests {
         assert!(seen.insert(escaped(&CallerKey::anonymous())));
         assert!(seen.insert(escaped(&CallerKey::new(vec![b'x'; 500]))));
         assert_eq!(escaped(&CallerKey::new("acme}")), "acme%7D");
+    }
+
+    #[test]
+    fn a_callers_slot_found_without_a_key_is_the_slot_of_its_keys() {
+        let digest = KeyedDigest::new(b"secret");
+        let keys = ["acme", "acme}", "a b%c", "", "{x}", "caf\u{e9}"];
+        let callers = keys
+            .map(CallerKey::new)
+            .into_iter()
+            .chain([CallerKey::anonymous(), CallerKey::new(vec![b'x'; 500])]);
+        for caller in callers {
+            let mut tag = Vec::new();
+            let mut slot = topology::TagSlot::default();
+            push_escaped_caller(&mut tag, &caller);
+            push_escaped_caller(&mut slot, &caller);
+            let key = [&b"rl:{"[..], &tag, b"}:orders"].concat();
+            assert_eq!(slot.slot(), topology::slot(&key), "{caller:?}");
+            let mut tag = Vec::new();
+            let mut slot = topology::TagSlot::default();
+            push_digested_caller(&mut tag, &digest, &caller);
+            push_digested_caller(&mut slot, &digest, &caller);
+            let key = [&b"rl:{"[..], &tag, b"}:orders"].concat();
+            assert_eq!(slot.slot(), topology::slot(&key), "{caller:?}");
+        }
     }
 
     #[test]

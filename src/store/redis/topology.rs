@@ -209,14 +209,34 @@ pub(super) fn slot(key: &[u8]) -> u16 {
     crc16(hashed) % SLOTS as u16
 }
 
-/// The slot of every key whose hash tag is `tag` (not empty).
-pub(super) fn slot_of_tag(tag: &[u8]) -> u16 {
-    crc16(tag) % SLOTS as u16
+/// The slot of every key whose hash tag is written into it (not empty), worked out as
+/// the tag's bytes come, so that finding a caller's slot builds no key.
+#[derive(Debug, Default)]
+pub(super) struct TagSlot {
+    crc: u16,
+}
+
+impl TagSlot {
+    /// The tag goes on with `bytes`.
+    #[inline]
+    pub(super) fn add(&mut self, bytes: &[u8]) {
+        self.crc = crc16_from(self.crc, bytes);
+    }
+
+    /// The slot of the tag written so far.
+    pub(super) fn slot(&self) -> u16 {
+        self.crc % SLOTS as u16
+    }
 }
 
 /// CRC16-CCITT (XMODEM), the checksum Redis Cluster hashes keys with.
 fn crc16(bytes: &[u8]) -> u16 {
-    bytes.iter().fold(0u16, |crc, &byte| {
+    crc16_from(0, bytes)
+}
+
+/// [`crc16`] of what came before (whose checksum is `crc`) followed by `bytes`.
+fn crc16_from(crc: u16, bytes: &[u8]) -> u16 {
+    bytes.iter().fold(crc, |crc, &byte| {
         (crc << 8) ^ CRC16_TABLE[usize::from(((crc >> 8) as u8) ^ byte)]
     })
 }
@@ -263,6 +283,15 @@ mod tests {
         assert_eq!(slot(b"a{}b"), crc16(b"a{}b") % 16_384);
         assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
         assert_eq!(crc16(b"123456789"), 0x31C3);
+    }
+
+    #[test]
+    fn a_tag_written_in_pieces_has_the_slot_of_the_whole() {
+        let mut tag = TagSlot::default();
+        for piece in [&b"user"[..], b"", b"1", b"000"] {
+            tag.add(piece);
+        }
+        assert_eq!(tag.slot(), slot(b"user1000"));
     }
 
     #[test]
