@@ -174,6 +174,15 @@ fn push_digested_caller(out: &mut impl TagOut, digest: &KeyedDigest, caller: &Ca
     }
 }
 
+/// Writes `caller`'s hash tag: its keyed digest when keys are digested, else the caller
+/// escaped.
+fn push_caller_tag(out: &mut impl TagOut, digest: Option<&KeyedDigest>, caller: &CallerKey) {
+    match digest {
+        Some(digest) => push_digested_caller(out, digest, caller),
+        None => push_escaped_caller(out, caller),
+    }
+}
+
 /// Where a caller's hash tag is written: into a key being built, or into the checksum
 /// that finds its slot without building one.
 trait TagOut {
@@ -339,10 +348,7 @@ impl RedisBackend {
     /// Writes what goes between the braces of `caller`'s keys: the hash tag that puts them
     /// in one slot.
     fn push_tag(&self, out: &mut impl TagOut, caller: &CallerKey) {
-        match &self.caller_digest {
-            Some(digest) => push_digested_caller(out, digest, caller),
-            None => push_escaped_caller(out, caller),
-        }
+        push_caller_tag(out, self.caller_digest.as_ref(), caller);
     }
 
     /// The key prefix.
@@ -1179,18 +1185,14 @@ mod tests {
             .into_iter()
             .chain([CallerKey::anonymous(), CallerKey::new(vec![b'x'; 500])]);
         for caller in callers {
-            let mut tag = Vec::new();
-            let mut slot = topology::TagSlot::default();
-            push_escaped_caller(&mut tag, &caller);
-            push_escaped_caller(&mut slot, &caller);
-            let key = [&b"rl:{"[..], &tag, b"}:orders"].concat();
-            assert_eq!(slot.slot(), topology::slot(&key), "{caller:?}");
-            let mut tag = Vec::new();
-            let mut slot = topology::TagSlot::default();
-            push_digested_caller(&mut tag, &digest, &caller);
-            push_digested_caller(&mut slot, &digest, &caller);
-            let key = [&b"rl:{"[..], &tag, b"}:orders"].concat();
-            assert_eq!(slot.slot(), topology::slot(&key), "{caller:?}");
+            for digest in [None, Some(&digest)] {
+                let mut tag = Vec::new();
+                let mut slot = topology::TagSlot::default();
+                push_caller_tag(&mut tag, digest, &caller);
+                push_caller_tag(&mut slot, digest, &caller);
+                let key = [&b"rl:{"[..], &tag, b"}:orders"].concat();
+                assert_eq!(slot.slot(), topology::slot(&key), "{caller:?}, {digest:?}");
+            }
         }
     }
 
