@@ -1,10 +1,12 @@
 //! What the limiter decided about one request.
 
+use std::fmt;
 use std::sync::Arc;
 
+use crate::limiter::report_words::{Report, Terms};
 use crate::limiter::reported_set::ReportedSet;
 use crate::limiter::settlement::Settlement;
-use crate::store::algorithm::{OutcomeWords, PolicyOutcome};
+use crate::store::algorithm::PolicyOutcome;
 use crate::store::backend::{CheckOutcome, StoreError, StoreErrorKind};
 use crate::store::domain::FailureDomain;
 use crate::store::policy::Policy;
@@ -121,90 +123,21 @@ impl UnlimitedReason {
 
 /// The state of every policy after one decision, in the layer's policy order.
 ///
-/// It holds the policy set it reports on (shared, not copied) and each policy's numbers
-/// inline for the usual one or two policies, so a decision allocates nothing for its
-/// report and copies no policy's name.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// It refers to the policy set it reports on (never a copy) and holds the usual report
+/// (one or two policies, numbers below 2^32) in three words, so a decision allocates
+/// nothing for it and is cheap to move.
+#[derive(Clone)]
 pub struct RateLimitInfo {
-    // The policy set reported on, shared: what the headers advertise depends on it alone,
-    // so the HTTP floor can cache that part per set.
-    set: ReportedSet,
-    outcomes: Outcomes,
-    cost: u64,
-    // What an admission consumed and where, so that it can be given back: its receipt's
-    // numbers, whether there is one in `receipt`. Kept apart so that the report's small
-    // fields share one word: a decision is moved on every request.
-    counted_at_ms: u64,
-    set_id: u64,
-    source: DecisionSource,
-    receipt: Receipted,
+    report: Report,
 }
 
 /// Whether a report carries a receipt, and whose counters it names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 enum Receipted {
-    No,
-    Store,
-    StoreAndShare,
-}
-
-/// Each policy's numbers of one decision. One or two policies (the usual sets) are kept
-/// inline; longer sets share one allocation.
-#[derive(Clone, Debug)]
-enum Outcomes {
-    One([OutcomeWords; 1]),
-    Two([OutcomeWords; 2]),
-    Many(Arc<[OutcomeWords]>),
-}
-
-// Equal when the numbers are, however they are held.
-impl PartialEq for Outcomes {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
-    }
-}
-
-impl Eq for Outcomes {}
-
-impl Outcomes {
-    fn as_slice(&self) -> &[OutcomeWords] {
-        match self {
-            Outcomes::One(outcomes) => outcomes,
-            Outcomes::Two(outcomes) => outcomes,
-            Outcomes::Many(outcomes) => outcomes,
-        }
-    }
-
-    /// Each policy's outcome, in order.
-    fn iter(&self) -> impl ExactSizeIterator<Item = PolicyOutcome> + Clone + '_ {
-        self.as_slice().iter().map(|kept| kept.get())
-    }
-
-    fn get(&self, index: usize) -> Option<PolicyOutcome> {
-        self.as_slice().get(index).map(|kept| kept.get())
-    }
-
-    /// The outcomes `make` builds for each of `count` positions, in order.
-    #[inline]
-    fn build(count: usize, mut make: impl FnMut(usize) -> PolicyOutcome) -> Self {
-        // A wait of 2^63 ms or more (never computed) is kept as the longest that fits.
-        let mut kept = |i| OutcomeWords::of(make(i), OutcomeWords::LONGEST_WAIT_MS);
-        match count {
-            1 => Outcomes::One([kept(0)]),
-            2 => Outcomes::Two([kept(0), kept(1)]),
-            _ => Outcomes::Many((0..count).map(kept).collect()),
-        }
-    }
-
-    /// The same outcomes, each changed by `change`.
-    fn map(&self, change: impl Fn(&mut PolicyOutcome)) -> Self {
-        let outcomes = self.as_slice();
-        Self::build(outcomes.len(), |i| {
-            let mut outcome = outcomes[i].get();
-            change(&mut outcome);
-            outcome
-        })
-    }
+    No = 0,
+    Store = 1,
+    StoreAndShare = 2,
 }
 
 /// What an admitted request consumed: enough to give it back to the store that counted it.
@@ -212,8 +145,6 @@ impl Outcomes {
 pub(crate) struct Receipt {
     /// When the store counted it, on the store's clock.
     pub(crate) counted_at_ms: u64,
-    /// The identity of the policy set that counted it (for the denial cache).
-    pub(crate) set_id: u64,
     /// Whether this instance's local share counted it too (a caller decided by both while
     /// what the share counted in an outage still weighs): what is given back or charged
     /// goes to both.
@@ -249,6 +180,20 @@ impl DecisionSource {
             DecisionSource::Cost => "cost",
         }
     }
+
+    /// The source of `code` (`source as u8`).
+    fn of_code(code: u8) -> Self {
+        const ALL: [DecisionSource; 5] = [
+            DecisionSource::Store,
+            DecisionSource::DenialCache,
+            DecisionSource::LocalShare,
+            DecisionSource::Lease,
+            DecisionSource::Cost,
+        ];
+        ALL.get(usize::from(code))
+            .copied()
+            .unwrap_or(DecisionSource::Store)
+    }
 }
 
 impl RateLimitInfo {
@@ -272,7 +217,7 @@ impl RateLimitInfo {
 
     /// The report of a store's answer about a request of `cost` units, made in one step (a
     /// decision is built on every request: no intermediate copies).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn of_store(
         set: ReportedSet,
         outcomes: &[PolicyOutcome],
@@ -280,113 +225,87 @@ impl RateLimitInfo {
         cost: u64,
         receipt: Option<Receipt>,
     ) -> Self {
-        let count = set.get().len().min(outcomes.len());
-        let outcomes = Outcomes::build(count, |i| outcomes[i]);
-        Self::without_receipt(set, outcomes, source, cost).with_optional_receipt(receipt)
-    }
-
-    /// A report that gives nothing back: its receipt's numbers are zero, so that reports
-    /// equal in what they say compare equal.
-    #[inline]
-    fn without_receipt(
-        set: ReportedSet,
-        outcomes: Outcomes,
-        source: DecisionSource,
-        cost: u64,
-    ) -> Self {
         Self {
-            set,
-            outcomes,
-            cost,
-            counted_at_ms: 0,
-            set_id: 0,
-            source,
-            receipt: Receipted::No,
+            report: Report::new(set, outcomes, terms(source, cost, receipt)),
         }
     }
 
+    /// The same report with each policy's numbers changed by `change` (given the policy's
+    /// index) and its other fields `terms`.
+    fn remade(&self, change: impl Fn(usize, &mut PolicyOutcome), terms: Terms) -> Self {
+        let report = &self.report;
+        let changed = |i| {
+            let mut outcome = report.outcome_at(i);
+            change(i, &mut outcome);
+            outcome
+        };
+        let set = report.set();
+        let report = match report.len() {
+            1 => Report::new(set, &[changed(0)], terms),
+            2 => Report::new(set, &[changed(0), changed(1)], terms),
+            len => Report::new(set, &(0..len).map(changed).collect::<Vec<_>>(), terms),
+        };
+        Self { report }
+    }
+
+    /// The same report with its other fields changed by `change`.
+    fn with_terms(self, change: impl FnOnce(&mut Terms)) -> Self {
+        let mut terms = self.report.terms();
+        change(&mut terms);
+        self.remade(|_, _| {}, terms)
+    }
+
     /// The same report, about a request of `cost` units.
-    pub(crate) fn for_cost(mut self, cost: u64) -> Self {
-        self.cost = cost;
-        self
+    pub(crate) fn for_cost(self, cost: u64) -> Self {
+        self.with_terms(|terms| terms.cost = cost)
     }
 
     /// The same report once the request was settled: after a charge, what the store
     /// reported then; after a refund, what remained plus what came back (at most the
     /// quota), as far as this request knows.
     pub(crate) fn settled(&self, settlement: &Settlement) -> Self {
-        let before = self.outcomes.as_slice();
-        let policies = self.set.get();
+        let policies = self.report.policies();
         let after = settlement.after_charge().map(CheckOutcome::limits);
-        let outcomes = Outcomes::build(before.len(), |i| match after.and_then(|a| a.get(i)) {
-            Some(after) => *after,
-            None => {
-                let quota = policies.get(i).map_or(u64::MAX, |p| p.algorithm().quota());
-                let mut outcome = before[i].get();
-                outcome.remaining = outcome
-                    .remaining
-                    .saturating_add(settlement.refunded())
-                    .min(quota);
-                if outcome.remaining >= quota {
-                    outcome.reset_ms = 0;
-                }
-                outcome
-            }
-        });
-        Self {
-            set: self.set.clone(),
-            outcomes,
+        let terms = Terms {
             cost: settlement.actual(),
-            counted_at_ms: self.counted_at_ms,
-            set_id: self.set_id,
-            source: self.source,
-            receipt: self.receipt,
-        }
+            ..self.report.terms()
+        };
+        self.remade(
+            |i, outcome| match after.and_then(|a| a.get(i)) {
+                Some(after) => *outcome = *after,
+                None => {
+                    let quota = policies.get(i).map_or(u64::MAX, |p| p.algorithm().quota());
+                    outcome.remaining = outcome
+                        .remaining
+                        .saturating_add(settlement.refunded())
+                        .min(quota);
+                    if outcome.remaining >= quota {
+                        outcome.reset_ms = 0;
+                    }
+                }
+            },
+            terms,
+        )
     }
 
     /// The same report, of an admission this instance's local share counted too.
-    pub(crate) fn counted_by_share_too(mut self) -> Self {
-        if self.receipt == Receipted::Store {
-            self.receipt = Receipted::StoreAndShare;
-        }
-        self
-    }
-
-    /// The same report, of an admission that `receipt` can give back.
-    pub(crate) fn with_receipt(self, receipt: Receipt) -> Self {
-        self.with_optional_receipt(Some(receipt))
-    }
-
-    #[inline]
-    fn with_optional_receipt(mut self, receipt: Option<Receipt>) -> Self {
-        match receipt {
-            Some(receipt) => {
-                self.counted_at_ms = receipt.counted_at_ms;
-                self.set_id = receipt.set_id;
-                self.receipt = if receipt.shared {
-                    Receipted::StoreAndShare
-                } else {
-                    Receipted::Store
-                };
+    pub(crate) fn counted_by_share_too(self) -> Self {
+        self.with_terms(|terms| {
+            if terms.receipt == Receipted::Store as u8 {
+                terms.receipt = Receipted::StoreAndShare as u8;
             }
-            None => {
-                self.counted_at_ms = 0;
-                self.set_id = 0;
-                self.receipt = Receipted::No;
-            }
-        }
-        self
+        })
     }
 
     pub(crate) fn receipt(&self) -> Option<Receipt> {
-        let shared = match self.receipt {
-            Receipted::No => return None,
-            Receipted::Store => false,
-            Receipted::StoreAndShare => true,
+        let terms = self.report.terms();
+        let shared = match terms.receipt {
+            code if code == Receipted::Store as u8 => false,
+            code if code == Receipted::StoreAndShare as u8 => true,
+            _ => return None,
         };
         Some(Receipt {
-            counted_at_ms: self.counted_at_ms,
-            set_id: self.set_id,
+            counted_at_ms: terms.counted_at_ms,
             shared,
         })
     }
@@ -394,7 +313,7 @@ impl RateLimitInfo {
     /// Whether a policy of the set reported on locks callers out: the rare case that
     /// [`LimiterMetrics`](crate::limiter::telemetry::LimiterMetrics) looks further into.
     pub(crate) fn locks_out(&self) -> bool {
-        self.set.locks_out()
+        self.report.set().locks_out()
     }
 
     /// When the store counted what this admission consumed, on the store's clock (ms
@@ -433,7 +352,7 @@ impl RateLimitInfo {
     /// # }
     /// ```
     pub fn cost(&self) -> u64 {
-        self.cost
+        self.report.terms().cost
     }
 
     /// For a refusal because the request's cost exceeds a quota
@@ -455,25 +374,26 @@ impl RateLimitInfo {
     /// # }
     /// ```
     pub fn unaffordable(&self) -> Option<PolicyReport<'_>> {
-        if self.source != DecisionSource::Cost {
+        if self.source() != DecisionSource::Cost {
             return None;
         }
-        self.policies().find(|p| p.quota() < self.cost)
+        let cost = self.cost();
+        self.policies().find(|p| p.quota() < cost)
     }
 
     /// The policy set this report is about.
     pub(crate) fn policy_set(&self) -> &Arc<[Policy]> {
-        self.set.get()
+        self.report.policies()
     }
 
-    /// The same, as this report holds it.
-    pub(crate) fn reported_set(&self) -> &ReportedSet {
-        &self.set
+    /// The same, as decisions hold it.
+    pub(crate) fn reported_set(&self) -> ReportedSet {
+        self.report.set()
     }
 
     /// Who decided: the store, the denial cache or the local share.
     pub fn source(&self) -> DecisionSource {
-        self.source
+        DecisionSource::of_code(self.report.terms().source)
     }
 
     /// Every policy's report, in the set's order.
@@ -492,11 +412,11 @@ impl RateLimitInfo {
     /// # }
     /// ```
     pub fn policies(&self) -> impl ExactSizeIterator<Item = PolicyReport<'_>> + Clone + '_ {
-        self.set
-            .get()
-            .iter()
-            .zip(self.outcomes.iter())
-            .map(|(policy, outcome)| PolicyReport { policy, outcome })
+        let (report, set) = (&self.report, self.report.policies());
+        (0..report.len().min(set.len())).map(move |i| PolicyReport {
+            policy: &set[i],
+            outcome: report.outcome_at(i),
+        })
     }
 
     /// The report of the policy at `index` in the set, if there is one.
@@ -515,8 +435,8 @@ impl RateLimitInfo {
     /// ```
     pub fn policy(&self, index: usize) -> Option<PolicyReport<'_>> {
         Some(PolicyReport {
-            policy: self.set.get().get(index)?,
-            outcome: self.outcomes.get(index)?,
+            policy: self.report.policies().get(index)?,
+            outcome: self.report.outcome(index)?,
         })
     }
 
@@ -527,7 +447,7 @@ impl RateLimitInfo {
 
     /// The smallest `r` over all policies.
     pub fn min_remaining(&self) -> Option<u64> {
-        self.outcomes.iter().map(|o| o.remaining).min()
+        self.report.outcomes().map(|o| o.remaining).min()
     }
 
     /// Whole seconds until every refusing policy admits again (at least 1); never earlier
@@ -544,32 +464,76 @@ impl RateLimitInfo {
     /// The refusal the next request meets when this admission left a policy at `r=0`:
     /// those policies exhausted, until `r` grows again.
     pub(crate) fn next_refusal(&self) -> Option<Self> {
-        if self.outcomes.iter().all(|o| o.remaining > 0) {
+        if self.report.outcomes().all(|o| o.remaining > 0) {
             return None;
         }
-        let outcomes = self.outcomes.map(|o| o.admitted = o.remaining > 0);
-        Some(Self::without_receipt(
-            self.set.clone(),
-            outcomes,
-            DecisionSource::DenialCache,
-            1,
+        Some(self.remade(
+            |_, o| o.admitted = o.remaining > 0,
+            terms(DecisionSource::DenialCache, 1, None),
         ))
     }
 
     /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
     /// that long (a cached denial, served later than it was made).
     pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {
-        let outcomes = self.outcomes.map(|o| {
-            if !o.admitted {
-                o.reset_ms = remaining_ms;
-            }
-        });
-        Self::without_receipt(
-            self.set.clone(),
-            outcomes,
-            DecisionSource::DenialCache,
-            self.cost,
+        self.remade(
+            |_, o| {
+                if !o.admitted {
+                    o.reset_ms = remaining_ms;
+                }
+            },
+            terms(DecisionSource::DenialCache, self.cost(), None),
         )
+    }
+}
+
+/// A report's fields other than its numbers.
+#[inline(always)]
+fn terms(source: DecisionSource, cost: u64, receipt: Option<Receipt>) -> Terms {
+    let (receipt, counted_at_ms) = match receipt {
+        None => (Receipted::No, 0),
+        Some(Receipt {
+            counted_at_ms,
+            shared,
+        }) => (
+            if shared {
+                Receipted::StoreAndShare
+            } else {
+                Receipted::Store
+            },
+            counted_at_ms,
+        ),
+    };
+    Terms {
+        source: source as u8,
+        receipt: receipt as u8,
+        counted_at_ms,
+        cost,
+    }
+}
+
+// Equal when they say the same, however they are held.
+impl PartialEq for RateLimitInfo {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy_set() == other.policy_set()
+            && self.report.outcomes().eq(other.report.outcomes())
+            && self.cost() == other.cost()
+            && self.source() == other.source()
+            && self.receipt() == other.receipt()
+    }
+}
+
+impl Eq for RateLimitInfo {}
+
+impl fmt::Debug for RateLimitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitInfo")
+            .field("set", self.policy_set())
+            .field("outcomes", &self.report.outcomes().collect::<Vec<_>>())
+            .field("cost", &self.cost())
+            .field("source", &self.source())
+            .field("receipt", &self.receipt())
+            .finish()
     }
 }
 
@@ -688,9 +652,10 @@ mod tests {
     use crate::store::algorithm::Algorithm;
 
     #[test]
-    fn a_decision_is_twelve_words_its_option_included() {
-        assert_eq!(size_of::<Decision>(), 96);
-        assert_eq!(size_of::<Option<Decision>>(), 96);
+    fn a_decision_is_four_words_its_option_included() {
+        assert_eq!(size_of::<RateLimitInfo>(), 24);
+        assert_eq!(size_of::<Decision>(), 32);
+        assert_eq!(size_of::<Option<Decision>>(), 32);
     }
 
     #[test]
@@ -704,7 +669,7 @@ mod tests {
             remaining: 0,
             reset_ms: 400,
         }];
-        let admitted = |counted_at_ms, set_id| {
+        let admitted = |counted_at_ms, shared| {
             RateLimitInfo::of_store(
                 (&limits).into(),
                 &last,
@@ -712,12 +677,11 @@ mod tests {
                 1,
                 Some(Receipt {
                     counted_at_ms,
-                    set_id,
-                    shared: false,
+                    shared,
                 }),
             )
         };
-        let (first, second) = (admitted(1_000, 7), admitted(1_100, 8));
+        let (first, second) = (admitted(1_000, false), admitted(1_100, true));
         assert_ne!(first, second);
         assert_eq!(first.next_refusal(), second.next_refusal());
         assert_eq!(first.next_refusal().and_then(|r| r.receipt()), None);

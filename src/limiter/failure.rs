@@ -377,7 +377,7 @@ impl Fallback {
                 local: outcome,
             }))
         } else {
-            Some(Err(self.share_decision(set, &share, &outcome, cost)))
+            Some(Err(self.share_decision(&share, &outcome, cost)))
         }
     }
 
@@ -464,7 +464,7 @@ impl Fallback {
                 Some(outcome) => {
                     let admitted = outcome.admitted;
                     conclusion.of(admitted, share.reported.locks_out(), cost, || {
-                        share_answer(set, share, admitted, &[outcome], now, cost)
+                        share_answer(share, admitted, &[outcome], now, cost)
                     })
                 }
                 None => {
@@ -583,7 +583,7 @@ impl Fallback {
     ) -> Decision {
         let now = self.share_time(share, now);
         match self.share_packed(caller, share, cost, now) {
-            Some(outcome) => share_answer(set, share, outcome.admitted, &[outcome], now, cost),
+            Some(outcome) => share_answer(share, outcome.admitted, &[outcome], now, cost),
             None => self.decide_share_counted(caller, set, share, cost, now),
         }
     }
@@ -667,7 +667,7 @@ impl Fallback {
                     },
                 );
             let outcome = CheckOutcome::collect(share.parts.len(), outcomes).counted_at(now);
-            return self.share_decision(set, share, &outcome, cost);
+            return self.share_decision(share, &outcome, cost);
         }
         let mut answer = None;
         let outcome = self
@@ -681,19 +681,13 @@ impl Fallback {
                 let answer = answer?;
                 share.parts[i].seed(share.original[i].algorithm(), answer.used(i)?, answer.at_ms)
             });
-        self.share_decision(set, share, &outcome, cost)
+        self.share_decision(share, &outcome, cost)
     }
 
     /// The local counters' answer as a decision, advertising the share.
-    fn share_decision(
-        &self,
-        set: &PolicySet,
-        share: &ShareSet,
-        outcome: &CheckOutcome,
-        cost: u64,
-    ) -> Decision {
+    fn share_decision(&self, share: &ShareSet, outcome: &CheckOutcome, cost: u64) -> Decision {
         let (admitted, counted_at_ms) = (outcome.admitted(), outcome.counted_at_ms());
-        share_answer(set, share, admitted, outcome.limits(), counted_at_ms, cost)
+        share_answer(share, admitted, outcome.limits(), counted_at_ms, cost)
     }
 
     /// `limits` divided among `instances` as this instance's share, computed once per set,
@@ -740,7 +734,6 @@ fn resolved_share<'a>(set: &'a PolicySet, instances: &InstanceCount) -> Option<&
 /// The local counters' answer, given as its parts, as a decision advertising the share.
 #[inline]
 fn share_answer(
-    set: &PolicySet,
     share: &ShareSet,
     admitted: bool,
     outcomes: &[PolicyOutcome],
@@ -750,7 +743,6 @@ fn share_answer(
     // An admission was taken by the local counters: a refund goes back to them.
     let receipt = admitted.then_some(Receipt {
         counted_at_ms,
-        set_id: set.id,
         shared: false,
     });
     let info = RateLimitInfo::of_store(

@@ -26,6 +26,7 @@ pub(crate) mod limits;
 pub(crate) mod mode;
 pub(crate) mod path;
 pub(crate) mod policy_set;
+pub(crate) mod report_words;
 pub(crate) mod reported_set;
 pub(crate) mod settlement;
 pub(crate) mod store_call;
@@ -233,18 +234,19 @@ impl Limiter {
         let refund = Refund::new(info.cost(), receipt.counted_at_ms);
         let limits = info.policy_set();
         let inner = &self.inner;
+        let set_id = self.set_id_now(caller);
         let counted_under = caller.counted_under();
         let caller = counted_under.as_ref().unwrap_or(caller);
         let mut given_back = match info.source() {
             DecisionSource::LocalShare => {
-                StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
+                StoreFuture::ready(inner.path.refund_share(caller, set_id, limits, refund))
             }
             // A lease's units were counted by the store: they go back there.
             DecisionSource::Store | DecisionSource::Lease => {
                 if receipt.shared {
                     inner.path.settle_share_too(caller, limits, Some(refund), 0);
                 }
-                inner.path.refund(caller, receipt, limits, refund)
+                inner.path.refund(caller, set_id, limits, refund)
             }
             _ => return StoreFuture::ready(Ok(())),
         };
@@ -331,21 +333,23 @@ impl Limiter {
         };
         let reserved = info.cost();
         let limits = info.policy_set();
+        let original = caller;
         let counted_under = caller.counted_under();
         let caller = counted_under.as_ref().unwrap_or(caller);
         let mut settling: StoreFuture<Result<Settlement, StoreError>> = if actual == reserved {
             StoreFuture::ready(Ok(Settlement::new(reserved, actual, None)))
         } else if actual < reserved {
             let refund = Refund::new(reserved - actual, receipt.counted_at_ms);
+            let set_id = self.set_id_now(original);
             let mut given_back = match info.source() {
                 DecisionSource::LocalShare => {
-                    StoreFuture::ready(inner.path.refund_share(caller, receipt, limits, refund))
+                    StoreFuture::ready(inner.path.refund_share(caller, set_id, limits, refund))
                 }
                 _ => {
                     if receipt.shared {
                         inner.path.settle_share_too(caller, limits, Some(refund), 0);
                     }
-                    inner.path.refund(caller, receipt, limits, refund)
+                    inner.path.refund(caller, set_id, limits, refund)
                 }
             };
             let settled = move |result: Result<(), StoreError>| {
@@ -389,6 +393,18 @@ impl Limiter {
             }
             .instrument(Span::current()),
         )
+    }
+
+    /// The identity of the policy set `caller` is decided against now: units given back
+    /// make stale the refusal cached under it (a refusal cached under limits swapped out
+    /// since is never read again).
+    fn set_id_now(&self, caller: &Caller) -> u64 {
+        let active = self.inner.limits.load();
+        let set = active.for_caller(caller);
+        match caller.counted_under() {
+            None => set.id,
+            Some(_) => active.nested(caller, &set).id,
+        }
     }
 
     /// Switches this limiter and every clone of it between enforce, shadow and off, from

@@ -52,8 +52,7 @@ impl PolicySet {
             (self.id, &*limits),
         );
         Self {
-            // Shared by count, not stored for the process: plans come and go.
-            reported: ReportedSet::Counted(limits.clone()),
+            reported: ReportedSet::store_plan(&limits),
             limits,
             id,
             locks_out: self.locks_out,

@@ -18,7 +18,11 @@ use crate::store::policy::Policy;
 
 /// How many distinct policy sets the process keeps for good: a few per limiter, and the
 /// sets of every swap with new values, up to here.
-const MAX_STORED_SETS: usize = 4_096;
+pub(crate) const MAX_STORED_SETS: usize = 4_095;
+
+/// The stored sets by the order they were stored in: what a packed report names.
+static BY_INDEX: [OnceLock<&'static StoredSet>; MAX_STORED_SETS] =
+    [const { OnceLock::new() }; MAX_STORED_SETS];
 
 /// A policy set as a decision holds it.
 #[derive(Clone)]
@@ -32,10 +36,26 @@ pub(crate) enum ReportedSet {
 /// A set stored for the process, with what every admission asks of it worked out once.
 pub(crate) struct StoredSet {
     policies: Arc<[Policy]>,
+    /// Where it is in [`BY_INDEX`].
+    index: usize,
     locks_out: bool,
     /// The set's RateLimit-Policy field, of static bytes, made for the first response
     /// that carried it: the responses after it copy it without a lookup.
     policy_field: OnceLock<Option<HeaderValue>>,
+}
+
+impl StoredSet {
+    /// The set stored at `index`, which a stored set's index names.
+    pub(crate) fn at(index: usize) -> &'static StoredSet {
+        BY_INDEX[index]
+            .get()
+            .expect("an index is named only once its set is in place")
+    }
+
+    /// Its policies.
+    pub(crate) fn policies(&'static self) -> &'static Arc<[Policy]> {
+        &self.policies
+    }
 }
 
 impl std::borrow::Borrow<[Policy]> for &'static StoredSet {
@@ -66,6 +86,17 @@ fn locks_out(policies: &[Policy]) -> bool {
 impl ReportedSet {
     /// `set`, stored for the process if it is not yet and there is room.
     pub(crate) fn store(set: &Arc<[Policy]>) -> Self {
+        Self::store_up_to(set, MAX_STORED_SETS)
+    }
+
+    /// The set of a caller's own plan, stored as [`store`](Self::store) stores, while
+    /// plans take at most three quarters of the room: plans come and go, and the rest is
+    /// kept for the sets of limits swapped in.
+    pub(crate) fn store_plan(set: &Arc<[Policy]>) -> Self {
+        Self::store_up_to(set, MAX_STORED_SETS / 4 * 3)
+    }
+
+    fn store_up_to(set: &Arc<[Policy]>, room: usize) -> Self {
         static STORED: OnceLock<Mutex<HashSet<&'static StoredSet>>> = OnceLock::new();
         let stored = STORED.get_or_init(Default::default);
         // A panic while the set was locked left it whole (one insert): still usable.
@@ -75,15 +106,19 @@ impl ReportedSet {
         if let Some(found) = stored.get(&set[..]) {
             return ReportedSet::Stored(found);
         }
-        if stored.len() >= MAX_STORED_SETS {
+        if stored.len() >= room {
             return ReportedSet::Counted(set.clone());
         }
+        let index = stored.len();
         let kept: &'static StoredSet = Box::leak(Box::new(StoredSet {
             policies: set.clone(),
+            index,
             locks_out: locks_out(set),
             policy_field: OnceLock::new(),
         }));
         stored.insert(kept);
+        // Set before the set is handed out, and once: the index is new.
+        let _ = BY_INDEX[index].set(kept);
         ReportedSet::Stored(kept)
     }
 
@@ -91,6 +126,15 @@ impl ReportedSet {
         match self {
             ReportedSet::Stored(set) => &set.policies,
             ReportedSet::Counted(set) => set,
+        }
+    }
+
+    /// Where a set stored for the process is among them.
+    #[inline]
+    pub(crate) fn index(&self) -> Option<usize> {
+        match self {
+            ReportedSet::Stored(set) => Some(set.index),
+            ReportedSet::Counted(_) => None,
         }
     }
 

@@ -118,6 +118,51 @@ async fn a_cached_refusal_reports_the_time_left() {
     assert_eq!(store.calls(), 3);
 }
 
+// A refund drops the refusal the caller's next request would meet, cached under the
+// limits in force when the unit comes back, even for a decision made under limits swapped
+// out since.
+#[tokio::test]
+async fn a_refund_drops_the_refusal_cached_under_the_limits_in_force() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Counting::new(Remote::new(InMemoryBackend::new().clock(clock.clone())));
+    let per_minute = Policy::sliding_window("per-minute", Quota::per_minute(2));
+    let limiter = Limiter::builder()
+        .name("denial-cache-swap")
+        .backend(store.clone())
+        .clock(clock.clone())
+        .policy(per_minute.clone())
+        .build();
+    let acme = Caller::new("acme");
+    assert!(limiter.check(&acme).await.is_allowed());
+    let before_swap = limiter.check(&acme).await;
+    assert!(before_swap.is_allowed());
+    // The same limits swapped in: a set of a new identity, over the same counters.
+    limiter
+        .set_limits(tollgate::reload::Limits::new().policy(per_minute))
+        .expect("valid limits");
+    let Decision::Limited(refused) = limiter.check(&acme).await else {
+        panic!("not refused")
+    };
+    assert_eq!(
+        refused.source(),
+        tollgate::decision::DecisionSource::Store,
+        "a refusal cached under the swapped-out limits is not read"
+    );
+    let Decision::Limited(cached) = limiter.check(&acme).await else {
+        panic!("not refused")
+    };
+    assert_eq!(
+        cached.source(),
+        tollgate::decision::DecisionSource::DenialCache
+    );
+    let calls = store.calls();
+    limiter.refund(&acme, &before_swap).await.expect("given back");
+    // The unit came back: the next request goes to the store, which admits it.
+    let after = limiter.check(&acme).await;
+    assert!(after.is_allowed(), "{after:?}");
+    assert_eq!(store.calls(), calls + 1, "the decision was the store's");
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {

@@ -367,13 +367,16 @@ fn leased_info(
             reset_ms: outcome.reset_ms,
         })
         .collect();
-    RateLimitInfo::from_set(set.reported.clone(), &outcomes, DecisionSource::Lease)
-        .for_cost(cost)
-        .with_receipt(Receipt {
+    RateLimitInfo::of_store(
+        set.reported.clone(),
+        &outcomes,
+        DecisionSource::Lease,
+        cost,
+        Some(Receipt {
             counted_at_ms,
-            set_id: set.id,
             shared: false,
-        })
+        }),
+    )
 }
 
 /// Gives the unused units of an ended lease of `caller` back to the store, in the

@@ -53,16 +53,17 @@ impl Path {
     }
 
     /// Gives back to the store what a request it admitted consumed.
+    /// `set_id` names the set whose cached refusal of `caller` the units make stale.
     pub(super) fn refund(
         &self,
         caller: &Caller,
-        receipt: Receipt,
+        set_id: u64,
         limits: &Arc<[Policy]>,
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
         match self {
             Path::Local(path) => path.refund(caller, limits, refund),
-            Path::Remote(path) => path.refund(caller, receipt, limits, refund),
+            Path::Remote(path) => path.refund(caller, set_id, limits, refund),
         }
     }
 
@@ -106,7 +107,7 @@ impl Path {
     pub(super) fn refund_share(
         &self,
         caller: &Caller,
-        receipt: Receipt,
+        set_id: u64,
         limits: &Arc<[Policy]>,
         refund: Refund,
     ) -> Result<(), StoreError> {
@@ -115,7 +116,7 @@ impl Path {
             Path::Remote(path) => {
                 let result = path.fallback.refund(caller, limits, refund);
                 if result.is_ok() {
-                    path.forget_refusal(caller, receipt.set_id);
+                    path.forget_refusal(caller, set_id);
                 }
                 result
             }
@@ -179,7 +180,6 @@ fn answered_as(
 ) -> RateLimitInfo {
     let receipt = admitted.then_some(Receipt {
         counted_at_ms,
-        set_id: set.id,
         shared: false,
     });
     RateLimitInfo::of_store(

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::limiter::breaker::{BreakerState, Permit};
-use crate::limiter::decision::{Decision, FallbackReason, Receipt};
+use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::{Domain, DomainRef, Domains};
 use crate::limiter::failure::{Failure, Fallback, Held};
@@ -188,7 +188,7 @@ impl RemotePath {
     pub(super) fn refund(
         self: &Arc<Self>,
         caller: &Caller,
-        receipt: Receipt,
+        set_id: u64,
         limits: &Arc<[Policy]>,
         refund: Refund,
     ) -> StoreFuture<Result<(), StoreError>> {
@@ -199,7 +199,7 @@ impl RemotePath {
         match call.try_take_ready() {
             Some(result) => {
                 if result.is_ok() {
-                    self.forget_refusal(caller, receipt.set_id);
+                    self.forget_refusal(caller, set_id);
                 }
                 StoreFuture::ready(result)
             }
@@ -209,7 +209,7 @@ impl RemotePath {
                 StoreFuture::boxed(async move {
                     let result = call.await;
                     if result.is_ok() {
-                        path.forget_refusal(&caller, receipt.set_id);
+                        path.forget_refusal(&caller, set_id);
                     }
                     result
                 })
