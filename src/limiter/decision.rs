@@ -82,6 +82,16 @@ impl Decision {
         )
     }
 
+    /// The decision of a store's answer, once what it reports is known.
+    #[inline]
+    pub(crate) fn answered(admitted: bool, info: RateLimitInfo) -> Self {
+        if admitted {
+            Decision::Allowed(info)
+        } else {
+            Decision::Limited(info)
+        }
+    }
+
     /// The per-policy details, when the store decided.
     pub fn info(&self) -> Option<&RateLimitInfo> {
         match self {
@@ -227,6 +237,20 @@ impl RateLimitInfo {
     ) -> Self {
         Self {
             report: Report::new(set, outcomes, terms(source, cost, receipt)),
+        }
+    }
+
+    /// [`of_store`](Self::of_store) for the numbers of a set of one policy.
+    #[inline(always)]
+    pub(crate) fn of_store_one(
+        set: ReportedSet,
+        outcome: PolicyOutcome,
+        source: DecisionSource,
+        cost: u64,
+        receipt: Option<Receipt>,
+    ) -> Self {
+        Self {
+            report: Report::one(set, outcome, terms(source, cost, receipt)),
         }
     }
 

@@ -463,8 +463,8 @@ impl Fallback {
             return match self.share_packed(caller, share, cost, now) {
                 Some(outcome) => {
                     let admitted = outcome.admitted;
-                    conclusion.of(admitted, share.reported.locks_out(), cost, || {
-                        share_answer(share, admitted, &[outcome], now, cost)
+                    conclusion.of(admitted, share.reported.locks_out(), cost, move || {
+                        share_answer_one(share, outcome, now, cost)
                     })
                 }
                 None => {
@@ -583,7 +583,7 @@ impl Fallback {
     ) -> Decision {
         let now = self.share_time(share, now);
         match self.share_packed(caller, share, cost, now) {
-            Some(outcome) => share_answer(share, outcome.admitted, &[outcome], now, cost),
+            Some(outcome) => share_answer_one(share, outcome, now, cost),
             None => self.decide_share_counted(caller, set, share, cost, now),
         }
     }
@@ -740,23 +740,42 @@ fn share_answer(
     counted_at_ms: u64,
     cost: u64,
 ) -> Decision {
-    // An admission was taken by the local counters: a refund goes back to them.
-    let receipt = admitted.then_some(Receipt {
-        counted_at_ms,
-        shared: false,
-    });
     let info = RateLimitInfo::of_store(
         share.reported.clone(),
         outcomes,
         DecisionSource::LocalShare,
         cost,
-        receipt,
+        share_receipt(admitted, counted_at_ms),
     );
-    if admitted {
-        Decision::Allowed(info)
-    } else {
-        Decision::Limited(info)
-    }
+    Decision::answered(admitted, info)
+}
+
+/// [`share_answer`] for the answer about a share of one policy: its outcome, and when it
+/// was counted.
+#[inline(always)]
+fn share_answer_one(
+    share: &ShareSet,
+    outcome: PolicyOutcome,
+    counted_at_ms: u64,
+    cost: u64,
+) -> Decision {
+    let info = RateLimitInfo::of_store_one(
+        share.reported.clone(),
+        outcome,
+        DecisionSource::LocalShare,
+        cost,
+        share_receipt(outcome.admitted, counted_at_ms),
+    );
+    Decision::answered(outcome.admitted, info)
+}
+
+/// What an admission the local counters took can give back: a refund goes back to them.
+#[inline(always)]
+fn share_receipt(admitted: bool, counted_at_ms: u64) -> Option<Receipt> {
+    admitted.then_some(Receipt {
+        counted_at_ms,
+        shared: false,
+    })
 }
 
 /// The share of `limits` divided among `instances`, among those already divided.

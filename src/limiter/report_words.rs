@@ -88,14 +88,17 @@ fn numbers(outcome: &PolicyOutcome) -> Option<u64> {
 }
 
 impl Packed {
+    /// The packed report of one policy's numbers, or two's (`second`), if they fit. Taken
+    /// by value: numbers an answer just wrote are read from registers, not copied through
+    /// memory.
     #[inline(always)]
-    fn new(index: usize, outcomes: &[PolicyOutcome], terms: &Terms) -> Option<Self> {
-        let two = match outcomes.len() {
-            1 => false,
-            2 => true,
-            _ => return None,
-        };
-        let pair_cost = if two { terms.cost } else { 0 };
+    fn new(
+        index: usize,
+        first: PolicyOutcome,
+        second: Option<PolicyOutcome>,
+        terms: &Terms,
+    ) -> Option<Self> {
+        let pair_cost = if second.is_some() { terms.cost } else { 0 };
         if terms.source >= Terms::SOURCES
             || terms.receipt >= Terms::RECEIPTS
             || !fits(pair_cost, PAIR_COST_BITS)
@@ -103,26 +106,22 @@ impl Packed {
         {
             return None;
         }
-        let first = numbers(&outcomes[0])?;
-        let second = match outcomes.get(1) {
-            Some(outcome) => numbers(outcome)?,
-            None => terms.cost,
+        let (second_word, two, second_admitted) = match second {
+            Some(outcome) => (numbers(&outcome)?, 1, u64::from(outcome.admitted)),
+            None => (terms.cost, 0, 0),
         };
-        let admitted = outcomes
-            .iter()
-            .enumerate()
-            .fold(0, |bits, (i, o)| bits | (u64::from(o.admitted) << i));
         let head = (index as u64 + 1)
-            | (u64::from(two) << TWO_AT)
-            | (admitted << ADMITTED_AT)
+            | (two << TWO_AT)
+            | (u64::from(first.admitted) << ADMITTED_AT)
+            | (second_admitted << (ADMITTED_AT + 1))
             | (u64::from(terms.source) << SOURCE_AT)
             | (u64::from(terms.receipt) << RECEIPT_AT)
             | (pair_cost << PAIR_COST_AT)
             | (terms.counted_at_ms << COUNTED_AT);
         Some(Self {
             head: NonZeroU64::new(head)?,
-            first,
-            second,
+            first: numbers(&first)?,
+            second: second_word,
         })
     }
 
@@ -197,12 +196,27 @@ impl Report {
     #[inline(always)]
     pub(crate) fn new(set: ReportedSet, outcomes: &[PolicyOutcome], terms: Terms) -> Self {
         let outcomes = &outcomes[..set.get().len().min(outcomes.len())];
+        let packed = match (set.index(), outcomes) {
+            (Some(index), [first]) => Packed::new(index, *first, None, &terms),
+            (Some(index), [first, second]) => Packed::new(index, *first, Some(*second), &terms),
+            _ => None,
+        };
+        match packed {
+            Some(packed) => Report::Packed(packed),
+            None => Self::full(set, outcomes, terms),
+        }
+    }
+
+    /// [`new`](Self::new) for the numbers of a set of one policy.
+    #[inline(always)]
+    pub(crate) fn one(set: ReportedSet, outcome: PolicyOutcome, terms: Terms) -> Self {
         if let Some(index) = set.index()
-            && let Some(packed) = Packed::new(index, outcomes, &terms)
+            && set.get().len() == 1
+            && let Some(packed) = Packed::new(index, outcome, None, &terms)
         {
             return Report::Packed(packed);
         }
-        Self::full(set, outcomes, terms)
+        Self::new(set, &[outcome], terms)
     }
 
     #[cold]

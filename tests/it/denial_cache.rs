@@ -156,7 +156,10 @@ async fn a_refund_drops_the_refusal_cached_under_the_limits_in_force() {
         tollgate::decision::DecisionSource::DenialCache
     );
     let calls = store.calls();
-    limiter.refund(&acme, &before_swap).await.expect("given back");
+    limiter
+        .refund(&acme, &before_swap)
+        .await
+        .expect("given back");
     // The unit came back: the next request goes to the store, which admits it.
     let after = limiter.check(&acme).await;
     assert!(after.is_allowed(), "{after:?}");

@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::limiter::Conclusion;
 use crate::limiter::decision::{Decision, FallbackReason};
 use crate::limiter::failure::{Failure, Fallback};
-use crate::limiter::path::{answered, answered_as, decision};
+use crate::limiter::path::{answered, answered_one};
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::FallbackCounters;
@@ -74,14 +74,14 @@ impl LocalPath {
             && let Some(outcome) = memory.decide_one_at(caller.key(), limit, cost, now)
         {
             let admitted = outcome.admitted;
-            return conclusion.of(admitted, set.locks_out, cost, || {
-                decision(admitted, answered_as(set, admitted, &[outcome], now, cost))
+            return conclusion.of(admitted, set.locks_out, cost, move || {
+                Decision::answered(admitted, answered_one(set, outcome, now, cost))
             });
         }
         let outcome = memory.decide_at(caller.key(), &set.limits, cost, now);
         let admitted = outcome.admitted();
         conclusion.of(admitted, set.locks_out, cost, || {
-            decision(admitted, answered(set, &outcome, cost))
+            Decision::answered(admitted, answered(set, &outcome, cost))
         })
     }
 
@@ -130,7 +130,7 @@ impl LocalPath {
         cost: u64,
     ) -> Decision {
         match result {
-            Ok(outcome) => decision(outcome.admitted(), answered(set, &outcome, cost)),
+            Ok(outcome) => Decision::answered(outcome.admitted(), answered(set, &outcome, cost)),
             Err(error) => {
                 let failure = Failure {
                     reason: FallbackReason::of(&error),

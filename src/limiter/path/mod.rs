@@ -159,44 +159,38 @@ impl Path {
 /// A store's answer as what the decision reports: each policy's outcome, and for an
 /// admission, the receipt a refund needs.
 fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo {
-    answered_as(
-        set,
-        outcome.admitted(),
+    RateLimitInfo::of_store(
+        set.reported.clone(),
         outcome.limits(),
-        outcome.counted_at_ms(),
+        DecisionSource::Store,
         cost,
+        receipt(outcome.admitted(), outcome.counted_at_ms()),
     )
 }
 
-/// [`answered`] for an answer given as its parts: whether it admitted, each policy's
-/// outcome, and when it was counted.
-#[inline]
-fn answered_as(
+/// [`answered`] for the answer about a set of one policy: its outcome, and when it was
+/// counted.
+#[inline(always)]
+fn answered_one(
     set: &PolicySet,
-    admitted: bool,
-    outcomes: &[PolicyOutcome],
+    outcome: PolicyOutcome,
     counted_at_ms: u64,
     cost: u64,
 ) -> RateLimitInfo {
-    let receipt = admitted.then_some(Receipt {
-        counted_at_ms,
-        shared: false,
-    });
-    RateLimitInfo::of_store(
+    RateLimitInfo::of_store_one(
         set.reported.clone(),
-        outcomes,
+        outcome,
         DecisionSource::Store,
         cost,
-        receipt,
+        receipt(outcome.admitted, counted_at_ms),
     )
 }
 
-/// The decision of a store's answer, once what it reports is known.
-#[inline]
-fn decision(admitted: bool, info: RateLimitInfo) -> Decision {
-    if admitted {
-        Decision::Allowed(info)
-    } else {
-        Decision::Limited(info)
-    }
+/// What an admission counted at `counted_at_ms` can give back.
+#[inline(always)]
+fn receipt(admitted: bool, counted_at_ms: u64) -> Option<Receipt> {
+    admitted.then_some(Receipt {
+        counted_at_ms,
+        shared: false,
+    })
 }

@@ -11,7 +11,7 @@ use crate::limiter::denial_cache::DenialCache;
 use crate::limiter::domains::{Domain, DomainRef, Domains};
 use crate::limiter::failure::{Failure, Fallback, Held};
 use crate::limiter::lease::leasing::Leasing;
-use crate::limiter::path::{answered, decision};
+use crate::limiter::path::answered;
 use crate::limiter::policy_set::PolicySet;
 use crate::limiter::store_call::StoreCall;
 use crate::limiter::telemetry::LimiterMetrics;
@@ -117,7 +117,7 @@ impl RemotePath {
                 denials.insert(caller.key(), set.id, &refusal, asked_ms, retry_ms);
             }
         }
-        decision(outcome.admitted(), info)
+        Decision::answered(outcome.admitted(), info)
     }
 
     /// Counts a failed call against the part of the store it failed at: the part `asked`
