@@ -161,6 +161,26 @@ pub(crate) struct Receipt {
     pub(crate) shared: bool,
 }
 
+impl Receipt {
+    /// What an answer counted at `counted_at_ms` can give back to the counters that
+    /// answered (these alone): nothing unless it admitted.
+    #[inline(always)]
+    pub(crate) fn of_admission(admitted: bool, counted_at_ms: u64) -> Option<Self> {
+        admitted.then_some(Receipt {
+            counted_at_ms,
+            shared: false,
+        })
+    }
+}
+
+impl Receipted {
+    /// The kind of `code` (`kind as u8`).
+    fn of_code(code: u8) -> Self {
+        const ALL: [Receipted; 3] = [Receipted::No, Receipted::Store, Receipted::StoreAndShare];
+        ALL.get(usize::from(code)).copied().unwrap_or(Receipted::No)
+    }
+}
+
 /// Who made a decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -323,10 +343,10 @@ impl RateLimitInfo {
 
     pub(crate) fn receipt(&self) -> Option<Receipt> {
         let terms = self.report.terms();
-        let shared = match terms.receipt {
-            code if code == Receipted::Store as u8 => false,
-            code if code == Receipted::StoreAndShare as u8 => true,
-            _ => return None,
+        let shared = match Receipted::of_code(terms.receipt) {
+            Receipted::No => return None,
+            Receipted::Store => false,
+            Receipted::StoreAndShare => true,
         };
         Some(Receipt {
             counted_at_ms: terms.counted_at_ms,

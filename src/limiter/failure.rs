@@ -745,7 +745,7 @@ fn share_answer(
         outcomes,
         DecisionSource::LocalShare,
         cost,
-        share_receipt(admitted, counted_at_ms),
+        Receipt::of_admission(admitted, counted_at_ms),
     );
     Decision::answered(admitted, info)
 }
@@ -764,18 +764,9 @@ fn share_answer_one(
         outcome,
         DecisionSource::LocalShare,
         cost,
-        share_receipt(outcome.admitted, counted_at_ms),
+        Receipt::of_admission(outcome.admitted, counted_at_ms),
     );
     Decision::answered(outcome.admitted, info)
-}
-
-/// What an admission the local counters took can give back: a refund goes back to them.
-#[inline(always)]
-fn share_receipt(admitted: bool, counted_at_ms: u64) -> Option<Receipt> {
-    admitted.then_some(Receipt {
-        counted_at_ms,
-        shared: false,
-    })
 }
 
 /// The share of `limits` divided among `instances`, among those already divided.

@@ -372,10 +372,7 @@ fn leased_info(
         &outcomes,
         DecisionSource::Lease,
         cost,
-        Some(Receipt {
-            counted_at_ms,
-            shared: false,
-        }),
+        Receipt::of_admission(true, counted_at_ms),
     )
 }
 

@@ -164,7 +164,7 @@ fn answered(set: &PolicySet, outcome: &CheckOutcome, cost: u64) -> RateLimitInfo
         outcome.limits(),
         DecisionSource::Store,
         cost,
-        receipt(outcome.admitted(), outcome.counted_at_ms()),
+        Receipt::of_admission(outcome.admitted(), outcome.counted_at_ms()),
     )
 }
 
@@ -182,15 +182,6 @@ fn answered_one(
         outcome,
         DecisionSource::Store,
         cost,
-        receipt(outcome.admitted, counted_at_ms),
+        Receipt::of_admission(outcome.admitted, counted_at_ms),
     )
-}
-
-/// What an admission counted at `counted_at_ms` can give back.
-#[inline(always)]
-fn receipt(admitted: bool, counted_at_ms: u64) -> Option<Receipt> {
-    admitted.then_some(Receipt {
-        counted_at_ms,
-        shared: false,
-    })
 }
