@@ -29,8 +29,13 @@ impl PolicySet {
                 reset_ms: 0,
             })
             .collect();
-        let info = RateLimitInfo::from_outcomes(&self.limits, &outcomes, DecisionSource::Cost)
-            .for_cost(cost);
+        let info = RateLimitInfo::of_store(
+            self.reported.clone(),
+            &outcomes,
+            DecisionSource::Cost,
+            cost,
+            None,
+        );
         Some(Decision::Limited(info))
     }
 }

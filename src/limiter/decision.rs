@@ -228,21 +228,13 @@ impl DecisionSource {
 
 impl RateLimitInfo {
     /// Builds the report from the limits and a store's outcomes for them.
+    #[cfg(test)]
     pub(crate) fn from_outcomes(
         limits: &Arc<[Policy]>,
         outcomes: &[PolicyOutcome],
         source: DecisionSource,
     ) -> Self {
-        Self::from_set(limits.into(), outcomes, source)
-    }
-
-    /// [`from_outcomes`](Self::from_outcomes) for a set as decisions hold it.
-    pub(crate) fn from_set(
-        set: ReportedSet,
-        outcomes: &[PolicyOutcome],
-        source: DecisionSource,
-    ) -> Self {
-        Self::of_store(set, outcomes, source, 1, None)
+        Self::of_store(limits.into(), outcomes, source, 1, None)
     }
 
     /// The report of a store's answer about a request of `cost` units, made in one step (a
@@ -300,6 +292,7 @@ impl RateLimitInfo {
     }
 
     /// The same report, about a request of `cost` units.
+    #[cfg(test)]
     pub(crate) fn for_cost(self, cost: u64) -> Self {
         self.with_terms(|terms| terms.cost = cost)
     }
@@ -517,16 +510,17 @@ impl RateLimitInfo {
         ))
     }
 
-    /// The same refusal seen `remaining_ms` before it ends: the exhausted policies wait
-    /// that long (a cached denial, served later than it was made).
-    pub(crate) fn waiting(&self, remaining_ms: u64) -> Self {
+    /// The same refusal seen `remaining_ms` before it ends, of a request of `cost` units:
+    /// the exhausted policies wait that long (a cached denial, served later than it was
+    /// made).
+    pub(crate) fn waiting(&self, remaining_ms: u64, cost: u64) -> Self {
         self.remade(
             |_, o| {
                 if !o.admitted {
                     o.reset_ms = remaining_ms;
                 }
             },
-            terms(DecisionSource::DenialCache, self.cost(), None),
+            terms(DecisionSource::DenialCache, cost, None),
         )
     }
 }
@@ -730,8 +724,8 @@ mod tests {
         assert_eq!(first.next_refusal(), second.next_refusal());
         assert_eq!(first.next_refusal().and_then(|r| r.receipt()), None);
         assert_eq!(
-            first.next_refusal().map(|r| r.waiting(300)),
-            second.next_refusal().map(|r| r.waiting(300))
+            first.next_refusal().map(|r| r.waiting(300, 1)),
+            second.next_refusal().map(|r| r.waiting(300, 1))
         );
     }
 }

@@ -74,7 +74,7 @@ impl DenialCache {
         now_ms: u64,
         cost: u64,
     ) -> Option<RateLimitInfo> {
-        self.find(caller, set, now_ms, |cached| cached == cost)
+        self.find(caller, set, now_ms, |cached| cached == cost, cost)
     }
 
     /// The cached refusal of `caller` by the policy set `set` that still refuses a request
@@ -87,16 +87,18 @@ impl DenialCache {
         now_ms: u64,
         cost: u64,
     ) -> Option<RateLimitInfo> {
-        self.find(caller, set, now_ms, |cached| cached <= cost)
-            .map(|info| info.for_cost(cost))
+        self.find(caller, set, now_ms, |cached| cached <= cost, cost)
     }
 
+    /// The cached refusal `serves` accepts (given the cost it was made for), as the
+    /// refusal of a request of `cost` units: built once, where it is served.
     fn find(
         &self,
         caller: &CallerKey,
         set: u64,
         now_ms: u64,
         serves: impl FnOnce(u64) -> bool,
+        cost: u64,
     ) -> Option<RateLimitInfo> {
         if self.entries.load(Ordering::Acquire) == 0 {
             return None;
@@ -112,7 +114,7 @@ impl DenialCache {
         if !serves(denial.info.cost()) {
             return None;
         }
-        Some(denial.info.waiting(denial.until_ms - now_ms))
+        Some(denial.info.waiting(denial.until_ms - now_ms, cost))
     }
 
     /// Forgets the refusal of `caller` by the policy set `set`: units were given back.
