@@ -166,6 +166,69 @@ async fn a_refund_drops_the_refusal_cached_under_the_limits_in_force() {
     assert_eq!(store.calls(), calls + 1, "the decision was the store's");
 }
 
+// Two instances on one store, two callers, the limits swapped on both while both hold
+// cached refusals: a unit given back after the swap is spent once, by the caller it was
+// given back to, and no window admits more than the quota and that unit.
+#[tokio::test]
+async fn across_a_limits_swap_a_refund_lets_one_more_request_in_on_every_instance_together() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = Counting::new(Remote::new(InMemoryBackend::new().clock(clock.clone())));
+    let per_minute = Policy::sliding_window("per-minute", Quota::per_minute(2));
+    let instance = || {
+        Limiter::builder()
+            .name("denial-cache-swap-instances")
+            .backend(store.clone())
+            .clock(clock.clone())
+            .policy(per_minute.clone())
+            .build()
+    };
+    let instances = [instance(), instance()];
+    let (acme, globex) = (Caller::new("acme"), Caller::new("globex"));
+    let mut admitted = std::collections::HashMap::<&str, u64>::new();
+    let mut first_of_acme = None;
+    // Each caller uses its quota up and is refused, on each instance: refusals cached.
+    for (name, caller) in [("acme", &acme), ("globex", &globex)] {
+        for limiter in &instances {
+            for _ in 0..2 {
+                let decision = limiter.check(caller).await;
+                if decision.is_allowed() {
+                    *admitted.entry(name).or_default() += 1;
+                    if name == "acme" {
+                        first_of_acme.get_or_insert(decision);
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(admitted, [("acme", 2), ("globex", 2)].into());
+    for limiter in &instances {
+        limiter
+            .set_limits(tollgate::reload::Limits::new().policy(per_minute.clone()))
+            .expect("valid limits");
+        // Refusals under the new limits, cached again.
+        assert!(!limiter.check(&acme).await.is_allowed());
+        assert!(!limiter.check(&globex).await.is_allowed());
+    }
+    let first_of_acme = first_of_acme.expect("acme was admitted");
+    instances[0]
+        .refund(&acme, &first_of_acme)
+        .await
+        .expect("given back");
+    // Within the same minute, every instance asked in turn, many times.
+    for _ in 0..5 {
+        clock.advance(Duration::from_millis(100));
+        for limiter in &instances {
+            for (name, caller) in [("acme", &acme), ("globex", &globex)] {
+                if limiter.check(caller).await.is_allowed() {
+                    *admitted.entry(name).or_default() += 1;
+                }
+            }
+        }
+    }
+    // The unit given back was spent once, by acme; globex's window stayed full.
+    assert_eq!(admitted, [("acme", 3), ("globex", 2)].into());
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_redis_the_cache_saves_calls_and_keeps_decisions() {
