@@ -1,10 +1,11 @@
-//! One tracked caller: its key, kept once and inline when short, and its counters' states,
-//! the first inline and any others beside it. A sliding log's state has no fixed size: it
-//! sits beside the others, never inline, so that the fixed states stay as small as they are.
+//! One tracked caller, in one cache line: its key, kept once and inline when short, and its
+//! counters' states: one packed in a word inside the entry while it is the caller's only
+//! one, any other beside it (a sliding log's, a block's, a second counter's, a state too
+//! large for its word).
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+use std::sync::atomic::{AtomicU8, AtomicU64};
 
 use crate::store::algorithm::{
     AdmissionLog, OutcomeWords, Packing, PolicyOutcome, State, WordDecision, WordUnits,
@@ -20,10 +21,9 @@ const INLINE_KEY_BYTES: usize = 22;
 /// A caller's encoded key, as the shard stores it.
 type StoredKey = InlineBytes<INLINE_KEY_BYTES>;
 
-/// A counter's state, read and written through a shared reference. Unpacked, the entry's
-/// lock makes a decision's reads and writes one step and the atomics, all relaxed, only let
-/// safe code write through `&`. Packed (see [`Packing`]), `a` holds the whole state and `b`
-/// and `c` how it is packed, so a decision reads and writes `a` with one compare-and-swap.
+/// A counter's state kept beside the entry's packed one, read and written through a
+/// shared reference: the entry's lock makes a decision's reads and writes one step, and
+/// the atomics, all relaxed, only let safe code write through `&`.
 struct SharedState {
     kind: AtomicU8,
     a: AtomicU64,
@@ -36,10 +36,6 @@ const TOKEN_BUCKET: u8 = 2;
 /// A lockout's block, kept under its own counter: `a` is when it began, `b` when it ends
 /// (0: no block).
 const BLOCK: u8 = 3;
-/// A sliding window's state packed in `a`.
-const PACKED_WINDOW: u8 = 4;
-/// A token bucket's state packed in `a`.
-const PACKED_BUCKET: u8 = 5;
 
 impl SharedState {
     fn new(state: State) -> Self {
@@ -51,40 +47,6 @@ impl SharedState {
         };
         shared.store(state);
         shared
-    }
-
-    /// A state packed as `packing` says, if it fits; unpacked otherwise.
-    fn packed(state: State, packing: Option<Packing>) -> Self {
-        let Some((packing, word)) =
-            packing.and_then(|packing| Some((packing, packing.encode(&state)?)))
-        else {
-            return Self::new(state);
-        };
-        let words = packing.to_words();
-        Self {
-            kind: AtomicU8::new(if words.window {
-                PACKED_WINDOW
-            } else {
-                PACKED_BUCKET
-            }),
-            a: AtomicU64::new(word),
-            b: AtomicU64::new(words.first),
-            c: AtomicU64::new(words.second),
-        }
-    }
-
-    /// How the state is packed, if it is.
-    fn packing(&self) -> Option<Packing> {
-        let window = match self.kind.load(Relaxed) {
-            PACKED_WINDOW => true,
-            PACKED_BUCKET => false,
-            _ => return None,
-        };
-        Some(Packing::from_words(
-            window,
-            self.b.load(Relaxed),
-            self.c.load(Relaxed),
-        ))
     }
 
     fn block() -> Self {
@@ -110,9 +72,6 @@ impl SharedState {
     }
 
     fn load(&self) -> State {
-        if let Some(packing) = self.packing() {
-            return packing.decode(self.a.load(Relaxed));
-        }
         let (a, b) = (self.a.load(Relaxed), self.b.load(Relaxed));
         match self.kind.load(Relaxed) {
             TOKEN_BUCKET => State::TokenBucket {
@@ -127,16 +86,7 @@ impl SharedState {
         }
     }
 
-    /// Writes `state`: packed if the slot is and it fits, otherwise unpacked (the slot then
-    /// stays so). Under the entry's lock, where no compare-and-swap runs beside it (see
-    /// [`Entry::decide_packed`]).
     fn store(&self, state: State) {
-        if let Some(packing) = self.packing()
-            && let Some(word) = packing.encode(&state)
-        {
-            self.a.store(word, Relaxed);
-            return;
-        }
         match state {
             State::SlidingWindow {
                 window_start,
@@ -198,6 +148,8 @@ impl SlotState {
 
 #[derive(Clone, Copy)]
 enum StateRef<'a> {
+    /// The entry's packed state.
+    Packed(&'a Entry, Packing),
     Fixed(&'a SharedState),
     Log(&'a Mutex<AdmissionLog>),
 }
@@ -205,17 +157,9 @@ enum StateRef<'a> {
 impl StateRef<'_> {
     fn load(self) -> State {
         match self {
+            StateRef::Packed(entry, packing) => packing.decode(entry.word.load(Relaxed)),
             StateRef::Fixed(shared) => shared.load(),
             StateRef::Log(log) => State::SlidingLog(lock_log(log).clone()),
-        }
-    }
-
-    fn store(self, state: State) {
-        match (self, state) {
-            (StateRef::Log(log), State::SlidingLog(next)) => *lock_log(log) = next,
-            (StateRef::Fixed(shared), state) => shared.store(state),
-            // Never: a counter keeps its kind (its id names its unit).
-            (StateRef::Log(_), _) => {}
         }
     }
 }
@@ -226,29 +170,88 @@ fn lock_log(log: &Mutex<AdmissionLog>) -> std::sync::MutexGuard<'_, AdmissionLog
     log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The first counter of an entry whose first state is a log, kept beside: no counter.
-const NO_COUNTER: u32 = u32::MAX;
+/// The entry's small fields, in one word: how its packed state is packed and under which
+/// counter, and its two marks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Head(u64);
 
-/// A tracked caller. Counters are named by their index in the shard's counter list, so an
-/// entry holds no name; most limiters apply one policy, whose state sits in the entry.
+impl Head {
+    /// The packing's first word (a window's length or a bucket's unit), in the low half.
+    const FIRST_BITS: u32 = 32;
+    const COUNTER_SHIFT: u32 = 32;
+    const COUNTER_BITS: u32 = 27;
+    /// No packed state: every counter is kept beside.
+    const NO_COUNTER: u32 = (1 << Self::COUNTER_BITS) - 1;
+    /// The packed state is a sliding window's (a token bucket's otherwise).
+    const WINDOW: u64 = 1 << 59;
+    /// Seen since the eviction hand last passed, refused requests included.
+    const REFERENCED: u64 = 1 << 62;
+    /// Held by the decision reading and writing the states through a shared reference.
+    const BUSY: u64 = 1 << 63;
+
+    const UNPACKED: Self = Self((Self::NO_COUNTER as u64) << Self::COUNTER_SHIFT);
+
+    /// The head of an entry whose state for `counter` is packed as `packing` says, if its
+    /// fields fit theirs (a counter past the 134 millionth of a shard, or a bucket's unit
+    /// of 2^32 or more, is kept beside).
+    fn packed(counter: u32, packing: Packing) -> Option<Self> {
+        let words = packing.to_words();
+        if counter >= Self::NO_COUNTER || words.first >> Self::FIRST_BITS != 0 {
+            return None;
+        }
+        let window = if words.window { Self::WINDOW } else { 0 };
+        Some(Self(
+            words.first | u64::from(counter) << Self::COUNTER_SHIFT | window,
+        ))
+    }
+
+    /// The counter whose state is packed, if one is.
+    #[inline]
+    fn counter(self) -> Option<u32> {
+        let counter = (self.0 >> Self::COUNTER_SHIFT) as u32 & Self::NO_COUNTER;
+        (counter != Self::NO_COUNTER).then_some(counter)
+    }
+
+    #[inline]
+    fn packing(self, second: u64) -> Packing {
+        Packing::from_words(
+            self.0 & Self::WINDOW != 0,
+            self.0 & ((1 << Self::FIRST_BITS) - 1),
+            second,
+        )
+    }
+
+    /// The same head, its state no longer packed; the marks kept.
+    fn unpacked(self) -> Self {
+        Self(Self::UNPACKED.0 | self.0 & (Self::REFERENCED | Self::BUSY))
+    }
+}
+
+/// A tracked caller, in one cache line. Counters are named by their index in the shard's
+/// counter list, so an entry holds no name. Most limiters apply one policy whose states
+/// pack in a word: that state is the entry's own (`word`, packed as `head` and `second`
+/// say), decided by compare-and-swap while it is the caller's only counter. Any other
+/// state (a second counter, a block, a log, a state that does not pack) is kept beside.
 ///
-/// A decision on a tracked caller runs under the shard's read lock and this entry's own
-/// lock, so decisions for other callers of the shard go on beside it; adding a caller or
-/// a counter, evicting and sweeping take the shard's write lock.
+/// A decision on a tracked caller runs under the shard's read lock, and for states kept
+/// beside under this entry's own lock, so decisions for other callers of the shard go on
+/// beside it; adding a caller or a counter, evicting and sweeping take the shard's write
+/// lock.
+#[repr(align(64))]
 pub(super) struct Entry {
     key: StoredKey,
     /// After this instant the entry's counters affect no decision.
     idle_at_ms: AtomicU64,
-    first_state: SharedState,
-    // A thin pointer (8 bytes, where a `Vec` takes 24 and a boxed slice 16): rare, and
-    // every tracked caller pays for the field.
+    /// The packed state, if `head` names its counter.
+    word: AtomicU64,
+    /// The packing's second word (its base and bit count).
+    second: AtomicU64,
+    /// See [`Head`].
+    head: AtomicU64,
+    // A thin pointer (8 bytes, where a `Vec` takes 24 and a boxed slice 16): every tracked
+    // caller pays for the field.
     #[allow(clippy::box_collection)]
     more: Option<Box<Vec<Slot>>>,
-    first_counter: u32,
-    /// Seen since the eviction hand last passed, refused requests included.
-    referenced: AtomicBool,
-    /// Held by the decision reading and writing the states through a shared reference.
-    busy: AtomicBool,
 }
 
 /// What a decision by compare-and-swap came to: admitted or refused with what the policy
@@ -297,7 +300,7 @@ pub(super) struct EntryGuard<'a> {
 
 impl Drop for EntryGuard<'_> {
     fn drop(&mut self) {
-        self.entry.busy.store(false, Release);
+        self.entry.head.fetch_and(!Head::BUSY, Release);
     }
 }
 
@@ -305,62 +308,82 @@ impl Entry {
     /// A caller's first entry, holding one counter's state, packed as `packing` says when
     /// it fits.
     pub(super) fn new(key: &[u8], counter: u32, state: State, packing: Option<Packing>) -> Self {
-        let (first_counter, first_state, more) = match state {
-            State::SlidingLog(_) => (
-                NO_COUNTER,
-                SharedState::new(State::TokenBucket {
-                    level: 0,
-                    updated_ms: 0,
-                }),
-                Some(Box::new(vec![Slot {
-                    counter,
-                    state: SlotState::new(state),
-                }])),
-            ),
-            fixed => (counter, SharedState::packed(fixed, packing), None),
-        };
-        Self {
+        let mut entry = Self {
             key: StoredKey::new(key),
             idle_at_ms: AtomicU64::new(0),
-            first_state,
-            more,
-            first_counter,
-            referenced: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
+            word: AtomicU64::new(0),
+            second: AtomicU64::new(0),
+            head: AtomicU64::new(Head::UNPACKED.0),
+            more: None,
+        };
+        let packed = packing.and_then(|packing| {
+            Some((
+                Head::packed(counter, packing)?,
+                packing.encode(&state)?,
+                packing,
+            ))
+        });
+        match packed {
+            Some((head, word, packing)) => {
+                entry.head = AtomicU64::new(head.0);
+                entry.word = AtomicU64::new(word);
+                entry.second = AtomicU64::new(packing.to_words().second);
+            }
+            None => {
+                entry.more = Some(Box::new(vec![Slot {
+                    counter,
+                    state: SlotState::new(state),
+                }]));
+            }
         }
+        entry
     }
 
     pub(super) fn key(&self) -> &[u8] {
         self.key.as_bytes()
     }
 
+    #[inline]
+    fn head(&self) -> Head {
+        Head(self.head.load(Relaxed))
+    }
+
+    /// Whether the caller's only state is packed, decided by compare-and-swap alone: never
+    /// under the entry's lock (see [`update`](Self::update)).
+    pub(super) fn is_packed(&self) -> bool {
+        self.head().counter().is_some()
+    }
+
     /// Takes the entry's lock, for a decision through a shared reference.
     pub(super) fn lock(&self) -> EntryGuard<'_> {
         let mut spins = 0;
-        while self
-            .busy
-            .compare_exchange_weak(false, true, Acquire, Relaxed)
-            .is_err()
-        {
-            while self.busy.load(Relaxed) {
-                if spins < SPINS_BEFORE_YIELD {
-                    spins += 1;
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+        loop {
+            let head = self.head.load(Relaxed);
+            if head & Head::BUSY == 0
+                && self
+                    .head
+                    .compare_exchange_weak(head, head | Head::BUSY, Acquire, Relaxed)
+                    .is_ok()
+            {
+                return EntryGuard { entry: self };
+            }
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
-        EntryGuard { entry: self }
     }
 
     /// Decides a request of `cost` units against `algorithm` for the counter `counter`, by a
     /// compare-and-swap on its packed state, without the entry's lock, when the counter is
     /// the entry's only one and packed.
     ///
-    /// Only a compare-and-swap writes such a slot through a shared reference: the entry's
-    /// lock is taken for an entry with more than one counter, and a second counter is
-    /// added under the shard's write lock, which no decision holding the read lock meets.
+    /// Only a compare-and-swap writes the packed state through a shared reference: a
+    /// second counter is added, and a state that does not fit is unpacked, under the
+    /// shard's write lock, which no decision holding the read lock meets.
+    #[inline]
     pub(super) fn decide_packed(
         &self,
         counter: u32,
@@ -368,10 +391,11 @@ impl Entry {
         now_ms: u64,
         cost: u64,
     ) -> PackedDecision {
-        let packing = match self.first_state.packing() {
-            Some(packing) if self.first_counter == counter && self.more.is_none() => packing,
-            _ => return PackedDecision::NOT_PACKED,
-        };
+        let head = self.head();
+        if head.counter() != Some(counter) {
+            return PackedDecision::NOT_PACKED;
+        }
+        let packing = head.packing(self.second.load(Relaxed));
         // One loop for each algorithm, each with its own arithmetic inlined.
         match limit.word_units() {
             Some(WordUnits::Bucket(bucket)) => {
@@ -380,16 +404,15 @@ impl Entry {
             Some(WordUnits::Window(window)) => {
                 self.decide_word_by(|word| packing.decide_window(word, window, now_ms, cost))
             }
-            // A policy whose states do not pack: the general path unpacks the slot.
+            // A policy whose states do not pack: the general path unpacks the state.
             None => PackedDecision::DOES_NOT_FIT,
         }
     }
 
-    /// The compare-and-swap loop on the first state's packed word, each turn decided by
-    /// `decide`.
+    /// The compare-and-swap loop on the packed word, each turn decided by `decide`.
     #[inline(always)]
     fn decide_word_by(&self, decide: impl Fn(u64) -> Option<WordDecision>) -> PackedDecision {
-        let word = &self.first_state.a;
+        let word = &self.word;
         let mut current = word.load(Relaxed);
         loop {
             let (outcome, next) = match decide(current) {
@@ -407,9 +430,18 @@ impl Entry {
     }
 
     fn slot(&self, counter: u32) -> Option<StateRef<'_>> {
-        if self.first_counter == counter {
-            return Some(StateRef::Fixed(&self.first_state));
+        let head = self.head();
+        if head.counter() == Some(counter) {
+            return Some(StateRef::Packed(
+                self,
+                head.packing(self.second.load(Relaxed)),
+            ));
         }
+        self.beside(counter)
+    }
+
+    /// A state kept beside the packed one.
+    fn beside(&self, counter: u32) -> Option<StateRef<'_>> {
         self.more
             .as_ref()?
             .iter()
@@ -426,25 +458,39 @@ impl Entry {
         self.slot(counter).map(StateRef::load)
     }
 
-    /// Writes the state of a counter the entry holds (see [`has`](Self::has)); under the
-    /// entry's lock.
+    /// Writes the state of a counter the entry keeps beside (see [`has`](Self::has));
+    /// under the entry's lock. A packed state is not written here: it may not fit, and
+    /// only the shard's write lock may unpack it ([`store`](Self::store)).
     pub(super) fn update(&self, counter: u32, state: State) {
-        if let Some(slot) = self.slot(counter) {
-            slot.store(state);
+        debug_assert!(
+            !self.is_packed(),
+            "a packed state is written by the write lock"
+        );
+        match (self.beside(counter), state) {
+            (Some(StateRef::Log(log)), State::SlidingLog(next)) => *lock_log(log) = next,
+            (Some(StateRef::Fixed(shared)), state) => shared.store(state),
+            // Never: a counter keeps its kind (its id names its unit).
+            _ => {}
         }
     }
 
     /// Writes a counter's state, adding the counter if the entry does not hold it yet.
     pub(super) fn store(&mut self, counter: u32, state: State) {
-        let log = matches!(state, State::SlidingLog(_));
-        if self.first_counter == counter {
-            if !log {
-                self.first_state.store(state);
+        let head = self.head();
+        if head.counter() == Some(counter) {
+            if let Some(word) = head.packing(*self.second.get_mut()).encode(&state) {
+                *self.word.get_mut() = word;
                 return;
             }
-            // A log never sits inline: the counter moves beside.
-            self.first_counter = NO_COUNTER;
-        } else if let Some(slot) = self
+            // It no longer fits: kept beside from now on, as any other.
+            *self.head.get_mut() = head.unpacked().0;
+            self.beside_mut().push(Slot {
+                counter,
+                state: SlotState::new(state),
+            });
+            return;
+        }
+        if let Some(slot) = self
             .more
             .as_mut()
             .and_then(|more| more.iter_mut().find(|slot| slot.counter == counter))
@@ -458,17 +504,34 @@ impl Entry {
             }
             return;
         }
-        self.more.get_or_insert_with(Default::default).push(Slot {
+        self.beside_mut().push(Slot {
             counter,
             state: SlotState::new(state),
         });
     }
 
+    /// The states kept beside, for adding one: a packed state joins them first, since a
+    /// caller with two counters is decided under its lock.
+    fn beside_mut(&mut self) -> &mut Vec<Slot> {
+        let head = self.head();
+        if let Some(counter) = head.counter() {
+            let state = head
+                .packing(*self.second.get_mut())
+                .decode(*self.word.get_mut());
+            *self.head.get_mut() = head.unpacked().0;
+            self.more.get_or_insert_with(Default::default).push(Slot {
+                counter,
+                state: SlotState::new(state),
+            });
+        }
+        self.more.get_or_insert_with(Default::default)
+    }
+
     /// The fixed state kept under `counter` (a block's slot is one), if any.
     fn fixed(&self, counter: u32) -> Option<&SharedState> {
-        match self.slot(counter)? {
+        match self.beside(counter)? {
             StateRef::Fixed(shared) => Some(shared),
-            StateRef::Log(_) => None,
+            StateRef::Packed(..) | StateRef::Log(_) => None,
         }
     }
 
@@ -492,7 +555,7 @@ impl Entry {
         }
         let state = SharedState::block();
         state.store_block(block);
-        self.more.get_or_insert_with(Default::default).push(Slot {
+        self.beside_mut().push(Slot {
             counter,
             state: SlotState::Fixed(state),
         });
@@ -526,22 +589,27 @@ impl Entry {
     }
 
     /// Marks the caller as seen since the eviction hand last passed.
+    #[inline]
     pub(super) fn mark_referenced(&self) {
         // Read first: a caller seen again leaves the line unwritten, and shared.
-        if !self.referenced.load(Relaxed) {
-            self.referenced.store(true, Relaxed);
+        if self.head.load(Relaxed) & Head::REFERENCED == 0 {
+            self.head.fetch_or(Head::REFERENCED, Relaxed);
         }
     }
 
     /// Whether the caller was seen since the hand last passed; clears the mark.
     pub(super) fn take_referenced(&mut self) -> bool {
-        std::mem::replace(self.referenced.get_mut(), false)
+        let head = self.head.get_mut();
+        let referenced = *head & Head::REFERENCED != 0;
+        *head &= !Head::REFERENCED;
+        referenced
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::algorithm::Algorithm;
 
     #[test]
     fn a_packed_decision_keeps_its_outcome_apart_from_the_markers() {
@@ -632,10 +700,127 @@ mod tests {
         assert_eq!(entry.state(0), Some(window));
     }
 
-    /// Every tracked caller pays for the entry; a log's slot only callers with a log.
+    fn packed_window(counter: u32, current: u64) -> (Entry, Packing, State) {
+        let now = 1_800_000_000_000;
+        let algorithm = Algorithm::SlidingWindow {
+            limit: 100,
+            window_ms: 1_000,
+        };
+        let packing = Packing::of(&algorithm, now).expect("a small window packs");
+        let state = State::SlidingWindow {
+            window_start: now,
+            previous: 3,
+            current,
+        };
+        let entry = Entry::new(b"=acme", counter, state.clone(), Some(packing));
+        (entry, packing, state)
+    }
+
+    #[test]
+    fn a_packed_state_moves_beside_intact_when_it_stops_fitting_or_gets_company() {
+        // A state too large for its packing is kept beside from then on.
+        let (mut entry, _, state) = packed_window(4, 7);
+        assert!(entry.is_packed());
+        assert_eq!(entry.state(4), Some(state.clone()));
+        let huge = State::SlidingWindow {
+            window_start: 1_800_000_000_000,
+            previous: 3,
+            current: u64::MAX / 2,
+        };
+        entry.store(4, huge.clone());
+        assert!(!entry.is_packed());
+        assert_eq!(entry.state(4), Some(huge));
+
+        // A second counter, or a block: the packed state joins them beside, unchanged, and
+        // the caller's mark stays.
+        for block in [false, true] {
+            let (mut entry, _, state) = packed_window(4, 7);
+            entry.mark_referenced();
+            if block {
+                entry.store_block(
+                    9,
+                    Block {
+                        since_ms: 1,
+                        until_ms: 2,
+                    },
+                );
+                assert_eq!(entry.block(9).map(|b| b.until_ms), Some(2));
+            } else {
+                entry.store(9, state.clone());
+                assert_eq!(entry.state(9), Some(state.clone()));
+            }
+            assert!(!entry.is_packed());
+            assert_eq!(entry.state(4), Some(state.clone()));
+            let _held = entry.lock();
+            entry.update(4, state.clone());
+            drop(_held);
+            assert!(entry.take_referenced());
+            assert!(!entry.take_referenced());
+        }
+    }
+
+    #[test]
+    fn a_packed_state_is_decided_by_its_word_and_keeps_its_marks_apart() {
+        let (entry, packing, _) = packed_window(4, 7);
+        let limit = Policy::sliding_window("per-second", crate::Quota::per_second(100));
+        let now = 1_800_000_000_100;
+        assert_eq!(
+            entry.decide_packed(5, &limit, now, 1),
+            PackedDecision::NOT_PACKED
+        );
+        let decided = entry.decide_packed(4, &limit, now, 1).outcome();
+        assert!(decided.is_some_and(|outcome| outcome.admitted));
+        // The lock and the mark share the head with the packing, which they leave alone.
+        entry.mark_referenced();
+        {
+            let _held = entry.lock();
+            assert!(entry.head() != Head(entry.head().0 & !Head::BUSY));
+        }
+        let head = entry.head();
+        assert_eq!(head.0 & Head::BUSY, 0);
+        assert_eq!(head.counter(), Some(4));
+        assert_eq!(head.packing(entry.second.load(Relaxed)), packing);
+        match entry.state(4) {
+            Some(State::SlidingWindow { current, .. }) => assert_eq!(current, 8),
+            other => panic!("a window was stored: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn what_the_head_cannot_hold_is_kept_beside() {
+        let now = 1_800_000_000_000;
+        let window = Algorithm::SlidingWindow {
+            limit: 100,
+            window_ms: 1_000,
+        };
+        let packing = Packing::of(&window, now).expect("packs");
+        assert!(Head::packed(Head::NO_COUNTER, packing).is_none());
+        assert!(Head::packed(Head::NO_COUNTER - 1, packing).is_some());
+        // A bucket whose unit (the rate's and period's greatest common divisor) is 2^32.
+        let unit = 1 << 32;
+        let bucket = Algorithm::TokenBucket {
+            rate: unit,
+            period_ms: unit,
+            burst: 1,
+        };
+        if let Some(packing) = Packing::of(&bucket, now) {
+            assert!(Head::packed(0, packing).is_none());
+            let state = State::TokenBucket {
+                level: 0,
+                updated_ms: now,
+            };
+            let entry = Entry::new(b"=acme", 0, state.clone(), Some(packing));
+            assert!(!entry.is_packed());
+            assert_eq!(entry.state(0), Some(state));
+        }
+    }
+
+    /// Every tracked caller pays for the entry, one cache line; a log's slot only callers
+    /// with a log.
     #[test]
     fn a_log_leaves_the_entry_its_size() {
-        assert_eq!(size_of::<Entry>(), 80);
+        assert_eq!(size_of::<Entry>(), 64);
+        assert_eq!(align_of::<Entry>(), 64);
         assert_eq!(size_of::<Slot>(), 48);
     }
 

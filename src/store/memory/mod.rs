@@ -580,7 +580,9 @@ fn decide_tracked(
         }
     }
     let entry = &shard.entries[shard.find(hash, caller.encoded())?];
-    if entry.is_idle(now) {
+    // A packed state is written through a shared reference only by compare-and-swap
+    // (above): any other write may have to unpack it, which takes the shard's write lock.
+    if entry.is_idle(now) || entry.is_packed() {
         return None;
     }
     let mut counters = [0u32; INLINE_POLICIES];
@@ -837,6 +839,36 @@ mod tests {
             Algorithm::sliding_window(limit, Duration::from_secs(1)),
         )]
         .into()
+    }
+
+    /// The same counter under a limit too large to pack (a limits swap), then back: the
+    /// packed state is unpacked by the write lock, and the count carries on through both.
+    #[test]
+    fn a_packed_caller_keeps_its_count_through_a_limit_that_does_not_pack() {
+        let clock = ManualClock::new(1_800_000_000_000);
+        let backend = InMemoryBackend::new().clock(clock.clone());
+        let (small, huge) = (per_second(10), per_second(1 << 40));
+        assert!(small[0].packs_in_one_word() && !huge[0].packs_in_one_word());
+        let acme = CallerKey::new("acme");
+        let remaining = |outcome: CheckOutcome| {
+            assert!(outcome.admitted());
+            outcome.limits()[0].remaining
+        };
+        for _ in 0..5 {
+            backend.decide(&acme, &small, 1);
+        }
+        assert_eq!(remaining(backend.decide(&acme, &huge, 1)), (1 << 40) - 6);
+        assert_eq!(remaining(backend.decide(&acme, &huge, 1)), (1 << 40) - 7);
+        for left in (0..3).rev() {
+            assert_eq!(remaining(backend.decide(&acme, &small, 1)), left);
+        }
+        assert!(!backend.decide(&acme, &small, 1).admitted());
+        // Another caller, never swapped, still decides by its word.
+        let globex = CallerKey::new("globex");
+        for left in (0..10).rev() {
+            assert_eq!(remaining(backend.decide(&globex, &small, 1)), left);
+        }
+        assert!(!backend.decide(&globex, &small, 1).admitted());
     }
 
     #[test]
