@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicU8, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 
 use crate::store::algorithm::{
     AdmissionLog, OutcomeWords, Packing, PolicyOutcome, State, WordDecision, WordUnits,
@@ -171,7 +171,7 @@ fn lock_log(log: &Mutex<AdmissionLog>) -> std::sync::MutexGuard<'_, AdmissionLog
 }
 
 /// The entry's small fields, in one word: how its packed state is packed and under which
-/// counter, and its two marks.
+/// counter, and its mark for the eviction hand.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Head(u64);
 
@@ -186,8 +186,6 @@ impl Head {
     const WINDOW: u64 = 1 << 59;
     /// Seen since the eviction hand last passed, refused requests included.
     const REFERENCED: u64 = 1 << 62;
-    /// Held by the decision reading and writing the states through a shared reference.
-    const BUSY: u64 = 1 << 63;
 
     const UNPACKED: Self = Self((Self::NO_COUNTER as u64) << Self::COUNTER_SHIFT);
 
@@ -221,9 +219,9 @@ impl Head {
         )
     }
 
-    /// The same head, its state no longer packed; the marks kept.
+    /// The same head, its state no longer packed; the mark kept.
     fn unpacked(self) -> Self {
-        Self(Self::UNPACKED.0 | self.0 & (Self::REFERENCED | Self::BUSY))
+        Self(Self::UNPACKED.0 | self.0 & Self::REFERENCED)
     }
 }
 
@@ -248,10 +246,27 @@ pub(super) struct Entry {
     second: AtomicU64,
     /// See [`Head`].
     head: AtomicU64,
-    // A thin pointer (8 bytes, where a `Vec` takes 24 and a boxed slice 16): every tracked
-    // caller pays for the field.
-    #[allow(clippy::box_collection)]
-    more: Option<Box<Vec<Slot>>>,
+    /// The states kept beside: one pointer, which every tracked caller pays for.
+    beside: Option<Box<Beside>>,
+}
+
+/// The states an entry keeps beside its packed one, the first inline: a caller whose one
+/// state does not pack reaches it through one pointer, in one allocation.
+struct Beside {
+    /// Held by the decision reading and writing these states through a shared reference.
+    busy: AtomicBool,
+    first: Slot,
+    rest: Vec<Slot>,
+}
+
+impl Beside {
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
+        std::iter::once(&self.first).chain(&self.rest)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Slot> {
+        std::iter::once(&mut self.first).chain(&mut self.rest)
+    }
 }
 
 /// What a decision by compare-and-swap came to: admitted or refused with what the policy
@@ -293,14 +308,17 @@ impl PackedDecision {
 /// for tens of nanoseconds, unless its thread was preempted.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
-/// An entry's lock, held; released when dropped (on unwinding too).
+/// An entry's lock, held; released when dropped (on unwinding too). An entry with no
+/// states beside has nothing to hold: its packed state is one word.
 pub(super) struct EntryGuard<'a> {
-    entry: &'a Entry,
+    busy: Option<&'a AtomicBool>,
 }
 
 impl Drop for EntryGuard<'_> {
     fn drop(&mut self) {
-        self.entry.head.fetch_and(!Head::BUSY, Release);
+        if let Some(busy) = self.busy {
+            busy.store(false, Release);
+        }
     }
 }
 
@@ -314,7 +332,7 @@ impl Entry {
             word: AtomicU64::new(0),
             second: AtomicU64::new(0),
             head: AtomicU64::new(Head::UNPACKED.0),
-            more: None,
+            beside: None,
         };
         let packed = packing.and_then(|packing| {
             Some((
@@ -330,10 +348,10 @@ impl Entry {
                 entry.second = AtomicU64::new(packing.to_words().second);
             }
             None => {
-                entry.more = Some(Box::new(vec![Slot {
+                entry.add_beside(Slot {
                     counter,
                     state: SlotState::new(state),
-                }]));
+                });
             }
         }
         entry
@@ -354,26 +372,28 @@ impl Entry {
         self.head().counter().is_some()
     }
 
-    /// Takes the entry's lock, for a decision through a shared reference.
+    /// Takes the entry's lock, for a decision through a shared reference. (States beside
+    /// are added under the shard's write lock, so none appear while a guard is held.)
     pub(super) fn lock(&self) -> EntryGuard<'_> {
+        let Some(beside) = &self.beside else {
+            return EntryGuard { busy: None };
+        };
+        let busy = &beside.busy;
         let mut spins = 0;
-        loop {
-            let head = self.head.load(Relaxed);
-            if head & Head::BUSY == 0
-                && self
-                    .head
-                    .compare_exchange_weak(head, head | Head::BUSY, Acquire, Relaxed)
-                    .is_ok()
-            {
-                return EntryGuard { entry: self };
-            }
-            if spins < SPINS_BEFORE_YIELD {
-                spins += 1;
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        while busy
+            .compare_exchange_weak(false, true, Acquire, Relaxed)
+            .is_err()
+        {
+            while busy.load(Relaxed) {
+                if spins < SPINS_BEFORE_YIELD {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
         }
+        EntryGuard { busy: Some(busy) }
     }
 
     /// Decides a request of `cost` units against `algorithm` for the counter `counter`, by a
@@ -442,7 +462,7 @@ impl Entry {
 
     /// A state kept beside the packed one.
     fn beside(&self, counter: u32) -> Option<StateRef<'_>> {
-        self.more
+        self.beside
             .as_ref()?
             .iter()
             .find(|slot| slot.counter == counter)
@@ -484,16 +504,16 @@ impl Entry {
             }
             // It no longer fits: kept beside from now on, as any other.
             *self.head.get_mut() = head.unpacked().0;
-            self.beside_mut().push(Slot {
+            self.add_beside(Slot {
                 counter,
                 state: SlotState::new(state),
             });
             return;
         }
         if let Some(slot) = self
-            .more
+            .beside
             .as_mut()
-            .and_then(|more| more.iter_mut().find(|slot| slot.counter == counter))
+            .and_then(|beside| beside.iter_mut().find(|slot| slot.counter == counter))
         {
             match (&slot.state, state) {
                 (SlotState::Fixed(shared), fixed @ State::SlidingWindow { .. })
@@ -504,27 +524,40 @@ impl Entry {
             }
             return;
         }
-        self.beside_mut().push(Slot {
+        self.unpack();
+        self.add_beside(Slot {
             counter,
             state: SlotState::new(state),
         });
     }
 
-    /// The states kept beside, for adding one: a packed state joins them first, since a
-    /// caller with two counters is decided under its lock.
-    fn beside_mut(&mut self) -> &mut Vec<Slot> {
+    /// Moves the packed state, if any, beside: a caller with two counters is decided under
+    /// its lock.
+    fn unpack(&mut self) {
         let head = self.head();
         if let Some(counter) = head.counter() {
             let state = head
                 .packing(*self.second.get_mut())
                 .decode(*self.word.get_mut());
             *self.head.get_mut() = head.unpacked().0;
-            self.more.get_or_insert_with(Default::default).push(Slot {
+            self.add_beside(Slot {
                 counter,
                 state: SlotState::new(state),
             });
         }
-        self.more.get_or_insert_with(Default::default)
+    }
+
+    fn add_beside(&mut self, slot: Slot) {
+        match &mut self.beside {
+            Some(beside) => beside.rest.push(slot),
+            None => {
+                self.beside = Some(Box::new(Beside {
+                    busy: AtomicBool::new(false),
+                    first: slot,
+                    rest: Vec::new(),
+                }));
+            }
+        }
     }
 
     /// The fixed state kept under `counter` (a block's slot is one), if any.
@@ -555,7 +588,8 @@ impl Entry {
         }
         let state = SharedState::block();
         state.store_block(block);
-        self.beside_mut().push(Slot {
+        self.unpack();
+        self.add_beside(Slot {
             counter,
             state: SlotState::Fixed(state),
         });
@@ -770,14 +804,11 @@ mod tests {
         );
         let decided = entry.decide_packed(4, &limit, now, 1).outcome();
         assert!(decided.is_some_and(|outcome| outcome.admitted));
-        // The lock and the mark share the head with the packing, which they leave alone.
+        // The mark shares the head with the packing, which it leaves alone.
         entry.mark_referenced();
-        {
-            let _held = entry.lock();
-            assert!(entry.head() != Head(entry.head().0 & !Head::BUSY));
-        }
+        drop(entry.lock());
         let head = entry.head();
-        assert_eq!(head.0 & Head::BUSY, 0);
+        assert_ne!(head.0 & Head::REFERENCED, 0);
         assert_eq!(head.counter(), Some(4));
         assert_eq!(head.packing(entry.second.load(Relaxed)), packing);
         match entry.state(4) {
