@@ -27,8 +27,8 @@ const MAX_EXACT: u128 = 1 << 53;
 ///
 /// | algorithm | exact? | state per caller and policy |
 /// |---|---|---|
-/// | [`SlidingWindow`](Self::SlidingWindow) | approximate: a window of its length can hold more than the limit (measured at [`SlidingLog`](Self::SlidingLog)) | in process 32 bytes; in Redis a hash of 3 fields (about 80 bytes) |
-/// | [`TokenBucket`](Self::TokenBucket) | exact for its own rule (burst plus refill) | in process 32 bytes; in Redis a string of 17 bytes (its level and time) |
+/// | [`SlidingWindow`](Self::SlidingWindow) | approximate: a window of its length can hold more than the limit (measured at [`SlidingLog`](Self::SlidingLog)) | in process 8 bytes in the caller's entry when it is the caller's one policy and packs, otherwise 48 beside the entry (80 for the first); in Redis a hash of 3 fields (about 80 bytes) |
+/// | [`TokenBucket`](Self::TokenBucket) | exact for its own rule (burst plus refill) | in process 8 bytes in the caller's entry when it is the caller's one policy and packs, otherwise 48 beside the entry (80 for the first); in Redis a string of 17 bytes (its level and time) |
 /// | [`SlidingLog`](Self::SlidingLog) | exact: no window of its length ever holds more than the limit | one entry per admitted unit in the last window |
 ///
 /// ```
@@ -89,8 +89,9 @@ pub enum Algorithm {
     ///
     /// - **In process**: 8 bytes per unit in the window (a ring of `u64` times, which may
     ///   hold up to as much again in spare capacity), plus about 120 bytes per caller and
-    ///   log policy (its slot beside the caller's 80-byte entry, and the ring's header). A decision that
-    ///   admits copies the ring once: its cost grows with the units in the window.
+    ///   log policy (its slot beside the caller's 64-byte entry, and the ring's header). A
+    ///   decision that admits copies the ring once: its cost grows with the units in the
+    ///   window.
     /// - **In Redis**: a sorted set per caller and policy, one member per unit in the
     ///   window, named `<time>:<sequence>` (19 bytes) and scored by Redis's clock. Up to
     ///   128 members (Redis's `zset-max-listpack-entries`) it is a listpack of about 32

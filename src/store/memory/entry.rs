@@ -852,6 +852,7 @@ mod tests {
     fn a_log_leaves_the_entry_its_size() {
         assert_eq!(size_of::<Entry>(), 64);
         assert_eq!(align_of::<Entry>(), 64);
+        assert_eq!(size_of::<Beside>(), 80);
         assert_eq!(size_of::<Slot>(), 48);
     }
 
