@@ -137,6 +137,18 @@ impl Packing {
         }
     }
 
+    /// Whether a word packed this way is decided in the terms of `units` (a policy's, when
+    /// its states pack): a bucket of the same unit, or a window of the same length.
+    pub(crate) fn decides_in(self, units: Option<&WordUnits>) -> bool {
+        match (self, units) {
+            (Packing::Bucket { unit, .. }, Some(WordUnits::Bucket(bucket))) => unit == bucket.unit,
+            (Packing::Window { window_ms, .. }, Some(WordUnits::Window(window))) => {
+                window_ms == window.window.get()
+            }
+            _ => false,
+        }
+    }
+
     /// `state` in one word, if it fits.
     pub(crate) fn encode(self, state: &State) -> Option<u64> {
         match (self, state) {

@@ -531,6 +531,22 @@ impl Entry {
         });
     }
 
+    /// Moves the packed state beside when it is `counter`'s and `limit` (that counter's
+    /// policy) does not decide it by its word: after a limits swap to a policy whose
+    /// states do not pack, or pack in other terms (a bucket's new rate), its caller is
+    /// decided under its own lock, where each decision would otherwise come back to the
+    /// shard's write lock.
+    pub(super) fn unpack_unless_decided_by(&mut self, counter: u32, limit: &Policy) {
+        let head = self.head();
+        if head.counter() == Some(counter)
+            && !head
+                .packing(*self.second.get_mut())
+                .decides_in(limit.word_units())
+        {
+            self.unpack();
+        }
+    }
+
     /// Moves the packed state, if any, beside: a caller with two counters is decided under
     /// its lock.
     fn unpack(&mut self) {

@@ -465,6 +465,11 @@ impl InMemoryBackend {
         if let Some(entry) = store.entry.as_deref_mut() {
             // A refused caller is as active as an admitted one.
             entry.mark_referenced();
+            for limit in limits {
+                if let Some(counter) = find_counter(store.counters, limit.counter_arc()) {
+                    entry.unpack_unless_decided_by(counter, limit);
+                }
+            }
             if locks && let Some(refused) = blocked(entry, store.counters, limits, now, cost) {
                 return refused;
             }
@@ -841,6 +846,14 @@ mod tests {
         .into()
     }
 
+    /// Whether `caller`'s state is packed in its entry (`None`: not tracked).
+    fn is_packed(backend: &InMemoryBackend, caller: &CallerKey) -> Option<bool> {
+        let (hash, lock) = backend.shard(caller);
+        let shard = read(lock);
+        let position = shard.find(hash, caller.encoded())?;
+        Some(shard.entries[position].is_packed())
+    }
+
     /// The same counter under a limit too large to pack (a limits swap), then back: the
     /// packed state is unpacked by the write lock, and the count carries on through both.
     #[test]
@@ -857,7 +870,11 @@ mod tests {
         for _ in 0..5 {
             backend.decide(&acme, &small, 1);
         }
+        assert_eq!(is_packed(&backend, &acme), Some(true));
         assert_eq!(remaining(backend.decide(&acme, &huge, 1)), (1 << 40) - 6);
+        // Kept beside from then on: decided under the caller's lock, not the shard's
+        // write lock each time.
+        assert_eq!(is_packed(&backend, &acme), Some(false));
         assert_eq!(remaining(backend.decide(&acme, &huge, 1)), (1 << 40) - 7);
         for left in (0..3).rev() {
             assert_eq!(remaining(backend.decide(&acme, &small, 1)), left);
@@ -869,6 +886,37 @@ mod tests {
             assert_eq!(remaining(backend.decide(&globex, &small, 1)), left);
         }
         assert!(!backend.decide(&globex, &small, 1).admitted());
+        assert_eq!(is_packed(&backend, &globex), Some(true));
+    }
+
+    /// A bucket whose rate changes under the same counter packs its level in other units:
+    /// its state moves beside, and its level carries on.
+    #[test]
+    fn a_packed_bucket_whose_rate_changes_keeps_its_level() {
+        let clock = ManualClock::new(1_800_000_000_000);
+        let backend = InMemoryBackend::new().clock(clock.clone());
+        let bucket = |rate: u64| -> Arc<[Policy]> {
+            vec![Policy::new(
+                "burst",
+                Algorithm::token_bucket(rate, Duration::from_secs(1), 10),
+            )]
+            .into()
+        };
+        let (tens, sevens) = (bucket(10), bucket(7));
+        assert_eq!(tens[0].counter(), sevens[0].counter());
+        let acme = CallerKey::new("acme");
+        for _ in 0..4 {
+            assert!(backend.decide(&acme, &tens, 1).admitted());
+        }
+        assert_eq!(is_packed(&backend, &acme), Some(true));
+        // Six tokens left, with no time passing: six more, then none.
+        for left in (0..6).rev() {
+            let outcome = backend.decide(&acme, &sevens, 1);
+            assert!(outcome.admitted());
+            assert_eq!(outcome.limits()[0].remaining, left);
+        }
+        assert_eq!(is_packed(&backend, &acme), Some(false));
+        assert!(!backend.decide(&acme, &sevens, 1).admitted());
     }
 
     #[test]
