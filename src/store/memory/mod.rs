@@ -919,6 +919,56 @@ mod tests {
         assert!(!backend.decide(&acme, &sevens, 1).admitted());
     }
 
+    /// Threads deciding three callers under two buckets of one counter, whose rates pack
+    /// in other units, picked at random for each decision: each caller's state moves from
+    /// its word to its lock while the others decide, and with the clock still, no caller is
+    /// admitted more than its burst, nor fewer.
+    #[test]
+    fn racing_decisions_across_a_change_of_packing_admit_exactly_the_burst() {
+        use std::sync::atomic::AtomicU64;
+
+        const BURST: u64 = 200;
+        let clock = ManualClock::new(1_800_000_000_000);
+        let backend = InMemoryBackend::new().clock(clock.clone());
+        let bucket = |rate: u64| -> Arc<[Policy]> {
+            vec![Policy::new(
+                "burst",
+                Algorithm::token_bucket(rate, Duration::from_secs(1), BURST),
+            )]
+            .into()
+        };
+        let buckets = [bucket(10), bucket(7)];
+        let callers: Vec<CallerKey> = ["acme", "globex", "initech"]
+            .into_iter()
+            .map(CallerKey::new)
+            .collect();
+        let admitted: Vec<AtomicU64> = callers.iter().map(|_| AtomicU64::new(0)).collect();
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let (backend, buckets, callers, admitted) =
+                    (&backend, &buckets, &callers, &admitted);
+                scope.spawn(move || {
+                    // A small generator of its own per thread: which caller, which bucket.
+                    let mut seed = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(thread + 1);
+                    for _ in 0..2_000 {
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        let who = (seed % 3) as usize;
+                        // Mostly the packed bucket, so that the word is decided often.
+                        let limits = &buckets[usize::from(seed >> 8 & 7 == 0)];
+                        if backend.decide(&callers[who], limits, 1).admitted() {
+                            admitted[who].fetch_add(1, Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        for (caller, admitted) in callers.iter().zip(&admitted) {
+            assert_eq!(admitted.load(Relaxed), BURST, "{caller:?}");
+        }
+    }
+
     #[test]
     fn idle_callers_are_swept() {
         let clock = ManualClock::new(1_000);
