@@ -366,6 +366,12 @@ impl Entry {
         Head(self.head.load(Relaxed))
     }
 
+    /// How the packed state named by `head` is packed.
+    #[inline]
+    fn packing(&self, head: Head) -> Packing {
+        head.packing(self.second.load(Relaxed))
+    }
+
     /// Whether the caller's only state is packed, decided by compare-and-swap alone: never
     /// under the entry's lock (see [`update`](Self::update)).
     pub(super) fn is_packed(&self) -> bool {
@@ -415,7 +421,7 @@ impl Entry {
         if head.counter() != Some(counter) {
             return PackedDecision::NOT_PACKED;
         }
-        let packing = head.packing(self.second.load(Relaxed));
+        let packing = self.packing(head);
         // One loop for each algorithm, each with its own arithmetic inlined.
         match limit.word_units() {
             Some(WordUnits::Bucket(bucket)) => {
@@ -452,21 +458,18 @@ impl Entry {
     fn slot(&self, counter: u32) -> Option<StateRef<'_>> {
         let head = self.head();
         if head.counter() == Some(counter) {
-            return Some(StateRef::Packed(
-                self,
-                head.packing(self.second.load(Relaxed)),
-            ));
+            return Some(StateRef::Packed(self, self.packing(head)));
         }
-        self.beside(counter)
+        self.beside(counter).map(SlotState::as_ref)
     }
 
     /// A state kept beside the packed one.
-    fn beside(&self, counter: u32) -> Option<StateRef<'_>> {
+    fn beside(&self, counter: u32) -> Option<&SlotState> {
         self.beside
             .as_ref()?
             .iter()
             .find(|slot| slot.counter == counter)
-            .map(|slot| slot.state.as_ref())
+            .map(|slot| &slot.state)
     }
 
     /// Whether the entry holds a state for `counter`.
@@ -487,8 +490,8 @@ impl Entry {
             "a packed state is written by the write lock"
         );
         match (self.beside(counter), state) {
-            (Some(StateRef::Log(log)), State::SlidingLog(next)) => *lock_log(log) = next,
-            (Some(StateRef::Fixed(shared)), state) => shared.store(state),
+            (Some(SlotState::Log(log)), State::SlidingLog(next)) => *lock_log(log) = next,
+            (Some(SlotState::Fixed(shared)), state) => shared.store(state),
             // Never: a counter keeps its kind (its id names its unit).
             _ => {}
         }
@@ -498,7 +501,7 @@ impl Entry {
     pub(super) fn store(&mut self, counter: u32, state: State) {
         let head = self.head();
         if head.counter() == Some(counter) {
-            if let Some(word) = head.packing(*self.second.get_mut()).encode(&state) {
+            if let Some(word) = self.packing(head).encode(&state) {
                 *self.word.get_mut() = word;
                 return;
             }
@@ -538,11 +541,7 @@ impl Entry {
     /// shard's write lock.
     pub(super) fn unpack_unless_decided_by(&mut self, counter: u32, limit: &Policy) {
         let head = self.head();
-        if head.counter() == Some(counter)
-            && !head
-                .packing(*self.second.get_mut())
-                .decides_in(limit.word_units())
-        {
+        if head.counter() == Some(counter) && !self.packing(head).decides_in(limit.word_units()) {
             self.unpack();
         }
     }
@@ -552,9 +551,7 @@ impl Entry {
     fn unpack(&mut self) {
         let head = self.head();
         if let Some(counter) = head.counter() {
-            let state = head
-                .packing(*self.second.get_mut())
-                .decode(*self.word.get_mut());
+            let state = self.packing(head).decode(*self.word.get_mut());
             *self.head.get_mut() = head.unpacked().0;
             self.add_beside(Slot {
                 counter,
@@ -579,8 +576,8 @@ impl Entry {
     /// The fixed state kept under `counter` (a block's slot is one), if any.
     fn fixed(&self, counter: u32) -> Option<&SharedState> {
         match self.beside(counter)? {
-            StateRef::Fixed(shared) => Some(shared),
-            StateRef::Packed(..) | StateRef::Log(_) => None,
+            SlotState::Fixed(shared) => Some(shared),
+            SlotState::Log(_) => None,
         }
     }
 
@@ -826,7 +823,7 @@ mod tests {
         let head = entry.head();
         assert_ne!(head.0 & Head::REFERENCED, 0);
         assert_eq!(head.counter(), Some(4));
-        assert_eq!(head.packing(entry.second.load(Relaxed)), packing);
+        assert_eq!(entry.packing(head), packing);
         match entry.state(4) {
             Some(State::SlidingWindow { current, .. }) => assert_eq!(current, 8),
             other => panic!("a window was stored: {other:?}"),
