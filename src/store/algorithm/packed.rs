@@ -211,6 +211,15 @@ impl Packing {
         }
     }
 
+    /// The time a word's state counts from: its window's start, or the time of its level.
+    /// Its policy's retention after that, the state no longer weighs.
+    pub(crate) fn counted_from_ms(self, word: u64) -> u64 {
+        match self.decode_numbers(word) {
+            [window_start, ..] if self.is_window() => window_start,
+            [_, updated_ms, _] => updated_ms,
+        }
+    }
+
     /// The state a word holds, as [`Numbers`].
     fn decode_numbers(self, word: u64) -> Numbers {
         match self {

@@ -541,16 +541,22 @@ fn decide_packed_alone(
     if entry.is_idle(now) {
         return PackedDecision::NOT_PACKED;
     }
-    let decided = entry.decide_packed(counter, limit, now, cost);
+    let (decided, counted_from_ms) = entry.decide_packed(counter, limit, now, cost);
     if let Some(outcome) = decided.outcome() {
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
         if outcome.admitted {
-            // Kept a little longer than needed (a state that no longer weighs decides as a
-            // new caller's would), so that the time is written once in a while, not on
-            // nearly every decision of a caller that comes back.
-            let slack_ms = if exact_idle { 0 } else { limit.keep_slack_ms() };
-            entry.keep_until_about(now.saturating_add(limit.retention_ms()), slack_ms);
+            if exact_idle {
+                // Exactly until the state written stops weighing: a window's time moves
+                // once a window, so it is written about that often, not on every decision
+                // of a caller that comes back.
+                entry.keep_until(counted_from_ms.saturating_add(limit.retention_ms()));
+            } else {
+                // Kept a little longer than needed (a state that no longer weighs decides
+                // as a new caller's would), so that the time is written once in a while.
+                let until_ms = now.saturating_add(limit.retention_ms());
+                entry.keep_until_about(until_ms, limit.keep_slack_ms());
+            }
         }
     }
     decided
@@ -1067,11 +1073,20 @@ mod tests {
 
     /// When the only shard's only caller is idle, after `decide` at each of `times`.
     fn idle_at_after(backend: &InMemoryBackend, clock: &ManualClock, times: &[u64]) -> u64 {
-        let limits = per_second(1_000);
+        idle_at_after_under(&per_second(1_000), backend, clock, times)
+    }
+
+    /// [`idle_at_after`] under `limits`.
+    fn idle_at_after_under(
+        limits: &Arc<[Policy]>,
+        backend: &InMemoryBackend,
+        clock: &ManualClock,
+        times: &[u64],
+    ) -> u64 {
         let acme = CallerKey::new("acme");
         for &at in times {
             clock.advance(Duration::from_millis(at - backend.now_ms()));
-            assert!(backend.decide(&acme, &limits, 1).admitted());
+            assert!(backend.decide(&acme, limits, 1).admitted());
         }
         let shard = read(&backend.shared.shards[0]);
         shard.entries[0].idle_at_ms()
@@ -1092,13 +1107,25 @@ mod tests {
         // once each: 3_010 rounded up to 3_071, then 3_300 to 3_327.
         assert_eq!(idle_at, 3_327);
 
-        // A local share's counters are forgotten as soon as they weigh nothing.
-        let clock = ManualClock::new(1_000);
-        let exact = InMemoryBackend::new()
-            .shards(1)
-            .clock(clock.clone())
-            .exact_idle_times();
-        assert_eq!(idle_at_after(&exact, &clock, &times), 3_301);
+        // A local share's counters are forgotten as soon as they weigh nothing: the
+        // window from 1,000 to 2,000 weighs nothing from 3,000 on.
+        let exact_store = || {
+            let clock = ManualClock::new(1_000);
+            let backend = InMemoryBackend::new()
+                .shards(1)
+                .clock(clock.clone())
+                .exact_idle_times();
+            (backend, clock)
+        };
+        let (exact, clock) = exact_store();
+        assert_eq!(idle_at_after(&exact, &clock, &times), 3_000);
+        // The next window's requests weigh until its next window ends.
+        let (exact, clock) = exact_store();
+        assert_eq!(idle_at_after(&exact, &clock, &[1_000, 1_300, 2_001]), 4_000);
+        // A bucket of 1,000 a second, full again a second after its last request.
+        let (exact, clock) = exact_store();
+        let limits = bucket(1_000);
+        assert_eq!(idle_at_after_under(&limits, &exact, &clock, &times), 2_301);
     }
 
     #[test]
