@@ -404,10 +404,10 @@ impl Entry {
 
     /// Decides a request of `cost` units against `algorithm` for the counter `counter`, by a
     /// compare-and-swap on its packed state, without the entry's lock, when the counter is
-    /// the entry's only one and packed. With the decision, for an admission, the time the
-    /// state it wrote counts from ([`Packing::counted_from_ms`]; 0 otherwise): read from
-    /// the word before it is written, not loaded again after the compare-and-swap, which
-    /// would wait for it.
+    /// the entry's only one and packed. With the decision, when `counted_from` asks for it
+    /// and the request was admitted, the time the state written counts from
+    /// ([`Packing::counted_from_ms`]; 0 otherwise): read from the word before it is
+    /// written, not loaded again after the compare-and-swap, which would wait for it.
     ///
     /// Only a compare-and-swap writes the packed state through a shared reference: a
     /// second counter is added, and a state that does not fit is unpacked, under the
@@ -419,52 +419,59 @@ impl Entry {
         limit: &Policy,
         now_ms: u64,
         cost: u64,
+        counted_from: bool,
     ) -> (PackedDecision, u64) {
         let head = self.head();
         if head.counter() != Some(counter) {
             return (PackedDecision::NOT_PACKED, 0);
         }
         let packing = self.packing(head);
-        // One loop for each algorithm, each with its own arithmetic inlined.
-        let (decided, written) = match limit.word_units() {
-            Some(WordUnits::Bucket(bucket)) => {
-                self.decide_word_by(|word| packing.decide_bucket(word, bucket, now_ms, cost))
+        let written = |word| {
+            if counted_from {
+                packing.counted_from_ms(word)
+            } else {
+                0
             }
-            Some(WordUnits::Window(window)) => {
-                self.decide_word_by(|word| packing.decide_window(word, window, now_ms, cost))
-            }
-            // A policy whose states do not pack: the general path unpacks the state.
-            None => return (PackedDecision::DOES_NOT_FIT, 0),
         };
-        (
-            decided,
-            written.map_or(0, |word| packing.counted_from_ms(word)),
-        )
+        // One loop for each algorithm, each with its own arithmetic inlined.
+        match limit.word_units() {
+            Some(WordUnits::Bucket(bucket)) => self.decide_word_by(
+                |word| packing.decide_bucket(word, bucket, now_ms, cost),
+                written,
+            ),
+            Some(WordUnits::Window(window)) => self.decide_word_by(
+                |word| packing.decide_window(word, window, now_ms, cost),
+                written,
+            ),
+            // A policy whose states do not pack: the general path unpacks the state.
+            None => (PackedDecision::DOES_NOT_FIT, 0),
+        }
     }
 
     /// The compare-and-swap loop on the packed word, each turn decided by `decide`: the
-    /// decision, and the word written, if any.
+    /// decision, and what `written` makes of the word written (0 when none is).
     #[inline(always)]
     fn decide_word_by(
         &self,
         decide: impl Fn(u64) -> Option<WordDecision>,
-    ) -> (PackedDecision, Option<u64>) {
+        written: impl Fn(u64) -> u64,
+    ) -> (PackedDecision, u64) {
         let word = &self.word;
         let mut current = word.load(Relaxed);
         loop {
             let (outcome, next) = match decide(current) {
                 Some(WordDecision::Admitted(outcome, next)) => (outcome, next),
                 Some(WordDecision::Refused(outcome)) => {
-                    return (PackedDecision::decided(outcome), None);
+                    return (PackedDecision::decided(outcome), 0);
                 }
                 // A state that no longer fits, or one of another algorithm or packed in
                 // other terms: the general path starts it afresh or unpacks it.
                 Some(WordDecision::DoesNotFit) | None => {
-                    return (PackedDecision::DOES_NOT_FIT, None);
+                    return (PackedDecision::DOES_NOT_FIT, 0);
                 }
             };
             match word.compare_exchange_weak(current, next, Relaxed, Relaxed) {
-                Ok(_) => return (PackedDecision::decided(outcome), Some(next)),
+                Ok(_) => return (PackedDecision::decided(outcome), written(next)),
                 Err(actual) => current = actual,
             }
         }
@@ -827,13 +834,16 @@ mod tests {
         let limit = Policy::sliding_window("per-second", crate::Quota::per_second(100));
         let now = 1_800_000_000_100;
         assert_eq!(
-            entry.decide_packed(5, &limit, now, 1),
+            entry.decide_packed(5, &limit, now, 1, true),
             (PackedDecision::NOT_PACKED, 0)
         );
-        let (decided, counted_from_ms) = entry.decide_packed(4, &limit, now, 1);
+        let (decided, counted_from_ms) = entry.decide_packed(4, &limit, now, 1, true);
         assert!(decided.outcome().is_some_and(|outcome| outcome.admitted));
-        // The state written counts from the start of now's window.
+        // The state written counts from the start of now's window; not asked, nothing.
         assert_eq!(counted_from_ms, now - now % 1_000);
+        let (decided, counted_from_ms) = entry.decide_packed(4, &limit, now, 1, false);
+        assert!(decided.outcome().is_some_and(|outcome| outcome.admitted));
+        assert_eq!(counted_from_ms, 0);
         // The mark shares the head with the packing, which it leaves alone.
         entry.mark_referenced();
         drop(entry.lock());
@@ -842,7 +852,7 @@ mod tests {
         assert_eq!(head.counter(), Some(4));
         assert_eq!(entry.packing(head), packing);
         match entry.state(4) {
-            Some(State::SlidingWindow { current, .. }) => assert_eq!(current, 8),
+            Some(State::SlidingWindow { current, .. }) => assert_eq!(current, 9),
             other => panic!("a window was stored: {other:?}"),
         }
     }

@@ -541,7 +541,7 @@ fn decide_packed_alone(
     if entry.is_idle(now) {
         return PackedDecision::NOT_PACKED;
     }
-    let (decided, counted_from_ms) = entry.decide_packed(counter, limit, now, cost);
+    let (decided, counted_from_ms) = entry.decide_packed(counter, limit, now, cost, exact_idle);
     if let Some(outcome) = decided.outcome() {
         // A refused caller is as active as an admitted one.
         entry.mark_referenced();
