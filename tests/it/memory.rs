@@ -277,7 +277,9 @@ fn refused_callers_are_not_evicted_by_a_flood() {
 #[test]
 fn idle_keys_go_away_after_their_windows() {
     let clock = ManualClock::new(START_MS);
+    // One shard (its callers fit one), so that one request sweeps them all.
     let backend = InMemoryBackend::new()
+        .max_keys(10_000)
         .shards(1)
         .sweep_interval(Duration::from_secs(1))
         .clock(clock.clone());

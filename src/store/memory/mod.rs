@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use self::entry::{Block, Entry, PackedDecision};
-use self::shard::{KeyHasher, Shard, find_counter, intern_counter};
+use self::shard::{KeyHasher, MAX_SHARD_KEYS, Shard, find_counter, intern_counter};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
 use crate::store::algorithm::{Packing, PolicyOutcome, State};
@@ -30,7 +30,8 @@ const DEFAULT_SWEEP_INTERVAL_MS: u64 = 10_000;
 /// instances, for tests, for a local bucket in front of a shared one, and as the local
 /// share when a shared store is down.
 ///
-/// - **Sharded**: callers are spread over 64 maps by a keyed hash. A decision on a known
+/// - **Sharded**: callers are spread over 64 maps by a keyed hash (more when a map would hold
+///   over 65,536 of them: see [`shards`](InMemoryBackend::shards)). A decision on a known
 ///   caller holds its map's read lock and the caller's own lock, so concurrent requests
 ///   contend only when they name the same caller; adding a caller takes the write lock.
 /// - **Bounded**: at most [`max_keys`](InMemoryBackend::max_keys) callers are tracked (default
@@ -112,7 +113,17 @@ impl InMemoryBackend {
         self.remade(|settings| settings.max_keys = max_keys.max(1))
     }
 
-    /// Spreads callers over this many locks (default 64).
+    /// Spreads callers over this many locks (default 64), or over as many more as it takes
+    /// for none to hold over 65,536 callers (a caller's place in its shard is 16 bits, so
+    /// the shard's index stays small enough to be found in the cache).
+    ///
+    /// ```
+    /// use tollgate::InMemoryBackend;
+    ///
+    /// // 200,000 callers take at least 4 shards: all of them are tracked.
+    /// let backend = InMemoryBackend::new().max_keys(200_000).shards(1);
+    /// assert_eq!(backend.key_capacity(), 200_000);
+    /// ```
     pub fn shards(self, shards: usize) -> Self {
         self.remade(|settings| settings.shards = shards.max(1))
     }
@@ -145,8 +156,12 @@ impl InMemoryBackend {
     }
 
     fn from_settings(settings: Settings) -> Self {
-        // More shards than keys would leave shards with no room at all.
-        let shards = settings.shards.min(settings.max_keys);
+        // No shard holds more than a 16-bit position can name; more shards than keys would
+        // leave shards with no room at all.
+        let shards = settings
+            .shards
+            .max(settings.max_keys.div_ceil(MAX_SHARD_KEYS))
+            .min(settings.max_keys);
         let shard_capacity = settings.max_keys / shards;
         InMemoryBackend {
             shared: Arc::new(Shared {
@@ -1046,7 +1061,10 @@ mod tests {
     #[test]
     fn forgetting_idle_callers_keeps_the_others_counted() {
         let clock = ManualClock::new(1_000);
-        let backend = InMemoryBackend::new().shards(1).clock(clock.clone());
+        let backend = InMemoryBackend::new()
+            .max_keys(1_000)
+            .shards(1)
+            .clock(clock.clone());
         let limits = per_second(3);
         for i in 0..50 {
             backend.decide(&CallerKey::new(format!("idle{i}")), &limits, 1);
@@ -1097,7 +1115,10 @@ mod tests {
         // A window of a second is kept two: past that, its state weighs nothing.
         let times = [1_000, 1_010, 1_300, 1_301];
         let clock = ManualClock::new(1_000);
-        let backend = InMemoryBackend::new().shards(1).clock(clock.clone());
+        let backend = InMemoryBackend::new()
+            .max_keys(1_000)
+            .shards(1)
+            .clock(clock.clone());
         let idle_at = idle_at_after(&backend, &clock, &times);
         assert!(
             (3_301..3_301 + 2_000 / 16).contains(&idle_at),
@@ -1112,6 +1133,7 @@ mod tests {
         let exact_store = || {
             let clock = ManualClock::new(1_000);
             let backend = InMemoryBackend::new()
+                .max_keys(1_000)
                 .shards(1)
                 .clock(clock.clone())
                 .exact_idle_times();
@@ -1126,6 +1148,33 @@ mod tests {
         let (exact, clock) = exact_store();
         let limits = bucket(1_000);
         assert_eq!(idle_at_after_under(&limits, &exact, &clock, &times), 2_301);
+    }
+
+    #[test]
+    fn no_shard_holds_more_callers_than_a_16_bit_position_names() {
+        let backend = InMemoryBackend::new().max_keys(200_000).shards(1);
+        assert_eq!(backend.shared.shards.len(), 4);
+        assert_eq!(backend.shared.shard_capacity, 50_000);
+        assert_eq!(InMemoryBackend::new().shared.shards.len(), 64);
+
+        // One shard full to the last place: every caller is found again.
+        let full = InMemoryBackend::new()
+            .max_keys(MAX_SHARD_KEYS)
+            .shards(1)
+            .clock(ManualClock::new(1_000));
+        assert_eq!(full.shared.shards.len(), 1);
+        let limits = per_second(1);
+        let keys: Vec<CallerKey> = (0..MAX_SHARD_KEYS)
+            .map(|i| CallerKey::new(format!("k{i}")))
+            .collect();
+        for key in &keys {
+            assert!(full.decide(key, &limits, 1).admitted());
+        }
+        assert_eq!(full.tracked_keys(), MAX_SHARD_KEYS);
+        assert!(
+            keys.iter()
+                .all(|key| !full.decide(key, &limits, 1).admitted())
+        );
     }
 
     #[test]

@@ -13,11 +13,24 @@ use super::entry::Entry;
 /// The keyed hash of a caller's encoded key: it picks the shard, then the table slot.
 pub(super) type KeyHasher = RandomState;
 
+/// The most callers one shard holds, so that a caller's position fits the index's 16 bits.
+pub(super) const MAX_SHARD_KEYS: usize = 1 << 16;
+
+/// `position` as the index holds it: below [`MAX_SHARD_KEYS`], as every shard's capacity is.
+fn slot(position: usize) -> u16 {
+    debug_assert!(
+        position < MAX_SHARD_KEYS,
+        "position {position} past a shard's room"
+    );
+    position as u16
+}
+
 #[derive(Default)]
 pub(super) struct Shard {
     /// Indices into `entries`, found by the key's hash. Each key is stored once, in its
-    /// entry; the table holds 4 bytes per caller.
-    index: HashTable<u32>,
+    /// entry; the table holds 3 bytes per caller (its control byte and a 16-bit position),
+    /// small enough to stay in a core's cache beside the entries it leads to.
+    index: HashTable<u16>,
     pub(super) entries: Vec<Entry>,
     /// The eviction hand (the CLOCK algorithm): a caller seen since the hand last passed
     /// gets a second chance, so callers that keep sending stay tracked while a flood of
@@ -69,7 +82,7 @@ impl Shard {
             self.entries.len() - 1
         };
         let entries = &self.entries;
-        self.index.insert_unique(hash, position as u32, |&i| {
+        self.index.insert_unique(hash, slot(position), |&i| {
             hasher.hash_one(entries[i as usize].key())
         });
     }
@@ -87,7 +100,7 @@ impl Shard {
         let entries = &self.entries;
         for (position, entry) in entries.iter().enumerate() {
             self.index
-                .insert_unique(hasher.hash_one(entry.key()), position as u32, |&i| {
+                .insert_unique(hasher.hash_one(entry.key()), slot(position), |&i| {
                     hasher.hash_one(entries[i as usize].key())
                 });
         }
@@ -126,7 +139,7 @@ impl Shard {
             let entries = &self.entries;
             self.index.insert_unique(
                 hasher.hash_one(entries[position].key()),
-                position as u32,
+                slot(position),
                 |&i| hasher.hash_one(entries[i as usize].key()),
             );
         }
