@@ -17,7 +17,7 @@ pub(super) type KeyHasher = RandomState;
 pub(super) const MAX_SHARD_KEYS: usize = 1 << 16;
 
 /// `position` as the index holds it: below [`MAX_SHARD_KEYS`], as every shard's capacity is.
-fn slot(position: usize) -> u16 {
+fn indexed(position: usize) -> u16 {
     debug_assert!(
         position < MAX_SHARD_KEYS,
         "position {position} past a shard's room"
@@ -82,7 +82,7 @@ impl Shard {
             self.entries.len() - 1
         };
         let entries = &self.entries;
-        self.index.insert_unique(hash, slot(position), |&i| {
+        self.index.insert_unique(hash, indexed(position), |&i| {
             hasher.hash_one(entries[i as usize].key())
         });
     }
@@ -100,7 +100,7 @@ impl Shard {
         let entries = &self.entries;
         for (position, entry) in entries.iter().enumerate() {
             self.index
-                .insert_unique(hasher.hash_one(entry.key()), slot(position), |&i| {
+                .insert_unique(hasher.hash_one(entry.key()), indexed(position), |&i| {
                     hasher.hash_one(entries[i as usize].key())
                 });
         }
@@ -139,7 +139,7 @@ impl Shard {
             let entries = &self.entries;
             self.index.insert_unique(
                 hasher.hash_one(entries[position].key()),
-                slot(position),
+                indexed(position),
                 |&i| hasher.hash_one(entries[i as usize].key()),
             );
         }
