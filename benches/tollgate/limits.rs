@@ -14,11 +14,14 @@ use tollgate::in_flight::InFlightLayer;
 use tollgate::key::HeaderKey;
 use tollgate::response::HeaderMode;
 use tollgate::shed::ConcurrencyShedLayer;
-use tollgate::{InMemoryBackend, Limiter, Policy, RateLimitLayer};
+use tollgate::{Caller, InMemoryBackend, Limiter, Policy, RateLimitLayer};
 use tower::ServiceBuilder;
 
 use crate::report::{Row, median_ns, ns, ran, write_rows};
 use crate::support::{BIG, CALLERS, big_window, callers, drive, ready_now};
+
+/// The members of the nested-budget rows.
+const NESTED_MEMBERS: usize = 20_000;
 
 pub(crate) fn bench(c: &mut Criterion) {
     const GROUP: &str = "limits";
@@ -52,6 +55,43 @@ pub(crate) fn bench(c: &mut Criterion) {
             b.iter(|| {
                 i = (i + 1) % callers.len();
                 black_box(ready_now(limiter.check(&callers[i])));
+            });
+        });
+    }
+
+    // Nested budgets: 20,000 members of one team, each with a window of its own beside the
+    // team's, against as many members each in a team of its own. A team's size should not
+    // slow its members' decisions.
+    let nested = Limiter::builder()
+        .name("limits-nested")
+        .backend(InMemoryBackend::new())
+        .policy(big_window())
+        .level("team", [big_window()])
+        .build();
+    let members = crate::support::callers(NESTED_MEMBERS);
+    for (id, team_of) in [
+        ("check_nested_one_team", (|_| 0) as fn(usize) -> usize),
+        ("check_nested_own_teams", |i| i),
+    ] {
+        let members: Vec<Caller> = members
+            .iter()
+            .enumerate()
+            .map(|(i, member)| {
+                member
+                    .clone()
+                    .within("team", format!("team-{}", team_of(i)))
+            })
+            .collect();
+        // Every member met once, so that what is timed is a team of all of them.
+        for member in &members {
+            black_box(ready_now(nested.check(member)));
+        }
+        group.bench_function(id, |b| {
+            ran(GROUP, id);
+            let mut i = 0;
+            b.iter(|| {
+                i = (i + 1) % members.len();
+                black_box(ready_now(nested.check(&members[i])));
             });
         });
     }
@@ -92,6 +132,21 @@ pub(crate) fn bench(c: &mut Criterion) {
 
     let get = |id| median_ns(GROUP, id);
     let mut rows = Vec::new();
+    if let (Some(one_team), Some(own_teams)) =
+        (get("check_nested_one_team"), get("check_nested_own_teams"))
+    {
+        let ratio = one_team / own_teams;
+        rows.push((
+            "limits/nested_members",
+            Row::new(
+                format!("`Limiter::check`, nested budgets: {NESTED_MEMBERS} members of one team in turn (a sliding window each, and the team's)"),
+                format!("{}/request", ns(one_team)),
+            )
+            .peer(format!("as many members, each in a team of its own: {}/request", ns(own_teams)))
+            .ratio(format!("{ratio:.2}x"))
+            .target("≤ 1.50x", ratio <= 1.5),
+        ));
+    }
     let compared = [
         (
             "limits/lockout",

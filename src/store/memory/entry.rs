@@ -256,16 +256,43 @@ struct Beside {
     /// Held by the decision reading and writing these states through a shared reference.
     busy: AtomicBool,
     first: Slot,
+    /// In the order of their counters, so that an entry with many (a nested budget's, a
+    /// state for each member) finds one by a binary search.
     rest: Vec<Slot>,
 }
 
 impl Beside {
-    fn iter(&self) -> impl Iterator<Item = &Slot> {
-        std::iter::once(&self.first).chain(&self.rest)
+    /// The slot of `counter`, if any.
+    fn get(&self, counter: u32) -> Option<&Slot> {
+        if self.first.counter == counter {
+            return Some(&self.first);
+        }
+        let i = self
+            .rest
+            .binary_search_by_key(&counter, |slot| slot.counter)
+            .ok()?;
+        Some(&self.rest[i])
     }
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Slot> {
-        std::iter::once(&mut self.first).chain(&mut self.rest)
+    /// [`get`](Self::get), to write.
+    fn get_mut(&mut self, counter: u32) -> Option<&mut Slot> {
+        if self.first.counter == counter {
+            return Some(&mut self.first);
+        }
+        let i = self
+            .rest
+            .binary_search_by_key(&counter, |slot| slot.counter)
+            .ok()?;
+        Some(&mut self.rest[i])
+    }
+
+    /// Adds the slot of a counter the entry has none for, in its place. A shard numbers
+    /// counters as it meets them, so a new member's usually goes last.
+    fn add(&mut self, slot: Slot) {
+        let at = self
+            .rest
+            .partition_point(|kept| kept.counter < slot.counter);
+        self.rest.insert(at, slot);
     }
 }
 
@@ -487,11 +514,7 @@ impl Entry {
 
     /// A state kept beside the packed one.
     fn beside(&self, counter: u32) -> Option<&SlotState> {
-        self.beside
-            .as_ref()?
-            .iter()
-            .find(|slot| slot.counter == counter)
-            .map(|slot| &slot.state)
+        self.beside.as_ref()?.get(counter).map(|slot| &slot.state)
     }
 
     /// Whether the entry holds a state for `counter`.
@@ -538,7 +561,7 @@ impl Entry {
         if let Some(slot) = self
             .beside
             .as_mut()
-            .and_then(|beside| beside.iter_mut().find(|slot| slot.counter == counter))
+            .and_then(|beside| beside.get_mut(counter))
         {
             match (&slot.state, state) {
                 (SlotState::Fixed(shared), fixed @ State::SlidingWindow { .. })
@@ -584,7 +607,7 @@ impl Entry {
 
     fn add_beside(&mut self, slot: Slot) {
         match &mut self.beside {
-            Some(beside) => beside.rest.push(slot),
+            Some(beside) => beside.add(slot),
             None => {
                 self.beside = Some(Box::new(Beside {
                     busy: AtomicBool::new(false),
@@ -739,6 +762,36 @@ mod tests {
         entry.update(5, bucket.clone());
         assert_eq!(entry.state(0), Some(bucket));
         assert_eq!(entry.state(5), None);
+    }
+
+    #[test]
+    fn many_counters_are_found_whatever_order_they_came_in() {
+        let window = |current| State::SlidingWindow {
+            window_start: 0,
+            previous: 0,
+            current,
+        };
+        // A team's entry, a counter for each member, met in no particular order (a
+        // member's counter may have been numbered by another team of the shard first).
+        let counters: Vec<u32> = (0..2_000u32).map(|i| (i * 7_919) % 2_003).collect();
+        let mut entry = Entry::new(b"=acme", counters[0], window(1), None);
+        for &counter in &counters[1..] {
+            entry.store(counter, window(u64::from(counter) + 1));
+        }
+        for &counter in &counters {
+            let expected = if counter == counters[0] {
+                1
+            } else {
+                u64::from(counter) + 1
+            };
+            assert_eq!(entry.state(counter), Some(window(expected)), "{counter}");
+        }
+        for missing in (0..2_003).filter(|c| !counters.contains(c)) {
+            assert_eq!(entry.state(missing), None);
+        }
+        let _held = entry.lock();
+        entry.update(counters[1_000], window(0));
+        assert_eq!(entry.state(counters[1_000]), Some(window(0)));
     }
 
     #[test]

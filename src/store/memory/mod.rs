@@ -1,3 +1,4 @@
+mod counters;
 mod entry;
 mod shard;
 mod slots;
@@ -8,8 +9,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
+use self::counters::Counters;
 use self::entry::{Block, Entry, PackedDecision};
-use self::shard::{KeyHasher, MAX_SHARD_KEYS, Shard, find_counter, intern_counter};
+use self::shard::{KeyHasher, MAX_SHARD_KEYS, Shard};
 use super::backend::{Backend, CheckOutcome, LeaseGrant, Refund, StoreError};
 use super::evaluate::{INLINE_POLICIES, decide};
 use crate::store::algorithm::{Packing, PolicyOutcome, State};
@@ -270,7 +272,9 @@ impl InMemoryBackend {
         let outcomes: Vec<PolicyOutcome> = limits
             .iter()
             .map(|limit| {
-                let state = find_counter(store.counters, limit.counter_arc())
+                let state = store
+                    .counters
+                    .find(limit.counter_arc())
                     .and_then(|counter| store.entry.as_deref()?.state(counter));
                 let charged = limit.algorithm().charge_state(state, now, units);
                 // A bucket charged into debt refills from a time ahead of now.
@@ -481,7 +485,7 @@ impl InMemoryBackend {
             // A refused caller is as active as an admitted one.
             entry.mark_referenced();
             for limit in limits {
-                if let Some(counter) = find_counter(store.counters, limit.counter_arc()) {
+                if let Some(counter) = store.counters.find(limit.counter_arc()) {
                     entry.unpack_unless_decided_by(counter, limit);
                 }
             }
@@ -493,7 +497,9 @@ impl InMemoryBackend {
             limits,
             &mut store,
             |store, i, limit| {
-                let state = find_counter(store.counters, limit.counter_arc())
+                let state = store
+                    .counters
+                    .find(limit.counter_arc())
                     .and_then(|counter| store.entry.as_deref()?.state(counter));
                 state.or_else(|| seed(i))
             },
@@ -679,16 +685,12 @@ fn decide_tracked(
 /// that has ended is cleared and leaves its policy's counter fresh.
 fn blocked(
     entry: &mut Entry,
-    counters: &[Arc<str>],
+    counters: &Counters,
     limits: &[Policy],
     now: u64,
     cost: u64,
 ) -> Option<CheckOutcome> {
-    let slot = |limit: &Policy| {
-        limit
-            .lockout_arc()
-            .and_then(|id| find_counter(counters, id))
-    };
+    let slot = |limit: &Policy| limit.lockout_arc().and_then(|id| counters.find(id));
     for limit in limits {
         let Some(slot) = slot(limit) else { continue };
         let Some(block) = entry.block(slot) else {
@@ -696,7 +698,7 @@ fn blocked(
         };
         if block.until_ms != 0 && block.until_ms <= now {
             entry.store_block(slot, Block::default());
-            if let Some(counter) = find_counter(counters, limit.counter_arc())
+            if let Some(counter) = counters.find(limit.counter_arc())
                 && entry.has(counter)
             {
                 entry.store(counter, lockout::fresh(limit, now));
@@ -713,7 +715,11 @@ fn blocked(
                 .and_then(|slot| entry.block(slot))
                 .map_or(0, |b| b.until_ms)
         },
-        |i| find_counter(counters, limits[i].counter_arc()).and_then(|c| entry.state(c)),
+        |i| {
+            counters
+                .find(limits[i].counter_arc())
+                .and_then(|c| entry.state(c))
+        },
     )
 }
 
@@ -730,7 +736,7 @@ fn idle_at(limits: &[Policy], now: u64) -> u64 {
 /// the entry made for it once every policy admitted.
 struct Decision<'a> {
     entry: Option<&'a mut Entry>,
-    counters: &'a mut Vec<Arc<str>>,
+    counters: &'a mut Counters,
     fresh: Option<Entry>,
     key: &'a [u8],
     /// When the decision is made: a new entry's packed state counts from it.
@@ -743,14 +749,14 @@ impl Decision<'_> {
         let Some(id) = limit.lockout_arc() else {
             return;
         };
-        let slot = intern_counter(self.counters, id);
+        let slot = self.counters.intern(id);
         if let Some(entry) = self.entry.as_deref_mut().or(self.fresh.as_mut()) {
             entry.store_block(slot, block);
         }
     }
 
     fn admit(&mut self, limit: &Policy, state: State) {
-        let counter = intern_counter(self.counters, limit.counter_arc());
+        let counter = self.counters.intern(limit.counter_arc());
         match (&mut self.entry, &mut self.fresh) {
             (Some(entry), _) => entry.store(counter, state),
             (None, Some(fresh)) => fresh.store(counter, state),

@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use super::counters::Counters;
 use super::entry::Entry;
 
 /// The keyed hash of a caller's encoded key: it picks the shard, then the table slot.
@@ -38,8 +39,7 @@ pub(super) struct Shard {
     /// hand, so it too has a whole round to come back.
     hand: usize,
     /// The counter identities seen by this shard; entries name a counter by its index.
-    /// Limiters have a handful, so a scan (usually one pointer comparison) finds it.
-    counters: Vec<Arc<str>>,
+    counters: Counters,
     /// When the shard was last swept; read under the read lock to tell whether a decision
     /// must take the write lock and sweep first.
     pub(super) last_sweep_ms: AtomicU64,
@@ -58,12 +58,12 @@ impl Shard {
     /// The index of a counter this shard has stored, if any.
     #[inline]
     pub(super) fn counter(&self, name: &Arc<str>) -> Option<u32> {
-        find_counter(&self.counters, name)
+        self.counters.find(name)
     }
 
     /// The entries and the counter list, borrowed apart so that a decision can read and
     /// write an entry while naming counters.
-    pub(super) fn parts(&mut self) -> (&mut [Entry], &mut Vec<Arc<str>>) {
+    pub(super) fn parts(&mut self) -> (&mut [Entry], &mut Counters) {
         (&mut self.entries, &mut self.counters)
     }
 
@@ -171,19 +171,4 @@ impl Shard {
             found.remove();
         }
     }
-}
-
-pub(super) fn find_counter(counters: &[Arc<str>], name: &Arc<str>) -> Option<u32> {
-    counters
-        .iter()
-        .position(|c| Arc::ptr_eq(c, name) || **c == **name)
-        .map(|i| i as u32)
-}
-
-/// The index of `name` in `counters`, added if new.
-pub(super) fn intern_counter(counters: &mut Vec<Arc<str>>, name: &Arc<str>) -> u32 {
-    find_counter(counters, name).unwrap_or_else(|| {
-        counters.push(name.clone());
-        (counters.len() - 1) as u32
-    })
 }
