@@ -209,10 +209,18 @@ impl ShareSet {
 
     /// 0 while every policy taken in turns is in this instance's turn; else the longest
     /// wait for one.
+    #[inline]
     fn turn_wait_ms(&self, now_ms: u64) -> u64 {
         if !self.takes_turns {
             return 0;
         }
+        self.turns_wait_ms(now_ms)
+    }
+
+    /// [`turn_wait_ms`](Self::turn_wait_ms) of a share that takes turns. Out of line: most
+    /// shares take none, and their decisions skip it with one test.
+    #[inline(never)]
+    fn turns_wait_ms(&self, now_ms: u64) -> u64 {
         self.parts
             .iter()
             .filter_map(|part| part.turns.map(|turns| turns.wait_ms(now_ms)))
