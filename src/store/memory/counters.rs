@@ -1,4 +1,4 @@
-//! The counter identities a shard has seen, each named by its index in the entries.
+//! The counter identities a shard has seen, each named in the entries by its number.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,28 +8,29 @@ use std::sync::Arc;
 /// which a scan would compare with every member met before.
 const SCANNED: usize = 8;
 
-/// The counter identities a shard has seen, in the order it met them: entries name a
-/// counter by its index here.
+/// The counter identities a shard has seen, numbered in the order it met them: entries
+/// name a counter by its number.
 #[derive(Default)]
 pub(super) struct Counters {
-    names: Vec<Arc<str>>,
-    /// The index of every name past the first [`SCANNED`]. Members' names come from the
-    /// caller, so the map keeps the standard library's keyed hash.
+    /// The first [`SCANNED`] names, each at its number.
+    scanned: Vec<Arc<str>>,
+    /// The number of every name after them. Members' names come from the caller, so the map
+    /// keeps the standard library's keyed hash.
     beyond: HashMap<Arc<str>, u32>,
 }
 
 impl Counters {
-    /// The index of `name`, if the shard has met it.
+    /// The number of `name`, if the shard has met it.
     #[inline]
     pub(super) fn find(&self, name: &Arc<str>) -> Option<u32> {
-        let scanned = &self.names[..self.names.len().min(SCANNED)];
-        if let Some(i) = scanned
+        if let Some(i) = self
+            .scanned
             .iter()
             .position(|c| Arc::ptr_eq(c, name) || **c == **name)
         {
             return Some(i as u32);
         }
-        if self.names.len() <= SCANNED {
+        if self.beyond.is_empty() {
             return None;
         }
         self.find_beyond(name)
@@ -42,16 +43,17 @@ impl Counters {
         self.beyond.get(name).copied()
     }
 
-    /// The index of `name`, added if new.
+    /// The number of `name`, given it if new.
     pub(super) fn intern(&mut self, name: &Arc<str>) -> u32 {
         if let Some(i) = self.find(name) {
             return i;
         }
-        let i = self.names.len() as u32;
-        if self.names.len() >= SCANNED {
+        let i = (self.scanned.len() + self.beyond.len()) as u32;
+        if self.scanned.len() < SCANNED {
+            self.scanned.push(name.clone());
+        } else {
             self.beyond.insert(name.clone(), i);
         }
-        self.names.push(name.clone());
         i
     }
 }
@@ -75,7 +77,7 @@ mod tests {
             assert_eq!(counters.find(&name(i)), Some(i as u32));
             assert_eq!(counters.intern(&name(i)), i as u32);
         }
-        assert_eq!(counters.names.len(), 5_000);
+        assert_eq!(counters.scanned.len(), SCANNED);
         assert_eq!(counters.beyond.len(), 5_000 - SCANNED);
         assert_eq!(counters.find(&name(5_000)), None);
     }

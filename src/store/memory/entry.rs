@@ -267,11 +267,7 @@ impl Beside {
         if self.first.counter == counter {
             return Some(&self.first);
         }
-        let i = self
-            .rest
-            .binary_search_by_key(&counter, |slot| slot.counter)
-            .ok()?;
-        Some(&self.rest[i])
+        self.rest.get(self.in_rest(counter)?)
     }
 
     /// [`get`](Self::get), to write.
@@ -279,11 +275,15 @@ impl Beside {
         if self.first.counter == counter {
             return Some(&mut self.first);
         }
-        let i = self
-            .rest
+        let i = self.in_rest(counter)?;
+        self.rest.get_mut(i)
+    }
+
+    /// Where the slot of `counter` is among the rest, if it is.
+    fn in_rest(&self, counter: u32) -> Option<usize> {
+        self.rest
             .binary_search_by_key(&counter, |slot| slot.counter)
-            .ok()?;
-        Some(&mut self.rest[i])
+            .ok()
     }
 
     /// Adds the slot of a counter the entry has none for, in its place. A shard numbers
